@@ -1,0 +1,288 @@
+"""TopicContextCollator: sentence batches for the LM plus each sentence's context bag of words.
+
+Shapes: b batch rows, c chunks of a document, l tokens of a chunk, V_c topic vocabulary.
+
+Every paper models a document one sentence at a time and conditions the topic model on a
+*context* bag of words. Which words form that context decides whether perplexity is honest:
+
+=============  =====================================================  ======================
+``context``    bag of words of sentence j                              use
+=============  =====================================================  ======================
+``"others"``   the document minus sentence j                           the papers' protocol
+``"preceding"``sentences 0..j-1 only                                   causal (no leakage)
+``"document"`` the whole document                                      downstream tasks
+``"none"``     no ``context_bow`` at all                               plain LSTM LM
+=============  =====================================================  ======================
+
+The context keeps the *first* ``max_context_tokens`` topic tokens (300 by default, as in the
+papers) of those sentences, in document order, for every mode. A document without topic words,
+or a first sentence under ``"preceding"``, gets an all-zero bag of words; an empty document is
+an error.
+
+A sentence ``w_1..w_n`` becomes the sequence ``<bos> w_1 .. w_n <eos>`` and is cut into chunks
+that each predict at most ``max_sentence_length`` tokens; consecutive chunks share one token
+(the last input of a chunk is the first of the next), so every token after ``<bos>`` is
+predicted exactly once. ``labels`` equal ``input_ids`` (the model shifts them) with padding set
+to -100.
+
+Work is done per document in :meth:`TopicContextCollator.prepare` (a ``Dataset.map``): the
+context of a sentence costs O(max_context_tokens), so preparing a document is linear in its
+length. ``__call__`` only pads and scatters the stored context ids into dense rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import datasets
+import numpy as np
+import torch
+
+from .data import BOS, EOS, PAD, UNK, check_vocabularies
+
+CONTEXT_MODES = ("others", "preceding", "document", "none")
+LAYOUTS = ("sentences", "documents")
+
+
+@dataclass
+class TopicContextCollator:
+    """Builds LM batches with context bags of words for every model of the package.
+
+    Args:
+        tokenizer: the LM tokenizer (``<pad> <unk> <bos> <eos>`` in its vocabulary).
+        topic_tokenizer: the topic tokenizer; required unless ``context="none"``.
+        context: ``"others"``, ``"preceding"``, ``"document"`` or ``"none"`` (see module doc).
+        max_sentence_length: predicted tokens per chunk (30 in the papers).
+        max_context_tokens: topic tokens kept in a context (300 in the papers); ``None`` keeps all.
+        layout: ``"sentences"`` gives one row per chunk; ``"documents"`` gives one row per
+            document with all its chunks (``input_ids`` of shape (b, c, l), ``context_bow`` of
+            shape (b, c, V_c), ``chunk_mask`` (b, c)), for models with a recurrence over sentences.
+        keep_columns: columns of the documents dataset copied to every prepared row (e.g. ``label``).
+    """
+
+    tokenizer: Any
+    topic_tokenizer: Any = None
+    context: str = "others"
+    max_sentence_length: int = 30
+    max_context_tokens: int | None = 300
+    layout: str = "sentences"
+    keep_columns: Sequence[str] = field(default_factory=tuple)
+
+    def __post_init__(self):
+        if self.context not in CONTEXT_MODES:
+            raise ValueError(f"context must be one of {CONTEXT_MODES}, got {self.context!r}")
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
+        if self.max_sentence_length < 1:
+            raise ValueError(f"max_sentence_length must be >= 1, got {self.max_sentence_length}")
+        if self.max_context_tokens is not None and self.max_context_tokens < 1:
+            raise ValueError(f"max_context_tokens must be >= 1 or None, got {self.max_context_tokens}")
+        if self.context != "none" and self.topic_tokenizer is None:
+            raise ValueError(f"context={self.context!r} needs a topic_tokenizer (or use context='none')")
+        check_vocabularies(self.tokenizer, self.topic_tokenizer if self.context != "none" else None)
+        self._vocab = self.tokenizer.get_vocab()
+        self.pad_id, self.unk_id = self._vocab[PAD], self._vocab[UNK]
+        self.bos_id, self.eos_id = self._vocab[BOS], self._vocab[EOS]
+        self.topic_vocab_size = len(self.topic_tokenizer) if self.topic_tokenizer is not None else 0
+        # LM id -> topic id (-1 for words outside the topic vocabulary): one lookup per token.
+        self._lm_to_topic = np.full(len(self.tokenizer), -1, dtype=np.int64)
+        if self.topic_tokenizer is not None:
+            for word, topic_id in self.topic_tokenizer.get_vocab().items():
+                if word != UNK and word in self._vocab:
+                    self._lm_to_topic[self._vocab[word]] = topic_id
+
+    # ------------------------------------------------------------------------------------------
+    # per document
+    # ------------------------------------------------------------------------------------------
+
+    def encode_sentence(self, tokens: Sequence[str]) -> list[int]:
+        """LM ids of a tokenized sentence (out-of-vocabulary words become ``<unk>``)."""
+        return [self._vocab.get(w.lower(), self.unk_id) for w in tokens]
+
+    def chunks(self, ids: Sequence[int]) -> list[list[int]]:
+        """``<bos> ids <eos>`` cut into chunks predicting at most ``max_sentence_length`` tokens."""
+        seq = [self.bos_id, *ids, self.eos_id]
+        step = self.max_sentence_length
+        return [seq[start:start + step + 1] for start in range(0, len(seq) - 1, step)]
+
+    def contexts(self, sentence_ids: Sequence[Sequence[int]], mode: str | None = None) -> list[np.ndarray]:
+        """The context topic ids of each sentence of one document (already capped)."""
+        mode = mode or self.context
+        lm_to_topic = self._lm_to_topic
+        topic = [lm_to_topic[np.asarray(s, dtype=np.int64)] for s in sentence_ids]
+        topic = [t[t >= 0] for t in topic]
+        flat = np.concatenate(topic) if topic else np.zeros(0, dtype=np.int64)
+        offsets = np.cumsum([0] + [len(t) for t in topic])
+        cap = self.max_context_tokens if self.max_context_tokens is not None else len(flat)
+        out = []
+        for j in range(len(sentence_ids)):
+            if mode == "document":
+                ctx = flat[:cap]
+            elif mode == "preceding":
+                ctx = flat[:min(offsets[j], cap)]
+            elif mode == "others":
+                before = flat[:min(offsets[j], cap)]
+                after = flat[offsets[j + 1]:offsets[j + 1] + cap - len(before)]
+                ctx = np.concatenate([before, after])
+            else:
+                ctx = flat[:0]
+            out.append(ctx)
+        return out
+
+    def encode_document(self, sentences: Sequence[Sequence[str]], doc_index: int = -1) -> dict[str, list]:
+        """All chunks of one document with their context ids (lists, one entry per chunk)."""
+        sentences = [s for s in sentences if len(s) > 0]
+        if not sentences:
+            raise ValueError(f"Document {doc_index} is empty (no tokens): remove it, or load documents "
+                             "with load_documents(..., on_empty='skip')")
+        sentence_ids = [self.encode_sentence(s) for s in sentences]
+        contexts = self.contexts(sentence_ids) if self.context != "none" else None
+        rows: dict[str, list] = {"input_ids": [], "context_ids": [], "sentence_index": [], "chunk_index": []}
+        for j, ids in enumerate(sentence_ids):
+            for k, chunk in enumerate(self.chunks(ids)):
+                rows["input_ids"].append(chunk)
+                rows["context_ids"].append(contexts[j].tolist() if contexts is not None else [])
+                rows["sentence_index"].append(j)
+                rows["chunk_index"].append(k)
+        return rows
+
+    def prepare(self, documents: datasets.Dataset, num_proc: int | None = None) -> datasets.Dataset:
+        """Turn a documents dataset (column ``sentences``) into rows for this collator.
+
+        ``layout="sentences"``: one row per chunk with ``input_ids``, ``context_ids``,
+        ``doc_index``, ``sentence_index``, ``chunk_index`` (+ ``keep_columns``).
+        ``layout="documents"``: one row per document whose columns are lists over its chunks.
+        """
+        missing = [c for c in ["sentences", *self.keep_columns] if c not in documents.column_names]
+        if missing:
+            raise ValueError(f"The documents dataset lacks column(s) {missing} (has {documents.column_names})")
+
+        def encode(batch, indices):
+            out: dict[str, list] = {k: [] for k in ("input_ids", "context_ids", "doc_index",
+                                                    "sentence_index", "chunk_index", *self.keep_columns)}
+            for row, (doc, index) in enumerate(zip(batch["sentences"], indices)):
+                rows = self.encode_document(doc, index)
+                n = len(rows["input_ids"])
+                extra = {c: batch[c][row] for c in self.keep_columns}
+                if self.layout == "sentences":
+                    for key in ("input_ids", "context_ids", "sentence_index", "chunk_index"):
+                        out[key].extend(rows[key])
+                    out["doc_index"].extend([index] * n)
+                    for c in self.keep_columns:
+                        out[c].extend([extra[c]] * n)
+                else:
+                    for key in ("input_ids", "context_ids", "sentence_index", "chunk_index"):
+                        out[key].append(rows[key])
+                    out["doc_index"].append(index)
+                    for c in self.keep_columns:
+                        out[c].append(extra[c])
+            return out
+
+        return documents.map(encode, batched=True, with_indices=True, remove_columns=documents.column_names,
+                             num_proc=num_proc, desc=f"preparing {self.layout} ({self.context} context)")
+
+    # ------------------------------------------------------------------------------------------
+    # batching
+    # ------------------------------------------------------------------------------------------
+
+    def bag_of_words(self, context_ids: Sequence[Sequence[int]]) -> torch.Tensor:
+        """Dense float counts (b, V_c) from lists of topic ids."""
+        bow = torch.zeros(len(context_ids), self.topic_vocab_size)
+        for i, ids in enumerate(context_ids):
+            if len(ids):
+                bow[i].index_add_(0, torch.as_tensor(ids, dtype=torch.long), torch.ones(len(ids)))
+        return bow
+
+    def _pad(self, sequences: Sequence[Sequence[int]], length: int | None = None) -> torch.Tensor:
+        length = length or max(len(s) for s in sequences)
+        out = torch.full((len(sequences), length), self.pad_id, dtype=torch.long)
+        for i, s in enumerate(sequences):
+            out[i, :len(s)] = torch.as_tensor(s, dtype=torch.long)
+        return out
+
+    def _lm_batch(self, input_ids: Sequence[Sequence[int]], length: int | None = None) -> dict[str, torch.Tensor]:
+        ids = self._pad(input_ids, length)
+        mask = torch.zeros_like(ids)
+        for i, s in enumerate(input_ids):
+            mask[i, :len(s)] = 1
+        labels = ids.masked_fill(mask == 0, -100)
+        return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+    def _extra(self, features) -> dict[str, Any]:
+        out = {}
+        for c in self.keep_columns:
+            values = [f[c] for f in features]
+            out[c] = torch.as_tensor(values) if isinstance(values[0], (int, float, bool)) else values
+        return out
+
+    def __call__(self, features: list[dict[str, Any]]) -> dict[str, Any]:
+        if not features:
+            raise ValueError("Empty batch")
+        if "sentences" in features[0] and "input_ids" not in features[0]:
+            # Raw documents: encode them here (convenient for small data; prepare() is faster).
+            encoded = []
+            for i, f in enumerate(features):
+                rows = self.encode_document(f["sentences"], f.get("doc_index", i))
+                extra = {c: f[c] for c in self.keep_columns}
+                if self.layout == "sentences":
+                    encoded.extend({**{k: rows[k][n] for k in rows}, **extra} for n in range(len(rows["input_ids"])))
+                else:
+                    encoded.append({**rows, **extra})
+            features = encoded
+        if self.layout == "sentences":
+            batch = self._lm_batch([f["input_ids"] for f in features])
+            if self.context != "none":
+                batch["context_bow"] = self.bag_of_words([f["context_ids"] for f in features])
+            batch.update(self._extra(features))
+            return batch
+
+        # documents layout: (b, c, l)
+        n_chunks = [len(f["input_ids"]) for f in features]
+        c_max = max(n_chunks)
+        l_max = max(len(chunk) for f in features for chunk in f["input_ids"])
+        flat = [chunk for f in features for chunk in f["input_ids"]]
+        lm = self._lm_batch(flat, l_max)
+        b = len(features)
+        batch = {k: torch.full((b, c_max, l_max), -100 if k == "labels" else 0, dtype=torch.long)
+                 for k in ("input_ids", "attention_mask", "labels")}
+        batch["input_ids"].fill_(self.pad_id)
+        chunk_mask = torch.zeros(b, c_max, dtype=torch.long)
+        sentence_index = torch.full((b, c_max), -1, dtype=torch.long)
+        start = 0
+        for i, n in enumerate(n_chunks):
+            for k in ("input_ids", "attention_mask", "labels"):
+                batch[k][i, :n] = lm[k][start:start + n]
+            chunk_mask[i, :n] = 1
+            sentence_index[i, :n] = torch.as_tensor(features[i]["sentence_index"])
+            start += n
+        batch["chunk_mask"] = chunk_mask
+        batch["sentence_index"] = sentence_index
+        if self.context != "none":
+            bow = self.bag_of_words([ctx for f in features for ctx in f["context_ids"]])
+            dense = torch.zeros(b, c_max, self.topic_vocab_size)
+            start = 0
+            for i, n in enumerate(n_chunks):
+                dense[i, :n] = bow[start:start + n]
+                start += n
+            batch["context_bow"] = dense
+        batch.update(self._extra(features))
+        return batch
+
+
+def make_bow(texts: Sequence[str | Sequence[str]], topic_tokenizer) -> torch.Tensor:
+    """Bag of words (b, V_c) over the topic vocabulary for raw or tokenized texts.
+
+    ``<unk>`` (id 0) is never counted. Raw strings are tokenized like the corpora
+    (:func:`topic_lm_hf.data.tokenize_text`).
+    """
+    from .data import tokenize_text
+
+    vocab = topic_tokenizer.get_vocab()
+    bow = torch.zeros(len(texts), len(topic_tokenizer))
+    for i, text in enumerate(texts):
+        tokens = [w for s in tokenize_text(text) for w in s] if isinstance(text, str) else list(text)
+        ids = [vocab[w.lower()] for w in tokens if w.lower() in vocab and w.lower() != UNK]
+        if ids:
+            bow[i].index_add_(0, torch.as_tensor(ids), torch.ones(len(ids)))
+    return bow

@@ -1,0 +1,332 @@
+"""Documents and vocabularies.
+
+A *document* is a list of sentences and a sentence is a list of lower-cased tokens. Every loader
+returns a :class:`datasets.Dataset` with a ``sentences`` column (``list[list[str]]``) and keeps
+the source's other columns (labels, ids), so corpora larger than memory stay memory-mapped and
+``Dataset.map(num_proc=...)`` parallelizes.
+
+Two vocabularies are built from the training documents (Lau et al. 2017, used by every paper):
+
+* the LM vocabulary: words with frequency >= ``min_freq`` plus ``<pad> <unk> <bos> <eos>``;
+* the topic vocabulary: LM words minus a stop list, minus the top 0.1 % most frequent words,
+  minus non-alphabetic tokens, optionally minus words in fewer than ``min_doc_freq`` documents.
+
+Both are ``tokenizers`` WordLevel models wrapped in :class:`PreTrainedTokenizerFast`; the topic
+tokenizer is saved to a ``topic_tokenizer/`` subfolder next to the model.
+"""
+
+from __future__ import annotations
+
+import html
+import logging
+import math
+import os
+import random
+import re
+from collections import Counter
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import datasets
+from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+logger = logging.getLogger(__name__)
+
+PAD, UNK, BOS, EOS = "<pad>", "<unk>", "<bos>", "<eos>"
+SPECIAL_TOKENS = (PAD, UNK, BOS, EOS)  # ids 0, 1, 2, 3 in every LM vocabulary built here
+TOPIC_TOKENIZER_SUBFOLDER = "topic_tokenizer"
+_HTML_BREAK = re.compile(r"<\s*br\s*/?\s*>", re.IGNORECASE)
+
+
+# ----------------------------------------------------------------------------------------------
+# documents
+# ----------------------------------------------------------------------------------------------
+
+
+def tokenize_text(text: str, lowercase: bool = True) -> list[list[str]]:
+    """Split raw text into sentences of word tokens.
+
+    Uses ``syntok`` (rule-based, pure Python, no model download): it knows abbreviations
+    ("Mr.", "U.S."), splits clitics ("it 's") and currency the way the Lau et al. corpora are
+    tokenized. HTML line breaks (IMDB's ``<br />``) and entities are removed first.
+    """
+    import syntok.segmenter as segmenter
+
+    text = html.unescape(_HTML_BREAK.sub("\n", text or ""))
+    sentences = []
+    for paragraph in segmenter.process(text):
+        for sentence in paragraph:
+            tokens = [tok.value.lower() if lowercase else tok.value for tok in sentence]
+            tokens = [t for t in tokens if t.strip()]
+            if tokens:
+                sentences.append(tokens)
+    return sentences
+
+
+def _split_lau_line(line: str) -> list[list[str]]:
+    return [s.split() for s in line.split("\t") if s.strip()]
+
+
+def _drop_empty(ds: datasets.Dataset, on_empty: str, source: str) -> datasets.Dataset:
+    if on_empty not in ("skip", "error", "keep"):
+        raise ValueError(f"on_empty must be 'skip', 'error' or 'keep', got {on_empty!r}")
+    if on_empty == "keep":
+        return ds
+    n_tokens = ds.map(lambda b: {"_n": [sum(len(s) for s in d) for d in b["sentences"]]},
+                      batched=True, desc="counting tokens")["_n"]
+    empty = [i for i, n in enumerate(n_tokens) if n == 0]
+    if not empty:
+        return ds
+    if on_empty == "error":
+        raise ValueError(
+            f"{len(empty)} empty document(s) in {source} (row indices {empty[:10]}...). "
+            "Remove them or pass on_empty='skip'.")
+    logger.warning("Skipping %d empty document(s) in %s (row indices %s)", len(empty), source, empty[:10])
+    keep = sorted(set(range(len(ds))) - set(empty))
+    return ds.select(keep)
+
+
+def load_documents(
+    source: str | os.PathLike | datasets.Dataset,
+    text_column: str | None = None,
+    format: str | None = None,
+    lowercase: bool = True,
+    on_empty: str = "skip",
+    num_proc: int | None = None,
+    max_documents: int | None = None,
+) -> datasets.Dataset:
+    """Load a corpus as a ``datasets.Dataset`` of documents (column ``sentences``).
+
+    Args:
+        source: a path or a ``datasets.Dataset``. Paths ending in ``.txt`` are read in the Lau et
+            al. format (one document per line, sentences separated by TAB, tokens by spaces,
+            already tokenized and lower-cased). ``.json``/``.jsonl`` (optionally ``.gz``) and
+            ``.parquet`` files, and datasets, need ``text_column``: raw text that is
+            sentence-split and tokenized with :func:`tokenize_text`.
+        text_column: the raw-text column; required for anything but the Lau format.
+        format: force ``"lau"``, ``"json"`` or ``"parquet"`` instead of guessing from the suffix.
+        lowercase: lower-case raw text (the Lau format is already lower-case).
+        on_empty: documents with no token: ``"skip"`` (logged with their row indices),
+            ``"error"`` (raise) or ``"keep"``.
+        num_proc: processes for ``Dataset.map``.
+        max_documents: keep only the first N documents (quick experiments).
+    """
+    if isinstance(source, (datasets.Dataset,)):
+        ds, name = source, "the given dataset"
+        format = "dataset"
+    else:
+        path = Path(source)
+        if not path.exists():
+            raise FileNotFoundError(f"No corpus at {path}")
+        name = str(path)
+        suffixes = "".join(path.suffixes[-2:]) if path.suffix == ".gz" else path.suffix
+        if format is None:
+            format = {".txt": "lau", ".json": "json", ".jsonl": "json", ".json.gz": "json",
+                      ".jsonl.gz": "json", ".parquet": "parquet"}.get(suffixes)
+            if format is None:
+                raise ValueError(f"Cannot tell the format of {path}; pass format='lau'|'json'|'parquet'")
+        if format == "lau":
+            ds = datasets.load_dataset("text", data_files=str(path), split="train")
+        elif format in ("json", "parquet"):
+            ds = datasets.load_dataset(format, data_files=str(path), split="train")
+        else:
+            raise ValueError(f"Unknown format {format!r}")
+    if max_documents is not None:
+        ds = ds.select(range(min(max_documents, len(ds))))
+
+    if format == "lau":
+        ds = ds.map(lambda b: {"sentences": [_split_lau_line(x) for x in b["text"]]},
+                    batched=True, remove_columns=["text"], num_proc=num_proc, desc="splitting documents")
+    else:
+        if "sentences" in ds.column_names and text_column is None:
+            return _drop_empty(ds, on_empty, name)
+        if text_column is None:
+            raise ValueError(f"{name} is not in the Lau format: pass text_column= (columns: {ds.column_names})")
+        if text_column not in ds.column_names:
+            raise ValueError(f"No column {text_column!r} in {name} (columns: {ds.column_names})")
+        ds = ds.map(lambda b: {"sentences": [tokenize_text(x, lowercase) for x in b[text_column]]},
+                    batched=True, num_proc=num_proc, desc="tokenizing documents")
+    return _drop_empty(ds, on_empty, name)
+
+
+def documents_from_lists(documents: Sequence[Sequence[Sequence[str]]], **columns) -> datasets.Dataset:
+    """A documents dataset from Python lists (tests, small experiments)."""
+    return datasets.Dataset.from_dict({"sentences": [[list(s) for s in d] for d in documents], **columns})
+
+
+# ----------------------------------------------------------------------------------------------
+# vocabularies
+# ----------------------------------------------------------------------------------------------
+
+
+def default_stopwords() -> frozenset[str]:
+    """The default stop list: scikit-learn's ``ENGLISH_STOP_WORDS`` (318 words).
+
+    It is the Glasgow Information Retrieval group's list (Fox 1989 / van Rijsbergen), a published,
+    widely used list that ships with a maintained dependency. The papers use MALLET's 524-word
+    list instead; pass its path (``stopwords="../shared/data/stopwords/mallet_en.txt"``) to
+    reproduce them.
+    """
+    from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
+
+    return frozenset(ENGLISH_STOP_WORDS)
+
+
+def read_stopwords(stopwords: str | os.PathLike | Iterable[str] | None = "default") -> frozenset[str]:
+    """``"default"`` (see :func:`default_stopwords`), ``None`` (no stop list), a path to a file with
+    one word per line, or an iterable of words."""
+    if stopwords is None:
+        return frozenset()
+    if isinstance(stopwords, str) and stopwords == "default":
+        return default_stopwords()
+    if isinstance(stopwords, (str, os.PathLike)):
+        path = Path(stopwords)
+        if not path.exists():
+            raise FileNotFoundError(f"Stop list {path} does not exist")
+        return frozenset(w.strip().lower() for w in path.read_text(encoding="utf-8").splitlines() if w.strip())
+    return frozenset(w.lower() for w in stopwords)
+
+
+def _word_level_tokenizer(words: Sequence[str], add_bos: bool) -> PreTrainedTokenizerFast:
+    vocab = {w: i for i, w in enumerate(words)}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
+    tok.normalizer = normalizers.Lowercase()
+    # Corpora are pre-tokenized: a token is whatever stands between spaces ("u.s.", "40-year-old").
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    if add_bos:
+        # A prompt starts like a training sentence, with <bos>; <eos> is never added to prompts.
+        tok.post_processor = processors.TemplateProcessing(
+            single=f"{BOS} $A", pair=f"{BOS} $A $B", special_tokens=[(BOS, vocab[BOS])])
+        return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD, unk_token=UNK, bos_token=BOS,
+                                       eos_token=EOS, model_max_length=100_000)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token=UNK, model_max_length=100_000)
+
+
+def build_vocabularies(
+    documents: datasets.Dataset | Sequence[Sequence[Sequence[str]]],
+    min_freq: int = 10,
+    stopwords: str | os.PathLike | Iterable[str] | None = "default",
+    top_fraction: float = 0.001,
+    min_doc_freq: int = 0,
+    max_vocab_size: int | None = None,
+) -> tuple[PreTrainedTokenizerFast, PreTrainedTokenizerFast]:
+    """Build the LM tokenizer and the topic tokenizer from training documents.
+
+    LM vocabulary: ``<pad> <unk> <bos> <eos>`` (ids 0-3), then words with frequency >= min_freq,
+    most frequent first (ties alphabetical), at most ``max_vocab_size`` words.
+
+    Topic vocabulary: ``<unk>`` at id 0 (never counted in a bag of words, so ``len(topic_tok)``
+    is the bag-of-words width), then the LM words that are alphabetic, not in the stop list, not
+    among the ``top_fraction`` most frequent LM words and in at least ``min_doc_freq`` documents.
+    """
+    if min_freq < 1:
+        raise ValueError(f"min_freq must be >= 1, got {min_freq}")
+    stop = read_stopwords(stopwords)
+    freq: Counter = Counter()
+    doc_freq: Counter = Counter()
+    sentences_iter = documents["sentences"] if isinstance(documents, datasets.Dataset) else documents
+    n_docs = 0
+    for doc in sentences_iter:
+        n_docs += 1
+        words = [w for s in doc for w in s]
+        freq.update(words)
+        doc_freq.update(set(words))
+    if n_docs == 0 or not freq:
+        raise ValueError("Cannot build vocabularies from an empty corpus")
+    lm_words = sorted((w for w, c in freq.items() if c >= min_freq and w not in SPECIAL_TOKENS),
+                      key=lambda w: (-freq[w], w))
+    if max_vocab_size is not None:
+        lm_words = lm_words[:max_vocab_size]
+    if not lm_words:
+        raise ValueError(f"No word occurs at least min_freq={min_freq} times")
+    n_top = int(math.ceil(top_fraction * len(lm_words))) if top_fraction > 0 else 0
+    top = set(lm_words[:n_top])
+    topic_words = [w for w in lm_words
+                   if w.isalpha() and w not in stop and w not in top and doc_freq[w] >= min_doc_freq]
+    if not topic_words:
+        raise ValueError("The topic vocabulary is empty: every word was a stop word, too frequent, "
+                         "non-alphabetic or too rare")
+    tok = _word_level_tokenizer(list(SPECIAL_TOKENS) + lm_words, add_bos=True)
+    topic_tok = _word_level_tokenizer([UNK] + sorted(topic_words), add_bos=False)
+    logger.info("LM vocabulary %d words, topic vocabulary %d words (%d stop words, %d top words removed)",
+                len(tok), len(topic_tok) - 1, len(stop), n_top)
+    return tok, topic_tok
+
+
+def save_vocabularies(tokenizer, topic_tokenizer, directory: str | os.PathLike) -> None:
+    """Save the LM tokenizer to ``directory`` and the topic tokenizer to ``directory/topic_tokenizer``."""
+    tokenizer.save_pretrained(directory)
+    topic_tokenizer.save_pretrained(os.path.join(directory, TOPIC_TOKENIZER_SUBFOLDER))
+
+
+def load_vocabularies(name_or_path: str | os.PathLike, **kwargs):
+    """Load ``(tokenizer, topic_tokenizer)`` saved by :func:`save_vocabularies` (local folder or Hub id)."""
+    tok = AutoTokenizer.from_pretrained(name_or_path, **kwargs)
+    topic_tok = AutoTokenizer.from_pretrained(name_or_path, subfolder=TOPIC_TOKENIZER_SUBFOLDER, **kwargs)
+    return tok, topic_tok
+
+
+def check_vocabularies(tokenizer, topic_tokenizer=None, config=None) -> None:
+    """Raise ``ValueError`` when tokenizers and a model config do not belong together."""
+    vocab = tokenizer.get_vocab()
+    for name in SPECIAL_TOKENS:
+        if name not in vocab:
+            raise ValueError(f"The LM tokenizer lacks the special token {name!r}")
+    if topic_tokenizer is not None:
+        missing = [w for w in topic_tokenizer.get_vocab() if w != UNK and w not in vocab]
+        if missing:
+            raise ValueError(f"{len(missing)} topic words are not in the LM vocabulary (e.g. {missing[:5]}): "
+                             "the two tokenizers come from different corpora")
+    if config is not None:
+        if getattr(config, "vocab_size", None) is not None and config.vocab_size != len(tokenizer):
+            raise ValueError(f"The model's vocab_size is {config.vocab_size} but the tokenizer has "
+                             f"{len(tokenizer)} tokens: mismatched vocabularies")
+        tvs = getattr(config, "topic_vocab_size", None)
+        if tvs is not None and topic_tokenizer is not None and tvs != len(topic_tokenizer):
+            raise ValueError(f"The model's topic_vocab_size is {tvs} but the topic tokenizer has "
+                             f"{len(topic_tokenizer)} entries: mismatched vocabularies")
+
+
+# ----------------------------------------------------------------------------------------------
+# synthetic corpus (the main job's fallback when no corpus is available)
+# ----------------------------------------------------------------------------------------------
+
+_SYNTHETIC_TOPICS = {
+    "politics": "senate vote bill president congress election campaign governor law policy".split(),
+    "sports": "game team season coach player score win league championship fans".split(),
+    "business": "company market shares profit investors bank prices stock sales economy".split(),
+    "crime": "police court judge prison charges trial officers arrested jury attorney".split(),
+    "weather": "storm rain snow winds flooding forecast temperatures hurricane coast damage".split(),
+    "health": "hospital doctors patients disease vaccine health virus treatment study care".split(),
+}
+_SYNTHETIC_FRAMES = [
+    "the {a} said the {b} was {c} .", "officials say the {a} and the {b} will {c} .",
+    "a {a} in the {b} is expected to {c} on monday .", "the {a} has been {c} by the {b} .",
+    "he said that the {a} is {c} for the {b} .", "it was the {a} that made the {b} {c} .",
+]
+_SYNTHETIC_FILLERS = "important new bigger different expected reported growing".split()
+
+
+def synthetic_documents(n_documents: int = 400, seed: int = 0, min_sentences: int = 3,
+                        max_sentences: int = 8) -> datasets.Dataset:
+    """A small synthetic corpus with known topics (labelled SYNTHETIC wherever it is used).
+
+    Each document draws one or two topics; every sentence fills a frame with words of those
+    topics, so a topic model can find the six topics and an LM can learn the frames. Column
+    ``topic`` holds the main topic of each document.
+    """
+    rng = random.Random(seed)
+    names = sorted(_SYNTHETIC_TOPICS)
+    docs, labels = [], []
+    for _ in range(n_documents):
+        doc_topics = rng.sample(names, rng.choice((1, 2)))
+        sentences = []
+        for _ in range(rng.randint(min_sentences, max_sentences)):
+            words = _SYNTHETIC_TOPICS[rng.choice(doc_topics)]
+            frame = rng.choice(_SYNTHETIC_FRAMES)
+            sentences.append(frame.format(a=rng.choice(words), b=rng.choice(words),
+                                          c=rng.choice(_SYNTHETIC_FILLERS + words)).split())
+        docs.append(sentences)
+        labels.append(doc_topics[0])
+    return documents_from_lists(docs, topic=labels)

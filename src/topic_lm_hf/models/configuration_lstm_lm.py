@@ -1,0 +1,45 @@
+"""Configuration of the plain LSTM language model (the baseline every paper compares against)."""
+
+from transformers import PretrainedConfig
+
+
+class LSTMLMConfig(PretrainedConfig):
+    r"""Configuration of :class:`LSTMLMForCausalLM`.
+
+    Args:
+        vocab_size: LM vocabulary size (special tokens included).
+        embedding_size: word embedding size E (300 in the papers).
+        hidden_size: LSTM hidden size H (600 for the papers' small models).
+        num_hidden_layers: stacked LSTM layers.
+        dropout: dropout on embeddings, between layers and before the softmax (0.4 in Zheng et al.).
+        tie_word_embeddings: share the input embedding and the output matrix; when E != H a
+            linear projection H -> E is inserted before the softmax.
+        initializer_range: weights are initialised uniformly in [-r, r].
+
+    Example:
+        >>> from topic_lm_hf import LSTMLMConfig, LSTMLMForCausalLM
+        >>> model = LSTMLMForCausalLM(LSTMLMConfig(vocab_size=1000, embedding_size=32, hidden_size=64))
+    """
+
+    model_type = "lstm_lm"
+    keys_to_ignore_at_inference = ["state", "hidden_states", "lm_loss", "kl_loss", "bow_loss", "aux_loss",
+                                   "topic_mixture"]
+
+    def __init__(self, vocab_size=10000, embedding_size=300, hidden_size=600, num_hidden_layers=1, dropout=0.4,
+                 tie_word_embeddings=False, initializer_range=0.1, use_cache=True, pad_token_id=0, bos_token_id=2,
+                 eos_token_id=3, **kwargs):
+        for name, value in (("vocab_size", vocab_size), ("embedding_size", embedding_size),
+                            ("hidden_size", hidden_size), ("num_hidden_layers", num_hidden_layers)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        self.vocab_size = vocab_size
+        self.embedding_size = embedding_size
+        self.hidden_size = hidden_size
+        self.num_hidden_layers = num_hidden_layers
+        self.dropout = dropout
+        self.tie_word_embeddings = tie_word_embeddings
+        self.initializer_range = initializer_range
+        self.use_cache = use_cache
+        super().__init__(pad_token_id=pad_token_id, bos_token_id=bos_token_id, eos_token_id=eos_token_id, **kwargs)

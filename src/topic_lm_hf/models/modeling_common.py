@@ -1,0 +1,327 @@
+"""Machinery shared by every recurrent, topic-guided LM of the package.
+
+This file is copied next to the weights when a model is shared with remote code, so it imports
+nothing from the package (only torch and transformers) and model files import it as
+``from .modeling_common import ...``.
+
+Notation: b batch, s tokens, L recurrent layers, H hidden size, T topics, V_c topic vocabulary.
+
+What lives here, and why it is shared:
+
+* :class:`TopicLMOutput`: one output dataclass (``loss`` first) for every family.
+* The batch-first recurrent state (``state``, a tuple of ``(b, L, H)`` tensors) and
+  :func:`reorder_state` for beam search.
+* :func:`run_rnn`: runs ``nn.LSTM``/``nn.GRU``/``nn.RNN`` on left- or right-padded batches so that
+  padding never touches the state.
+* :func:`normalize_topic_kwargs`: turns ``topic_ids`` / ``topic_mixture`` / ``context_bow`` given to
+  ``generate()`` into validated ``(b, k)`` tensors, so that transformers' expansion for beams and
+  ``num_return_sequences`` is right.
+* :class:`RecurrentPreTrainedModel`: the ``PreTrainedModel`` flags every recurrent LM needs
+  (see ../shared/docs/hf-notes.md §0).
+
+Contract with the evaluation code: ``log_softmax(output.logits)`` is the model's predictive
+distribution of the next token. A model with a marginal likelihood (TopicRNN's stop-word
+indicator) returns log-probabilities as ``logits``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import torch
+from torch import nn
+from transformers import PreTrainedModel
+from transformers.utils import ModelOutput
+
+
+@dataclass
+class TopicLMOutput(ModelOutput):
+    """Output of every causal LM in the package.
+
+    Args:
+        loss: the training objective that is minimised (LM loss plus every auxiliary term).
+        logits: (b, s, V) next-token scores; ``log_softmax`` of them is the predictive distribution.
+        state: tuple of (b, L, H) tensors, the recurrent state after the last real token.
+        hidden_states: (b, s, H) outputs of the last recurrent layer, when asked for.
+        lm_loss: mean negative log-likelihood per predicted token (nats).
+        kl_loss: KL divergence of the topic posterior from its prior, on the scale the model documents.
+        bow_loss: reconstruction loss of the context bag of words.
+        aux_loss: any other regulariser (diversity, stop-word indicator, ...).
+        topic_mixture: (b, T) topic representation used for this batch.
+    """
+
+    loss: Optional[torch.Tensor] = None
+    logits: Optional[torch.Tensor] = None
+    state: Optional[tuple[torch.Tensor, ...]] = None
+    hidden_states: Optional[torch.Tensor] = None
+    lm_loss: Optional[torch.Tensor] = None
+    kl_loss: Optional[torch.Tensor] = None
+    bow_loss: Optional[torch.Tensor] = None
+    aux_loss: Optional[torch.Tensor] = None
+    topic_mixture: Optional[torch.Tensor] = None
+
+
+# Outputs that Trainer must not gather into eval predictions (hf-notes §4).
+KEYS_TO_IGNORE_AT_INFERENCE = ["state", "hidden_states", "lm_loss", "kl_loss", "bow_loss", "aux_loss",
+                               "topic_mixture"]
+
+
+def reorder_state(state, beam_idx: torch.Tensor):
+    """Select batch rows of a (nested) tuple of batch-first tensors."""
+    if state is None:
+        return None
+    if isinstance(state, torch.Tensor):
+        return state.index_select(0, beam_idx.to(state.device))
+    return type(state)(*(reorder_state(s, beam_idx) for s in state)) if hasattr(state, "_fields") \
+        else tuple(reorder_state(s, beam_idx) for s in state)
+
+
+def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy: logits at position i predict labels at i + 1; -100 is ignored."""
+    shift_logits = logits[:, :-1].reshape(-1, logits.size(-1))
+    shift_labels = labels[:, 1:].reshape(-1).to(logits.device)
+    return nn.functional.cross_entropy(shift_logits.float(), shift_labels, ignore_index=-100)
+
+
+# ----------------------------------------------------------------------------------------------
+# running a recurrent layer on padded batches
+# ----------------------------------------------------------------------------------------------
+
+
+def _is_right_padded(mask: torch.Tensor) -> bool:
+    return bool((mask[:, :-1] >= mask[:, 1:]).all())
+
+
+def _to_layer_first(state):
+    if state is None:
+        return None
+    if isinstance(state, torch.Tensor):
+        return state.transpose(0, 1).contiguous()
+    return tuple(_to_layer_first(s) for s in state)
+
+
+def run_rnn(rnn: nn.RNNBase, x: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
+            state=None, need_state: bool = True):
+    """Run a batch-first ``nn.LSTM`` / ``nn.GRU`` / ``nn.RNN`` on a padded batch.
+
+    Args:
+        rnn: a batch-first recurrent module.
+        x: (b, s, E) inputs.
+        attention_mask: (b, s), 1 for real tokens; padding may be on the left or the right.
+        state: batch-first initial state: ``(h, c)`` for an LSTM, ``(h,)`` otherwise, each (b, L, H).
+        need_state: return the final state; when False and padding is on the right (training),
+            the fast unpacked path is used, since outputs at real positions do not depend on
+            what follows them.
+
+    Returns:
+        ``(outputs (b, s, H), state)``: outputs at padded positions are zero, and the state is
+        the one after each row's last real token (the initial state for rows with no token).
+    """
+    is_lstm = isinstance(rnn, nn.LSTM)
+    hx = _to_layer_first(state)
+    if hx is not None and not is_lstm:
+        hx = hx[0]
+    if attention_mask is None or bool(attention_mask.all()) or (not need_state and _is_right_padded(attention_mask)):
+        out, hn = rnn(x, hx)
+        if attention_mask is not None and not bool(attention_mask.all()):
+            out = out * attention_mask.unsqueeze(-1).to(out.dtype)
+    else:
+        mask = attention_mask.bool()
+        b, s = mask.shape
+        lengths = mask.sum(1)
+        # Move each row's real tokens to the front (stable), pack, run, move outputs back.
+        order = torch.argsort((~mask).to(torch.int8), dim=1, stable=True)
+        x_front = x.gather(1, order.unsqueeze(-1).expand_as(x))
+        packed = nn.utils.rnn.pack_padded_sequence(x_front, lengths.clamp(min=1).cpu(), batch_first=True,
+                                                   enforce_sorted=False)
+        out_packed, hn = rnn(packed, hx)
+        out_front, _ = nn.utils.rnn.pad_packed_sequence(out_packed, batch_first=True, total_length=s)
+        out = torch.zeros_like(out_front).scatter(1, order.unsqueeze(-1).expand_as(out_front), out_front)
+        out = out * mask.unsqueeze(-1).to(out.dtype)
+        empty = lengths == 0
+        if bool(empty.any()):
+            # Rows without any token keep their initial state.
+            hn_list = list(hn) if is_lstm else [hn]
+            init = list(hx) if is_lstm else [hx]
+            for i, h in enumerate(hn_list):
+                start = init[i] if hx is not None else torch.zeros_like(h)
+                hn_list[i] = torch.where(empty.view(1, -1, 1), start, h)
+            hn = tuple(hn_list) if is_lstm else hn_list[0]
+    new_state = tuple(h.transpose(0, 1) for h in (hn if is_lstm else (hn,)))
+    return out, new_state
+
+
+# ----------------------------------------------------------------------------------------------
+# topic conditioning given to generate() / forward()
+# ----------------------------------------------------------------------------------------------
+
+
+def _batch_size_of(*tensors) -> Optional[int]:
+    for t in tensors:
+        if isinstance(t, torch.Tensor) and t.dim() > 0:
+            return t.shape[0]
+    return None
+
+
+def _broadcast_rows(x: torch.Tensor, batch_size: Optional[int], name: str) -> torch.Tensor:
+    if batch_size is None or x.shape[0] == batch_size:
+        return x
+    if x.shape[0] == 1:
+        return x.expand(batch_size, *x.shape[1:])
+    if batch_size % x.shape[0] == 0:
+        # generate() expanded the prompts (beams / num_return_sequences) but not this input.
+        return x.repeat_interleave(batch_size // x.shape[0], dim=0)
+    raise ValueError(f"{name} has {x.shape[0]} rows but the batch has {batch_size}")
+
+
+def normalize_topic_ids(topic_ids, num_topics: int, batch_size: Optional[int] = None) -> torch.Tensor:
+    """Validate ``topic_ids`` and return a (b, k) long tensor padded with -1.
+
+    Accepted: an int (one topic for the whole batch), a flat list / 1-D tensor (one set of topics
+    shared by the batch), a list of lists (one set per row, ragged allowed), a (b, k) tensor
+    (-1 = padding). Every row needs at least one topic in ``[0, num_topics)``.
+    """
+    if isinstance(topic_ids, int):
+        topic_ids = [topic_ids]
+    if isinstance(topic_ids, torch.Tensor):
+        ids = topic_ids.long()
+        if ids.dim() == 0:
+            ids = ids.view(1, 1)
+        elif ids.dim() == 1:
+            ids = ids.unsqueeze(0)
+        elif ids.dim() != 2:
+            raise ValueError(f"topic_ids must have 1 or 2 dimensions, got shape {tuple(ids.shape)}")
+        rows = ids
+    else:
+        topic_ids = list(topic_ids)
+        if len(topic_ids) == 0:
+            raise ValueError("topic_ids is empty: give at least one topic id")
+        if all(isinstance(t, (int,)) or (isinstance(t, torch.Tensor) and t.dim() == 0) for t in topic_ids):
+            topic_ids = [topic_ids]
+        width = max(len(r) for r in topic_ids)
+        if width == 0:
+            raise ValueError("topic_ids has an empty row: give at least one topic id per row")
+        rows = torch.full((len(topic_ids), width), -1, dtype=torch.long)
+        for i, r in enumerate(topic_ids):
+            for j, t in enumerate(r):
+                t = int(t)
+                if t < 0:
+                    raise ValueError(f"topic_ids must be non-negative, got {t}")
+                rows[i, j] = t
+    if rows.numel() == 0:
+        raise ValueError("topic_ids is empty: give at least one topic id")
+    if bool((rows < -1).any()):
+        raise ValueError(f"topic_ids must be in [0, {num_topics}) (-1 pads a row), got {rows.min().item()}")
+    if bool((rows >= num_topics).any()):
+        raise ValueError(f"topic_ids must be in [0, {num_topics}), got {rows.max().item()} "
+                         f"(the model has {num_topics} topics)")
+    if bool(((rows >= 0).sum(1) == 0).any()):
+        raise ValueError("topic_ids has a row without any topic id")
+    return _broadcast_rows(rows, batch_size, "topic_ids")
+
+
+def topic_ids_to_mixture(topic_ids: torch.Tensor, num_topics: int) -> torch.Tensor:
+    """(b, k) ids padded with -1 -> (b, T) equal mixture over each row's distinct topics."""
+    onehot = torch.zeros(topic_ids.shape[0], num_topics + 1, device=topic_ids.device)
+    onehot.scatter_(1, topic_ids.clamp(min=-1) % (num_topics + 1), 1.0)  # -1 -> the extra column
+    onehot = onehot[:, :num_topics]
+    return onehot / onehot.sum(1, keepdim=True)
+
+
+def normalize_topic_kwargs(num_topics: int, topic_vocab_size: int, batch_size: Optional[int] = None,
+                           topic_ids=None, topic_mixture=None, context_bow=None,
+                           mixture_on_simplex: bool = True) -> dict:
+    """Validate the topic conditioning of ``generate()`` / ``forward()``; at most one may be given.
+
+    Returns a dict with the one given input as a batch-first float/long tensor of ``batch_size``
+    rows. ``mixture_on_simplex`` requires mixtures to be non-negative and sum to 1 (TCNLM's t);
+    models with an unconstrained topic vector (TopicRNN's theta) pass False.
+    """
+    given = [n for n, v in (("topic_ids", topic_ids), ("topic_mixture", topic_mixture),
+                            ("context_bow", context_bow)) if v is not None]
+    if len(given) > 1:
+        raise ValueError(f"Give at most one of topic_ids, topic_mixture, context_bow (got {given})")
+    if topic_ids is not None:
+        return {"topic_ids": normalize_topic_ids(topic_ids, num_topics, batch_size)}
+    if topic_mixture is not None:
+        mix = torch.as_tensor(topic_mixture, dtype=torch.float32) if not isinstance(topic_mixture, torch.Tensor) \
+            else topic_mixture.float()
+        if mix.dim() == 1:
+            mix = mix.unsqueeze(0)
+        if mix.dim() != 2 or mix.shape[-1] != num_topics:
+            raise ValueError(f"topic_mixture must have shape (b, {num_topics}), got {tuple(mix.shape)}")
+        if not bool(torch.isfinite(mix).all()):
+            raise ValueError("topic_mixture contains NaN or inf")
+        if mixture_on_simplex:
+            if bool((mix < 0).any()):
+                raise ValueError("topic_mixture must be non-negative (it is a distribution over topics)")
+            sums = mix.sum(-1)
+            if not torch.allclose(sums, torch.ones_like(sums), atol=1e-3):
+                raise ValueError(f"each topic_mixture row must sum to 1, got sums {sums.tolist()}")
+        return {"topic_mixture": _broadcast_rows(mix, batch_size, "topic_mixture")}
+    if context_bow is not None:
+        bow = torch.as_tensor(context_bow, dtype=torch.float32) if not isinstance(context_bow, torch.Tensor) \
+            else context_bow.float()
+        if bow.dim() == 1:
+            bow = bow.unsqueeze(0)
+        if bow.shape[-1] != topic_vocab_size:
+            raise ValueError(f"context_bow must have {topic_vocab_size} columns (the topic vocabulary), "
+                             f"got {bow.shape[-1]}: mismatched vocabularies?")
+        if bool((bow < 0).any()) or not bool(torch.isfinite(bow).all()):
+            raise ValueError("context_bow must hold finite, non-negative counts")
+        return {"context_bow": _broadcast_rows(bow, batch_size, "context_bow")}
+    return {}
+
+
+# ----------------------------------------------------------------------------------------------
+# PreTrainedModel base
+# ----------------------------------------------------------------------------------------------
+
+
+class RecurrentPreTrainedModel(PreTrainedModel):
+    """Flags every recurrent LM of the package needs under transformers 5.x (hf-notes §0)."""
+
+    base_model_prefix = "model"
+    _is_stateful = True  # assisted decoding cannot roll a recurrent state back
+    accepts_loss_kwargs = False  # our loss is a mean per token: Trainer must scale for accumulation
+    supports_gradient_checkpointing = False
+
+    @classmethod
+    def _supports_default_dynamic_cache(cls) -> bool:
+        # Without this, generate() passes an empty DynamicCache as past_key_values on every step.
+        return False
+
+    def _reorder_cache(self, state, beam_idx):
+        return reorder_state(state, beam_idx)
+
+    def _init_weights(self, module):
+        std = getattr(self.config, "initializer_range", 0.1)
+        if isinstance(module, nn.Embedding):
+            nn.init.uniform_(module.weight, -std, std)
+        elif isinstance(module, nn.Linear):
+            nn.init.uniform_(module.weight, -std, std)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.RNNBase):
+            for name, param in module.named_parameters():
+                if "weight" in name:
+                    nn.init.uniform_(param, -std, std)
+                else:
+                    nn.init.zeros_(param)
+
+
+def last_token_positions(attention_mask: Optional[torch.Tensor], seq_len: int, batch_size: int,
+                         device) -> torch.Tensor:
+    """Index of each row's last real token (left or right padding)."""
+    if attention_mask is None:
+        return torch.full((batch_size,), seq_len - 1, dtype=torch.long, device=device)
+    positions = torch.arange(seq_len, device=device).expand(batch_size, seq_len)
+    return (positions * attention_mask.to(device).long()).max(1).values
+
+
+def select_state_rows(state: Optional[Sequence[torch.Tensor]], rows: int):
+    """Keep the first ``rows`` rows of a batch-first state (documents that still have chunks)."""
+    if state is None:
+        return None
+    return tuple(s[:rows] for s in state)

@@ -1,0 +1,106 @@
+"""The plain LSTM language model: the same-size baseline of every topic-guided LM.
+
+Notation: b batch, s tokens, E embedding size, H hidden size, L layers, V vocabulary.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import nn
+from transformers import GenerationMixin
+
+from .configuration_lstm_lm import LSTMLMConfig
+from .modeling_common import RecurrentPreTrainedModel, TopicLMOutput, causal_lm_loss, run_rnn
+
+
+class LSTMLMPreTrainedModel(RecurrentPreTrainedModel):
+    config_class = LSTMLMConfig
+    _no_split_modules = ["LSTMLMModel"]
+
+
+class LSTMLMModel(LSTMLMPreTrainedModel):
+    """Embeddings and a stack of LSTM layers; returns the top layer's outputs (b, s, H)."""
+
+    def __init__(self, config: LSTMLMConfig):
+        super().__init__(config)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.embedding_size, padding_idx=config.pad_token_id)
+        self.dropout = nn.Dropout(config.dropout)
+        self.lstm = nn.LSTM(config.embedding_size, config.hidden_size, num_layers=config.num_hidden_layers,
+                            dropout=config.dropout if config.num_hidden_layers > 1 else 0.0, batch_first=True)
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.embed_tokens
+
+    def set_input_embeddings(self, value):
+        self.embed_tokens = value
+
+    def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, state=None, use_cache=None, **kwargs):
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("Give exactly one of input_ids and inputs_embeds")
+        if inputs_embeds is None:
+            if bool((input_ids >= self.config.vocab_size).any()) or bool((input_ids < 0).any()):
+                raise ValueError(f"input_ids must be in [0, {self.config.vocab_size}): mismatched tokenizer?")
+            inputs_embeds = self.embed_tokens(input_ids)  # (b, s, E)
+        use_cache = use_cache if use_cache is not None else (self.config.use_cache and not self.training)
+        if attention_mask is not None and attention_mask.shape[1] != inputs_embeds.shape[1]:
+            # generate() passes the mask of the whole sequence; this call only sees its last tokens.
+            attention_mask = attention_mask[:, -inputs_embeds.shape[1]:]
+        self.lstm.flatten_parameters()
+        hidden, new_state = run_rnn(self.lstm, self.dropout(inputs_embeds), attention_mask, state,
+                                    need_state=use_cache or state is not None)
+        return hidden, (new_state if use_cache else None)
+
+
+class LSTMLMForCausalLM(LSTMLMPreTrainedModel, GenerationMixin):
+    """LSTM LM with a softmax output layer, cached-state generation and Trainer support."""
+
+    _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+
+    def __init__(self, config: LSTMLMConfig):
+        super().__init__(config)
+        self.model = LSTMLMModel(config)
+        self.dropout = nn.Dropout(config.dropout)
+        out_size = config.hidden_size
+        self.proj = None
+        if config.tie_word_embeddings and config.embedding_size != config.hidden_size:
+            self.proj = nn.Linear(config.hidden_size, config.embedding_size)
+            out_size = config.embedding_size
+        self.lm_head = nn.Linear(out_size, config.vocab_size)
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.model.embed_tokens
+
+    def get_output_embeddings(self):
+        return self.lm_head
+
+    def set_output_embeddings(self, value):
+        self.lm_head = value
+
+    def forward(self, input_ids: Optional[torch.LongTensor] = None, attention_mask: Optional[torch.Tensor] = None,
+                inputs_embeds: Optional[torch.Tensor] = None, state: Optional[tuple] = None,
+                labels: Optional[torch.LongTensor] = None, use_cache: Optional[bool] = None,
+                output_hidden_states: Optional[bool] = None, return_dict: Optional[bool] = None,
+                logits_to_keep: int = 0, **kwargs) -> TopicLMOutput:
+        r"""
+        Args:
+            input_ids: (b, s) token ids, left- or right-padded.
+            attention_mask: (b, s), 1 for real tokens.
+            state: batch-first ``(h, c)``, each (b, L, H), to continue from.
+            labels: (b, s) = ``input_ids`` with -100 at ignored positions; shifted inside.
+            logits_to_keep: compute logits for the last N positions only (0 = all).
+        """
+        hidden, state = self.model(input_ids, attention_mask, inputs_embeds, state, use_cache)
+        if logits_to_keep and labels is None:
+            hidden = hidden[:, -logits_to_keep:]
+        h = self.dropout(hidden)
+        if self.proj is not None:
+            h = self.proj(h)
+        logits = self.lm_head(h)  # (b, s, V)
+        loss = causal_lm_loss(logits, labels) if labels is not None else None
+        out = TopicLMOutput(loss=loss, logits=logits, state=state, lm_loss=loss.detach() if loss is not None else None,
+                            hidden_states=hidden if output_hidden_states else None)
+        return out if return_dict is not False else out.to_tuple()

@@ -1,0 +1,69 @@
+"""A ``Trainer`` that logs every loss term and refuses to go on after a non-finite loss."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections import defaultdict
+
+import torch
+from transformers import Trainer
+
+logger = logging.getLogger(__name__)
+
+LOSS_TERMS = ("lm_loss", "kl_loss", "bow_loss", "aux_loss")
+
+
+class NonFiniteLossError(FloatingPointError):
+    """Raised when a training loss is NaN or infinite; the weights before that step are saved."""
+
+
+class TopicLMTrainer(Trainer):
+    """``transformers.Trainer`` for the package's models.
+
+    * Logs each loss term the model returns (``lm_loss``, ``kl_loss``, ``bow_loss``, ``aux_loss``)
+      next to ``loss``, averaged over the logging interval and over processes.
+    * Sets ``remove_unused_columns=False`` (the collator needs its raw columns) and
+      ``label_names=["labels"]`` (hf-notes §4).
+    * Stops with :class:`NonFiniteLossError` on a NaN / inf loss, after saving the current (still
+      finite) weights to ``<output_dir>/nonfinite-step-<N>``; resume from the last checkpoint
+      with a lower learning rate or stronger clipping.
+    """
+
+    def __init__(self, *args, **kwargs):
+        args_ = kwargs.get("args") if "args" in kwargs else (args[1] if len(args) > 1 else None)
+        if args_ is not None:
+            if args_.remove_unused_columns:
+                args_.remove_unused_columns = False
+            if args_.label_names is None:
+                args_.label_names = ["labels"]
+        super().__init__(*args, **kwargs)
+        self._loss_terms: dict[str, list[torch.Tensor]] = defaultdict(list)
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        loss, outputs = super().compute_loss(model, inputs, return_outputs=True, num_items_in_batch=num_items_in_batch)
+        if model.training:
+            if not bool(torch.isfinite(loss.detach()).all()):
+                self._stop_on_nonfinite(loss)
+            for key in LOSS_TERMS:
+                value = outputs.get(key) if isinstance(outputs, dict) else getattr(outputs, key, None)
+                if value is not None:
+                    self._loss_terms[key].append(value.detach().float().mean())
+        return (loss, outputs) if return_outputs else loss
+
+    def _stop_on_nonfinite(self, loss):
+        step = self.state.global_step
+        path = os.path.join(self.args.output_dir, f"nonfinite-step-{step}")
+        self.save_model(path)
+        raise NonFiniteLossError(
+            f"Training loss is {loss.item()} at step {step}. The weights before this step are saved in {path}; "
+            f"the last checkpoint in {self.args.output_dir} can be resumed with a lower learning rate or "
+            "stronger gradient clipping (max_grad_norm).")
+
+    def log(self, logs, start_time=None):
+        if "loss" in logs and self._loss_terms:
+            for key, values in self._loss_terms.items():
+                value = torch.stack(values).mean().to(self.args.device).unsqueeze(0)
+                logs[key] = round(self.accelerator.gather_for_metrics(value).mean().item(), 4)
+            self._loss_terms.clear()
+        super().log(logs, start_time)
