@@ -325,3 +325,27 @@ def select_state_rows(state: Optional[Sequence[torch.Tensor]], rows: int):
     if state is None:
         return None
     return tuple(s[:rows] for s in state)
+
+
+def topic_vocabulary(model, topic_tokenizer=None) -> list[str]:
+    """Topic-vocabulary words by id (``<unk>`` at id 0), for ``get_topics``.
+
+    Uses ``topic_tokenizer`` if given, else the ``topic_tokenizer/`` subfolder saved next to the
+    model (``model.name_or_path``: a local folder or a Hub id).
+    """
+    if topic_tokenizer is None:
+        source = getattr(model, "name_or_path", "") or getattr(model.config, "_name_or_path", "")
+        if not source:
+            raise ValueError("This model was not loaded from a folder with a topic_tokenizer/: pass topic_tokenizer=")
+        from transformers import AutoTokenizer
+
+        topic_tokenizer = AutoTokenizer.from_pretrained(source, subfolder="topic_tokenizer")
+    vocab = topic_tokenizer.get_vocab()
+    expected = getattr(model.config, "topic_vocab_size", None)
+    if expected is not None and len(vocab) != expected:
+        raise ValueError(f"The topic tokenizer has {len(vocab)} entries but the model's topic_vocab_size is "
+                         f"{expected}: mismatched vocabularies")
+    words = [""] * len(vocab)
+    for word, index in vocab.items():
+        words[index] = word
+    return words
