@@ -179,7 +179,7 @@ def format_perplexity_table(rows: list[dict]) -> str:
 
 
 def train(data_args: DataArguments, model_args: ModelArguments, training_args: TrainingArguments,
-          train_docs=None, valid_docs=None):
+          train_docs=None, valid_docs=None, callbacks=None):
     """Train (resuming from the last checkpoint in ``output_dir`` if there is one) and save."""
     set_seed(training_args.seed)
     if train_docs is None:
@@ -200,7 +200,7 @@ def train(data_args: DataArguments, model_args: ModelArguments, training_args: T
     train_rows = collator.prepare(train_docs)
     eval_rows = collator.prepare(valid_docs) if valid_docs is not None and training_args.eval_strategy != "no" else None
     trainer = TopicLMTrainer(model=model, args=training_args, train_dataset=train_rows, eval_dataset=eval_rows,
-                             data_collator=collator, processing_class=tok)
+                             data_collator=collator, processing_class=tok, callbacks=callbacks)
     last = get_last_checkpoint(out) if os.path.isdir(out) else None
     if last:
         logger.info("Resuming from %s", last)
@@ -231,7 +231,9 @@ def generate_text(model, tokenizer, prompt: str = "", topic_tokenizer=None, topi
             raise ValueError("context_text needs the topic tokenizer")
         kwargs["context_bow"] = make_bow([context_text], topic_tokenizer)
     out = model.generate(**inputs, pad_token_id=tokenizer.pad_token_id, **kwargs)
-    return tokenizer.batch_decode(out, skip_special_tokens=True)
+    # Keep <unk> visible (an out-of-vocabulary prompt word must not silently vanish); drop the rest.
+    hidden = {tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id}
+    return [" ".join(tokenizer.convert_ids_to_tokens([i for i in row.tolist() if i not in hidden])) for row in out]
 
 
 def demo(argv: list[str]) -> None:

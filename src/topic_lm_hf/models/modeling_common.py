@@ -295,6 +295,18 @@ class RecurrentPreTrainedModel(PreTrainedModel):
     def _reorder_cache(self, state, beam_idx):
         return reorder_state(state, beam_idx)
 
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
+        from safetensors import SafetensorError
+
+        try:
+            return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+        except SafetensorError as error:
+            raise OSError(
+                f"The weights in {pretrained_model_name_or_path} are corrupt or truncated ({error}). Copy or "
+                "download the checkpoint again, or load an earlier one (the checkpoint-* folders of a training "
+                "run).") from error
+
     def _init_weights(self, module):
         std = getattr(self.config, "initializer_range", 0.1)
         if isinstance(module, nn.Embedding):

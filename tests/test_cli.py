@@ -1,0 +1,42 @@
+"""The `topic-lm` command as a user runs it: the README's main job, and train / evaluate / generate."""
+
+import re
+
+import pytest
+
+from conftest import DATA, requires_data
+from topic_lm_hf.cli import main
+
+
+def test_demo_on_the_synthetic_corpus_says_so(tmp_path, capsys):
+    main(["demo", "--synthetic", "--max_steps", "30", "--output_dir", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert "SYNTHETIC" in out
+    assert "identical logits: True" in out
+    for protocol in ("paper", "causal", "causal-carry"):
+        assert re.search(rf"\| lstm_lm \| {protocol} \|", out), out
+    assert (tmp_path / "lstm_lm" / "model.safetensors").exists()
+    assert (tmp_path / "lstm_lm" / "topic_tokenizer" / "tokenizer.json").exists()
+
+
+@requires_data("apnews", "train.txt")
+def test_train_evaluate_generate_commands_on_apnews(tmp_path, capsys):
+    out_dir = tmp_path / "lstm"
+    main(["train", "--train_file", str(DATA / "apnews" / "train.txt"), "--max_train_documents", "150",
+          "--validation_file", str(DATA / "apnews" / "valid.txt"), "--max_eval_documents", "20",
+          "--config_overrides", "embedding_size=32,hidden_size=32", "--min_freq", "3",
+          "--output_dir", str(out_dir), "--max_steps", "20", "--per_device_train_batch_size", "16",
+          "--report_to", "none", "--use_cpu", "--eval_strategy", "steps", "--eval_steps", "20"])
+    assert (out_dir / "model.safetensors").exists()
+    main(["evaluate", "--model_name_or_path", str(out_dir), "--validation_file", str(DATA / "apnews" / "valid.txt"),
+          "--max_eval_documents", "10"])
+    out = capsys.readouterr().out
+    rows = re.findall(r"\| (paper|causal|causal-carry) \| .*? \| ([\d.]+) \| (\d+) \|", out)
+    assert [r[0] for r in rows] == ["paper", "causal", "causal-carry"]
+    assert all(1 < float(r[1]) < 5000 for r in rows)
+    main(["generate", "--model_name_or_path", str(out_dir), "--prompt", "The Senate voted", "--max_new_tokens", "5",
+          "--num_beams", "2", "--num_return_sequences", "2"])
+    lines = [l for l in capsys.readouterr().out.splitlines() if l.startswith("the senate ")]
+    assert len(lines) == 2 and all(3 < len(l.split()) <= 3 + 5 for l in lines)  # prompt + up to 5 new tokens
+    with pytest.raises(SystemExit, match="not a topic model"):
+        main(["topics", "--model_name_or_path", str(out_dir)])

@@ -1,0 +1,117 @@
+"""Loading documents in both formats and building the two vocabularies."""
+
+import gzip
+import json
+
+import datasets
+import pytest
+
+from conftest import DATA, MALLET, requires_data
+from topic_lm_hf import build_vocabularies, check_vocabularies, documents_from_lists, load_documents
+from topic_lm_hf.data import SPECIAL_TOKENS, load_vocabularies, read_stopwords, save_vocabularies, tokenize_text
+
+
+@requires_data("apnews", "valid.txt")
+def test_lau_format_matches_the_raw_file():
+    docs = load_documents(DATA / "apnews" / "valid.txt")
+    lines = (DATA / "apnews" / "valid.txt").read_text(encoding="utf-8").splitlines()
+    assert isinstance(docs, datasets.Dataset) and len(docs) == len([l for l in lines if l.strip()])
+    first = lines[0].split("\t")
+    assert docs[0]["sentences"][0] == first[0].split()
+    assert len(docs[0]["sentences"]) == len([s for s in first if s.strip()])
+
+
+@requires_data("imdb", "train.jsonl.gz")
+def test_raw_text_jsonl_is_split_tokenized_lowercased_and_keeps_labels():
+    docs = load_documents(DATA / "imdb" / "train.jsonl.gz", text_column="text", max_documents=50)
+    assert len(docs) == 50 and "label" in docs.column_names
+    with gzip.open(DATA / "imdb" / "train.jsonl.gz", "rt") as f:
+        raw = [json.loads(next(f)) for _ in range(50)]
+    assert any("<br" in r["text"] for r in raw)
+    for doc, r in zip(docs, raw):
+        tokens = [w for s in doc["sentences"] for w in s]
+        assert tokens and all(w == w.lower() for w in tokens)
+        assert "<br" not in " ".join(tokens) and "br" not in tokens  # HTML breaks removed
+        assert doc["label"] == r["label"]
+    assert max(len(d["sentences"]) for d in docs) > 1  # really sentence-split
+
+
+def test_tokenize_text_sentences_and_abbreviations():
+    sents = tokenize_text("Mr. Smith went to Washington.<br /><br />He said it's $7.5 million!")
+    assert sents == [["mr.", "smith", "went", "to", "washington", "."],
+                     ["he", "said", "it", "'s", "$", "7.5", "million", "!"]] or \
+        sents[0][:2] == ["mr", "."] or sents[0][0].startswith("mr")
+    assert len(sents) == 2
+
+
+def test_parquet_and_dataset_inputs(tmp_path):
+    ds = datasets.Dataset.from_dict({"text": ["One sentence. Two sentences here.", "Another doc!"], "label": [0, 1]})
+    ds.to_parquet(tmp_path / "c.parquet")
+    for source in (tmp_path / "c.parquet", ds):
+        docs = load_documents(source, text_column="text")
+        assert docs[0]["sentences"] == [["one", "sentence", "."], ["two", "sentences", "here", "."]]
+        assert docs["label"] == [0, 1]
+
+
+def test_empty_documents_are_skipped_or_rejected(tmp_path):
+    path = tmp_path / "c.txt"
+    path.write_text("a b c .\tmore words .\n\nonly one .\n", encoding="utf-8")
+    assert len(load_documents(path)) == 2
+    with pytest.raises(ValueError, match="empty document"):
+        load_documents(path, on_empty="error")
+    with pytest.raises(ValueError, match="text_column"):
+        load_documents(datasets.Dataset.from_dict({"body": ["x"]}))
+    with pytest.raises(FileNotFoundError):
+        load_documents(tmp_path / "missing.txt")
+
+
+@requires_data("apnews", "train.txt")
+def test_vocabulary_statistics_on_apnews_train():
+    docs = load_documents(DATA / "apnews" / "train.txt")
+    tok, topic_tok = build_vocabularies(docs, min_freq=10, stopwords=MALLET)
+    vocab, topic_vocab = tok.get_vocab(), topic_tok.get_vocab()
+    assert [vocab[t] for t in SPECIAL_TOKENS] == [0, 1, 2, 3]
+    counts = {}
+    for doc in docs["sentences"]:
+        for s in doc:
+            for w in s:
+                counts[w] = counts.get(w, 0) + 1
+    expected_lm = {w for w, c in counts.items() if c >= 10}
+    assert set(vocab) - set(SPECIAL_TOKENS) == expected_lm
+    stop = read_stopwords(MALLET)
+    topic_words = set(topic_vocab) - {"<unk>"}
+    assert topic_vocab["<unk>"] == 0
+    assert not topic_words & stop, "a stop word is in the topic vocabulary"
+    assert all(w.isalpha() for w in topic_words), "a non-alphabetic token is in the topic vocabulary"
+    top = sorted(expected_lm, key=lambda w: (-counts[w], w))[: -(-len(expected_lm) // 1000)]
+    assert not topic_words & set(top)
+    expected_topic = {w for w in expected_lm if w.isalpha() and w not in stop and w not in top}
+    assert topic_words == expected_topic
+    # 1,800 documents of the full corpus's 34k-word vocabulary: a few thousand words survive min_freq=10.
+    assert 3000 < len(tok) < 8000 and 0.6 < len(topic_words) / len(tok) < 0.95
+
+
+def test_default_stop_list_and_min_doc_freq():
+    docs = documents_from_lists([[["the", "cat", "sat", "on", "mat"]], [["the", "cat", "ran", "42"]]])
+    tok, topic_tok = build_vocabularies(docs, min_freq=1, top_fraction=0)
+    assert "the" in tok.get_vocab() and "the" not in topic_tok.get_vocab()  # scikit-learn's English list
+    assert "42" in tok.get_vocab() and "42" not in topic_tok.get_vocab()
+    _, topic_tok2 = build_vocabularies(docs, min_freq=1, top_fraction=0, min_doc_freq=2, stopwords=None)
+    assert set(topic_tok2.get_vocab()) == {"<unk>", "cat", "the"}
+
+
+def test_vocabularies_round_trip_and_mismatch_errors(tmp_path):
+    docs = documents_from_lists([[["alpha", "beta", "gamma", "."]]])
+    tok, topic_tok = build_vocabularies(docs, min_freq=1, top_fraction=0, stopwords=None)
+    save_vocabularies(tok, topic_tok, tmp_path)
+    tok2, topic_tok2 = load_vocabularies(tmp_path)
+    assert tok2.get_vocab() == tok.get_vocab() and topic_tok2.get_vocab() == topic_tok.get_vocab()
+    assert tok2("alpha beta zeta")["input_ids"] == [2, tok.get_vocab()["alpha"], tok.get_vocab()["beta"], 1]
+    other_tok, other_topic = build_vocabularies(documents_from_lists([[["delta", "epsilon"]]]), min_freq=1,
+                                                top_fraction=0, stopwords=None)
+    with pytest.raises(ValueError, match="different corpora"):
+        check_vocabularies(tok, other_topic)
+    with pytest.raises(ValueError, match="Cannot build vocabularies"):
+        build_vocabularies(documents_from_lists([]))
+    with pytest.raises(ValueError, match="min_freq"):
+        build_vocabularies(docs, min_freq=100)

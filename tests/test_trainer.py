@@ -1,0 +1,94 @@
+"""Training through transformers.Trainer on real APNEWS text: loss falls, accumulation keeps the
+loss scale, an interrupted run resumes exactly, and a NaN loss stops training without losing weights."""
+
+import math
+
+import pytest
+import torch
+from transformers import TrainerCallback, TrainingArguments
+
+from topic_lm_hf import LSTMLMConfig, LSTMLMForCausalLM, TopicContextCollator, TopicLMTrainer
+from topic_lm_hf.cli import DataArguments, ModelArguments, train
+from topic_lm_hf.trainer import NonFiniteLossError
+
+
+def make_trainer(apnews, tmp_path, dropout=0.0, **args):
+    tok = apnews["tok"]
+    torch.manual_seed(0)
+    model = LSTMLMForCausalLM(LSTMLMConfig(vocab_size=len(tok), embedding_size=32, hidden_size=48, dropout=dropout))
+    collator = TopicContextCollator(tok, None, context="none")
+    rows = collator.prepare(apnews["train"].select(range(60)))
+    defaults = dict(output_dir=str(tmp_path), per_device_train_batch_size=8, learning_rate=3e-3, logging_steps=1,
+                    report_to=[], use_cpu=True, disable_tqdm=True, save_strategy="no", seed=0)
+    defaults.update(args)
+    return TopicLMTrainer(model=model, args=TrainingArguments(**defaults), train_dataset=rows, data_collator=collator)
+
+
+def logged(trainer, key="loss"):
+    return [h[key] for h in trainer.state.log_history if key in h]
+
+
+def test_loss_falls_on_apnews_and_every_term_is_logged(apnews, tmp_path):
+    trainer = make_trainer(apnews, tmp_path, max_steps=40, logging_steps=10)
+    trainer.train()
+    losses = logged(trainer)
+    assert losses[0] == pytest.approx(logged(trainer, "lm_loss")[0], rel=1e-3)
+    assert losses[-1] < losses[0] - 1.0, losses
+    assert trainer.args.remove_unused_columns is False and trainer.args.label_names == ["labels"]
+
+
+def test_gradient_accumulation_keeps_the_logged_loss_scale(apnews, tmp_path):
+    one = make_trainer(apnews, tmp_path / "ga1", max_steps=1, per_device_train_batch_size=8, learning_rate=0.0)
+    two = make_trainer(apnews, tmp_path / "ga2", max_steps=1, per_device_train_batch_size=4,
+                       gradient_accumulation_steps=2, learning_rate=0.0)
+    one.train()
+    two.train()
+    loss1, loss2 = logged(one)[0], logged(two)[0]
+    assert abs(loss1 - math.log(len(apnews["tok"]))) < 0.1  # at initialisation: about ln V
+    assert loss2 == pytest.approx(loss1, rel=0.02)  # not twice as large (hf-notes: accepts_loss_kwargs)
+
+
+class RecordSteps(TrainerCallback):
+    def __init__(self):
+        self.steps = []
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.steps.append(state.global_step)
+
+
+class StopAt(TrainerCallback):
+    def __init__(self, step):
+        self.step = step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.step:
+            control.should_training_stop = True
+
+
+def test_interrupted_training_resumes_from_its_last_checkpoint(apnews, tmp_path):
+    data_args = DataArguments(min_freq=3, stopwords="none")
+    model_args = ModelArguments(model_type="lstm_lm", config_overrides="embedding_size=16,hidden_size=24,dropout=0.3")
+    docs = apnews["train"].select(range(40))
+
+    def args(out):
+        return TrainingArguments(output_dir=str(out), max_steps=6, save_steps=2, per_device_train_batch_size=8,
+                                 learning_rate=3e-3, report_to=[], use_cpu=True, disable_tqdm=True, seed=0,
+                                 logging_steps=1, eval_strategy="no")
+
+    full, _, _ = train(data_args, model_args, args(tmp_path / "full"), docs, None)
+    train(data_args, model_args, args(tmp_path / "cut"), docs, None, callbacks=[StopAt(4)])  # "killed" at step 4
+    assert (tmp_path / "cut" / "checkpoint-4").exists()
+    record = RecordSteps()
+    resumed, _, _ = train(data_args, model_args, args(tmp_path / "cut"), docs, None, callbacks=[record])
+    assert record.steps == [5, 6]  # it picked checkpoint-4 up instead of starting again
+    for (name, a), b in zip(full.state_dict().items(), resumed.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_a_nan_loss_stops_training_and_keeps_the_weights(apnews, tmp_path):
+    trainer = make_trainer(apnews, tmp_path, max_steps=5)
+    with torch.no_grad():
+        trainer.model.lm_head.bias[5] = float("nan")
+    with pytest.raises(NonFiniteLossError, match="nonfinite-step-0"):
+        trainer.train()
+    assert (tmp_path / "nonfinite-step-0" / "model.safetensors").exists()
