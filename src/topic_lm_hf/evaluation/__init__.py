@@ -1,5 +1,7 @@
-"""Evaluation: perplexity under explicit context protocols (and, later, topic quality)."""
+"""Evaluation: perplexity under explicit context protocols, and topic quality (NPMI, diversity)."""
 
 from .perplexity import PROTOCOLS, evaluate_perplexity
+from .topics import CoherenceResult, ReferenceCorpus, load_reference_corpus, topic_coherence, topic_diversity
 
-__all__ = ["PROTOCOLS", "evaluate_perplexity"]
+__all__ = ["PROTOCOLS", "evaluate_perplexity", "CoherenceResult", "ReferenceCorpus", "load_reference_corpus",
+           "topic_coherence", "topic_diversity"]
