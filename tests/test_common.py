@@ -1,0 +1,70 @@
+"""The shared machinery: topic kwargs given to generate(), and recurrent layers on padded batches."""
+
+import pytest
+import torch
+from torch import nn
+
+from topic_lm_hf.models.modeling_common import (normalize_topic_ids, normalize_topic_kwargs, reorder_state, run_rnn,
+                                                topic_ids_to_mixture)
+
+
+def test_topic_ids_forms_and_broadcasting():
+    assert normalize_topic_ids(3, 10).tolist() == [[3]]
+    assert normalize_topic_ids([3, 7], 10, batch_size=2).tolist() == [[3, 7], [3, 7]]
+    assert normalize_topic_ids([[1], [2, 5]], 10).tolist() == [[1, -1], [2, 5]]
+    assert normalize_topic_ids(torch.tensor([3, 7]), 10, batch_size=4).tolist() == [[3, 7]] * 4
+    # generate() expanded the batch for beams / num_return_sequences: repeat each row
+    assert normalize_topic_ids([[1], [2]], 10, batch_size=4).tolist() == [[1], [1], [2], [2]]
+    mix = topic_ids_to_mixture(normalize_topic_ids(torch.tensor([[1, -1], [2, 5]]), 6), 6)
+    assert mix.tolist() == [[0, 1, 0, 0, 0, 0], [0, 0, 0.5, 0, 0, 0.5]]
+
+
+@pytest.mark.parametrize("bad, message", [([], "empty"), ([[]], "empty row"), ([-2], "non-negative"),
+                                          ([10], r"in \[0, 10\)"), (torch.tensor([[-1, -1]]), "without any topic"),
+                                          (torch.tensor([[12]]), r"in \[0, 10\)")])
+def test_bad_topic_ids_are_clear_errors(bad, message):
+    with pytest.raises(ValueError, match=message):
+        normalize_topic_ids(bad, 10)
+
+
+def test_mixture_and_bow_validation():
+    assert normalize_topic_kwargs(3, 5, 2, topic_mixture=[0.2, 0.3, 0.5])["topic_mixture"].shape == (2, 3)
+    with pytest.raises(ValueError, match="shape"):
+        normalize_topic_kwargs(3, 5, topic_mixture=[0.5, 0.5])
+    with pytest.raises(ValueError, match="sum to 1"):
+        normalize_topic_kwargs(3, 5, topic_mixture=[0.5, 0.5, 0.5])
+    assert normalize_topic_kwargs(3, 5, topic_mixture=[2.0, -1.0, 0.0], mixture_on_simplex=False)
+    with pytest.raises(ValueError, match="mismatched vocabularies"):
+        normalize_topic_kwargs(3, 5, context_bow=torch.ones(1, 4))
+    with pytest.raises(ValueError, match="at most one"):
+        normalize_topic_kwargs(3, 5, topic_ids=[1], context_bow=torch.ones(1, 5))
+    with pytest.raises(ValueError, match="rows"):
+        normalize_topic_kwargs(3, 5, 3, context_bow=torch.ones(2, 5))
+
+
+@pytest.mark.parametrize("cell", [nn.LSTM, nn.GRU, nn.RNN])
+def test_run_rnn_left_and_right_padding_match_unpadded_rows(cell):
+    torch.manual_seed(0)
+    rnn = cell(3, 5, num_layers=2, batch_first=True)
+    x = torch.randn(2, 4, 3)
+    lengths = [4, 2]
+    for side in ("left", "right"):
+        mask = torch.zeros(2, 4, dtype=torch.long)
+        for i, n in enumerate(lengths):
+            mask[i, -n:] = 1 if side == "left" else 0
+            if side == "right":
+                mask[i, :n] = 1
+        out, state = run_rnn(rnn, x, mask)
+        for i, n in enumerate(lengths):
+            real = x[i:i + 1][mask[i:i + 1].bool()].view(1, n, 3)
+            ref_out, ref_state = run_rnn(rnn, real)
+            torch.testing.assert_close(out[i][mask[i].bool()], ref_out[0])
+            for s, r in zip(state, ref_state):
+                torch.testing.assert_close(s[i], r[0])
+        assert out[~mask.bool()].abs().sum() == 0
+    # a row with no token keeps its initial state
+    init = tuple(torch.randn(2, 2, 5) for _ in range(2 if cell is nn.LSTM else 1))
+    _, state = run_rnn(rnn, x, torch.tensor([[1, 1, 1, 1], [0, 0, 0, 0]]), init)
+    for s, i0 in zip(state, init):
+        torch.testing.assert_close(s[1], i0[1])
+    assert reorder_state(state, torch.tensor([1, 1, 0]))[0].shape[0] == 3
