@@ -323,6 +323,42 @@ class RecurrentPreTrainedModel(PreTrainedModel):
                     nn.init.zeros_(param)
 
 
+class TopicGenerationMixin:
+    """``generate()`` with topic conditioning, for a ``*ForCausalLM`` that also inherits ``GenerationMixin``.
+
+    Put it before ``GenerationMixin`` in the bases. The model's config needs ``num_topics`` and
+    ``topic_vocab_size``; ``forward`` takes the conditioning kwargs it supports as named parameters
+    and returns the topic representation it used as ``topic_mixture``.
+
+    * ``generate`` validates ``topic_ids`` / ``topic_mixture`` / ``context_bow`` and makes them
+      batch-first tensors *before* transformers expands the batch for beams and
+      ``num_return_sequences`` (a 1-D tensor would otherwise be repeat-interleaved, hf-notes §2).
+      Without a prompt, one ``<bos>`` row is generated per conditioning row.
+    * ``_update_model_kwargs_for_generation`` replaces ``context_bow`` by the ``topic_mixture``
+      the first forward inferred from it, so the document is encoded once (hf-notes §1.5).
+    """
+
+    _topic_mixture_on_simplex = True  # TCNLM's t is a distribution; TopicRNN's theta is any vector
+
+    def generate(self, inputs=None, generation_config=None, topic_ids=None, topic_mixture=None, context_bow=None,
+                 **kwargs):
+        prompt = inputs if inputs is not None else kwargs.get("input_ids", kwargs.get("inputs_embeds"))
+        batch_size = prompt.shape[0] if isinstance(prompt, torch.Tensor) else None
+        given = normalize_topic_kwargs(self.config.num_topics, self.config.topic_vocab_size, batch_size,
+                                       topic_ids=topic_ids, topic_mixture=topic_mixture, context_bow=context_bow,
+                                       mixture_on_simplex=self._topic_mixture_on_simplex)
+        given = {name: value.to(self.device).contiguous() for name, value in given.items()}
+        return super().generate(inputs, generation_config, **given, **kwargs)
+
+    def _update_model_kwargs_for_generation(self, outputs, model_kwargs, is_encoder_decoder=False, num_new_tokens=1):
+        model_kwargs = super()._update_model_kwargs_for_generation(outputs, model_kwargs, is_encoder_decoder,
+                                                                   num_new_tokens)
+        if model_kwargs.get("context_bow") is not None and getattr(outputs, "topic_mixture", None) is not None:
+            model_kwargs["topic_mixture"] = outputs.topic_mixture
+            model_kwargs["context_bow"] = None
+        return model_kwargs
+
+
 def last_token_positions(attention_mask: Optional[torch.Tensor], seq_len: int, batch_size: int,
                          device) -> torch.Tensor:
     """Index of each row's last real token (left or right padding)."""
