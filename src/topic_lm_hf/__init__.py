@@ -1,23 +1,30 @@
 """topic-lm-hf: topic-guided neural language models as Hugging Face transformers models."""
 
-from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification
 
 from .collator import TopicContextCollator, make_bow
 from .data import (build_vocabularies, check_vocabularies, documents_from_lists, load_documents,
                    load_vocabularies, save_vocabularies, synthetic_documents, tokenize_text)
-from .evaluation import PROTOCOLS, evaluate_perplexity
-from .models import LSTMLMConfig, LSTMLMForCausalLM, LSTMLMModel
+from .evaluation import PROTOCOLS, evaluate_perplexity, topic_coherence, topic_diversity
+from .evaluation.topic_eval import evaluate_topics
+from .models import (LSTMLMConfig, LSTMLMForCausalLM, LSTMLMModel, TCNLMConfig, TCNLMForCausalLM, TCNLMModel,
+                     TopicRNNConfig, TopicRNNForCausalLM, TopicRNNForSequenceClassification, TopicRNNModel)
 from .trainer import TopicLMTrainer
 
 __version__ = "0.1.0"
 
 # Auto-class registration: importing the package makes every model loadable with the Auto classes.
-AutoConfig.register(LSTMLMConfig.model_type, LSTMLMConfig, exist_ok=True)
-AutoModel.register(LSTMLMConfig, LSTMLMModel, exist_ok=True)
-AutoModelForCausalLM.register(LSTMLMConfig, LSTMLMForCausalLM, exist_ok=True)
+for _config, _base, _lm in ((LSTMLMConfig, LSTMLMModel, LSTMLMForCausalLM), (TCNLMConfig, TCNLMModel, TCNLMForCausalLM),
+                            (TopicRNNConfig, TopicRNNModel, TopicRNNForCausalLM)):
+    AutoConfig.register(_config.model_type, _config, exist_ok=True)
+    AutoModel.register(_config, _base, exist_ok=True)
+    AutoModelForCausalLM.register(_config, _lm, exist_ok=True)
+AutoModelForSequenceClassification.register(TopicRNNConfig, TopicRNNForSequenceClassification, exist_ok=True)
 
 __all__ = [
     "TopicContextCollator", "make_bow", "build_vocabularies", "check_vocabularies", "documents_from_lists",
     "load_documents", "load_vocabularies", "save_vocabularies", "synthetic_documents", "tokenize_text",
-    "PROTOCOLS", "evaluate_perplexity", "LSTMLMConfig", "LSTMLMForCausalLM", "LSTMLMModel", "TopicLMTrainer",
+    "PROTOCOLS", "evaluate_perplexity", "topic_coherence", "topic_diversity", "evaluate_topics",
+    "LSTMLMConfig", "LSTMLMForCausalLM", "LSTMLMModel", "TCNLMConfig", "TCNLMModel", "TCNLMForCausalLM",
+    "TopicRNNConfig", "TopicRNNModel", "TopicRNNForCausalLM", "TopicRNNForSequenceClassification", "TopicLMTrainer",
 ]

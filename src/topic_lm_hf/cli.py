@@ -131,6 +131,11 @@ def build_model(model_args: ModelArguments, tokenizer, topic_tokenizer):
         setattr(config, name, tokenizer.convert_tokens_to_ids(token))
     if hasattr(config, "topic_vocab_size"):
         config.topic_vocab_size = len(topic_tokenizer)
+    if hasattr(config, "topic_word_ids"):
+        # TopicRNN's stop-word indicator: the LM id of every topic word (-1 for the topic <unk>).
+        vocab = tokenizer.get_vocab()
+        words = sorted(topic_tokenizer.get_vocab().items(), key=lambda item: item[1])
+        config.topic_word_ids = [-1 if word == "<unk>" else vocab[word] for word, _ in words]
     return AutoModelForCausalLM.from_config(config)
 
 
@@ -237,7 +242,8 @@ def generate_text(model, tokenizer, prompt: str = "", topic_tokenizer=None, topi
 
 
 def demo(argv: list[str]) -> None:
-    """The main job: train a small LSTM LM, evaluate it under every protocol, save, reload, generate."""
+    """The main job: train a small LSTM LM and a TCNLM of the same size, evaluate both under every
+    protocol, save, reload with the Auto classes, generate (from prompts and from topics)."""
     parser = HfArgumentParser((DataArguments,))
     (data_args, rest) = parser.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
     out_dir = next((rest[i + 1] for i, a in enumerate(rest[:-1]) if a == "--output_dir"), "out/demo")
@@ -249,8 +255,12 @@ def demo(argv: list[str]) -> None:
         data_args.stopwords = "mallet"  # the papers' stop list, when the shared data holds it
     if data_args.synthetic or "SYNTHETIC" in source:
         data_args.min_freq = 1
+    if data_args.max_eval_documents is None and len(valid_docs) > 100:
+        valid_docs = valid_docs.select(range(100))  # keep the demo to a few minutes
     results = []
-    models = [("lstm_lm", "embedding_size=128,hidden_size=256,dropout=0.2")]
+    # The LSTM baseline and TCNLM of the same size, trained for the same number of steps.
+    models = [("lstm_lm", "embedding_size=128,hidden_size=256,dropout=0.2"),
+              ("tcnlm", "embedding_size=128,hidden_size=256,num_topics=20,dropout=0.2")]
     for model_type, overrides in models:
         path = os.path.join(out_dir, model_type)
         args = TrainingArguments(output_dir=path, max_steps=max_steps, per_device_train_batch_size=64,
@@ -268,6 +278,11 @@ def demo(argv: list[str]) -> None:
         for prompt in ("the senate", "police said", ""):
             text = generate_text(reloaded, tok, prompt, max_new_tokens=20, do_sample=True, top_k=40)[0]
             print(f"[demo] {model_type} generates from {prompt!r}: {text}")
+        if hasattr(reloaded, "get_topics"):
+            for k, words in enumerate(reloaded.get_topics(top_n=8)[:5]):
+                print(f"[demo] {model_type} topic {k}: {' '.join(words)}")
+                text = generate_text(reloaded, tok, "", topic_ids=[k], max_new_tokens=15, do_sample=True, top_k=40)[0]
+                print(f"[demo] {model_type} generates from topic {k}: {text}")
     print(f"\n[demo] validation perplexity on {source}, {len(valid_docs)} documents:\n")
     print(format_perplexity_table(results))
     print(f"\n[demo] finished in {time.time() - t0:.0f} s")

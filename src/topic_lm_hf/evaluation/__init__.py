@@ -1,7 +1,8 @@
 """Evaluation: perplexity under explicit context protocols, and topic quality (NPMI, diversity)."""
 
 from .perplexity import PROTOCOLS, evaluate_perplexity
+from .sliding_window import evaluate_perplexity_sliding_window
 from .topics import CoherenceResult, ReferenceCorpus, load_reference_corpus, topic_coherence, topic_diversity
 
-__all__ = ["PROTOCOLS", "evaluate_perplexity", "CoherenceResult", "ReferenceCorpus", "load_reference_corpus",
+__all__ = ["PROTOCOLS", "evaluate_perplexity", "evaluate_perplexity_sliding_window", "CoherenceResult", "ReferenceCorpus", "load_reference_corpus",
            "topic_coherence", "topic_diversity"]

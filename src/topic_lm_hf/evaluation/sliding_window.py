@@ -1,0 +1,123 @@
+"""TopicRNN's own perplexity protocol: theta from the previous window of words.
+
+Dieng et al. (2017, §4.1): "to compute these perplexity scores for word prediction we use a
+sliding window to compute theta as we move along the sequences. The topic vector theta that is
+used from the current batch of words is estimated from the previous batch of words" (after
+Mikolov & Zweig 2012). Here:
+
+* a document is the same chunk sequence as in :mod:`.perplexity` (each sentence
+  ``<bos> w_1 .. w_n <eos>`` in chunks of at most ``max_sentence_length`` predicted tokens), so
+  the predicted tokens and their count are identical to the other protocols;
+* the context bag of words of a chunk is the topic words among the ``window`` tokens predicted
+  just before it in the same document (empty for the first chunk); it never contains a word of
+  the chunk itself, so the protocol is causal;
+* the recurrent state is carried across the chunks of a document (``carry_state=True``, the
+  paper's RNN reads the document as one sequence) or reset at every chunk.
+
+The result is labelled ``protocol="topicrnn-sliding-window"``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import datasets
+import numpy as np
+import torch
+
+from ..collator import TopicContextCollator
+from ..data import UNK, check_vocabularies, documents_from_lists, load_vocabularies
+from .perplexity import _accepts, _chunk_nll
+
+PROTOCOL = "topicrnn-sliding-window"
+
+
+@torch.no_grad()
+def evaluate_perplexity_sliding_window(model, documents: datasets.Dataset | Sequence, window: int = 30,
+                                       tokenizer=None, topic_tokenizer=None, carry_state: bool = True,
+                                       batch_size: int = 64, max_sentence_length: int = 30) -> dict[str, Any]:
+    """Perplexity with theta inferred from the previous ``window`` predicted tokens.
+
+    Args:
+        model: a causal LM of the package; one without ``context_bow`` is evaluated without context.
+        documents: a documents dataset (column ``sentences``) or a list of documents.
+        window: how many previously predicted tokens form the context (their topic words count).
+        carry_state: carry the recurrent state across the chunks of a document.
+
+    Returns:
+        ``{"perplexity", "nll", "tokens", "protocol", "context", "window", "carry_state",
+        "documents", "max_sentence_length"}``.
+    """
+    if window < 1:
+        raise ValueError(f"window must be >= 1, got {window}")
+    if not isinstance(documents, datasets.Dataset):
+        documents = documents_from_lists(documents)
+    if len(documents) == 0:
+        raise ValueError("No documents to evaluate")
+    uses_context = _accepts(model, "context_bow")
+    if tokenizer is None or (uses_context and topic_tokenizer is None):
+        source = getattr(model, "name_or_path", "") or getattr(model.config, "_name_or_path", "")
+        if not source:
+            raise ValueError("Pass tokenizer= and topic_tokenizer=: the model was not loaded from a folder "
+                             "that holds them")
+        loaded_tok, loaded_topic = load_vocabularies(source)
+        tokenizer = tokenizer or loaded_tok
+        topic_tokenizer = topic_tokenizer or loaded_topic
+    check_vocabularies(tokenizer, topic_tokenizer if uses_context else None, model.config)
+    collator = TopicContextCollator(tokenizer, None, context="none", max_sentence_length=max_sentence_length,
+                                    layout="documents")
+    # LM id -> topic id (-1 outside the topic vocabulary); the topic <unk> is never counted.
+    lm_to_topic = np.full(len(tokenizer), -1, dtype=np.int64)
+    topic_vocab_size = 0
+    if uses_context:
+        lm_vocab = tokenizer.get_vocab()
+        for word, topic_id in topic_tokenizer.get_vocab().items():
+            if word != UNK and word in lm_vocab:
+                lm_to_topic[lm_vocab[word]] = topic_id
+        topic_vocab_size = len(topic_tokenizer)
+
+    rows = collator.prepare(documents)
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    total_nll, total_tokens = 0.0, 0
+    try:
+        n_chunks = [len(x) for x in rows["input_ids"]]
+        order = sorted(range(len(rows)), key=lambda i: -n_chunks[i])
+        for start in range(0, len(order), batch_size):
+            batch = collator([rows[i] for i in order[start:start + batch_size]])
+            history: list[list[int]] = [[] for _ in range(batch["input_ids"].shape[0])]  # predicted LM ids
+            state = None
+            for k in range(batch["input_ids"].shape[1]):
+                active = int(batch["chunk_mask"][:, k].sum())  # a prefix: documents are sorted
+                if state is not None:
+                    state = tuple(s[:active] for s in state) if carry_state else None
+                ids = batch["input_ids"][:active, k]
+                mask = batch["attention_mask"][:active, k]
+                bow = None
+                if uses_context:
+                    bow = torch.zeros(active, topic_vocab_size)
+                    for i in range(active):
+                        topic_ids = lm_to_topic[np.asarray(history[i][-window:], dtype=np.int64)]
+                        topic_ids = topic_ids[topic_ids >= 0]
+                        if len(topic_ids):
+                            bow[i].index_add_(0, torch.as_tensor(topic_ids), torch.ones(len(topic_ids)))
+                    bow = bow.to(device)
+                nll, n, new_state = _chunk_nll(model, ids.to(device), mask.to(device), bow, state,
+                                               use_cache=carry_state)
+                state = new_state if carry_state else None
+                total_nll += nll
+                total_tokens += n
+                for i in range(active):
+                    length = int(mask[i].sum())
+                    history[i].extend(ids[i, 1:length].tolist())  # this chunk's predicted tokens
+    finally:
+        model.train(was_training)
+    if total_tokens == 0:
+        raise ValueError("No token to predict in these documents")
+    context = (f"topic words of the previous {window} predicted tokens" if uses_context
+               else "none (model ignores context)")
+    return {"perplexity": math.exp(total_nll / total_tokens), "nll": total_nll, "tokens": total_tokens,
+            "protocol": PROTOCOL, "context": context, "window": window, "carry_state": carry_state,
+            "documents": len(documents), "max_sentence_length": max_sentence_length}

@@ -1,0 +1,166 @@
+"""Configuration of TopicRNN / TopicLSTM / TopicGRU (Dieng et al., ICLR 2017)."""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+from transformers import PretrainedConfig
+
+CELLS = ("rnn", "lstm", "gru")
+CLASSIFIER_ACTIVATIONS = ("sigmoid", "tanh", "relu")
+
+
+class TopicRNNConfig(PretrainedConfig):
+    r"""Configuration of :class:`TopicRNNForCausalLM` and :class:`TopicRNNForSequenceClassification`.
+
+    Args:
+        cell: the recurrent cell: ``"rnn"`` (TopicRNN, tanh), ``"lstm"`` (TopicLSTM) or ``"gru"`` (TopicGRU).
+        vocab_size: LM vocabulary size V (special tokens included).
+        topic_vocab_size: width V_c of the context bag of words (the topic tokenizer's length,
+            ``<unk>`` at id 0 included).
+        topic_word_ids: the LM id of every topic-vocabulary entry (length ``topic_vocab_size``; -1 for
+            the topic ``<unk>`` at id 0). It decides the stop-word indicator: ``l_t = 1`` exactly when
+            the target ``y_t`` is *not* a topic word (stop-list words, the most frequent words,
+            non-alphabetic tokens, ``<eos>``, ``<unk>``). Set it with :meth:`from_tokenizers` or
+            ``model.set_topic_vocabulary(tokenizer, topic_tokenizer)``; a causal LM without it refuses
+            to run.
+        embedding_size: word embedding size E.
+        hidden_size: recurrent hidden size H.
+        num_hidden_layers: stacked recurrent layers.
+        num_topics: K, the dimension of the Gaussian topic vector theta.
+        inference_hidden_size: units of each hidden layer of the inference network (200 in the
+            paper's PTB experiments, 500 for IMDB).
+        inference_num_layers: hidden layers of the inference network (2 in the paper).
+        inference_input: how the context counts enter the inference network: ``"counts"`` (the
+            paper's raw term frequencies), ``"log1p"`` or ``"frequencies"`` (counts / their sum).
+        max_log_sigma: log sigma of q(theta) is clamped to [-max, max] so that exp() stays finite.
+        kl_weight: weight of the KL term in ``loss`` (1 = the ELBO).
+        kl_annealing_steps: the KL weight grows linearly from 0 to ``kl_weight`` over this many
+            training forward passes (0 = no annealing, the paper). A training device against the
+            posterior collapse of short runs; the model is unchanged.
+        dropout: dropout on embeddings, between recurrent layers and before the output layers
+            (the paper uses none).
+        classifier_hidden_size: hidden units of the sequence-classification MLP (50 in the paper).
+        classifier_activation: its activation (``"sigmoid"`` in the paper, after Le & Mikolov 2014).
+        classifier_dropout: dropout before the classifier's layers.
+        freeze_backbone: the sequence classifier trains only its MLP on frozen document features
+            (the paper's recipe); ``False`` fine-tunes the whole network.
+        feature_log_sigma: document features include log sigma of q(theta) next to its mean.
+        initializer_range: weights are initialised uniformly in [-r, r].
+
+    Example:
+        >>> from topic_lm_hf import TopicRNNConfig, TopicRNNForCausalLM
+        >>> config = TopicRNNConfig.from_tokenizers(tok, topic_tok, cell="gru", hidden_size=300, num_topics=50)
+        >>> model = TopicRNNForCausalLM(config)
+    """
+
+    model_type = "topic_rnn"
+    keys_to_ignore_at_inference = ["state", "hidden_states", "lm_loss", "kl_loss", "bow_loss", "aux_loss",
+                                   "topic_mixture"]
+
+    def __init__(self, cell: str = "rnn", vocab_size: int = 10000, topic_vocab_size: int = 5000,
+                 topic_word_ids: Optional[Sequence[int]] = None, embedding_size: int = 300, hidden_size: int = 300,
+                 num_hidden_layers: int = 1, num_topics: int = 50, inference_hidden_size: int = 200,
+                 inference_num_layers: int = 2, inference_input: str = "counts", max_log_sigma: float = 10.0,
+                 kl_weight: float = 1.0, kl_annealing_steps: int = 0, dropout: float = 0.0,
+                 classifier_hidden_size: int = 50,
+                 classifier_activation: str = "sigmoid", classifier_dropout: float = 0.0,
+                 freeze_backbone: bool = True, feature_log_sigma: bool = True, initializer_range: float = 0.1,
+                 use_cache: bool = True, pad_token_id: int = 0, bos_token_id: int = 2, eos_token_id: int = 3,
+                 **kwargs):
+        if cell not in CELLS:
+            raise ValueError(f"cell must be one of {CELLS}, got {cell!r}")
+        for name, value in (("vocab_size", vocab_size), ("topic_vocab_size", topic_vocab_size),
+                            ("embedding_size", embedding_size), ("hidden_size", hidden_size),
+                            ("num_hidden_layers", num_hidden_layers), ("num_topics", num_topics),
+                            ("inference_hidden_size", inference_hidden_size),
+                            ("classifier_hidden_size", classifier_hidden_size)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if not isinstance(inference_num_layers, int) or inference_num_layers < 1:
+            raise ValueError(f"inference_num_layers must be a positive integer, got {inference_num_layers!r}")
+        if inference_input not in ("counts", "log1p", "frequencies"):
+            raise ValueError(f"inference_input must be 'counts', 'log1p' or 'frequencies', got {inference_input!r}")
+        if classifier_activation not in CLASSIFIER_ACTIVATIONS:
+            raise ValueError(f"classifier_activation must be one of {CLASSIFIER_ACTIVATIONS}, "
+                             f"got {classifier_activation!r}")
+        for name, value in (("dropout", dropout), ("classifier_dropout", classifier_dropout)):
+            if not 0.0 <= value < 1.0:
+                raise ValueError(f"{name} must be in [0, 1), got {value}")
+        if not max_log_sigma > 0:
+            raise ValueError(f"max_log_sigma must be positive, got {max_log_sigma}")
+        if not kl_weight >= 0:
+            raise ValueError(f"kl_weight must be >= 0, got {kl_weight}")
+        if isinstance(kl_annealing_steps, bool) or not isinstance(kl_annealing_steps, int) or kl_annealing_steps < 0:
+            raise ValueError(f"kl_annealing_steps must be a non-negative integer, got {kl_annealing_steps!r}")
+        self.cell = cell
+        self.vocab_size = vocab_size
+        self.topic_vocab_size = topic_vocab_size
+        self.topic_word_ids = None if topic_word_ids is None else [int(i) for i in topic_word_ids]
+        self.embedding_size = embedding_size
+        self.hidden_size = hidden_size
+        self.num_hidden_layers = num_hidden_layers
+        self.num_topics = num_topics
+        self.inference_hidden_size = inference_hidden_size
+        self.inference_num_layers = inference_num_layers
+        self.inference_input = inference_input
+        self.max_log_sigma = float(max_log_sigma)
+        self.kl_weight = float(kl_weight)
+        self.kl_annealing_steps = kl_annealing_steps
+        self.dropout = dropout
+        self.classifier_hidden_size = classifier_hidden_size
+        self.classifier_activation = classifier_activation
+        self.classifier_dropout = classifier_dropout
+        self.freeze_backbone = freeze_backbone
+        self.feature_log_sigma = feature_log_sigma
+        self.initializer_range = initializer_range
+        self.use_cache = use_cache
+        kwargs.pop("tie_word_embeddings", None)
+        super().__init__(pad_token_id=pad_token_id, bos_token_id=bos_token_id, eos_token_id=eos_token_id,
+                         tie_word_embeddings=False, **kwargs)
+        if self.topic_word_ids is not None:
+            self.validate_topic_word_ids()
+
+    def validate_topic_word_ids(self) -> None:
+        """Raise ``ValueError`` unless ``topic_word_ids`` fits ``vocab_size`` and ``topic_vocab_size``."""
+        ids = self.topic_word_ids
+        if ids is None:
+            raise ValueError(
+                "topic_word_ids is not set, so the stop-word indicator is unknown: build the config with "
+                "TopicRNNConfig.from_tokenizers(tokenizer, topic_tokenizer, ...) or call "
+                "model.set_topic_vocabulary(tokenizer, topic_tokenizer) before training or evaluating")
+        if len(ids) != self.topic_vocab_size:
+            raise ValueError(f"topic_word_ids has {len(ids)} entries but topic_vocab_size is "
+                             f"{self.topic_vocab_size}: mismatched vocabularies")
+        bad = [i for i in ids if i < -1 or i >= self.vocab_size]
+        if bad:
+            raise ValueError(f"topic_word_ids must be LM ids in [0, {self.vocab_size}) or -1, got {bad[:5]}")
+        real = [i for i in ids if i >= 0]
+        if len(set(real)) != len(real):
+            raise ValueError("topic_word_ids maps two topic words to the same LM id")
+        if not real:
+            raise ValueError("topic_word_ids has no topic word: every target would be a stop word")
+
+    @staticmethod
+    def topic_word_ids_from_tokenizers(tokenizer, topic_tokenizer) -> list[int]:
+        """The LM id of every topic-tokenizer entry (-1 for its ``<unk>`` and for words the LM lacks)."""
+        lm_vocab = tokenizer.get_vocab()
+        topic_vocab = topic_tokenizer.get_vocab()
+        unk = getattr(topic_tokenizer, "unk_token", None)
+        ids = [-1] * len(topic_vocab)
+        for word, index in topic_vocab.items():
+            if word != unk and word in lm_vocab:
+                ids[index] = lm_vocab[word]
+        return ids
+
+    @classmethod
+    def from_tokenizers(cls, tokenizer, topic_tokenizer, **kwargs) -> "TopicRNNConfig":
+        """A config sized to an LM tokenizer and a topic tokenizer (vocabulary sizes, special-token
+        ids and ``topic_word_ids``); other arguments are passed on."""
+        vocab = tokenizer.get_vocab()
+        for name, token in (("pad_token_id", tokenizer.pad_token), ("bos_token_id", tokenizer.bos_token),
+                            ("eos_token_id", tokenizer.eos_token)):
+            if token is not None and token in vocab:
+                kwargs.setdefault(name, vocab[token])
+        return cls(vocab_size=len(tokenizer), topic_vocab_size=len(topic_tokenizer),
+                   topic_word_ids=cls.topic_word_ids_from_tokenizers(tokenizer, topic_tokenizer), **kwargs)

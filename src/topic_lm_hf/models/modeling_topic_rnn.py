@@ -1,0 +1,492 @@
+"""TopicRNN, TopicLSTM and TopicGRU (Dieng, Wang, Gao & Paisley, ICLR 2017).
+
+Notation: b batch, s tokens, E embedding size, H hidden size, L recurrent layers, V LM vocabulary,
+V_c topic vocabulary, K topics. theta (b, K); B (V_c, K); stop-word indicator l (b, s).
+
+The model (paper §3), for a sentence y_1..y_T whose context bag of words is X_c:
+
+    theta ~ N(0, I)                                  a Gaussian vector, no softmax
+    h_t = cell(x_t, h_{t-1}),  x_t = y_{t-1}        cell = RNN (tanh), LSTM or GRU
+    l_t ~ Bernoulli(sigmoid(Gamma^T h_t))            stop-word indicator
+    p(y_t = i | h_t, theta, l_t) ∝ exp(v_i^T h_t + c_i + (1 - l_t) b_i^T theta)
+
+ONE softmax over the whole vocabulary V. Two decisions, both documented in the config too:
+
+* The indicator is observed in training: ``l_t = 1`` exactly when the target ``y_t`` is not a word of
+  the topic vocabulary (``config.topic_word_ids``): stop-list words, the most frequent words,
+  non-alphabetic tokens, ``<eos>`` and ``<unk>``. It is the complement of what the inference
+  network sees, as in the paper (X_c excludes the stop words).
+* The topic term of a stop word is zero: b_i = 0 whenever word i is a stop word, so B is stored
+  over the topic vocabulary only (``topic_head.weight``, (V_c, K)) and scattered into V. The paper
+  draws B as K x C over all words; its stop-word rows only ever enter the normaliser of content-word
+  predictions, and fixing them at zero makes "topics" exactly the rows of B.
+
+q(theta | X_c) = N(mu, diag(sigma^2)) from an MLP with ReLU units on the context counts; a
+reparameterised sample in training, theta = mu in eval mode.
+
+Loss, all terms on ONE per-token scale (n = predicted tokens of the batch, -100 labels excluded):
+
+    lm_loss  = -(1/n) sum_t log p(y_t | h_t, theta, l_t)       (observed indicator)
+    aux_loss = -(1/n) sum_t log p(l_t | h_t)                   (BCE with logits on Gamma^T h_t)
+    kl_loss  =  (1/n) sum_rows KL(q(theta | X_c) || N(0, I))   (one theta per row)
+    loss     = lm_loss + aux_loss + kl_weight * kl_loss   = -ELBO / n   when kl_weight = 1
+
+(``config.kl_annealing_steps`` > 0 ramps the KL weight up from 0 over that many training forward
+passes, counted in the saved buffer ``kl_annealing_step``; evaluation always reports the plain terms.)
+
+Duplicating every row of a batch leaves all four numbers unchanged.
+
+Evaluation marginalises the unknown indicator: ``logits`` are the log of
+p(y_t) = sigmoid(z_t) p(y_t | l=1) + (1 - sigmoid(z_t)) p(y_t | l=0), z_t = Gamma^T h_t, already
+normalised, so ``log_softmax(logits) == logits`` and every evaluator of the package reads the
+marginal (in training mode with labels they are skipped: the objective does not need them).
+``topic_mixture`` in the output is the theta that was used.
+
+Usage::
+
+    config = TopicRNNConfig.from_tokenizers(tok, topic_tok, cell="gru", hidden_size=300, num_topics=50)
+    model = TopicRNNForCausalLM(config)           # train with TopicLMTrainer + TopicContextCollator
+    model.get_topics(top_n=10, topic_tokenizer=topic_tok)   # columns of B
+    model.generate(**prompt, context_bow=bow)     # theta = E[q(theta | bow)], inferred once
+    model.generate(topic_mixture=theta)           # any theta in R^K
+    features = model.document_features(batch)     # concat(mu, log sigma, last state)
+    clf = AutoModelForSequenceClassification.from_pretrained(folder, num_labels=2)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+from transformers import GenerationMixin
+from transformers.modeling_outputs import SequenceClassifierOutput
+from transformers.utils import ModelOutput
+
+from .configuration_topic_rnn import TopicRNNConfig
+from .modeling_common import (RecurrentPreTrainedModel, TopicGenerationMixin, TopicLMOutput, normalize_topic_kwargs,
+                              run_rnn, topic_vocabulary)
+
+_CELLS = {"rnn": nn.RNN, "lstm": nn.LSTM, "gru": nn.GRU}
+
+
+@dataclass
+class TopicRNNModelOutput(ModelOutput):
+    """Output of :class:`TopicRNNModel`.
+
+    Args:
+        last_hidden_state: (b, s, H) outputs of the top recurrent layer (zero at padding).
+        state: batch-first recurrent state after each row's last real token: ``(h, c)`` for an
+            LSTM, ``(h,)`` otherwise, each (b, L, H).
+        topic_mean: (b, K) mean of q(theta | context_bow), when a context was given.
+        topic_log_sigma: (b, K) log standard deviation of q(theta | context_bow).
+    """
+
+    last_hidden_state: Optional[torch.Tensor] = None
+    state: Optional[tuple[torch.Tensor, ...]] = None
+    topic_mean: Optional[torch.Tensor] = None
+    topic_log_sigma: Optional[torch.Tensor] = None
+
+
+def gaussian_kl(mean: torch.Tensor, log_sigma: torch.Tensor) -> torch.Tensor:
+    """KL(N(mean, sigma^2) || N(0, I)) per row: (b, K) -> (b,)."""
+    return 0.5 * (mean.pow(2) + torch.exp(2 * log_sigma) - 1.0 - 2 * log_sigma).sum(-1)
+
+
+class TopicRNNPreTrainedModel(RecurrentPreTrainedModel):
+    config_class = TopicRNNConfig
+    _no_split_modules = ["TopicRNNModel"]
+
+    def set_topic_vocabulary(self, tokenizer, topic_tokenizer) -> None:
+        """Set ``config.topic_word_ids`` (hence the stop-word indicator) from the two tokenizers."""
+        if len(tokenizer) != self.config.vocab_size or len(topic_tokenizer) != self.config.topic_vocab_size:
+            raise ValueError(f"The model has vocab_size={self.config.vocab_size}, topic_vocab_size="
+                             f"{self.config.topic_vocab_size} but the tokenizers have {len(tokenizer)} and "
+                             f"{len(topic_tokenizer)} entries: mismatched vocabularies")
+        self.config.topic_word_ids = TopicRNNConfig.topic_word_ids_from_tokenizers(tokenizer, topic_tokenizer)
+        self.config.validate_topic_word_ids()
+
+
+class TopicRNNInferenceNetwork(nn.Module):
+    """q(theta | X_c): an MLP with ReLU units on the context counts -> (mu, log sigma), each (b, K)."""
+
+    def __init__(self, config: TopicRNNConfig):
+        super().__init__()
+        sizes = [config.topic_vocab_size] + [config.inference_hidden_size] * config.inference_num_layers
+        self.layers = nn.ModuleList(nn.Linear(n_in, n_out) for n_in, n_out in zip(sizes[:-1], sizes[1:]))
+        self.mean = nn.Linear(config.inference_hidden_size, config.num_topics)
+        self.log_sigma = nn.Linear(config.inference_hidden_size, config.num_topics)
+        self.input_transform = config.inference_input
+        self.max_log_sigma = config.max_log_sigma
+
+    def forward(self, context_bow: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = context_bow.float()  # (b, V_c) counts
+        if self.input_transform == "log1p":
+            x = torch.log1p(x)
+        elif self.input_transform == "frequencies":
+            x = x / x.sum(-1, keepdim=True).clamp(min=1.0)
+        for layer in self.layers:
+            x = torch.relu(layer(x))
+        log_sigma = self.log_sigma(x).clamp(-self.max_log_sigma, self.max_log_sigma)
+        return self.mean(x), log_sigma
+
+
+class TopicRNNModel(TopicRNNPreTrainedModel):
+    """The shared body: word embeddings, the recurrent cell and the inference network."""
+
+    def __init__(self, config: TopicRNNConfig):
+        super().__init__(config)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.embedding_size, padding_idx=config.pad_token_id)
+        self.dropout = nn.Dropout(config.dropout)
+        self.rnn = _CELLS[config.cell](config.embedding_size, config.hidden_size, num_layers=config.num_hidden_layers,
+                                       dropout=config.dropout if config.num_hidden_layers > 1 else 0.0,
+                                       batch_first=True)
+        self.inference_net = TopicRNNInferenceNetwork(config)
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.embed_tokens
+
+    def set_input_embeddings(self, value):
+        self.embed_tokens = value
+
+    def run_tokens(self, input_ids=None, attention_mask=None, inputs_embeds=None, state=None, need_state=False):
+        """(b, s) tokens -> ((b, s, H) top-layer outputs, state after each row's last real token)."""
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("Give exactly one of input_ids and inputs_embeds")
+        if inputs_embeds is None:
+            if bool((input_ids >= self.config.vocab_size).any()) or bool((input_ids < 0).any()):
+                raise ValueError(f"input_ids must be in [0, {self.config.vocab_size}): mismatched tokenizer?")
+            inputs_embeds = self.embed_tokens(input_ids)  # (b, s, E)
+        if attention_mask is not None and attention_mask.shape[1] != inputs_embeds.shape[1]:
+            # generate() passes the mask of the whole sequence; this call only sees its last tokens.
+            attention_mask = attention_mask[:, -inputs_embeds.shape[1]:]
+        self.rnn.flatten_parameters()
+        return run_rnn(self.rnn, self.dropout(inputs_embeds), attention_mask, state, need_state=need_state)
+
+    def forward(self, input_ids: Optional[torch.LongTensor] = None, attention_mask: Optional[torch.Tensor] = None,
+                inputs_embeds: Optional[torch.Tensor] = None, state: Optional[tuple] = None,
+                use_cache: Optional[bool] = None, context_bow: Optional[torch.Tensor] = None,
+                **kwargs) -> TopicRNNModelOutput:
+        use_cache = use_cache if use_cache is not None else (self.config.use_cache and not self.training)
+        hidden, new_state = self.run_tokens(input_ids, attention_mask, inputs_embeds, state,
+                                            need_state=use_cache or state is not None)
+        mean = log_sigma = None
+        if context_bow is not None:
+            mean, log_sigma = self.inference_net(context_bow.to(hidden.device))
+        return TopicRNNModelOutput(last_hidden_state=hidden, state=new_state if use_cache else None,
+                                   topic_mean=mean, topic_log_sigma=log_sigma)
+
+    def document_features(self, batch: Optional[dict] = None, *, input_ids=None, attention_mask=None,
+                          inputs_embeds=None, context_bow=None) -> torch.Tensor:
+        """concat(mu [, log sigma] of q(theta | context_bow), top-layer h after the last real token).
+
+        Shape (b, K + H), or (b, 2K + H) with ``config.feature_log_sigma``. A missing
+        ``context_bow`` is an empty bag of words. ``batch`` may be a collator batch (extra keys
+        such as ``labels`` are ignored).
+        """
+        if batch is not None:
+            input_ids = batch.get("input_ids", input_ids)
+            attention_mask = batch.get("attention_mask", attention_mask)
+            inputs_embeds = batch.get("inputs_embeds", inputs_embeds)
+            context_bow = batch.get("context_bow", context_bow)
+        device = self.embed_tokens.weight.device
+        to = (lambda x: x.to(device) if isinstance(x, torch.Tensor) else x)
+        input_ids, attention_mask, inputs_embeds = to(input_ids), to(attention_mask), to(inputs_embeds)
+        _, state = self.run_tokens(input_ids, attention_mask, inputs_embeds, need_state=True)
+        last = state[0][:, -1]  # (b, H): the top layer's h
+        b = last.shape[0]
+        if context_bow is None:
+            context_bow = torch.zeros(b, self.config.topic_vocab_size, device=device)
+        context_bow = normalize_topic_kwargs(self.config.num_topics, self.config.topic_vocab_size, b,
+                                             context_bow=context_bow)["context_bow"].to(device)
+        mean, log_sigma = self.inference_net(context_bow)
+        parts = [mean, log_sigma, last] if self.config.feature_log_sigma else [mean, last]
+        return torch.cat(parts, dim=-1)
+
+
+class TopicRNNForCausalLM(TopicRNNPreTrainedModel, TopicGenerationMixin, GenerationMixin):
+    """TopicRNN language model: ELBO training, marginal-likelihood evaluation, topic-steered generation.
+
+    Conditioning (at most one; ``generate()`` takes the same names):
+
+    * ``context_bow`` (b, V_c): counts over the topic vocabulary; theta is inferred from it
+      (sampled in training, the posterior mean in eval mode). ``None`` = an empty bag of words.
+      ``generate()`` infers theta once, at the prefill, and reuses it at every step.
+    * ``topic_mixture`` (b, K) or (K,): theta given directly, any real vector; no KL term.
+    """
+
+    _topic_mixture_on_simplex = False  # theta is Gaussian: any real vector
+
+    def __init__(self, config: TopicRNNConfig):
+        super().__init__(config)
+        self.model = TopicRNNModel(config)
+        self.dropout = nn.Dropout(config.dropout)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size)  # v_i^T h + c_i
+        self.stop_head = nn.Linear(config.hidden_size, 1)  # Gamma^T h (+ bias)
+        self.topic_head = nn.Linear(config.num_topics, config.topic_vocab_size, bias=False)  # B: (V_c, K)
+        # Training forward passes seen so far, for KL annealing (saved, so that resuming goes on).
+        self.register_buffer("kl_annealing_step", torch.zeros((), dtype=torch.long))
+        self.post_init()
+
+    def _init_weights(self, module):
+        super()._init_weights(module)
+        if module is self:
+            nn.init.zeros_(self.kl_annealing_step)
+
+    def kl_annealing_weight(self) -> float:
+        """The current KL weight: ``kl_weight``, ramped up over ``kl_annealing_steps`` passes."""
+        steps = self.config.kl_annealing_steps
+        ramp = 1.0 if steps == 0 else min(1.0, self.kl_annealing_step.item() / steps)
+        return self.config.kl_weight * ramp
+
+    def get_input_embeddings(self):
+        return self.model.embed_tokens
+
+    def get_output_embeddings(self):
+        return self.lm_head
+
+    def set_output_embeddings(self, value):
+        self.lm_head = value
+
+    # ------------------------------------------------------------------------------------------
+    # vocabulary maps
+    # ------------------------------------------------------------------------------------------
+
+    def lm_to_topic_ids(self, device=None) -> torch.Tensor:
+        """(V,) topic id of every LM word, -1 for stop words (built from ``config.topic_word_ids``)."""
+        device = device if device is not None else self.lm_head.weight.device
+        ids = self.config.topic_word_ids
+        key = (id(ids), len(ids) if ids is not None else -1, str(device))
+        cached = self.__dict__.get("_lm_to_topic_cache")
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        self.config.validate_topic_word_ids()
+        if self.config.topic_vocab_size != self.topic_head.weight.shape[0]:
+            raise ValueError(f"topic_vocab_size is {self.config.topic_vocab_size} but B has "
+                             f"{self.topic_head.weight.shape[0]} rows")
+        topic_word_ids = torch.tensor(ids, dtype=torch.long)
+        real = topic_word_ids >= 0
+        lm_to_topic = torch.full((self.config.vocab_size,), -1, dtype=torch.long)
+        lm_to_topic[topic_word_ids[real]] = torch.arange(len(ids))[real]
+        lm_to_topic = lm_to_topic.to(device)
+        self.__dict__["_lm_to_topic_cache"] = (key, lm_to_topic)
+        return lm_to_topic
+
+    @property
+    def stop_word_mask(self) -> torch.Tensor:
+        """(V,) bool: True where the stop-word indicator is 1 (the word is not a topic word)."""
+        return self.lm_to_topic_ids() < 0
+
+    def topic_bias(self, theta: torch.Tensor) -> torch.Tensor:
+        """b_i^T theta for every LM word: (b, K) -> (b, V), exactly zero at stop words."""
+        topic_logits = self.topic_head(theta)  # (b, V_c)
+        padded = F.pad(topic_logits, (1, 0))  # column 0 is the zero bias of stop words
+        return padded.index_select(1, self.lm_to_topic_ids(theta.device) + 1)
+
+    # ------------------------------------------------------------------------------------------
+    # theta
+    # ------------------------------------------------------------------------------------------
+
+    def infer_topic_vector(self, batch_size: int, context_bow=None, topic_mixture=None, device=None):
+        """theta (b, K) and the KL of each row (b,) (None when theta is given)."""
+        device = device if device is not None else self.lm_head.weight.device
+        cond = normalize_topic_kwargs(self.config.num_topics, self.config.topic_vocab_size, batch_size,
+                                      topic_mixture=topic_mixture, context_bow=context_bow, mixture_on_simplex=False)
+        if "topic_mixture" in cond:
+            return cond["topic_mixture"].to(device), None
+        bow = cond.get("context_bow")
+        bow = bow.to(device) if bow is not None else torch.zeros(batch_size, self.config.topic_vocab_size,
+                                                                 device=device)
+        mean, log_sigma = self.model.inference_net(bow)  # (b, K) each
+        theta = mean + torch.exp(log_sigma) * torch.randn_like(mean) if self.training else mean
+        return theta, gaussian_kl(mean, log_sigma)
+
+    # ------------------------------------------------------------------------------------------
+    # forward
+    # ------------------------------------------------------------------------------------------
+
+    def forward(self, input_ids: Optional[torch.LongTensor] = None, attention_mask: Optional[torch.Tensor] = None,
+                inputs_embeds: Optional[torch.Tensor] = None, state: Optional[tuple] = None,
+                labels: Optional[torch.LongTensor] = None, use_cache: Optional[bool] = None,
+                context_bow: Optional[torch.Tensor] = None, topic_mixture: Optional[torch.Tensor] = None,
+                output_hidden_states: Optional[bool] = None, return_dict: Optional[bool] = None,
+                logits_to_keep: int = 0, **kwargs) -> TopicLMOutput:
+        r"""
+        Args:
+            input_ids: (b, s) token ids, left- or right-padded.
+            attention_mask: (b, s), 1 for real tokens.
+            state: batch-first recurrent state, each (b, L, H), to continue from.
+            labels: (b, s) = ``input_ids`` with -100 at ignored positions; logits at position t
+                predict ``labels[:, t + 1]`` (shifted inside, like ``causal_lm_loss``).
+            context_bow: (b, V_c) context counts for the inference network.
+            topic_mixture: (b, K) theta given directly (any real vector).
+            logits_to_keep: compute logits for the last N positions only (0 = all).
+
+        Returns:
+            :class:`TopicLMOutput` with ``logits`` = log p(y_t) (indicator marginalised),
+            ``loss``/``lm_loss``/``aux_loss`` (indicator BCE)/``kl_loss`` as in the module docstring,
+            and ``topic_mixture`` = the theta used. In training mode with ``labels`` the objective
+            needs only the observed-indicator softmax, so ``logits`` is None there (computing the
+            marginal as well would double the cost of the output layer).
+        """
+        use_cache = use_cache if use_cache is not None else (self.config.use_cache and not self.training)
+        hidden, new_state = self.model.run_tokens(input_ids, attention_mask, inputs_embeds, state,
+                                                  need_state=use_cache or state is not None)
+        theta, kl = self.infer_topic_vector(hidden.shape[0], context_bow, topic_mixture, hidden.device)
+        if logits_to_keep and labels is None:
+            hidden = hidden[:, -logits_to_keep:]
+        h = self.dropout(hidden)
+        word_logits = self.lm_head(h).float()  # (b, s, V): v_i^T h_t + c_i
+        stop_logits = self.stop_head(h).squeeze(-1).float()  # (b, s): Gamma^T h_t
+        bias = self.topic_bias(theta).float().unsqueeze(1)  # (b, 1, V): b_i^T theta, 0 at stop words
+
+        loss = lm_loss = aux_loss = kl_loss = None
+        if labels is not None:
+            targets = labels[:, 1:].to(hidden.device)  # y_t for the input at t (no off-by-one)
+            valid = targets != -100
+            is_stop = self.lm_to_topic_ids(hidden.device)[targets.clamp(min=0)] < 0  # observed l_t
+            # p(y_t | h_t, theta, l_t): one softmax over V, the topic bias only where l_t = 0.
+            conditional = word_logits[:, :-1] + (~is_stop).unsqueeze(-1).float() * bias  # (b, s-1, V)
+            n_tokens = valid.sum().clamp(min=1)
+            lm_loss = F.cross_entropy(conditional.reshape(-1, conditional.shape[-1]), targets.reshape(-1),
+                                      ignore_index=-100, reduction="sum") / n_tokens
+            # log p(l_t | h_t): binary cross-entropy on the logits (never on sigmoid(logits)).
+            bce = F.binary_cross_entropy_with_logits(stop_logits[:, :-1], is_stop.float(), reduction="none")
+            aux_loss = (bce * valid).sum() / n_tokens
+            kl_loss = kl.sum() / n_tokens if kl is not None else torch.zeros((), device=hidden.device)
+            if self.training and self.config.kl_annealing_steps:
+                self.kl_annealing_step += 1
+            loss = lm_loss + aux_loss + self.kl_annealing_weight() * kl_loss
+
+        log_marginal = None
+        if not (self.training and labels is not None):
+            # p(y_t) = sigmoid(z_t) p(y_t | l = 1) + (1 - sigmoid(z_t)) p(y_t | l = 0), in log space.
+            log_marginal = torch.logaddexp(
+                F.logsigmoid(stop_logits).unsqueeze(-1) + torch.log_softmax(word_logits, dim=-1),
+                F.logsigmoid(-stop_logits).unsqueeze(-1) + torch.log_softmax(word_logits + bias, dim=-1))
+        out = TopicLMOutput(loss=loss, logits=log_marginal, state=new_state if use_cache else None,
+                            hidden_states=hidden if output_hidden_states else None,
+                            lm_loss=lm_loss.detach() if lm_loss is not None else None,
+                            kl_loss=kl_loss.detach() if kl_loss is not None else None,
+                            aux_loss=aux_loss.detach() if aux_loss is not None else None, topic_mixture=theta)
+        return out if return_dict is not False else out.to_tuple()
+
+    # ------------------------------------------------------------------------------------------
+    # topics and features
+    # ------------------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def get_topics(self, top_n: int = 10, topic_tokenizer=None) -> list[list[str]]:
+        """The ``top_n`` words of each topic: the largest entries of each column of B (K lists).
+
+        Words come from ``topic_tokenizer`` or the ``topic_tokenizer/`` saved next to the model.
+        """
+        words = topic_vocabulary(self, topic_tokenizer)
+        scores = self.topic_head.weight.detach().float().clone()  # (V_c, K)
+        ids = self.config.topic_word_ids
+        usable = torch.tensor([i >= 0 for i in ids]) if ids is not None else torch.ones(len(words), dtype=torch.bool)
+        usable[0] = False  # the topic <unk>
+        scores[~usable.to(scores.device)] = float("-inf")
+        top_n = min(top_n, int(usable.sum()))
+        top = scores.topk(top_n, dim=0).indices.T  # (K, top_n)
+        return [[words[i] for i in row.tolist()] for row in top]
+
+    def document_features(self, batch: Optional[dict] = None, **kwargs) -> torch.Tensor:
+        """See :meth:`TopicRNNModel.document_features`."""
+        return self.model.document_features(batch, **kwargs)
+
+
+class TopicRNNClassificationHead(nn.Module):
+    """The paper's classifier: one hidden layer of 50 units (sigmoid), then the label scores."""
+
+    def __init__(self, config: TopicRNNConfig, in_features: int):
+        super().__init__()
+        self.dropout = nn.Dropout(config.classifier_dropout)
+        self.dense = nn.Linear(in_features, config.classifier_hidden_size)
+        self.activation = {"sigmoid": nn.Sigmoid(), "tanh": nn.Tanh(), "relu": nn.ReLU()}[config.classifier_activation]
+        self.out_proj = nn.Linear(config.classifier_hidden_size, config.num_labels)
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        x = self.activation(self.dense(self.dropout(features)))  # (b, 50)
+        return self.out_proj(self.dropout(x))  # (b, num_labels)
+
+
+class TopicRNNForSequenceClassification(TopicRNNPreTrainedModel):
+    """Document classifier on TopicRNN features: concat(q(theta) output, last RNN state) -> MLP.
+
+    With ``config.freeze_backbone`` (the default, the paper's recipe) only the MLP is trained: the
+    body stays in eval mode and receives no gradient, and precomputed ``document_features`` can be
+    passed instead of tokens. With ``freeze_backbone=False`` everything is fine-tuned.
+    ``AutoModelForSequenceClassification.from_pretrained(<a TopicRNNForCausalLM folder>, num_labels=2)``
+    loads the body (``model.*``) and initialises the head.
+    """
+
+    def __init__(self, config: TopicRNNConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.model = TopicRNNModel(config)
+        n_features = config.num_topics * (2 if config.feature_log_sigma else 1) + config.hidden_size
+        self.classifier = TopicRNNClassificationHead(config, n_features)
+        self.post_init()
+        self.set_backbone_frozen(config.freeze_backbone)
+
+    @classmethod
+    def from_pretrained(cls, *args, **kwargs):
+        model = super().from_pretrained(*args, **kwargs)
+        # Loading replaces the parameters, so the body's requires_grad flags are set again here.
+        model.set_backbone_frozen(model.config.freeze_backbone)
+        return model
+
+    def set_backbone_frozen(self, frozen: bool = True) -> None:
+        """Train only the MLP on frozen features (``True``) or fine-tune everything (``False``)."""
+        self.config.freeze_backbone = bool(frozen)
+        self.model.requires_grad_(not frozen)
+        self.train(self.training)
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        if self.config.freeze_backbone:
+            self.model.eval()  # frozen features: no dropout in the body
+        return self
+
+    def get_input_embeddings(self):
+        return self.model.embed_tokens
+
+    def document_features(self, batch: Optional[dict] = None, **kwargs) -> torch.Tensor:
+        """See :meth:`TopicRNNModel.document_features`."""
+        return self.model.document_features(batch, **kwargs)
+
+    def forward(self, input_ids: Optional[torch.LongTensor] = None, attention_mask: Optional[torch.Tensor] = None,
+                inputs_embeds: Optional[torch.Tensor] = None, context_bow: Optional[torch.Tensor] = None,
+                document_features: Optional[torch.Tensor] = None, labels: Optional[torch.Tensor] = None,
+                output_hidden_states: Optional[bool] = None, return_dict: Optional[bool] = None,
+                **kwargs) -> SequenceClassifierOutput:
+        r"""
+        Args:
+            input_ids: (b, s) the document's tokens (left- or right-padded).
+            context_bow: (b, V_c) the document's bag of topic words.
+            document_features: (b, F) precomputed :meth:`TopicRNNModel.document_features`
+                (frozen-feature training); replaces ``input_ids``/``context_bow``.
+            labels: (b,) class ids, or floats for regression / multi-label (``config.problem_type``).
+        """
+        if document_features is None:
+            frozen = self.config.freeze_backbone
+            with torch.set_grad_enabled(torch.is_grad_enabled() and not frozen):
+                document_features = self.model.document_features(input_ids=input_ids, attention_mask=attention_mask,
+                                                                  inputs_embeds=inputs_embeds,
+                                                                  context_bow=context_bow)
+        features = document_features.to(self.classifier.dense.weight.device).float()
+        logits = self.classifier(features)
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(labels=labels.to(logits.device), pooled_logits=logits, config=self.config)
+        out = SequenceClassifierOutput(loss=loss, logits=logits,
+                                       hidden_states=(features,) if output_hidden_states else None)
+        return out if return_dict is not False else out.to_tuple()
+
+
+__all__ = ["TopicRNNModel", "TopicRNNForCausalLM", "TopicRNNForSequenceClassification", "TopicRNNPreTrainedModel",
+           "TopicRNNModelOutput", "gaussian_kl"]

@@ -1,0 +1,620 @@
+"""TopicRNN / TopicLSTM / TopicGRU: the paper's model, the pitfalls of public ports, HF integration."""
+
+import functools
+import json
+import math
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from safetensors.torch import load_file
+from transformers import (AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification,
+                          TrainingArguments)
+
+import reference_topic_rnn as ref
+import topic_lm_hf
+from conftest import DATA, requires_data
+from topic_lm_hf import TopicContextCollator, TopicLMTrainer, build_vocabularies, documents_from_lists
+from topic_lm_hf.classification import (DocumentClassificationCollator, FeatureCollator, add_document_features,
+                                        bow_logistic_regression, classification_accuracy, load_imdb_splits,
+                                        majority_accuracy, train_classifier)
+from topic_lm_hf.evaluation import PROTOCOLS, evaluate_perplexity
+from topic_lm_hf.evaluation.sliding_window import evaluate_perplexity_sliding_window
+from topic_lm_hf.models.configuration_topic_rnn import TopicRNNConfig
+from topic_lm_hf.models.modeling_topic_rnn import (TopicRNNForCausalLM, TopicRNNForSequenceClassification,
+                                                   TopicRNNModel, gaussian_kl)
+
+AutoConfig.register(TopicRNNConfig.model_type, TopicRNNConfig, exist_ok=True)
+AutoModel.register(TopicRNNConfig, TopicRNNModel, exist_ok=True)
+AutoModelForCausalLM.register(TopicRNNConfig, TopicRNNForCausalLM, exist_ok=True)
+AutoModelForSequenceClassification.register(TopicRNNConfig, TopicRNNForSequenceClassification, exist_ok=True)
+
+CELLS = ["rnn", "lstm", "gru"]
+param = pytest.mark.parametrize
+
+# A toy corpus whose stop-word indicator is known by hand: the stop list is {the, a, of, in, and},
+# top_fraction=0, so the topic vocabulary is exactly the alphabetic words outside the stop list.
+STOP = ["the", "a", "of", "in", "and"]
+CORPUS = [
+    [["the", "senate", "passed", "the", "bill", "."], ["the", "president", "signed", "a", "law", "."]],
+    [["the", "team", "won", "the", "game", "."], ["fans", "cheered", "in", "the", "stadium", "."]],
+    [["a", "storm", "hit", "the", "coast", "."], ["the", "senate", "and", "the", "president", "met", "."]],
+]
+SENTENCE = ["the", "senate", "passed", "the", "bill", "."]
+# targets of "<bos> the senate passed the bill . <eos>": the senate passed the bill . <eos>
+SENTENCE_INDICATORS = [1, 0, 0, 1, 0, 1, 1]
+
+
+@pytest.fixture(scope="module")
+def toy():
+    tok, topic_tok = build_vocabularies(documents_from_lists(CORPUS), min_freq=1, stopwords=STOP, top_fraction=0)
+    return tok, topic_tok
+
+
+def fixed_init(model, scale=0.6):
+    """Deterministic, non-trivial weights (torchtune's fixed_init_model)."""
+    with torch.no_grad():
+        for i, (_, p) in enumerate(sorted(model.named_parameters())):
+            p.copy_(scale * torch.sin(torch.arange(p.numel(), dtype=torch.float32) * 0.37 + i).view_as(p))
+    return model
+
+
+def tiny_config(tok, topic_tok, cell="gru", **kw):
+    kw = {"embedding_size": 6, "hidden_size": 5, "num_topics": 3, "inference_hidden_size": 4, **kw}
+    return TopicRNNConfig.from_tokenizers(tok, topic_tok, cell=cell, **kw)
+
+
+def tiny_model(tok, topic_tok, cell="gru", **kw):
+    return fixed_init(TopicRNNForCausalLM(tiny_config(tok, topic_tok, cell, **kw)))
+
+
+def sentence_batch(tok, topic_tok, context="document", docs=CORPUS):
+    collator = TopicContextCollator(tok, topic_tok, context=context)
+    return collator([{"sentences": d} for d in docs])
+
+
+# ----------------------------------------------------------------------------------------------
+# config
+# ----------------------------------------------------------------------------------------------
+
+
+def test_config_validation(toy):
+    tok, topic_tok = toy
+    with pytest.raises(ValueError, match="cell"):
+        TopicRNNConfig(cell="transformer")
+    with pytest.raises(ValueError, match="num_topics"):
+        TopicRNNConfig(num_topics=0)
+    with pytest.raises(ValueError, match="topic_vocab_size"):
+        TopicRNNConfig(vocab_size=50, topic_vocab_size=4, topic_word_ids=[-1, 5, 6])
+    with pytest.raises(ValueError, match="LM ids"):
+        TopicRNNConfig(vocab_size=50, topic_vocab_size=3, topic_word_ids=[-1, 5, 60])
+    # A causal LM without the topic vocabulary's LM ids refuses to run instead of training without topics.
+    model = TopicRNNForCausalLM(TopicRNNConfig(vocab_size=len(tok), topic_vocab_size=len(topic_tok),
+                                               embedding_size=4, hidden_size=4, num_topics=2))
+    with pytest.raises(ValueError, match="set_topic_vocabulary"):
+        model(torch.tensor([[2, 5, 6]]))
+    model.set_topic_vocabulary(tok, topic_tok)
+    assert model(torch.tensor([[2, 5, 6]])).logits.shape == (1, 3, len(tok))
+
+
+# ----------------------------------------------------------------------------------------------
+# the pitfalls of public ports
+# ----------------------------------------------------------------------------------------------
+
+
+def test_indicator_is_exactly_target_outside_topic_vocabulary(toy):
+    tok, topic_tok = toy
+    model = tiny_model(tok, topic_tok)
+    topic_words = set(topic_tok.get_vocab()) - {"<unk>"}
+    vocab = tok.get_vocab()
+    expected = torch.zeros(len(tok), dtype=torch.bool)
+    for word, i in vocab.items():
+        expected[i] = word not in topic_words
+    assert torch.equal(model.stop_word_mask, expected)
+    assert {w for w, i in vocab.items() if not expected[i]} == topic_words
+    for word in ["the", "a", "in", "and", ".", "<eos>", "<unk>", "<pad>", "<bos>"]:
+        assert bool(model.stop_word_mask[vocab[word]]), word
+
+    # The known sentence: the indicator of each target, read back through the indicator loss.
+    ids = [vocab["<bos>"]] + [vocab[w] for w in SENTENCE] + [vocab["<eos>"]]
+    batch = torch.tensor([ids])
+    with torch.no_grad():
+        model.stop_head.weight.zero_()
+        model.stop_head.bias.fill_(2.0)  # sigmoid(z) = sigmoid(2) at every position
+    model.eval()
+    out = model(batch, labels=batch)
+    n_stop = sum(SENTENCE_INDICATORS)
+    n_topic = len(SENTENCE_INDICATORS) - n_stop
+    expected_bce = (n_stop * math.log1p(math.exp(-2.0)) + n_topic * math.log1p(math.exp(2.0))) / len(ids[1:])
+    assert out.aux_loss.item() == pytest.approx(expected_bce, rel=1e-6)
+
+
+@param("cell", CELLS)
+def test_targets_are_next_tokens_and_elbo_matches_per_token_reference(toy, cell):
+    """Reference parity on the known sentence: input t predicts token t + 1 with indicator l_t."""
+    tok, topic_tok = toy
+    model = tiny_model(tok, topic_tok, cell).eval()
+    vocab = tok.get_vocab()
+    ids = [vocab["<bos>"]] + [vocab[w] for w in SENTENCE] + [vocab["<eos>"]]
+    bow = sentence_batch(tok, topic_tok, "document", [CORPUS[0]])["context_bow"][0]
+    out = model(torch.tensor([ids]), labels=torch.tensor([ids]), context_bow=bow[None])
+    reference = ref.elbo(model, [(ids, SENTENCE_INDICATORS, bow.tolist())])
+    n = len(ids) - 1
+    assert reference["tokens"] == n == len(SENTENCE_INDICATORS)
+    assert out.lm_loss.item() == pytest.approx(-reference["word"] / n, rel=1e-5)
+    assert out.aux_loss.item() == pytest.approx(-reference["indicator"] / n, rel=1e-5)
+    assert out.kl_loss.item() == pytest.approx(reference["kl"] / n, rel=1e-5)
+    assert out.loss.item() == pytest.approx(-reference["elbo"] / n, rel=1e-5)  # loss = -ELBO per token
+    # logits are log p(y_t) with the indicator marginalised, aligned with the next token.
+    terms = ref.sentence_terms(model, ids, SENTENCE_INDICATORS, out.topic_mixture[0].tolist())
+    got = out.logits[0, :-1].gather(-1, torch.tensor(ids[1:]).unsqueeze(-1)).squeeze(-1)
+    assert torch.allclose(got.double(), torch.tensor(terms["log_marginal"], dtype=torch.float64), atol=1e-5)
+    assert torch.allclose(out.logits[0].exp().double(), torch.tensor(terms["marginal"], dtype=torch.float64),
+                          atol=1e-6)
+    # Predicting two tokens ahead (the off-by-one of public ports) would give another loss.
+    shifted = -sum(out.logits[0, t, ids[t + 2]].item() for t in range(n - 1)) / (n - 1)
+    assert abs(shifted - (-got.mean().item())) > 1e-3
+
+
+def test_elbo_terms_by_hand(toy):
+    """Weights chosen so that every term is a closed-form number."""
+    tok, topic_tok = toy
+    model = TopicRNNForCausalLM(tiny_config(tok, topic_tok, "rnn", inference_num_layers=1)).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+        model.model.inference_net.mean.bias.copy_(torch.tensor([1.0, -2.0, 0.5]))
+        model.model.inference_net.log_sigma.bias.copy_(torch.tensor([0.0, math.log(2.0), -1.0]))
+    batch = sentence_batch(tok, topic_tok, "others")
+    out = model(batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"],
+                context_bow=batch["context_bow"])
+    n = int((batch["labels"][:, 1:] != -100).sum())
+    rows = batch["input_ids"].shape[0]
+    kl_row = 0.5 * ((1 + 1 - 1 - 0) + (4 + 4 - 1 - 2 * math.log(2.0)) + (0.25 + math.exp(-2) - 1 + 2))
+    assert out.lm_loss.item() == pytest.approx(math.log(len(tok)), rel=1e-6)  # uniform words, zero bias B
+    assert out.aux_loss.item() == pytest.approx(math.log(2.0), rel=1e-6)  # sigmoid(0) = 1/2
+    assert out.kl_loss.item() == pytest.approx(rows * kl_row / n, rel=1e-6)  # KL per predicted token
+    assert out.loss.item() == pytest.approx(math.log(len(tok)) + math.log(2.0) + rows * kl_row / n, rel=1e-6)
+
+
+def test_loss_terms_share_one_per_token_scale(toy):
+    """Duplicating every row of a batch changes no term (KL summed over rows with NLL averaged would)."""
+    tok, topic_tok = toy
+    model = tiny_model(tok, topic_tok).eval()
+    batch = sentence_batch(tok, topic_tok, "others")
+    double = {k: torch.cat([v, v]) for k, v in batch.items()}
+    a = model(**batch)
+    b = model(**double)
+    for key in ("loss", "lm_loss", "aux_loss", "kl_loss"):
+        assert getattr(a, key).item() == pytest.approx(getattr(b, key).item(), rel=1e-6), key
+    # Training with labels needs only the observed-indicator softmax: the marginal is skipped.
+    model.train()
+    assert model(**batch).logits is None and model(batch["input_ids"]).logits is not None
+
+
+def test_kl_annealing_ramps_the_kl_weight(toy, tmp_path):
+    tok, topic_tok = toy
+    model = tiny_model(tok, topic_tok, kl_annealing_steps=4, kl_weight=0.8).train()
+    batch = sentence_batch(tok, topic_tok)
+    for step in (1, 2):
+        out = model(**batch)
+        assert int(model.kl_annealing_step) == step
+        expected = out.lm_loss + out.aux_loss + 0.8 * step / 4 * out.kl_loss
+        assert out.loss.item() == pytest.approx(expected.item(), rel=1e-6)
+    model.save_pretrained(tmp_path)
+    assert int(AutoModelForCausalLM.from_pretrained(tmp_path).kl_annealing_step) == 2  # resuming goes on
+    model.eval()
+    model(**batch)
+    assert int(model.kl_annealing_step) == 2  # evaluation does not count
+    with pytest.raises(ValueError, match="kl_annealing_steps"):
+        TopicRNNConfig(kl_annealing_steps=-1)
+
+
+def test_indicator_loss_is_on_logits_not_probabilities(toy):
+    tok, topic_tok = toy
+    model = tiny_model(tok, topic_tok).eval()
+    vocab = tok.get_vocab()
+    ids = torch.tensor([[vocab["<bos>"], vocab["senate"], vocab["bill"], vocab["law"]]])  # targets: topic words
+    with torch.no_grad():
+        model.stop_head.weight.zero_()
+        model.stop_head.bias.fill_(20.0)
+    # -log(1 - sigmoid(20)) = 20 (+2e-9); a sigmoid before a with-logits loss could never exceed log(1 + e) = 1.31.
+    assert model(ids, labels=ids).aux_loss.item() == pytest.approx(20.0, rel=1e-6)
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.lists(st.lists(st.sampled_from(["the", "senate", "bill", "law", "game", "fans", "a", ".", "storm",
+                                          "zebra"]), min_size=1, max_size=12), min_size=1, max_size=5),
+       st.integers(0, 4), st.randoms(use_true_random=False))
+def test_causal_inference_net_never_sees_the_predicted_sentence(doc, j, rnd):
+    """Under the causal protocol, sentence j's context bag of words (and so theta) is a function of
+    sentences 0..j-1 only: rewriting sentence j and everything after it changes neither."""
+    tok, topic_tok = _toy_cached()
+    model = _toy_model_cached()
+    assert PROTOCOLS["causal"][0] == "preceding" and PROTOCOLS["causal-carry"][0] == "preceding"
+    j = j % len(doc)
+    collator = TopicContextCollator(tok, topic_tok, context="preceding")
+    words = ["senate", "bill", "law", "game", "fans", "storm", "the", "."]
+    rewritten = doc[:j] + [[rnd.choice(words) for _ in range(rnd.randint(1, 12))] for _ in doc[j:]]
+    rows_a = collator.encode_document(doc)
+    rows_b = collator.encode_document(rewritten)
+    first_a = rows_a["sentence_index"].index(j)
+    first_b = rows_b["sentence_index"].index(j)
+    bow_a = collator.bag_of_words([rows_a["context_ids"][first_a]])
+    bow_b = collator.bag_of_words([rows_b["context_ids"][first_b]])
+    assert torch.equal(bow_a, bow_b)
+    # The context is exactly the topic words of the preceding sentences.
+    topic_vocab = topic_tok.get_vocab()
+    expected = torch.zeros(len(topic_tok))
+    for sentence in doc[:j]:
+        for w in sentence:
+            if w in topic_vocab and w != "<unk>":
+                expected[topic_vocab[w]] += 1
+    assert torch.equal(bow_a[0], expected)
+    theta_a = model(torch.tensor([rows_a["input_ids"][first_a]]), context_bow=bow_a).topic_mixture
+    theta_b = model(torch.tensor([rows_b["input_ids"][first_b]]), context_bow=bow_b).topic_mixture
+    assert torch.equal(theta_a, theta_b)
+
+
+_CACHE = {}
+
+
+def _toy_cached():
+    if "toy" not in _CACHE:
+        _CACHE["toy"] = build_vocabularies(documents_from_lists(CORPUS), min_freq=1, stopwords=STOP, top_fraction=0)
+    return _CACHE["toy"]
+
+
+def _toy_model_cached():
+    if "model" not in _CACHE:
+        _CACHE["model"] = tiny_model(*_toy_cached()).eval()
+    return _CACHE["model"]
+
+
+# ----------------------------------------------------------------------------------------------
+# the marginal, theta, topics
+# ----------------------------------------------------------------------------------------------
+
+
+@param("cell", CELLS)
+def test_marginal_sums_to_one_and_stop_words_get_no_topic_term(toy, cell):
+    tok, topic_tok = toy
+    model = tiny_model(tok, topic_tok, cell)
+    batch = sentence_batch(tok, topic_tok)
+    for mode in (True, False):
+        model.train(mode)
+        logits = model(batch["input_ids"], attention_mask=batch["attention_mask"],
+                       context_bow=batch["context_bow"]).logits
+        assert torch.allclose(logits.exp().sum(-1), torch.ones(logits.shape[:2]), atol=1e-5)
+        assert torch.allclose(torch.log_softmax(logits, -1), logits, atol=1e-5)
+    theta = torch.randn(4, 3) * 5
+    bias = model.topic_bias(theta)
+    assert bias.shape == (4, len(tok))
+    assert bool((bias[:, model.stop_word_mask] == 0).all())
+    assert bool((bias[:, ~model.stop_word_mask] != 0).any())
+    # Any real theta works (it is Gaussian, not a distribution over topics).
+    model.eval()
+    out = model(batch["input_ids"][:1], topic_mixture=torch.tensor([[-3.0, 0.0, 7.5]]))
+    assert torch.allclose(out.logits.exp().sum(-1), torch.ones(1, out.logits.shape[1]), atol=1e-5)
+
+
+def test_theta_is_posterior_mean_in_eval_and_a_sample_in_training(toy):
+    tok, topic_tok = toy
+    model = tiny_model(tok, topic_tok)
+    batch = sentence_batch(tok, topic_tok)
+    mu, log_sigma = model.model.inference_net(batch["context_bow"])
+    model.eval()
+    a = model(batch["input_ids"], context_bow=batch["context_bow"]).topic_mixture
+    b = model(batch["input_ids"], context_bow=batch["context_bow"]).topic_mixture
+    assert torch.equal(a, mu) and torch.equal(a, b)
+    model.train()
+    c = model(batch["input_ids"], context_bow=batch["context_bow"]).topic_mixture
+    assert not torch.allclose(c, mu)
+    assert bool((gaussian_kl(mu, log_sigma) >= 0).all())
+    # No context = an empty bag of words (what the first sentence sees under the causal protocol).
+    model.eval()
+    empty = model(batch["input_ids"][:2]).topic_mixture
+    assert torch.equal(empty, model.model.inference_net(torch.zeros(2, len(topic_tok)))[0])
+
+
+def test_get_topics_are_columns_of_B_over_topic_words(toy):
+    tok, topic_tok = toy
+    model = tiny_model(tok, topic_tok)
+    topics = model.get_topics(top_n=4, topic_tokenizer=topic_tok)
+    assert len(topics) == model.config.num_topics and all(len(t) == 4 for t in topics)
+    words = {v: k for k, v in topic_tok.get_vocab().items()}
+    for k, topic in enumerate(topics):
+        column = model.topic_head.weight[1:, k]
+        assert topic == [words[i + 1] for i in column.topk(4).indices.tolist()]
+        assert not set(topic) & (set(STOP) | {"<unk>", "."})
+
+
+# ----------------------------------------------------------------------------------------------
+# Hugging Face integration
+# ----------------------------------------------------------------------------------------------
+
+
+@param("cell", CELLS)
+def test_save_load_through_auto_classes(toy, tmp_path, cell):
+    tok, topic_tok = toy
+    model = tiny_model(tok, topic_tok, cell).eval()
+    model.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    topic_tok.save_pretrained(tmp_path / "topic_tokenizer")
+    assert (tmp_path / "model.safetensors").exists() and not list(tmp_path.glob("*.bin"))
+    saved = load_file(tmp_path / "model.safetensors")
+    assert {"topic_head.weight", "stop_head.weight", "model.inference_net.mean.weight"} <= set(saved)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    assert type(loaded) is TopicRNNForCausalLM and loaded.config.cell == cell
+    batch = sentence_batch(tok, topic_tok)
+    kw = dict(attention_mask=batch["attention_mask"], context_bow=batch["context_bow"])
+    # Equal up to float rounding: safetensors tensors are memory-mapped at other alignments, so BLAS
+    # may take another SIMD path (seen on GRU weights: 5e-7).
+    torch.testing.assert_close(model(batch["input_ids"], **kw).logits, loaded(batch["input_ids"], **kw).logits,
+                               rtol=0, atol=1e-5)
+    assert loaded.get_topics(top_n=3) == model.get_topics(top_n=3, topic_tokenizer=topic_tok)
+    body = AutoModel.from_pretrained(tmp_path)
+    assert type(body) is TopicRNNModel
+    assert torch.equal(body.rnn.weight_hh_l0, model.model.rnn.weight_hh_l0)
+    # A sequence classifier from the LM folder gets the LM's body (base_model_prefix="model").
+    clf = AutoModelForSequenceClassification.from_pretrained(tmp_path, num_labels=2)
+    assert type(clf) is TopicRNNForSequenceClassification
+    for (name, p), (_, q) in zip(clf.model.named_parameters(), model.model.named_parameters()):
+        assert torch.equal(p, q), name
+        assert not p.requires_grad, name  # frozen features by default (the paper's recipe)
+    assert torch.allclose(clf.model.document_features(batch), model.document_features(batch))
+
+
+@param("cell", CELLS)
+def test_state_chunk_equivalence(toy, cell):
+    tok, topic_tok = toy
+    model = tiny_model(tok, topic_tok, cell).eval()
+    batch = sentence_batch(tok, topic_tok, docs=[CORPUS[0]])
+    ids, bow = batch["input_ids"][:1], batch["context_bow"][:1]
+    full = model(ids, context_bow=bow, use_cache=True)
+    first = model(ids[:, :3], context_bow=bow, use_cache=True)
+    rest = model(ids[:, 3:], context_bow=bow, state=first.state, use_cache=True)
+    assert torch.allclose(torch.cat([first.logits, rest.logits], 1), full.logits, atol=1e-5)
+    for a, b in zip(rest.state, full.state):
+        assert torch.allclose(a, b, atol=1e-5)
+    assert len(full.state) == (2 if cell == "lstm" else 1)
+
+
+@param("cell", CELLS)
+def test_cached_generation_equals_uncached(toy, cell):
+    tok, topic_tok = toy
+    model = tiny_model(tok, topic_tok, cell).eval()
+    prompt = tok(["the senate", "the team won"], return_tensors="pt", padding=True, padding_side="left")
+    bow = sentence_batch(tok, topic_tok, docs=[CORPUS[0], CORPUS[1]])["context_bow"][[0, 2]]
+    theta = torch.tensor([[1.5, -2.0, 0.3], [0.0, 4.0, -1.0]])
+    for conditioning in ({"context_bow": bow}, {"topic_mixture": theta}):
+        for beams in (1, 3):
+            kw = dict(max_new_tokens=6, do_sample=False, num_beams=beams, pad_token_id=tok.pad_token_id,
+                      **prompt, **conditioning)
+            cached = model.generate(**kw)
+            uncached = model.generate(**kw, use_cache=False)
+            assert torch.equal(cached, uncached), (conditioning.keys(), beams)
+
+
+def test_generation_conditioning(toy):
+    tok, topic_tok = toy
+    model = tiny_model(tok, topic_tok).eval()
+    calls = []
+    original = model.forward
+
+    def recording_forward(*args, **kwargs):
+        calls.append(("bow" if kwargs.get("context_bow") is not None else
+                      "theta" if kwargs.get("topic_mixture") is not None else "none"))
+        return original(*args, **kwargs)
+
+    model.forward = functools.wraps(original)(recording_forward)
+    bow = sentence_batch(tok, topic_tok, docs=[CORPUS[0]])["context_bow"][0]  # 1-D: one bag for the batch
+    out = model.generate(**tok(["the senate"], return_tensors="pt"), context_bow=bow, max_new_tokens=4,
+                         do_sample=False, pad_token_id=0, eos_token_id=None)
+    assert out.shape == (1, 3 + 4)
+    assert calls[0] == "bow" and set(calls[1:]) == {"theta"}  # theta inferred once, then reused
+    model.forward = original
+    # Any theta in R^K, without a prompt; num_return_sequences expands it correctly.
+    out = model.generate(topic_mixture=torch.tensor([2.0, -1.0, 0.5]), max_new_tokens=5, do_sample=True,
+                         num_return_sequences=3, pad_token_id=0, eos_token_id=None)
+    assert out.shape == (3, 1 + 5) and bool((out[:, 0] == tok.bos_token_id).all())
+    # A different theta steers generation somewhere else.
+    greedy = [model.generate(topic_mixture=torch.tensor([[s * 8.0, 0.0, -s * 8.0]]), max_new_tokens=8,
+                             do_sample=False, pad_token_id=0, eos_token_id=None) for s in (1, -1)]
+    assert not torch.equal(*greedy)
+    with pytest.raises(ValueError, match="at most one"):
+        model.generate(topic_mixture=torch.zeros(1, 3), context_bow=bow, max_new_tokens=2)
+    with pytest.raises(ValueError):
+        model.generate(**tok(["the"], return_tensors="pt"), topic_mixtrue=torch.zeros(1, 3), max_new_tokens=2)
+
+
+def test_perplexity_protocols_read_the_marginal(toy):
+    tok, topic_tok = toy
+    model = tiny_model(tok, topic_tok).eval()
+    docs = documents_from_lists(CORPUS)
+    results = {p: evaluate_perplexity(model, docs, p, tokenizer=tok, topic_tokenizer=topic_tok) for p in PROTOCOLS}
+    window = evaluate_perplexity_sliding_window(model, docs, window=5, tokenizer=tok, topic_tokenizer=topic_tok)
+    assert window["protocol"] == "topicrnn-sliding-window" and window["window"] == 5
+    assert {r["tokens"] for r in results.values()} == {window["tokens"]}
+    # Reference: the causal protocol by hand, token by token.
+    collator = TopicContextCollator(tok, topic_tok, context="preceding")
+    nll, n = 0.0, 0
+    for doc in CORPUS:
+        rows = collator.encode_document(doc)
+        for ids, ctx in zip(rows["input_ids"], rows["context_ids"]):
+            mu, _ = ref.inference(model, collator.bag_of_words([ctx])[0].tolist())
+            terms = ref.sentence_terms(model, ids, [0] * len(ids), mu)
+            nll -= sum(terms["log_marginal"])
+            n += len(ids) - 1
+    assert n == results["causal"]["tokens"]
+    assert results["causal"]["perplexity"] == pytest.approx(math.exp(nll / n), rel=1e-5)
+
+
+def test_sliding_window_context_is_the_previous_window(toy):
+    tok, topic_tok = toy
+    model = tiny_model(tok, topic_tok).eval()
+    seen = []
+    original = model.forward
+
+    @functools.wraps(original)
+    def recording_forward(*args, **kwargs):
+        seen.append(kwargs["context_bow"].clone())
+        return original(*args, **kwargs)
+
+    model.forward = recording_forward
+    doc = [["the", "senate", "passed", "the", "bill", "."], ["fans", "cheered", "."], ["storm", "hit", "coast"]]
+    evaluate_perplexity_sliding_window(model, [doc], window=4, tokenizer=tok, topic_tokenizer=topic_tok)
+    model.forward = original
+    chunks = TopicContextCollator(tok, None, context="none").encode_document(doc)["input_ids"]
+    assert len(seen) == len(chunks) == 3
+    lm_words = {v: k for k, v in tok.get_vocab().items()}
+    topic_vocab = topic_tok.get_vocab()
+    predicted = []
+    for chunk, bow in zip(chunks, seen):
+        expected = torch.zeros(len(topic_tok))
+        for i in predicted[-4:]:
+            if lm_words[i] in topic_vocab:
+                expected[topic_vocab[lm_words[i]]] += 1
+        assert torch.equal(bow[0], expected)
+        predicted += chunk[1:]  # <bos> is never predicted
+    # window 4 before chunk 2: "the bill . <eos>" (one topic word); before chunk 3: "fans cheered . <eos>".
+    assert seen[0].sum() == 0 and seen[1].sum() == 1 and seen[2].sum() == 2
+
+
+# ----------------------------------------------------------------------------------------------
+# training on real data
+# ----------------------------------------------------------------------------------------------
+
+
+@requires_data("apnews", "train.txt")
+@param("cell", CELLS)
+def test_cells_train_on_apnews(apnews, tmp_path, cell):
+    torch.set_num_threads(1)
+    tok, topic_tok = apnews["tok"], apnews["topic_tok"]
+    config = TopicRNNConfig.from_tokenizers(tok, topic_tok, cell=cell, embedding_size=32, hidden_size=32,
+                                            num_topics=8, inference_hidden_size=32)
+    model = TopicRNNForCausalLM(config)
+    collator = TopicContextCollator(tok, topic_tok, context="others")
+    rows = collator.prepare(apnews["train"].select(range(60)))
+    held_out = collator([collator.prepare(apnews["valid"].select(range(4)))[i] for i in range(48)])
+
+    def held_out_loss():
+        model.eval()
+        with torch.no_grad():
+            return model(**held_out).loss.item()
+
+    before = held_out_loss()
+    args = TrainingArguments(output_dir=str(tmp_path), max_steps=25, per_device_train_batch_size=32,
+                             learning_rate=1e-2, logging_steps=5, save_strategy="no", report_to=[], use_cpu=True,
+                             disable_tqdm=True, max_grad_norm=1.0)
+    trainer = TopicLMTrainer(model=model, args=args, train_dataset=rows, data_collator=collator)
+    trainer.train()
+    after = held_out_loss()
+    assert after < before - 0.5, (before, after)
+    logged = [h for h in trainer.state.log_history if "loss" in h]
+    assert {"lm_loss", "kl_loss", "aux_loss"} <= set(logged[-1])
+    assert logged[-1]["loss"] < logged[0]["loss"]
+
+
+@requires_data("imdb", "train.jsonl.gz")
+def test_classifier_learns_imdb_above_majority(tmp_path):
+    torch.set_num_threads(1)
+    train, test = load_imdb_splits(DATA / "imdb" / "train.jsonl.gz", max_train_documents=500,
+                                   max_test_documents=200)
+    tok, topic_tok = build_vocabularies(train, min_freq=5, stopwords=DATA / "stopwords" / "mallet_en.txt")
+    config = TopicRNNConfig.from_tokenizers(tok, topic_tok, cell="gru", embedding_size=16, hidden_size=16,
+                                            num_topics=16, inference_hidden_size=32, inference_input="log1p",
+                                            freeze_backbone=False, num_labels=2)
+    model = TopicRNNForSequenceClassification(config)
+    collator = DocumentClassificationCollator(tok, topic_tok, max_length=200)
+    train_rows, test_rows = collator.prepare(train), collator.prepare(test)
+    train_classifier(model, train_rows, collator, str(tmp_path), epochs=4, learning_rate=3e-3, batch_size=25)
+    accuracy = classification_accuracy(model, test_rows, collator)
+    majority = majority_accuracy(train["label"], test["label"])
+    assert accuracy > majority + 0.1, (accuracy, majority)
+    baseline = bow_logistic_regression(train, test)
+    assert baseline["accuracy"] > majority
+
+
+def test_frozen_feature_classifier_trains_only_the_head(toy, tmp_path):
+    tok, topic_tok = toy
+    lm = tiny_model(tok, topic_tok)
+    lm.save_pretrained(tmp_path / "lm")
+    clf = AutoModelForSequenceClassification.from_pretrained(tmp_path / "lm", num_labels=2)
+    docs = documents_from_lists(CORPUS * 4, label=[0, 1, 0] * 4)
+    collator = DocumentClassificationCollator(tok, topic_tok, max_length=12)
+    rows = collator.prepare(docs)
+    batch = collator([rows[i] for i in range(4)])
+    assert batch["input_ids"].shape[1] <= 12 and batch["labels"].tolist() == [0, 1, 0, 0]
+    features = add_document_features(clf, rows, collator)
+    assert len(features[0]["document_features"]) == 2 * 3 + 5  # mu, log sigma, h
+    body = {k: v.clone() for k, v in clf.model.state_dict().items()}
+    head = clf.classifier.dense.weight.clone()
+    train_classifier(clf, features, FeatureCollator(), str(tmp_path / "clf"), epochs=3, learning_rate=1e-2,
+                     batch_size=4)
+    assert all(torch.equal(v, clf.model.state_dict()[k]) for k, v in body.items())
+    assert not torch.equal(head, clf.classifier.dense.weight)
+    clf.eval()
+    from_tokens = clf(**{k: v for k, v in batch.items() if k != "labels"}).logits
+    from_features = clf(document_features=FeatureCollator()([features[i] for i in range(4)])["document_features"])
+    assert torch.allclose(from_tokens, from_features.logits, atol=1e-5)
+    out = clf(**batch)
+    assert out.loss is not None and out.logits.shape == (4, 2) and clf.config.problem_type == \
+        "single_label_classification"
+    # Fine-tunable variant: the body gets gradients.
+    clf.set_backbone_frozen(False)
+    clf.train()
+    clf(**batch).loss.backward()
+    assert clf.model.embed_tokens.weight.grad is not None
+    assert math.isfinite(out.loss.item())
+
+
+# ----------------------------------------------------------------------------------------------
+# remote code
+# ----------------------------------------------------------------------------------------------
+
+
+def test_remote_code_in_a_process_without_the_package(toy, tmp_path):
+    hub = pytest.importorskip("topic_lm_hf.hub")
+    tok, topic_tok = toy
+    model = tiny_model(tok, topic_tok, "lstm").eval()
+    hub.save_for_hub(model, tmp_path / "repo", tok, topic_tok)
+    auto_map = json.loads((tmp_path / "repo" / "config.json").read_text())["auto_map"]
+    assert auto_map["AutoModelForCausalLM"] == "modeling_topic_rnn.TopicRNNForCausalLM"
+    assert auto_map["AutoModelForSequenceClassification"] == "modeling_topic_rnn.TopicRNNForSequenceClassification"
+    ids = tok(["the senate passed"], return_tensors="pt")["input_ids"]
+    theta = [[1.0, -2.0, 0.5]]
+    expected = model(ids, topic_mixture=torch.tensor(theta)).logits[0, -1, :5].tolist()
+    src = str(Path(topic_lm_hf.__file__).resolve().parents[1])
+    repo = str(tmp_path / "repo")
+    script = textwrap.dedent(f"""
+        import sys, json
+        sys.path = [p for p in sys.path if not p.startswith({src!r})]
+        import importlib.util
+        assert importlib.util.find_spec("topic_lm_hf") is None
+        import torch
+        from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+        model = AutoModelForCausalLM.from_pretrained({repo!r}, trust_remote_code=True).eval()
+        tok = AutoTokenizer.from_pretrained({repo!r}, trust_remote_code=True)
+        ids = tok(["the senate passed"], return_tensors="pt")["input_ids"]
+        logits = model(ids, topic_mixture=torch.tensor({theta!r})).logits[0, -1, :5].tolist()
+        out = model.generate(topic_mixture=torch.tensor({theta[0]!r}), max_new_tokens=3, min_new_tokens=3)
+        clf = AutoModelForSequenceClassification.from_pretrained({repo!r}, num_labels=2, trust_remote_code=True)
+        print(json.dumps({{"cls": type(model).__module__, "logits": logits, "generated": out.shape[1],
+                          "topics": model.get_topics(top_n=3), "clf": type(clf).__name__,
+                          "frozen": not any(p.requires_grad for p in clf.model.parameters())}}))
+    """)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "modules"), "PYTHONPATH": ""}
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["cls"].startswith("transformers_modules")
+    assert torch.allclose(torch.tensor(result["logits"]), torch.tensor(expected), atol=1e-5)
+    assert result["generated"] == 4 and result["topics"] == model.get_topics(top_n=3, topic_tokenizer=topic_tok)
+    assert result["clf"] == "TopicRNNForSequenceClassification" and result["frozen"]
