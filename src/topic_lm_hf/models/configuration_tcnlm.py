@@ -1,0 +1,95 @@
+"""Configuration of TCNLM, the Topic Compositional Neural Language Model (Wang et al., AISTATS 2018)."""
+
+from transformers import PretrainedConfig
+
+LM_TYPES = ("tcnlm", "naive_moe")
+
+
+class TCNLMConfig(PretrainedConfig):
+    r"""Configuration of :class:`TCNLMModel` and :class:`TCNLMForCausalLM`.
+
+    The paper's settings (section 5): a 2-layer 256-unit ReLU encoder, lambda = 0.1, dropout 0.4,
+    50 / 100 / 150 topics; small LM = 1 layer of 600 units, large LM = 2 layers of 900 units
+    (``hub_configs/tcnlm-apnews-{small,large}.json``). The paper does not give the embedding size
+    nor the number of factors n_f; we use E = 300 (Lau et al. 2017) and n_f = H.
+
+    Args:
+        vocab_size: LM vocabulary size V (special tokens included).
+        topic_vocab_size: topic vocabulary size V_c = ``len(topic_tokenizer)``; id 0 is ``<unk>``,
+            never counted in a bag of words and never a topic word.
+        num_topics: number of topics T (also the dimension of the Gaussian latent theta).
+        embedding_size: word embedding size E.
+        hidden_size: LSTM hidden size H.
+        num_hidden_layers: stacked topic-compositional LSTM layers (each conditioned on t).
+        num_factors: n_f, the number of factors of eq. 12 (``None``: equal to ``hidden_size``).
+        dropout: dropout on embeddings, between layers and before the softmax (0.4 in the paper).
+        encoder_hidden_size: width of the two ReLU layers of the inference network q(theta | d).
+        topic_embedding_size: D of the topic and word vectors whose dot products are beta's logits.
+        prior_mean, prior_std: mu_0 and sigma_0 of the prior theta ~ N(mu_0, sigma_0^2 I).
+        diversity_weight: lambda, the weight of the topic diversity regulariser R (eq. 18).
+        lm_type: ``"tcnlm"`` (factorised topic-compositional LSTM, eq. 12-15) or ``"naive_moe"``
+            (T separate LSTM experts mixed at the output by t, eq. 7-8; the paper's Table 6).
+        kl_annealing_steps: the KL weight grows linearly from 0 to 1 over this many training
+            forward passes (0 = no annealing).
+        tie_word_embeddings: share the input embedding and the output matrix (a projection H -> E
+            is inserted when E != H).
+        initializer_range: scale r of the uniform initialisation U(-r, r); the factor matrices are
+            scaled so that W_a diag(W_b t) W_c starts at the same scale as a plain LSTM's weights.
+
+    Example:
+        >>> from topic_lm_hf import TCNLMConfig, TCNLMForCausalLM
+        >>> config = TCNLMConfig(vocab_size=1000, topic_vocab_size=300, num_topics=20,
+        ...                      embedding_size=32, hidden_size=64)
+        >>> model = TCNLMForCausalLM(config)
+    """
+
+    model_type = "tcnlm"
+    keys_to_ignore_at_inference = ["state", "hidden_states", "lm_loss", "kl_loss", "bow_loss", "aux_loss",
+                                   "topic_mixture"]
+
+    def __init__(self, vocab_size=10000, topic_vocab_size=2000, num_topics=50, embedding_size=300, hidden_size=600,
+                 num_hidden_layers=1, num_factors=None, dropout=0.4, encoder_hidden_size=256, topic_embedding_size=256, prior_mean=0.0,
+                 prior_std=1.0, diversity_weight=0.1, lm_type="tcnlm", kl_annealing_steps=0,
+                 tie_word_embeddings=False, initializer_range=0.1, use_cache=True, pad_token_id=0, bos_token_id=2,
+                 eos_token_id=3, **kwargs):
+        num_factors = hidden_size if num_factors is None else num_factors
+        for name, value in (("vocab_size", vocab_size), ("topic_vocab_size", topic_vocab_size),
+                            ("num_topics", num_topics), ("embedding_size", embedding_size),
+                            ("hidden_size", hidden_size), ("num_hidden_layers", num_hidden_layers),
+                            ("num_factors", num_factors), ("encoder_hidden_size", encoder_hidden_size),
+                            ("topic_embedding_size", topic_embedding_size)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if topic_vocab_size < 2:
+            raise ValueError(f"topic_vocab_size must be >= 2 (<unk> plus at least one word), got {topic_vocab_size}")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout!r}")
+        if not prior_std > 0:
+            raise ValueError(f"prior_std must be positive, got {prior_std!r}")
+        if diversity_weight < 0:
+            raise ValueError(f"diversity_weight must be >= 0, got {diversity_weight!r}")
+        if lm_type not in LM_TYPES:
+            raise ValueError(f"lm_type must be one of {LM_TYPES}, got {lm_type!r}")
+        if isinstance(kl_annealing_steps, bool) or not isinstance(kl_annealing_steps, int) or kl_annealing_steps < 0:
+            raise ValueError(f"kl_annealing_steps must be a non-negative integer, got {kl_annealing_steps!r}")
+        if not initializer_range > 0:
+            raise ValueError(f"initializer_range must be positive, got {initializer_range!r}")
+        self.vocab_size = vocab_size
+        self.topic_vocab_size = topic_vocab_size
+        self.num_topics = num_topics
+        self.embedding_size = embedding_size
+        self.hidden_size = hidden_size
+        self.num_hidden_layers = num_hidden_layers
+        self.num_factors = num_factors
+        self.dropout = dropout
+        self.encoder_hidden_size = encoder_hidden_size
+        self.topic_embedding_size = topic_embedding_size
+        self.prior_mean = float(prior_mean)
+        self.prior_std = float(prior_std)
+        self.diversity_weight = float(diversity_weight)
+        self.lm_type = lm_type
+        self.kl_annealing_steps = kl_annealing_steps
+        self.tie_word_embeddings = tie_word_embeddings
+        self.initializer_range = initializer_range
+        self.use_cache = use_cache
+        super().__init__(pad_token_id=pad_token_id, bos_token_id=bos_token_id, eos_token_id=eos_token_id, **kwargs)

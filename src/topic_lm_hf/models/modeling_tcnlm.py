@@ -1,0 +1,586 @@
+"""TCNLM: Topic Compositional Neural Language Model (Wang et al., AISTATS 2018).
+
+Notation: b batch, s tokens, E embedding size, H hidden size, L layers, n_f factors, T topics,
+V vocabulary, V_c topic vocabulary, g = 4 LSTM gates in PyTorch's order (i, f, g, o), where g is
+the candidate cell c~ of the paper.
+
+The model (paper section 3), with the equations it cites:
+
+* Neural topic model (NTM). A context bag of words d (b, V_c) goes through a 2-layer ReLU MLP to
+  the posterior q(theta | d) = N(mu, sigma^2) (b, T); theta ~ N(mu_0, sigma_0^2 I) a priori, and
+  the topic proportions are t = softmax(W^ theta + b^) (b, T). Words are drawn from
+  p(w | t) = beta^T t (eq. 6), where beta (T, V_c) holds one distribution over words per topic.
+* Topic-compositional LSTM (eq. 12-15). Every gate * of every layer has
+  x~_* = (W_*b t) ⊙ (W_*c x),  h~_* = (U_*b t) ⊙ (U_*c h),  gate_* = act(W_*a x~_* + U_*a h~_* + b_*),
+  i.e. the input weight is W_*(t) = W_*a diag(W_*b t) W_*c: an ensemble of T LSTMs whose weights
+  are mixed by t and share the factors W_*a, W_*c.
+* Naive mixture of experts (eq. 7-8, ``lm_type="naive_moe"``): T separate LSTMs mixed at the
+  output, p(y_m) = sum_k t_k softmax(V h_m^(k)). The paper's Table 6 baseline.
+
+Decisions the paper leaves open (each is a choice, stated here once):
+
+* c~ uses tanh, as in a standard LSTM; eq. 13 writes sigma, which we read as a typo (with sigma
+  every candidate would be positive, so the cell could only be written positive values). The
+  gates have biases ("omitted for simplicity" in the paper).
+* theta has T dimensions; d is fed to the encoder as raw counts.
+* beta_k = softmax(V_w u_k) over the topic vocabulary, with topic vectors u (T, D) and word vectors
+  V_w (V_c, D), D = ``topic_embedding_size``: the parameterisation of Miao et al. 2017's Gaussian
+  softmax model, whose diversity regulariser the paper adopts. Free (T, V_c) logits learned far
+  too slowly under Adam at LM learning rates (on APNEWS, 600 steps left every topic a list of
+  frequent words). ``<unk>`` (topic id 0, never in a bag of words) gets probability 0.
+* The diversity regulariser R = mean - variance of the angles a(beta_i, beta_j) uses the
+  T (T - 1) pairs i != j: the paper's 1/T^2 sum includes i = j, whose angle is identically 0 and
+  whose arccos has an infinite derivative.
+* Evaluation and generation use the posterior mean t = softmax(W^ mu + b^); training samples
+  theta with the reparameterisation trick.
+
+The training loss and its scale (the paper's J = ELBO + lambda R, eq. 17-18, negated). One row of
+a batch is one sentence chunk y with its context d (the document minus the sentence in the papers'
+protocol). With N = the number of predicted tokens in the batch:
+
+    loss = lm_loss + bow_loss + kl_weight * kl_loss + aux_loss
+    lm_loss  = - sum_{rows, m} log p(y_m | y_<m, t) / N           (mean NLL per token, nats)
+    bow_loss = - sum_{rows} sum_w d_w log (beta^T t)_w / N        (document terms, per LM token)
+    kl_loss  =   sum_{rows} KL(q(theta | d) || N(mu_0, sigma_0^2 I)) / N
+    aux_loss = - lambda * R                                      (once per batch)
+
+so ``lm_loss + bow_loss + kl_loss`` is exactly the negative ELBO of eq. 17 summed over the rows of
+the batch and divided by N: a per-token ELBO, the same scale as ``lm_loss``. ``kl_weight`` goes
+linearly from 0 to 1 over ``config.kl_annealing_steps`` training forward passes (1 when 0);
+``kl_loss`` is reported without it. NTM terms exist only when the batch has ``context_bow`` and
+``labels``; with ``topic_ids`` / ``topic_mixture`` / the prior the loss is ``lm_loss``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+from torch.utils.checkpoint import checkpoint
+from transformers import GenerationMixin
+from transformers.utils import ModelOutput
+
+from .configuration_tcnlm import TCNLMConfig
+from .modeling_common import (RecurrentPreTrainedModel, TopicLMOutput, causal_lm_loss, normalize_topic_kwargs,
+                              run_rnn, topic_ids_to_mixture, topic_vocabulary)
+
+NUM_GATES = 4  # i, f, g (= c~), o
+TOPIC_LOGIT_INIT_STD = 1.5  # spread of the topic-word logits at initialisation (TCNLMPreTrainedModel._init_weights)
+
+
+# ----------------------------------------------------------------------------------------------
+# neural topic model
+# ----------------------------------------------------------------------------------------------
+
+
+class TCNLMTopicModel(nn.Module):
+    """The NTM of section 3.1: Gaussian softmax topic proportions and topic-word distributions beta."""
+
+    def __init__(self, config: TCNLMConfig):
+        super().__init__()
+        self.prior_mean = config.prior_mean
+        self.prior_std = config.prior_std
+        self.encoder = nn.Sequential(nn.Linear(config.topic_vocab_size, config.encoder_hidden_size), nn.ReLU(),
+                                     nn.Linear(config.encoder_hidden_size, config.encoder_hidden_size), nn.ReLU())
+        self.posterior_mean = nn.Linear(config.encoder_hidden_size, config.num_topics)
+        self.posterior_logvar = nn.Linear(config.encoder_hidden_size, config.num_topics)
+        self.topic_proj = nn.Linear(config.num_topics, config.num_topics)  # g(theta) = softmax(W^ theta + b^)
+        # beta_k = softmax(word_vectors . topic_vectors_k), as in the Gaussian softmax model of Miao et al. 2017
+        self.topic_vectors = nn.Parameter(torch.empty(config.num_topics, config.topic_embedding_size))
+        self.word_vectors = nn.Parameter(torch.empty(config.topic_vocab_size, config.topic_embedding_size))
+
+    def posterior(self, bow: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """q(theta | d): mean and log-variance, each (b, T), from counts (b, V_c)."""
+        hidden = self.encoder(bow)
+        return self.posterior_mean(hidden), self.posterior_logvar(hidden)
+
+    def proportions(self, theta: torch.Tensor) -> torch.Tensor:
+        """t = softmax(W^ theta + b^): (b, T) -> (b, T) on the simplex."""
+        return torch.softmax(self.topic_proj(theta), dim=-1)
+
+    def prior_proportions(self, batch_size: int) -> torch.Tensor:
+        """t at the prior mean theta = mu_0, for every row: (b, T)."""
+        theta = self.topic_vectors.new_full((1, self.topic_proj.in_features), self.prior_mean)
+        return self.proportions(theta).expand(batch_size, -1)
+
+    def beta(self) -> torch.Tensor:
+        """Topic-word distributions (T, V_c); each row sums to 1 and ``<unk>`` (id 0) has probability 0."""
+        logits = self.topic_vectors @ self.word_vectors.T  # (T, V_c)
+        logits = torch.cat([torch.full_like(logits[:, :1], float("-inf")), logits[:, 1:]], dim=1)
+        return torch.softmax(logits, dim=-1)
+
+    def bow_nll(self, bow: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        """-log p(d | t) = -sum_w d_w log (beta^T t)_w per document: (b,)."""
+        word_probs = t @ self.beta()  # (b, V_c)
+        # Column 0 (<unk>) has probability 0 and count 0: clamp so that 0 * log 0 is 0, not NaN.
+        return -(bow * word_probs.clamp_min(1e-30).log()).sum(-1)
+
+    def kl(self, mean: torch.Tensor, logvar: torch.Tensor) -> torch.Tensor:
+        """KL(N(mean, exp(logvar)) || N(mu_0, sigma_0^2)) summed over the T dimensions: (b,)."""
+        var0 = self.prior_std ** 2
+        return 0.5 * (math.log(var0) - logvar + (logvar.exp() + (mean - self.prior_mean) ** 2) / var0 - 1.0).sum(-1)
+
+    def diversity(self) -> torch.Tensor:
+        """R = mean - variance of the pairwise angles arccos(|beta_i . beta_j| / |beta_i| |beta_j|), i != j."""
+        beta = F.normalize(self.beta(), dim=-1)
+        cosine = (beta @ beta.T).abs()  # (T, T)
+        off_diagonal = ~torch.eye(cosine.shape[0], dtype=torch.bool, device=cosine.device)
+        # Clamp below 1: arccos has an infinite derivative there (two identical topics).
+        angles = torch.arccos(cosine[off_diagonal].clamp(max=1.0 - 1e-6))
+        return angles.mean() - angles.var(unbiased=False)
+
+    def forward(self, bow: torch.Tensor, sample: bool):
+        """(t, mean, logvar) for counts (b, V_c); theta is sampled (reparameterised) when ``sample``."""
+        mean, logvar = self.posterior(bow)
+        theta = mean + torch.randn_like(mean) * (0.5 * logvar).exp() if sample else mean
+        return self.proportions(theta), mean, logvar
+
+
+# ----------------------------------------------------------------------------------------------
+# topic-compositional LSTM
+# ----------------------------------------------------------------------------------------------
+
+
+class TCNLMLSTMLayer(nn.Module):
+    """One topic-compositional LSTM layer (eq. 13-15) with the gates stacked.
+
+    Parameters (gates stacked in the order i, f, g, o; blocks of n_f rows per gate):
+        W_c (4 n_f, n_x), W_b (4 n_f, T), W_a (4, H, n_f): the input side, W_*(t) = W_*a diag(W_*b t) W_*c;
+        U_c (4 n_f, H),   U_b (4 n_f, T), U_a (4, H, n_f): the recurrent side;
+        bias (4 H).
+
+    The input side does not depend on the recurrence, so x~ and W_a x~ are computed for all time
+    steps in two batched products; only U_a ((U_b t) ⊙ (U_c h)) runs inside the loop over time.
+    """
+
+    def __init__(self, input_size: int, hidden_size: int, num_factors: int, num_topics: int):
+        super().__init__()
+        self.input_size, self.hidden_size, self.num_factors = input_size, hidden_size, num_factors
+        g, f = NUM_GATES, num_factors
+        self.W_c = nn.Parameter(torch.empty(g * f, input_size))
+        self.W_b = nn.Parameter(torch.empty(g * f, num_topics))
+        self.W_a = nn.Parameter(torch.empty(g, hidden_size, f))
+        self.U_c = nn.Parameter(torch.empty(g * f, hidden_size))
+        self.U_b = nn.Parameter(torch.empty(g * f, num_topics))
+        self.U_a = nn.Parameter(torch.empty(g, hidden_size, f))
+        self.bias = nn.Parameter(torch.empty(g * hidden_size))
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor, mask: Optional[torch.Tensor] = None,
+                state: Optional[tuple[torch.Tensor, torch.Tensor]] = None):
+        """Run the layer over a sequence.
+
+        Args:
+            x: (b, s, n_x) inputs.
+            t: (b, T) topic proportions.
+            mask: (b, s) bool, True at real tokens (left or right padding) or None; at padded steps
+                the state is carried over unchanged and the output is 0.
+            state: ``(h, c)``, each (b, H), or None for zeros.
+
+        Returns:
+            ``(outputs (b, s, H), (h, c))`` with the state after each row's last real token.
+        """
+        b, s, _ = x.shape
+        g, f, H = NUM_GATES, self.num_factors, self.hidden_size
+        # Input side for all steps at once (eq. 14): x~ = (W_b t) ⊙ (W_c x), then W_a x~ per gate.
+        x_tilde = F.linear(x, self.W_c) * F.linear(t, self.W_b).unsqueeze(1)  # (b, s, 4 n_f)
+        gates_x = torch.einsum("bsgf,ghf->sbgh", x_tilde.view(b, s, g, f), self.W_a)  # (s, b, 4, H)
+        # (s, b, 4 H), time-major; unbind (not indexing) so that backward stacks the step gradients once
+        # instead of scattering each into a zero tensor of the full size.
+        gates_x = (gates_x.reshape(s, b, g * H) + self.bias).unbind(0)
+        hidden_topic = F.linear(t, self.U_b)  # U_b t: (b, 4 n_f), fixed over time
+        U_a_t = self.U_a.transpose(1, 2)  # (4, n_f, H)
+        if state is None:
+            h = x.new_zeros(b, H)
+            c = x.new_zeros(b, H)
+        else:
+            h, c = state
+        if s == 0:
+            return x.new_zeros(b, 0, H), (h, c)
+        step_mask = None if mask is None else mask.transpose(0, 1).unsqueeze(-1).unbind(0)  # s x (b, 1)
+        outputs = []
+        for m in range(s):
+            # Recurrent side (eq. 15): h~ = (U_b t) ⊙ (U_c h), then U_a h~ per gate (a (4,) batch of matmuls).
+            h_tilde = F.linear(h, self.U_c) * hidden_topic  # (b, 4 n_f)
+            gates_h = torch.bmm(h_tilde.view(b, g, f).transpose(0, 1), U_a_t)  # (4, b, H)
+            gates = gates_x[m] + gates_h.transpose(0, 1).reshape(b, g * H)  # (b, 4 H)
+            i_gate, f_gate, candidate, o_gate = gates.chunk(g, dim=1)
+            c_new = torch.sigmoid(f_gate) * c + torch.sigmoid(i_gate) * torch.tanh(candidate)  # eq. 13
+            h_new = torch.sigmoid(o_gate) * torch.tanh(c_new)
+            if step_mask is None:
+                h, c = h_new, c_new
+                outputs.append(h_new)
+            else:
+                keep = step_mask[m]
+                h, c = torch.where(keep, h_new, h), torch.where(keep, c_new, c)
+                outputs.append(h_new * keep)
+        return torch.stack(outputs, dim=1), (h, c)
+
+
+class TCNLMExperts(nn.Module):
+    """The naive mixture of experts of eq. 7-8: T independent (multi-layer) LSTMs on the same input.
+
+    State: ``(h, c)``, each (b, T * L, H), expert k's layers at rows k * L ... k * L + L - 1.
+    """
+
+    def __init__(self, config: TCNLMConfig):
+        super().__init__()
+        self.num_layers = config.num_hidden_layers
+        self.experts = nn.ModuleList(
+            nn.LSTM(config.embedding_size, config.hidden_size, num_layers=config.num_hidden_layers, batch_first=True,
+                    dropout=config.dropout if config.num_hidden_layers > 1 else 0.0)
+            for _ in range(config.num_topics))
+
+    def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor], state, need_state: bool):
+        """(b, s, E) -> outputs (b, s, T, H) and the state (or None)."""
+        L = self.num_layers
+        outputs, h_all, c_all = [], [], []
+        for k, lstm in enumerate(self.experts):
+            expert_state = None if state is None else tuple(s[:, k * L:(k + 1) * L] for s in state)
+            lstm.flatten_parameters()
+            out, (h, c) = run_rnn(lstm, x, mask, expert_state, need_state=need_state)
+            outputs.append(out)
+            h_all.append(h)
+            c_all.append(c)
+        new_state = (torch.cat(h_all, 1), torch.cat(c_all, 1)) if need_state else None
+        return torch.stack(outputs, dim=2), new_state
+
+
+# ----------------------------------------------------------------------------------------------
+# pretrained-model classes
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class TCNLMModelOutput(ModelOutput):
+    """Output of :class:`TCNLMModel`.
+
+    Args:
+        last_hidden_state: (b, s, H) top-layer outputs; (b, s, T, H) for ``lm_type="naive_moe"``.
+        state: ``(h, c)``, the recurrent state after the last real token (see the layer classes).
+        topic_mixture: (b, T) topic proportions t that conditioned the LM.
+        bow_nll: (b,) -log p(d | t) per document (only with ``context_bow`` and ``return_topic_losses``).
+        kl: (b,) KL(q(theta | d) || p(theta)) per document (same condition).
+    """
+
+    last_hidden_state: Optional[torch.Tensor] = None
+    state: Optional[tuple[torch.Tensor, ...]] = None
+    topic_mixture: Optional[torch.Tensor] = None
+    bow_nll: Optional[torch.Tensor] = None
+    kl: Optional[torch.Tensor] = None
+
+
+class TCNLMPreTrainedModel(RecurrentPreTrainedModel):
+    config_class = TCNLMConfig
+    _no_split_modules = ["TCNLMModel"]
+
+    def _init_weights(self, module):
+        super()._init_weights(module)  # embeddings, linear layers, nn.LSTM experts: U(-r, r)
+        r = self.config.initializer_range
+        if isinstance(module, TCNLMLSTMLayer):
+            # W_b t starts near 1 (t is on the simplex), and W_a, W_c are scaled so that the entries of
+            # W_a diag(W_b t) W_c have the spread of U(-r, r): n_f * (a^2 / 3)^2 = r^2 / 3.
+            a = math.sqrt(math.sqrt(3.0) * r / math.sqrt(module.num_factors))
+            for name in ("W_a", "W_c", "U_a", "U_c"):
+                nn.init.uniform_(getattr(module, name), -a, a)
+            for name in ("W_b", "U_b"):
+                nn.init.uniform_(getattr(module, name), 1.0 - r, 1.0 + r)
+            nn.init.zeros_(module.bias)
+        elif isinstance(module, TCNLMTopicModel):
+            # Topics start as distinct random distributions (logits of std ~1.5), so that log p(d | t) depends
+            # on t from the first step: with near-uniform beta nothing rewards a posterior away from the prior,
+            # and on APNEWS the KL term then collapsed it (t constant, most encoder units dead) in 50 steps.
+            std = (TOPIC_LOGIT_INIT_STD / math.sqrt(module.topic_vectors.shape[1])) ** 0.5
+            nn.init.normal_(module.topic_vectors, 0.0, std)
+            nn.init.normal_(module.word_vectors, 0.0, std)
+
+
+class TCNLMModel(TCNLMPreTrainedModel):
+    """Embeddings, the neural topic model and the topic-conditioned recurrent LM (no output layer)."""
+
+    def __init__(self, config: TCNLMConfig):
+        super().__init__(config)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.embedding_size, padding_idx=config.pad_token_id)
+        self.dropout = nn.Dropout(config.dropout)
+        self.topic_model = TCNLMTopicModel(config)
+        if config.lm_type == "tcnlm":
+            sizes = [config.embedding_size] + [config.hidden_size] * config.num_hidden_layers
+            self.layers = nn.ModuleList(TCNLMLSTMLayer(sizes[i], config.hidden_size, config.num_factors,
+                                                       config.num_topics) for i in range(config.num_hidden_layers))
+            self.experts = None
+        else:
+            self.layers = None
+            self.experts = TCNLMExperts(config)
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.embed_tokens
+
+    def set_input_embeddings(self, value):
+        self.embed_tokens = value
+
+    # -- topics ---------------------------------------------------------------------------------
+
+    def topic_proportions(self, batch_size: int, device, context_bow=None, topic_ids=None, topic_mixture=None,
+                          return_topic_losses: bool = False):
+        """Resolve the conditioning into t (b, T), plus per-document (bow_nll, kl) when asked.
+
+        Sources (at most one may be given): ``topic_mixture`` as is; ``topic_ids`` -> equal mixture
+        of the listed topics (one id = one-hot t); ``context_bow`` -> the NTM posterior (a sample in
+        training, the mean otherwise); nothing -> the prior mean softmax(W^ mu_0 + b^).
+        """
+        cfg = self.config
+        given = normalize_topic_kwargs(cfg.num_topics, cfg.topic_vocab_size, batch_size, topic_ids=topic_ids,
+                                       topic_mixture=topic_mixture, context_bow=context_bow)
+        if "topic_mixture" in given:
+            return given["topic_mixture"].to(device), None, None
+        if "topic_ids" in given:
+            return topic_ids_to_mixture(given["topic_ids"].to(device), cfg.num_topics), None, None
+        if "context_bow" in given:
+            bow = given["context_bow"].to(device)
+            t, mean, logvar = self.topic_model(bow, sample=self.training)
+            if not return_topic_losses:
+                return t, None, None
+            return t, self.topic_model.bow_nll(bow, t), self.topic_model.kl(mean, logvar)
+        return self.topic_model.prior_proportions(batch_size).to(device), None, None
+
+    def infer_topics(self, context_bow) -> torch.Tensor:
+        """Topic proportions t (b, T) of documents given as bags of words (b, V_c): the posterior mean."""
+        given = normalize_topic_kwargs(self.config.num_topics, self.config.topic_vocab_size, context_bow=context_bow)
+        mean, _ = self.topic_model.posterior(given["context_bow"].to(self.device))
+        return self.topic_model.proportions(mean)
+
+    @torch.no_grad()
+    def get_topics(self, top_n: int = 10, topic_tokenizer=None) -> list[list[str]]:
+        """The ``top_n`` most probable words of every topic (T lists), from beta; ``<unk>`` is never one."""
+        if top_n < 1:
+            raise ValueError(f"top_n must be >= 1, got {top_n}")
+        words = topic_vocabulary(self, topic_tokenizer)
+        beta = self.topic_model.beta()
+        top = beta.topk(min(top_n, beta.shape[1] - 1), dim=-1).indices  # (T, top_n)
+        return [[words[i] for i in row] for row in top.tolist()]
+
+    # -- forward --------------------------------------------------------------------------------
+
+    def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, state=None, use_cache=None,
+                context_bow=None, topic_ids=None, topic_mixture=None, return_topic_losses: bool = False,
+                **kwargs) -> TCNLMModelOutput:
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("Give exactly one of input_ids and inputs_embeds")
+        if inputs_embeds is None:
+            if bool((input_ids >= self.config.vocab_size).any()) or bool((input_ids < 0).any()):
+                raise ValueError(f"input_ids must be in [0, {self.config.vocab_size}): mismatched tokenizer?")
+            inputs_embeds = self.embed_tokens(input_ids)  # (b, s, E)
+        b, s, _ = inputs_embeds.shape
+        use_cache = use_cache if use_cache is not None else (self.config.use_cache and not self.training)
+        need_state = use_cache or state is not None
+        if attention_mask is not None and attention_mask.shape[1] != s:
+            # generate() passes the mask of the whole sequence; this call only sees its last tokens.
+            attention_mask = attention_mask[:, -s:]
+        mask = None
+        if attention_mask is not None and not bool(attention_mask.all()):
+            mask = attention_mask.bool()
+        t, bow_nll, kl = self.topic_proportions(b, inputs_embeds.device, context_bow, topic_ids, topic_mixture,
+                                                return_topic_losses)
+        x = self.dropout(inputs_embeds)
+        if self.experts is not None:
+            hidden, new_state = self.experts(x, mask, state, need_state)
+        else:
+            # Right padding without a state to return: outputs at real tokens do not depend on what
+            # follows, so the per-step masking can be skipped (the outputs are zeroed below).
+            right_padded = mask is not None and bool((mask[:, :-1] >= mask[:, 1:]).all())
+            step_mask = None if (mask is None or (right_padded and not need_state)) else mask
+            hs, cs = [], []
+            hidden = x
+            for layer_index, layer in enumerate(self.layers):
+                if layer_index > 0:
+                    hidden = self.dropout(hidden)  # between layers, as nn.LSTM(dropout=...)
+                layer_state = None if state is None else (state[0][:, layer_index], state[1][:, layer_index])
+                hidden, (h, c) = layer(hidden, t, step_mask, layer_state)
+                hs.append(h)
+                cs.append(c)
+            if mask is not None and step_mask is None:
+                hidden = hidden * mask.unsqueeze(-1).to(hidden.dtype)
+            new_state = (torch.stack(hs, 1), torch.stack(cs, 1)) if need_state else None
+        return TCNLMModelOutput(last_hidden_state=hidden, state=new_state if use_cache else None, topic_mixture=t,
+                                bow_nll=bow_nll, kl=kl)
+
+
+class TCNLMForCausalLM(TCNLMPreTrainedModel, GenerationMixin):
+    """TCNLM with its output softmax, the ELBO training loss, and topic-steered generation.
+
+    Conditioning (``forward`` and ``generate``; give at most one):
+        ``topic_ids``: an int, a list (shared by the batch), a list of lists or a (b, k) tensor
+        padded with -1; each row is an equal mixture of its topics. ``topic_mixture``: (b, T) or
+        (T,) proportions on the simplex. ``context_bow``: (b, V_c) or (V_c,) counts, inferred once
+        per generation and reused at every step. Nothing: the prior mean.
+    """
+
+    _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+
+    def __init__(self, config: TCNLMConfig):
+        super().__init__(config)
+        self.model = TCNLMModel(config)
+        self.dropout = nn.Dropout(config.dropout)
+        out_size = config.hidden_size
+        self.proj = None
+        if config.tie_word_embeddings and config.embedding_size != config.hidden_size:
+            self.proj = nn.Linear(config.hidden_size, config.embedding_size)
+            out_size = config.embedding_size
+        self.lm_head = nn.Linear(out_size, config.vocab_size)
+        # Training forward passes seen so far, for KL annealing (saved, so that resuming goes on).
+        self.register_buffer("kl_annealing_step", torch.zeros((), dtype=torch.long))
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.model.embed_tokens
+
+    def get_output_embeddings(self):
+        return self.lm_head
+
+    def set_output_embeddings(self, value):
+        self.lm_head = value
+
+    def infer_topics(self, context_bow) -> torch.Tensor:
+        """Topic proportions t (b, T) of documents given as bags of words (b, V_c): the posterior mean."""
+        return self.model.infer_topics(context_bow)
+
+    def get_topics(self, top_n: int = 10, topic_tokenizer=None) -> list[list[str]]:
+        """The ``top_n`` most probable words of each of the T topics (from beta).
+
+        Words come from ``topic_tokenizer``, or from the ``topic_tokenizer/`` folder saved next to the model.
+        """
+        return self.model.get_topics(top_n, topic_tokenizer)
+
+    # -- output layer ---------------------------------------------------------------------------
+
+    def _head(self, hidden: torch.Tensor) -> torch.Tensor:
+        h = self.dropout(hidden)
+        if self.proj is not None:
+            h = self.proj(h)
+        return self.lm_head(h)
+
+    def _expert_target_log_probs(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """log softmax(V h^(k))[y] for one expert: (b, s, H), (b, s) -> (b, s)."""
+        return torch.log_softmax(self._head(hidden).float(), dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+
+    def _mixture_log_probs(self, hidden: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        """Eq. 7: log sum_k t_k softmax(V h^(k)) for (b, s, T, H) -> (b, s, V); experts with t_k = 0 are skipped."""
+        log_t = t.float().clamp_min(0).log()  # (b, T); -inf where a topic is off
+        out = None
+        for k in range(hidden.shape[2]):
+            if not bool(torch.isfinite(log_t[:, k]).any()):
+                continue
+            log_probs = torch.log_softmax(self._head(hidden[:, :, k]).float(), dim=-1) + log_t[:, k, None, None]
+            out = log_probs if out is None else torch.logaddexp(out, log_probs)
+        return out
+
+    def _mixture_lm_loss(self, hidden: torch.Tensor, t: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """Mean NLL per token of the eq. 7 mixture without materialising T (b, s, V) tensors for backward.
+
+        Each expert's target log-probability is computed under activation checkpointing: only its
+        (b, s, H) input is kept, and its (b, s, V) logits are recomputed in the backward pass.
+        """
+        targets = labels[:, 1:].to(hidden.device)
+        valid = targets != -100
+        safe_targets = targets.clamp_min(0)
+        per_expert = [checkpoint(self._expert_target_log_probs, hidden[:, :-1, k], safe_targets, use_reentrant=False)
+                      for k in range(hidden.shape[2])]
+        log_probs = torch.logsumexp(torch.stack(per_expert, -1) + t.float().log()[:, None, :], dim=-1)  # (b, s-1)
+        return -(log_probs * valid).sum() / valid.sum()
+
+    # -- forward --------------------------------------------------------------------------------
+
+    def forward(self, input_ids: Optional[torch.LongTensor] = None, attention_mask: Optional[torch.Tensor] = None,
+                inputs_embeds: Optional[torch.Tensor] = None, state: Optional[tuple] = None,
+                labels: Optional[torch.LongTensor] = None, use_cache: Optional[bool] = None,
+                context_bow: Optional[torch.Tensor] = None, topic_ids=None, topic_mixture=None,
+                output_hidden_states: Optional[bool] = None, return_dict: Optional[bool] = None,
+                logits_to_keep: int = 0, **kwargs) -> TopicLMOutput:
+        r"""
+        Args:
+            input_ids: (b, s) token ids, left- or right-padded.
+            attention_mask: (b, s), 1 for real tokens.
+            state: ``(h, c)`` to continue from (see :class:`TCNLMModelOutput`).
+            labels: (b, s) = ``input_ids`` with -100 at ignored positions; shifted inside.
+            context_bow: (b, V_c) counts over the topic vocabulary (the collator's ``context_bow``).
+            topic_ids, topic_mixture: explicit topics instead of a bag of words (see the class doc).
+            logits_to_keep: compute logits for the last N positions only (0 = all).
+
+        Returns:
+            :class:`TopicLMOutput`; ``loss`` is the per-token negative ELBO minus lambda R (module doc).
+            For ``lm_type="naive_moe"`` the logits are the mixture's log-probabilities, and when a
+            loss is computed with gradients they are not materialised (``logits=None``).
+        """
+        compute_ntm = labels is not None and context_bow is not None
+        base = self.model(input_ids, attention_mask, inputs_embeds, state, use_cache, context_bow=context_bow,
+                          topic_ids=topic_ids, topic_mixture=topic_mixture, return_topic_losses=compute_ntm)
+        hidden, t = base.last_hidden_state, base.topic_mixture
+        if logits_to_keep and labels is None:
+            hidden = hidden[:, -logits_to_keep:]
+
+        logits, lm_loss = None, None
+        if self.config.lm_type == "naive_moe" and labels is not None and torch.is_grad_enabled():
+            lm_loss = self._mixture_lm_loss(hidden, t, labels)
+        else:
+            logits = self._mixture_log_probs(hidden, t) if self.config.lm_type == "naive_moe" else self._head(hidden)
+            if labels is not None:
+                lm_loss = causal_lm_loss(logits, labels)
+
+        loss = lm_loss
+        bow_loss = kl_loss = aux_loss = None
+        if lm_loss is not None and compute_ntm:
+            n_tokens = (labels[:, 1:] != -100).sum().clamp_min(1).to(lm_loss.device)
+            bow_loss = base.bow_nll.sum() / n_tokens
+            kl_loss = base.kl.sum() / n_tokens
+            aux_loss = -self.config.diversity_weight * self.model.topic_model.diversity()
+            loss = lm_loss + bow_loss + self._kl_weight() * kl_loss + aux_loss
+
+        out = TopicLMOutput(loss=loss, logits=logits, state=base.state,
+                            hidden_states=base.last_hidden_state if output_hidden_states else None,
+                            lm_loss=_detach(lm_loss), kl_loss=_detach(kl_loss), bow_loss=_detach(bow_loss),
+                            aux_loss=_detach(aux_loss), topic_mixture=t)
+        return out if return_dict is not False else out.to_tuple()
+
+    def _kl_weight(self) -> float:
+        steps = self.config.kl_annealing_steps
+        if not self.training:
+            return 1.0 if steps == 0 else min(1.0, self.kl_annealing_step.item() / steps)
+        self.kl_annealing_step += 1
+        return 1.0 if steps == 0 else min(1.0, self.kl_annealing_step.item() / steps)
+
+    # -- generation -----------------------------------------------------------------------------
+
+    def generate(self, inputs: Optional[torch.Tensor] = None, generation_config=None, topic_ids=None,
+                 topic_mixture=None, context_bow=None, **kwargs):
+        """``GenerationMixin.generate`` with topic conditioning (see the class doc).
+
+        The conditioning is validated and turned into batch-first (b, k) / (b, T) / (b, V_c)
+        tensors first, so that transformers' expansion for beams and ``num_return_sequences``
+        repeats rows correctly. Without a prompt, generation starts from ``<bos>`` with one row
+        per conditioning row.
+        """
+        prompt = inputs if inputs is not None else kwargs.get("input_ids", kwargs.get("inputs_embeds"))
+        batch_size = prompt.shape[0] if isinstance(prompt, torch.Tensor) else None
+        cfg = self.config
+        given = normalize_topic_kwargs(cfg.num_topics, cfg.topic_vocab_size, batch_size, topic_ids=topic_ids,
+                                       topic_mixture=topic_mixture, context_bow=context_bow)
+        given = {name: value.to(self.device).contiguous() for name, value in given.items()}
+        return super().generate(inputs, generation_config, **given, **kwargs)
+
+    def _update_model_kwargs_for_generation(self, outputs, model_kwargs, is_encoder_decoder=False,
+                                            num_new_tokens=1):
+        model_kwargs = super()._update_model_kwargs_for_generation(outputs, model_kwargs, is_encoder_decoder,
+                                                                   num_new_tokens)
+        if model_kwargs.get("context_bow") is not None and getattr(outputs, "topic_mixture", None) is not None:
+            # Infer t from the bag of words once (first step) and reuse it at every later step.
+            model_kwargs["topic_mixture"] = outputs.topic_mixture
+            model_kwargs["context_bow"] = None
+        return model_kwargs
+
+
+def _detach(x):
+    return x.detach() if x is not None else None

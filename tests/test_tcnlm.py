@@ -1,0 +1,607 @@
+"""TCNLM: the maths against literal references, the ELBO on a hand-checkable case, generation with
+every conditioning source, the Auto classes, and a short real-data training run."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, TrainingArguments
+
+import topic_lm_hf
+from topic_lm_hf import (TopicContextCollator, TopicLMTrainer, build_vocabularies, evaluate_perplexity,
+                         save_vocabularies, synthetic_documents)
+from topic_lm_hf.models.configuration_tcnlm import TCNLMConfig
+from topic_lm_hf.models.modeling_tcnlm import TCNLMForCausalLM, TCNLMLSTMLayer, TCNLMModel
+
+from reference_tcnlm import explicit_weight_lstm_layer, naive_moe_probs, naive_tc_lstm_layer
+
+# The package __init__ registers these; registering here too keeps this file independent of that.
+AutoConfig.register("tcnlm", TCNLMConfig, exist_ok=True)
+AutoModel.register(TCNLMConfig, TCNLMModel, exist_ok=True)
+AutoModelForCausalLM.register(TCNLMConfig, TCNLMForCausalLM, exist_ok=True)
+
+ROOT = Path(__file__).resolve().parents[1]
+F32 = dict(rtol=1e-5, atol=1e-5)  # float32 precision for O(1) activations
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    # Many small ops per time step: with several threads on a shared CPU, synchronisation dominates.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def vocab():
+    tok, topic_tok = build_vocabularies(synthetic_documents(60), min_freq=1)
+    tok.padding_side = "left"
+    return tok, topic_tok
+
+
+def small_model(vocab_size, topic_vocab_size, lm_type="tcnlm", layers=2, num_topics=6, **kw):
+    torch.manual_seed(0)
+    config = TCNLMConfig(vocab_size=vocab_size, topic_vocab_size=topic_vocab_size, num_topics=num_topics,
+                         embedding_size=12, hidden_size=16, num_factors=10, num_hidden_layers=layers, dropout=0.1,
+                         encoder_hidden_size=16, topic_embedding_size=8, lm_type=lm_type, initializer_range=0.5,
+                         **kw)
+    return TCNLMForCausalLM(config).eval()
+
+
+def random_bow(rows, topic_vocab_size, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    bow = torch.randint(0, 3, (rows, topic_vocab_size), generator=g).float()
+    bow[:, 0] = 0  # <unk> is never counted
+    return bow
+
+
+def randomize_(module, scale=0.3):
+    """Move every parameter away from its structured initialisation (W_b ~ 1), so that the topic matters."""
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(torch.randn_like(p) * scale)
+
+
+# ----------------------------------------------------------------------------------------------
+# configuration
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(num_topics=0), "num_topics must be a positive integer, got 0"),
+    (dict(hidden_size=-3), "hidden_size must be a positive integer, got -3"),
+    (dict(num_factors=2.5), "num_factors must be a positive integer, got 2.5"),
+    (dict(dropout=1.0), r"dropout must be in \[0, 1\), got 1.0"),
+    (dict(prior_std=0.0), "prior_std must be positive, got 0.0"),
+    (dict(lm_type="moe"), "lm_type must be one of .*got 'moe'"),
+    (dict(kl_annealing_steps=-1), "kl_annealing_steps must be a non-negative integer, got -1"),
+    (dict(topic_vocab_size=1), "topic_vocab_size must be >= 2"),
+])
+def test_config_rejects_bad_values_naming_them(bad, match):
+    with pytest.raises(ValueError, match=match):
+        TCNLMConfig(**bad)
+
+
+def test_config_defaults_and_hub_configs():
+    config = TCNLMConfig(hidden_size=40)
+    assert config.num_factors == 40 and config.encoder_hidden_size == 256 and config.diversity_weight == 0.1
+    assert "state" in config.keys_to_ignore_at_inference
+    sizes = {}
+    for name in ("small", "large"):
+        values = json.loads((ROOT / "hub_configs" / f"tcnlm-apnews-{name}.json").read_text())
+        config = TCNLMConfig(**{k: v for k, v in values.items() if k != "model_type"})
+        sizes[name] = (config.num_hidden_layers, config.hidden_size, config.dropout, config.encoder_hidden_size)
+    assert sizes == {"small": (1, 600, 0.4, 256), "large": (2, 900, 0.4, 256)}
+    for lm_type in ("naive_moe", "tcnlm"):
+        values = json.loads((ROOT / "hub_configs" / f"tcnlm-table6-{lm_type.replace('_', '-')}.json").read_text())
+        assert (values["lm_type"], values["num_topics"], values["hidden_size"]) == (lm_type, 30, 100)
+
+
+# ----------------------------------------------------------------------------------------------
+# the topic-compositional LSTM against literal references
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("with_state", [False, True])
+def test_fast_layer_equals_naive_gate_loop_and_explicit_weight_lstm(with_state):
+    torch.manual_seed(1)
+    b, s, n_x, H, n_f, T = 3, 5, 7, 6, 4, 5
+    layer = TCNLMLSTMLayer(n_x, H, n_f, T)
+    randomize_(layer)
+    x = torch.randn(b, s, n_x)
+    t = torch.softmax(torch.randn(b, T) * 2, -1)
+    state = (torch.randn(b, H) * 0.5, torch.randn(b, H) * 0.5) if with_state else None
+    with torch.no_grad():
+        fast, (h, c) = layer(x, t, state=state)
+    naive, (h_naive, c_naive) = naive_tc_lstm_layer(layer, x, t, state)
+    explicit, (h_explicit, c_explicit) = explicit_weight_lstm_layer(layer, x, t, state)
+    torch.testing.assert_close(fast.double(), naive, **F32)
+    torch.testing.assert_close(fast, explicit, **F32)
+    for ours, ref in ((h, h_naive), (c, c_naive)):
+        torch.testing.assert_close(ours.double(), ref, **F32)
+    torch.testing.assert_close(h, h_explicit, **F32)
+    torch.testing.assert_close(c, c_explicit, **F32)
+    # the paper's parameter count, 4 n_f (n_x + 2T + 3 n_h), plus one bias per gate unit
+    assert sum(p.numel() for p in layer.parameters()) == 4 * n_f * (n_x + 2 * T + 3 * H) + 4 * H
+
+
+def test_one_hot_topic_uses_only_that_topics_factors():
+    # Section 5.3: generating from topic i uses only the i-th column of W_b and U_b.
+    torch.manual_seed(2)
+    layer = TCNLMLSTMLayer(5, 6, 4, 3)
+    randomize_(layer)
+    x = torch.randn(2, 4, 5)
+    onehot = torch.tensor([[0.0, 1.0, 0.0]] * 2)
+    with torch.no_grad():
+        out, _ = layer(x, onehot)
+        layer.W_b[:, [0, 2]] = 9.0  # other topics' factors must not matter
+        layer.U_b[:, [0, 2]] = -9.0
+        again, _ = layer(x, onehot)
+    torch.testing.assert_close(out, again)
+
+
+@pytest.mark.parametrize("lm_type", ["tcnlm", "naive_moe"])
+def test_left_padded_rows_equal_unpadded_rows(vocab, lm_type):
+    tok, topic_tok = vocab
+    model = small_model(len(tok), len(topic_tok), lm_type)
+    randomize_(model.model.layers if lm_type == "tcnlm" else model.model.experts, 0.3)
+    prompts = ["the senate said the bill", "police", "a storm in the coast"]
+    bow = random_bow(3, len(topic_tok))
+    batch = tok(prompts, return_tensors="pt", padding=True)
+    both = model(**batch, context_bow=bow, use_cache=True)
+    for i, prompt in enumerate(prompts):
+        alone = model(**tok([prompt], return_tensors="pt"), context_bow=bow[i:i + 1], use_cache=True)
+        n = alone.logits.shape[1]
+        torch.testing.assert_close(both.logits[i, -n:], alone.logits[0], **F32)
+        for a, b in zip(both.state, alone.state):
+            torch.testing.assert_close(a[i], b[0], **F32)
+
+
+@pytest.mark.parametrize("lm_type", ["tcnlm", "naive_moe"])
+def test_right_padding_training_path_matches_unpadded(vocab, lm_type):
+    tok, topic_tok = vocab
+    model = small_model(len(tok), len(topic_tok), lm_type)
+    tok.padding_side = "right"
+    batch = tok(["the senate said the bill", "police said"], return_tensors="pt", padding=True)
+    tok.padding_side = "left"
+    mix = torch.softmax(torch.randn(2, 6), -1)
+    padded = model(**batch, topic_mixture=mix, use_cache=False)  # no state: per-step masking skipped
+    alone = model(**tok(["police said"], return_tensors="pt"), topic_mixture=mix[1:], use_cache=False)
+    n = alone.logits.shape[1]
+    torch.testing.assert_close(padded.logits[1, :n], alone.logits[0], **F32)
+
+
+def test_naive_moe_equals_explicit_mixture_of_expert_softmaxes(vocab):
+    tok, topic_tok = vocab
+    model = small_model(len(tok), len(topic_tok), "naive_moe", layers=1, num_topics=4)
+    ids = tok(["the senate said the company will vote"], return_tensors="pt")["input_ids"].repeat(2, 1)
+    mix = torch.tensor([[0.1, 0.2, 0.3, 0.4], [0.0, 1.0, 0.0, 0.0]])
+    out = model(input_ids=ids, topic_mixture=mix)
+    expected = naive_moe_probs(model, ids, mix)
+    torch.testing.assert_close(out.logits.double().exp(), expected, rtol=1e-5, atol=1e-7)
+    # the logits are log-probabilities: the evaluation code's log_softmax leaves them unchanged
+    torch.testing.assert_close(torch.log_softmax(out.logits, -1), out.logits, **F32)
+    # the memory-saving training loss (checkpointed experts) equals the loss of the full mixture
+    model.config.dropout = 0.0
+    model.train()
+    for m in model.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+    loss = model(input_ids=ids, topic_mixture=mix, labels=ids).loss
+    with torch.no_grad():
+        reference = -torch.log(expected[:, :-1]).gather(-1, ids[:, 1:, None]).mean()
+    torch.testing.assert_close(loss.double(), reference, **F32)
+    loss.backward()
+    assert all(p.grad is not None for p in model.model.experts.parameters())
+
+
+# ----------------------------------------------------------------------------------------------
+# the objective
+# ----------------------------------------------------------------------------------------------
+
+
+def test_elbo_terms_on_a_hand_checkable_case():
+    """T = 2 topics, V_c = 3 (<unk> + 2 words), V = 10; every quantity set by hand."""
+    config = TCNLMConfig(vocab_size=10, topic_vocab_size=3, num_topics=2, embedding_size=4, hidden_size=4,
+                         num_factors=2, encoder_hidden_size=3, topic_embedding_size=2, dropout=0.0,
+                         diversity_weight=0.1)
+    model = TCNLMForCausalLM(config).eval()
+    ntm = model.model.topic_model
+    with torch.no_grad():
+        for layer in (ntm.posterior_mean, ntm.posterior_logvar):
+            layer.weight.zero_()
+        ntm.posterior_mean.bias.copy_(torch.tensor([math.log(3.0), 0.0]))  # mu = (ln 3, 0)
+        ntm.posterior_logvar.bias.copy_(torch.tensor([0.0, math.log(0.25)]))  # sigma^2 = (1, 1/4)
+        ntm.topic_proj.weight.copy_(torch.eye(2))
+        ntm.topic_proj.bias.zero_()  # t = softmax(mu) = (3/4, 1/4)
+        # logits = topic_vectors @ word_vectors^T = [[5, ln 3, 0], [5, 0, ln 3]]
+        ntm.topic_vectors.copy_(torch.eye(2))
+        ntm.word_vectors.copy_(torch.tensor([[5.0, 5.0], [math.log(3.0), 0.0], [0.0, math.log(3.0)]]))
+        model.lm_head.weight.zero_()
+        model.lm_head.bias.zero_()  # uniform next-word distribution: lm_loss = ln 10
+    # beta = [[0, 3/4, 1/4], [0, 1/4, 3/4]] (<unk> gets 0 whatever its logit); beta^T t = (0, 5/8, 3/8)
+    torch.testing.assert_close(ntm.beta(), torch.tensor([[0, 0.75, 0.25], [0, 0.25, 0.75]]))
+    bow = torch.tensor([[0.0, 2.0, 1.0], [0.0, 0.0, 3.0]])
+    ids = torch.tensor([[2, 5, 6, 3], [2, 7, 3, 0]])
+    labels = ids.masked_fill(ids == 0, -100)  # predicted tokens: 3 + 2 = 5
+    out = model(input_ids=ids, labels=labels, context_bow=bow)
+
+    n_tokens = 5
+    bow_nll = -(2 * math.log(5 / 8) + math.log(3 / 8)) - 3 * math.log(3 / 8)
+    kl_per_doc = 0.5 * (math.log(3.0) ** 2) + 0.5 * (-math.log(0.25) + 0.25 - 1)  # vs N(0, 1)
+    angle = math.acos((0.75 * 0.25 + 0.25 * 0.75) / (0.75 ** 2 + 0.25 ** 2))  # arccos(0.6), both pairs
+    torch.testing.assert_close(out.topic_mixture, torch.tensor([[0.75, 0.25]] * 2))
+    torch.testing.assert_close(out.lm_loss, torch.tensor(math.log(10.0)))
+    torch.testing.assert_close(out.bow_loss, torch.tensor(bow_nll / n_tokens))
+    torch.testing.assert_close(out.kl_loss, torch.tensor(2 * kl_per_doc / n_tokens))
+    torch.testing.assert_close(out.aux_loss, torch.tensor(-0.1 * angle))
+    expected = math.log(10.0) + (bow_nll + 2 * kl_per_doc) / n_tokens - 0.1 * angle
+    torch.testing.assert_close(out.loss, torch.tensor(expected))
+    # without a bag of words there is no topic model term
+    plain = model(input_ids=ids, labels=labels, topic_ids=[0])
+    assert plain.bow_loss is None and torch.allclose(plain.loss, plain.lm_loss)
+
+
+def test_kl_annealing_and_posterior_sampling():
+    config = TCNLMConfig(vocab_size=10, topic_vocab_size=5, num_topics=3, embedding_size=4, hidden_size=4,
+                         encoder_hidden_size=4, dropout=0.0, kl_annealing_steps=4, diversity_weight=0.0)
+    model = TCNLMForCausalLM(config).train()
+    with torch.no_grad():
+        model.model.topic_model.posterior_mean.bias.fill_(2.0)  # a KL far from 0
+    ids = torch.tensor([[2, 5, 6, 3]])
+    bow = torch.tensor([[0.0, 1.0, 2.0, 0.0, 1.0]])
+    weights = []
+    for _ in range(5):
+        out = model(input_ids=ids, labels=ids, context_bow=bow)
+        weights.append(((out.loss - out.lm_loss - out.bow_loss) / out.kl_loss).item())
+    assert weights == pytest.approx([0.25, 0.5, 0.75, 1.0, 1.0], abs=1e-4)
+    assert "kl_annealing_step" in model.state_dict()  # saved: resuming training goes on annealing
+    # training samples theta; evaluation uses the posterior mean
+    assert not torch.allclose(model(input_ids=ids, context_bow=bow).topic_mixture,
+                              model(input_ids=ids, context_bow=bow).topic_mixture)
+    model.eval()
+    torch.testing.assert_close(model(input_ids=ids, context_bow=bow).topic_mixture, model.infer_topics(bow))
+
+
+def test_diversity_regularizer_values_and_gradient():
+    config = TCNLMConfig(vocab_size=10, topic_vocab_size=4, num_topics=3, embedding_size=4, hidden_size=4,
+                         topic_embedding_size=3)
+    ntm = TCNLMForCausalLM(config).model.topic_model
+    with torch.no_grad():
+        ntm.topic_vectors.copy_(torch.eye(3) * 30)  # topic k puts all its mass on word k + 1
+        ntm.word_vectors.copy_(torch.cat([torch.zeros(1, 3), torch.eye(3)]))
+    assert ntm.diversity().item() == pytest.approx(math.pi / 2, abs=1e-3)  # orthogonal topics, no variance
+    with torch.no_grad():
+        ntm.topic_vectors.fill_(0.5)  # three identical topics: every angle 0
+    r = ntm.diversity()
+    assert r.item() == pytest.approx(0.0, abs=2e-3)
+    r.backward()
+    assert torch.isfinite(ntm.topic_vectors.grad).all() and torch.isfinite(ntm.word_vectors.grad).all()
+
+
+def test_every_parameter_gets_a_gradient_and_the_lm_loss_reaches_the_encoder(vocab):
+    tok, topic_tok = vocab
+    model = small_model(len(tok), len(topic_tok)).train()
+    batch = tok(["the senate said", "police said the storm"], return_tensors="pt", padding=True)
+    labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
+    bow = random_bow(2, len(topic_tok))
+    model(**batch, labels=labels, context_bow=bow).loss.backward()
+    assert [n for n, p in model.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0] == []
+    # The LM term alone trains the inference network through t (joint training, eq. 17).
+    model.zero_grad()
+    t, _, _ = model.model.topic_model(bow, sample=True)
+    lm_only = model(**batch, labels=labels, topic_mixture=t)
+    assert lm_only.bow_loss is None
+    lm_only.loss.backward()
+    assert model.model.topic_model.encoder[0].weight.grad.abs().sum() > 0
+    assert model.model.topic_model.topic_vectors.grad is None  # beta is trained by the BoW term only
+
+
+# ----------------------------------------------------------------------------------------------
+# state, save / load
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("lm_type", ["tcnlm", "naive_moe"])
+def test_running_in_two_chunks_with_the_state_equals_one_pass(vocab, lm_type):
+    tok, topic_tok = vocab
+    model = small_model(len(tok), len(topic_tok), lm_type)
+    ids = tok(["the senate said the company will vote on monday"], return_tensors="pt")["input_ids"]
+    bow = random_bow(1, len(topic_tok))
+    full = model(input_ids=ids, context_bow=bow, use_cache=True)
+    first = model(input_ids=ids[:, :4], context_bow=bow, use_cache=True)
+    rest = model(input_ids=ids[:, 4:], state=first.state, context_bow=bow, use_cache=True)
+    torch.testing.assert_close(torch.cat([first.logits, rest.logits], 1), full.logits, **F32)
+    for a, b in zip(rest.state, full.state):
+        torch.testing.assert_close(a, b, **F32)
+
+
+@pytest.mark.parametrize("lm_type", ["tcnlm", "naive_moe"])
+def test_save_auto_load_gives_identical_logits_and_safetensors(tmp_path, vocab, lm_type):
+    tok, topic_tok = vocab
+    model = small_model(len(tok), len(topic_tok), lm_type)
+    batch = tok(["the senate said", "police"], return_tensors="pt", padding=True)
+    bow = random_bow(2, len(topic_tok))
+    model.save_pretrained(tmp_path)
+    assert (tmp_path / "model.safetensors").exists() and not list(tmp_path.glob("*.bin"))
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    assert type(loaded) is TCNLMForCausalLM and loaded.config.lm_type == lm_type
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), loaded.state_dict().values()))
+    torch.testing.assert_close(model(**batch, context_bow=bow).logits, loaded(**batch, context_bow=bow).logits,
+                               rtol=1e-5, atol=1e-7)
+    base = AutoModel.from_pretrained(tmp_path).eval()
+    assert type(base) is TCNLMModel
+    torch.testing.assert_close(base(**batch, context_bow=bow).last_hidden_state,
+                               model.model(**batch, context_bow=bow).last_hidden_state, rtol=1e-5, atol=1e-7)
+
+
+def test_tied_embeddings_store_one_matrix(tmp_path, vocab):
+    tok, topic_tok = vocab
+    model = small_model(len(tok), len(topic_tok), tie_word_embeddings=True)
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    model.save_pretrained(tmp_path)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path)
+    assert loaded.lm_head.weight.data_ptr() == loaded.model.embed_tokens.weight.data_ptr()
+
+
+def test_model_file_is_flat_remote_code():
+    source = (ROOT / "src" / "topic_lm_hf" / "models" / "modeling_tcnlm.py").read_text()
+    imports = [line.strip() for line in source.splitlines() if line.startswith(("import ", "from "))]
+    for line in imports:
+        module = line.split()[1]
+        assert module.split(".")[0] in ("__future__", "math", "dataclasses", "typing", "torch", "transformers") \
+            or (module.startswith(".") and not module.startswith("..") and "." not in module[1:]), line
+
+
+# ----------------------------------------------------------------------------------------------
+# generation
+# ----------------------------------------------------------------------------------------------
+
+CONDITIONS = {
+    "topic_ids": lambda n_topics, n_words: {"topic_ids": [3, 1]},
+    "topic_mixture": lambda n_topics, n_words: {"topic_mixture": torch.softmax(torch.arange(n_topics) * 0.7, -1)},
+    "context_bow": lambda n_topics, n_words: {"context_bow": random_bow(1, n_words)},
+    "prior": lambda n_topics, n_words: {},
+}
+
+
+@pytest.mark.parametrize("condition", list(CONDITIONS))
+@pytest.mark.parametrize("kwargs", [dict(do_sample=False), dict(num_beams=3, num_return_sequences=2, do_sample=False)],
+                         ids=["greedy", "beam-nrs"])
+def test_cached_equals_uncached_and_batch_equals_one_by_one(vocab, condition, kwargs):
+    tok, topic_tok = vocab
+    model = small_model(len(tok), len(topic_tok))
+    randomize_(model.model.layers, 0.4)
+    cond = CONDITIONS[condition](6, len(topic_tok))
+    prompts = ["the senate said", "police", "a storm in the coast is"]
+    batch = tok(prompts, return_tensors="pt", padding=True)
+    cached = model.generate(**batch, max_new_tokens=6, min_new_tokens=6, **cond, **kwargs)
+    uncached = model.generate(**batch, max_new_tokens=6, min_new_tokens=6, use_cache=False, **cond, **kwargs)
+    assert torch.equal(cached, uncached)
+    n = kwargs.get("num_return_sequences", 1)
+    for i, prompt in enumerate(prompts):
+        single = model.generate(**tok([prompt], return_tensors="pt"), max_new_tokens=6, min_new_tokens=6, **cond,
+                                **kwargs)
+        assert torch.equal(cached[i * n:(i + 1) * n, -6:], single[:, -6:])
+
+
+def test_naive_moe_generates_cached_equals_uncached(vocab):
+    tok, topic_tok = vocab
+    model = small_model(len(tok), len(topic_tok), "naive_moe", layers=1)
+    batch = tok(["the senate said", "police"], return_tensors="pt", padding=True)
+    for cond in ({"topic_ids": [2]}, {"context_bow": random_bow(2, len(topic_tok))}):
+        cached = model.generate(**batch, max_new_tokens=5, min_new_tokens=5, num_beams=2, **cond)
+        uncached = model.generate(**batch, max_new_tokens=5, min_new_tokens=5, num_beams=2, use_cache=False, **cond)
+        assert torch.equal(cached, uncached)
+
+
+def test_context_bow_is_inferred_once_and_reused(vocab, monkeypatch):
+    tok, topic_tok = vocab
+    model = small_model(len(tok), len(topic_tok))
+    calls, sources = [], []
+    original = model.model.topic_model.posterior
+    monkeypatch.setattr(model.model.topic_model, "posterior", lambda bow: calls.append(bow.shape) or original(bow))
+    model.register_forward_pre_hook(
+        lambda module, args, kwargs: sources.append("bow" if kwargs.get("context_bow") is not None else "mixture"),
+        with_kwargs=True)
+    bow = random_bow(1, len(topic_tok))
+    out = model.generate(**tok(["the senate"], return_tensors="pt"), context_bow=bow, max_new_tokens=4,
+                         min_new_tokens=4, num_beams=2, num_return_sequences=2)
+    assert out.shape == (2, 3 + 4)  # <bos> the senate + 4
+    assert calls == [torch.Size([2, len(topic_tok)])]  # once, for the two expanded beams
+    assert sources == ["bow", "mixture", "mixture", "mixture"]
+    # steered by the document's inferred topics: the same as giving the inferred mixture
+    same = model.generate(**tok(["the senate"], return_tensors="pt"), topic_mixture=model.infer_topics(bow),
+                          max_new_tokens=4, min_new_tokens=4, num_beams=2, num_return_sequences=2)
+    assert torch.equal(out, same)
+
+
+def test_generate_from_topics_without_a_prompt(vocab):
+    tok, topic_tok = vocab
+    model = small_model(len(tok), len(topic_tok))
+    torch.manual_seed(0)
+    out = model.generate(topic_ids=[3, 1], max_new_tokens=5, min_new_tokens=5, do_sample=True)
+    assert out.shape == (1, 6) and out[0, 0].item() == tok.bos_token_id
+    rows = model.generate(topic_ids=[[0], [1, 2], [5]], max_new_tokens=4, min_new_tokens=4)
+    assert rows.shape == (3, 5) and (rows[:, 0] == tok.bos_token_id).all()
+    torch.manual_seed(0)
+    sampled = model.generate(topic_mixture=torch.softmax(torch.randn(2, 6), -1), max_new_tokens=4, min_new_tokens=4,
+                             num_return_sequences=3, do_sample=True)
+    assert sampled.shape == (6, 5)
+    # topic_ids=[i] is the one-hot mixture e_i, topic_ids=[3, 1] the equal mixture of topics 3 and 1
+    for ids, mix in (([4], [0, 0, 0, 0, 1.0, 0]), ([3, 1], [0, 0.5, 0, 0.5, 0, 0])):
+        a = model.generate(topic_ids=ids, max_new_tokens=5, min_new_tokens=5)
+        b = model.generate(topic_mixture=torch.tensor(mix), max_new_tokens=5, min_new_tokens=5)
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("topic_ids", [[3, 1], torch.tensor([3, 1]), [[3, 1]]], ids=["list", "tensor", "rows"])
+def test_num_return_sequences_with_list_and_tensor_topic_ids(vocab, topic_ids):
+    tok, topic_tok = vocab
+    model = small_model(len(tok), len(topic_tok))
+    seen = []
+    model.register_forward_pre_hook(lambda module, args, kwargs: seen.append(kwargs["topic_ids"]), with_kwargs=True)
+    batch = tok(["the senate said", "police"], return_tensors="pt", padding=True)
+    out = model.generate(**batch, topic_ids=topic_ids, max_new_tokens=3, num_return_sequences=2, do_sample=True)
+    assert out.shape[0] == 4
+    assert seen[0].tolist() == [[3, 1]] * 4  # not [3, 3, 1, 1]: the topics are shared by every row
+
+
+def test_bad_topic_inputs_are_clear_errors(vocab):
+    tok, topic_tok = vocab
+    model = small_model(len(tok), len(topic_tok))
+    prompt = tok(["the senate"], return_tensors="pt")
+    cases = [
+        (dict(topic_ids=[7]), r"topic_ids must be in \[0, 6\), got 7 \(the model has 6 topics\)"),
+        (dict(topic_ids=[-2]), "topic_ids must be non-negative, got -2"),
+        (dict(topic_ids=[]), "topic_ids is empty"),
+        (dict(topic_ids=torch.tensor([[-1, -1]])), "topic_ids has a row without any topic id"),
+        (dict(topic_mixture=torch.ones(5) / 5), r"topic_mixture must have shape \(b, 6\), got \(1, 5\)"),
+        (dict(topic_mixture=torch.ones(6)), "each topic_mixture row must sum to 1"),
+        (dict(context_bow=torch.ones(3)), f"context_bow must have {len(topic_tok)} columns"),
+        (dict(topic_ids=[1], context_bow=random_bow(1, len(topic_tok))), "Give at most one of"),
+    ]
+    for kwargs, match in cases:
+        with pytest.raises(ValueError, match=match):
+            model.generate(**prompt, max_new_tokens=2, **kwargs)
+        with pytest.raises(ValueError, match=match):
+            model(**prompt, **kwargs)
+    with pytest.raises(ValueError, match="not used by the model"):
+        model.generate(**prompt, topic_idz=[1], max_new_tokens=2)
+    with pytest.raises(ValueError, match="input_ids must be in"):
+        model(input_ids=torch.tensor([[2, len(tok) + 5]]))
+
+
+# ----------------------------------------------------------------------------------------------
+# remote code
+# ----------------------------------------------------------------------------------------------
+
+
+def test_saved_folder_loads_with_remote_code_in_a_process_without_the_package(tmp_path, vocab):
+    from topic_lm_hf.hub import save_for_hub
+
+    tok, topic_tok = vocab
+    model = small_model(len(tok), len(topic_tok))
+    save_for_hub(model, tmp_path / "repo", tok, topic_tok)
+    auto_map = json.loads((tmp_path / "repo" / "config.json").read_text())["auto_map"]
+    assert auto_map["AutoModelForCausalLM"] == "modeling_tcnlm.TCNLMForCausalLM"
+    ids = tok(["the senate said"], return_tensors="pt")["input_ids"]
+    expected = model(input_ids=ids, topic_ids=[2]).logits[0, -1, :5].tolist()
+    src = str(Path(topic_lm_hf.__file__).resolve().parents[1])
+    script = textwrap.dedent(f"""
+        import sys, json
+        sys.path = [p for p in sys.path if not p.startswith({src!r})]
+        import importlib.util
+        assert importlib.util.find_spec("topic_lm_hf") is None
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+        model = AutoModelForCausalLM.from_pretrained({str(tmp_path / 'repo')!r}, trust_remote_code=True).eval()
+        ids = AutoTokenizer.from_pretrained({str(tmp_path / 'repo')!r}, trust_remote_code=True)(["the senate said"], return_tensors="pt")["input_ids"]
+        out = model.generate(topic_ids=[3, 1], max_new_tokens=3, min_new_tokens=3)
+        print(json.dumps({{"cls": type(model).__module__, "logits": model(input_ids=ids, topic_ids=[2]).logits[0, -1, :5].tolist(),
+                          "generated": out.shape[1], "topics": model.get_topics(top_n=3)}}))
+    """)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "modules"), "PYTHONPATH": ""}
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["cls"].startswith("transformers_modules")
+    assert torch.allclose(torch.tensor(result["logits"]), torch.tensor(expected), atol=1e-6)
+    assert result["generated"] == 4 and len(result["topics"]) == 6 and len(result["topics"][0]) == 3
+
+
+# ----------------------------------------------------------------------------------------------
+# real data: Trainer, perplexity protocols, topics
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def trained(apnews, tmp_path_factory):
+    """A tiny TCNLM trained for 40 steps on 120 real APNEWS documents, saved with its vocabularies."""
+    torch.manual_seed(0)
+    tok, topic_tok = apnews["tok"], apnews["topic_tok"]
+    config = TCNLMConfig(vocab_size=len(tok), topic_vocab_size=len(topic_tok), num_topics=8, embedding_size=32,
+                         hidden_size=32, num_factors=16, encoder_hidden_size=32, dropout=0.1, kl_annealing_steps=20)
+    model = TCNLMForCausalLM(config)
+    collator = TopicContextCollator(tok, topic_tok, context="others")
+    rows = collator.prepare(apnews["train"].select(range(120)))
+    held_out = collator(list(collator.prepare(apnews["valid"].select(range(4)))))
+
+    def held_out_losses():
+        model.eval()
+        with torch.no_grad():
+            out = model(**held_out)
+        return {k: getattr(out, k).item() for k in ("loss", "lm_loss", "bow_loss", "kl_loss", "aux_loss")}
+
+    before = held_out_losses()
+    out = tmp_path_factory.mktemp("tcnlm-apnews")
+    args = TrainingArguments(output_dir=str(out), max_steps=40, per_device_train_batch_size=32, learning_rate=1e-2,
+                             max_grad_norm=1.0, logging_steps=10, save_strategy="no", report_to=[], use_cpu=True,
+                             disable_tqdm=True, seed=0)
+    trainer = TopicLMTrainer(model=model, args=args, train_dataset=rows, data_collator=collator)
+    trainer.train()
+    trainer.save_model(str(out))
+    save_vocabularies(tok, topic_tok, out)
+    return {"model": trainer.model.eval(), "logs": trainer.state.log_history, "path": out, "before": before,
+            "after": held_out_losses()}
+
+
+@pytest.mark.slow
+def test_trainer_run_on_apnews_logs_every_loss_term_and_the_loss_falls(trained):
+    logs = [entry for entry in trained["logs"] if "loss" in entry]
+    assert len(logs) == 4
+    for entry in logs:
+        assert {"lm_loss", "kl_loss", "bow_loss", "aux_loss"} <= entry.keys()
+        assert entry["aux_loss"] <= 0  # -lambda R, R >= 0
+        # the logged total is the sum of its terms (KL annealed over the first 20 steps)
+        assert entry["loss"] == pytest.approx(entry["lm_loss"] + entry["bow_loss"] + entry["aux_loss"]
+                                              + entry["kl_loss"], abs=0.05 + entry["kl_loss"])
+    before, after = trained["before"], trained["after"]  # on fixed held-out sentences
+    assert after["loss"] < before["loss"] and after["lm_loss"] < before["lm_loss"] - 1.0
+    assert after["bow_loss"] < before["bow_loss"]
+
+
+@pytest.mark.slow
+def test_evaluate_perplexity_under_every_protocol(trained, apnews):
+    model = AutoModelForCausalLM.from_pretrained(trained["path"]).eval()
+    docs = apnews["valid"].select(range(8))
+    results = {p: evaluate_perplexity(model, docs, p) for p in ("paper", "causal", "causal-carry")}
+    for protocol, result in results.items():
+        assert result["protocol"] == protocol and math.isfinite(result["perplexity"])
+        assert 1 < result["perplexity"] < len(apnews["tok"])
+    assert results["paper"]["tokens"] == results["causal"]["tokens"] == results["causal-carry"]["tokens"]
+    assert results["paper"]["context"] == "others" and results["causal"]["context"] == "preceding"
+
+
+@pytest.mark.slow
+def test_topics_words_inference_and_evaluation(trained, apnews):
+    model = AutoModelForCausalLM.from_pretrained(trained["path"]).eval()
+    topics = model.get_topics(top_n=10)  # the topic tokenizer saved next to the model
+    assert len(topics) == 8 and all(len(words) == 10 and "<unk>" not in words for words in topics)
+    assert topics == trained["model"].get_topics(top_n=10, topic_tokenizer=apnews["topic_tok"])
+    vocabulary = set(apnews["topic_tok"].get_vocab())
+    assert all(w in vocabulary for words in topics for w in words)
+    collator = TopicContextCollator(apnews["tok"], apnews["topic_tok"], context="document")
+    bow = collator.bag_of_words([collator.encode_document(apnews["valid"][0]["sentences"])["context_ids"][0]])
+    t = model.infer_topics(bow)
+    assert t.shape == (1, 8) and torch.allclose(t.sum(-1), torch.ones(1))
+    text = model.generate(**apnews["tok"](["the company said"], return_tensors="pt"), context_bow=bow,
+                          max_new_tokens=5, min_new_tokens=5)
+    assert text.shape == (1, 4 + 5)
+
+    pytest.importorskip("topic_lm_hf.evaluation.topics")
+    from topic_lm_hf.evaluation.topic_eval import evaluate_topics
+
+    reference = [[w for s in doc for w in s] for doc in apnews["train"]["sentences"]]
+    result = evaluate_topics(model, reference, diversity_k=10)
+    assert result["num_topics"] == 8 and -1 <= result["npmi"] <= 1 and 0 < result["diversity"] <= 1
+    assert result["coherence"]["preset"] == "lau2014" and result["coherence"]["top_n"] == [5, 10, 15, 20]
+    assert result["top_words"] == topics
+    with pytest.raises(ValueError, match="not a topic model"):
+        evaluate_topics(torch.nn.Linear(2, 2), reference)
