@@ -29,7 +29,7 @@ from transformers.trainer_utils import get_last_checkpoint
 
 from . import data as data_lib
 from .collator import TopicContextCollator, make_bow
-from .evaluation import PROTOCOLS, evaluate_perplexity
+from .evaluation import evaluate_perplexity
 from .trainer import TopicLMTrainer
 
 logger = logging.getLogger("topic_lm_hf")

@@ -50,6 +50,26 @@ def _chunk_nll(model, input_ids, attention_mask, context_bow, state, use_cache):
     return nll[target_mask].sum().item(), int(target_mask.sum()), out.state
 
 
+def prepare_evaluation(model, documents, tokenizer=None, topic_tokenizer=None):
+    """Shared set-up of every perplexity protocol: a documents dataset, whether the model reads a
+    context, and the tokenizers (by default the ones saved with the model), checked against it."""
+    if not isinstance(documents, datasets.Dataset):
+        documents = documents_from_lists(documents)
+    if len(documents) == 0:
+        raise ValueError("No documents to evaluate")
+    uses_context = _accepts(model, "context_bow")
+    if tokenizer is None or (uses_context and topic_tokenizer is None):
+        source = getattr(model, "name_or_path", "") or getattr(model.config, "_name_or_path", "")
+        if not source:
+            raise ValueError("Pass tokenizer= (and topic_tokenizer= for topic models): the model was not "
+                             "loaded from a folder that holds them")
+        loaded_tok, loaded_topic = load_vocabularies(source)
+        tokenizer = tokenizer or loaded_tok
+        topic_tokenizer = topic_tokenizer or loaded_topic
+    check_vocabularies(tokenizer, topic_tokenizer if uses_context else None, model.config)
+    return documents, uses_context, tokenizer, topic_tokenizer
+
+
 @torch.no_grad()
 def evaluate_perplexity(model, documents: datasets.Dataset | Sequence, protocol: str = "causal",
                         tokenizer=None, topic_tokenizer=None, batch_size: int = 64,
@@ -69,21 +89,9 @@ def evaluate_perplexity(model, documents: datasets.Dataset | Sequence, protocol:
     """
     if protocol not in PROTOCOLS:
         raise ValueError(f"protocol must be one of {list(PROTOCOLS)}, got {protocol!r}")
-    if not isinstance(documents, datasets.Dataset):
-        documents = documents_from_lists(documents)
-    if len(documents) == 0:
-        raise ValueError("No documents to evaluate")
-    uses_context = _accepts(model, "context_bow")
-    if tokenizer is None or (uses_context and topic_tokenizer is None):
-        source = getattr(model, "name_or_path", "") or getattr(model.config, "_name_or_path", "")
-        if not source:
-            raise ValueError("Pass tokenizer= (and topic_tokenizer= for topic models): the model was not "
-                             "loaded from a folder that holds them")
-        loaded_tok, loaded_topic = load_vocabularies(source)
-        tokenizer = tokenizer or loaded_tok
-        topic_tokenizer = topic_tokenizer or loaded_topic
+    documents, uses_context, tokenizer, topic_tokenizer = prepare_evaluation(model, documents, tokenizer,
+                                                                             topic_tokenizer)
     context_mode, carry = PROTOCOLS[protocol]
-    check_vocabularies(tokenizer, topic_tokenizer if uses_context else None, model.config)
     collator = TopicContextCollator(tokenizer, topic_tokenizer if uses_context else None,
                                     context=context_mode if uses_context else "none",
                                     max_sentence_length=max_sentence_length, max_context_tokens=max_context_tokens,

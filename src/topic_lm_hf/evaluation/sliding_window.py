@@ -27,8 +27,7 @@ import numpy as np
 import torch
 
 from ..collator import TopicContextCollator
-from ..data import UNK, check_vocabularies, documents_from_lists, load_vocabularies
-from .perplexity import _accepts, _chunk_nll
+from .perplexity import _chunk_nll, prepare_evaluation
 
 PROTOCOL = "topicrnn-sliding-window"
 
@@ -51,31 +50,13 @@ def evaluate_perplexity_sliding_window(model, documents: datasets.Dataset | Sequ
     """
     if window < 1:
         raise ValueError(f"window must be >= 1, got {window}")
-    if not isinstance(documents, datasets.Dataset):
-        documents = documents_from_lists(documents)
-    if len(documents) == 0:
-        raise ValueError("No documents to evaluate")
-    uses_context = _accepts(model, "context_bow")
-    if tokenizer is None or (uses_context and topic_tokenizer is None):
-        source = getattr(model, "name_or_path", "") or getattr(model.config, "_name_or_path", "")
-        if not source:
-            raise ValueError("Pass tokenizer= and topic_tokenizer=: the model was not loaded from a folder "
-                             "that holds them")
-        loaded_tok, loaded_topic = load_vocabularies(source)
-        tokenizer = tokenizer or loaded_tok
-        topic_tokenizer = topic_tokenizer or loaded_topic
-    check_vocabularies(tokenizer, topic_tokenizer if uses_context else None, model.config)
-    collator = TopicContextCollator(tokenizer, None, context="none", max_sentence_length=max_sentence_length,
-                                    layout="documents")
+    documents, uses_context, tokenizer, topic_tokenizer = prepare_evaluation(model, documents, tokenizer,
+                                                                             topic_tokenizer)
+    collator = TopicContextCollator(tokenizer, topic_tokenizer if uses_context else None, context="none",
+                                    max_sentence_length=max_sentence_length, layout="documents")
     # LM id -> topic id (-1 outside the topic vocabulary); the topic <unk> is never counted.
-    lm_to_topic = np.full(len(tokenizer), -1, dtype=np.int64)
-    topic_vocab_size = 0
-    if uses_context:
-        lm_vocab = tokenizer.get_vocab()
-        for word, topic_id in topic_tokenizer.get_vocab().items():
-            if word != UNK and word in lm_vocab:
-                lm_to_topic[lm_vocab[word]] = topic_id
-        topic_vocab_size = len(topic_tokenizer)
+    lm_to_topic = collator._lm_to_topic
+    topic_vocab_size = collator.topic_vocab_size
 
     rows = collator.prepare(documents)
     device = next(model.parameters()).device
