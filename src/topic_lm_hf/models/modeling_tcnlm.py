@@ -65,8 +65,8 @@ from transformers import GenerationMixin
 from transformers.utils import ModelOutput
 
 from .configuration_tcnlm import TCNLMConfig
-from .modeling_common import (RecurrentPreTrainedModel, TopicLMOutput, causal_lm_loss, normalize_topic_kwargs,
-                              run_rnn, topic_ids_to_mixture, topic_vocabulary)
+from .modeling_common import (RecurrentPreTrainedModel, TopicGenerationMixin, TopicLMOutput, causal_lm_loss,
+                              normalize_topic_kwargs, run_rnn, topic_ids_to_mixture, topic_vocabulary)
 
 NUM_GATES = 4  # i, f, g (= c~), o
 TOPIC_LOGIT_INIT_STD = 1.5  # spread of the topic-word logits at initialisation (TCNLMPreTrainedModel._init_weights)
@@ -409,7 +409,7 @@ class TCNLMModel(TCNLMPreTrainedModel):
                                 bow_nll=bow_nll, kl=kl)
 
 
-class TCNLMForCausalLM(TCNLMPreTrainedModel, GenerationMixin):
+class TCNLMForCausalLM(TCNLMPreTrainedModel, TopicGenerationMixin, GenerationMixin):
     """TCNLM with its output softmax, the ELBO training loss, and topic-steered generation.
 
     Conditioning (``forward`` and ``generate``; give at most one):
@@ -554,32 +554,8 @@ class TCNLMForCausalLM(TCNLMPreTrainedModel, GenerationMixin):
 
     # -- generation -----------------------------------------------------------------------------
 
-    def generate(self, inputs: Optional[torch.Tensor] = None, generation_config=None, topic_ids=None,
-                 topic_mixture=None, context_bow=None, **kwargs):
-        """``GenerationMixin.generate`` with topic conditioning (see the class doc).
-
-        The conditioning is validated and turned into batch-first (b, k) / (b, T) / (b, V_c)
-        tensors first, so that transformers' expansion for beams and ``num_return_sequences``
-        repeats rows correctly. Without a prompt, generation starts from ``<bos>`` with one row
-        per conditioning row.
-        """
-        prompt = inputs if inputs is not None else kwargs.get("input_ids", kwargs.get("inputs_embeds"))
-        batch_size = prompt.shape[0] if isinstance(prompt, torch.Tensor) else None
-        cfg = self.config
-        given = normalize_topic_kwargs(cfg.num_topics, cfg.topic_vocab_size, batch_size, topic_ids=topic_ids,
-                                       topic_mixture=topic_mixture, context_bow=context_bow)
-        given = {name: value.to(self.device).contiguous() for name, value in given.items()}
-        return super().generate(inputs, generation_config, **given, **kwargs)
-
-    def _update_model_kwargs_for_generation(self, outputs, model_kwargs, is_encoder_decoder=False,
-                                            num_new_tokens=1):
-        model_kwargs = super()._update_model_kwargs_for_generation(outputs, model_kwargs, is_encoder_decoder,
-                                                                   num_new_tokens)
-        if model_kwargs.get("context_bow") is not None and getattr(outputs, "topic_mixture", None) is not None:
-            # Infer t from the bag of words once (first step) and reuse it at every later step.
-            model_kwargs["topic_mixture"] = outputs.topic_mixture
-            model_kwargs["context_bow"] = None
-        return model_kwargs
+    # generate(): TopicGenerationMixin validates topic_ids / topic_mixture / context_bow, makes them
+    # batch-first before transformers expands beams, and encodes context_bow once.
 
 
 def _detach(x):
