@@ -247,7 +247,7 @@ def demo(argv: list[str]) -> None:
     parser = HfArgumentParser((DataArguments,))
     (data_args, rest) = parser.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
     out_dir = next((rest[i + 1] for i, a in enumerate(rest[:-1]) if a == "--output_dir"), "out/demo")
-    max_steps = int(next((rest[i + 1] for i, a in enumerate(rest[:-1]) if a == "--max_steps"), 400))
+    max_steps = int(next((rest[i + 1] for i, a in enumerate(rest[:-1]) if a == "--max_steps"), 200))
     t0 = time.time()
     train_docs, valid_docs, source = load_corpora(data_args)
     print(f"[demo] data: {source}")
@@ -255,8 +255,8 @@ def demo(argv: list[str]) -> None:
         data_args.stopwords = "mallet"  # the papers' stop list, when the shared data holds it
     if data_args.synthetic or "SYNTHETIC" in source:
         data_args.min_freq = 1
-    if data_args.max_eval_documents is None and len(valid_docs) > 100:
-        valid_docs = valid_docs.select(range(100))  # keep the demo to a few minutes
+    if data_args.max_eval_documents is None and len(valid_docs) > 60:
+        valid_docs = valid_docs.select(range(60))  # keep the demo to a few minutes (--max_eval_documents)
     results = []
     # The LSTM baseline and TCNLM of the same size, trained for the same number of steps.
     models = [("lstm_lm", "embedding_size=128,hidden_size=256,dropout=0.2"),
