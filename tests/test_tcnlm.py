@@ -83,6 +83,7 @@ def randomize_(module, scale=0.3):
     (dict(lm_type="moe"), "lm_type must be one of .*got 'moe'"),
     (dict(kl_annealing_steps=-1), "kl_annealing_steps must be a non-negative integer, got -1"),
     (dict(topic_vocab_size=1), "topic_vocab_size must be >= 2"),
+    (dict(topic_loss_normalization="tokens"), "topic_loss_normalization must be one of .*got 'tokens'"),
 ])
 def test_config_rejects_bad_values_naming_them(bad, match):
     with pytest.raises(ValueError, match=match):
@@ -233,17 +234,25 @@ def test_elbo_terms_on_a_hand_checkable_case():
     labels = ids.masked_fill(ids == 0, -100)  # predicted tokens: 3 + 2 = 5
     out = model(input_ids=ids, labels=labels, context_bow=bow)
 
-    n_tokens = 5
+    n_context = 6  # default normalisation: per context word (2 + 1 + 3 words)
     bow_nll = -(2 * math.log(5 / 8) + math.log(3 / 8)) - 3 * math.log(3 / 8)
     kl_per_doc = 0.5 * (math.log(3.0) ** 2) + 0.5 * (-math.log(0.25) + 0.25 - 1)  # vs N(0, 1)
     angle = math.acos((0.75 * 0.25 + 0.25 * 0.75) / (0.75 ** 2 + 0.25 ** 2))  # arccos(0.6), both pairs
     torch.testing.assert_close(out.topic_mixture, torch.tensor([[0.75, 0.25]] * 2))
     torch.testing.assert_close(out.lm_loss, torch.tensor(math.log(10.0)))
+    torch.testing.assert_close(out.bow_loss, torch.tensor(bow_nll / n_context))
+    torch.testing.assert_close(out.kl_loss, torch.tensor(2 * kl_per_doc / n_context))
+    torch.testing.assert_close(out.aux_loss, torch.tensor(-0.1 * angle))
+    expected = math.log(10.0) + (bow_nll + 2 * kl_per_doc) / n_context - 0.1 * angle
+    torch.testing.assert_close(out.loss, torch.tensor(expected))
+    # "lm_tokens": the topic terms per predicted token, so lm + bow + kl is the per-token negative ELBO
+    model.config.topic_loss_normalization = "lm_tokens"
+    out = model(input_ids=ids, labels=labels, context_bow=bow)
+    n_tokens = 5  # predicted tokens: 3 + 2
     torch.testing.assert_close(out.bow_loss, torch.tensor(bow_nll / n_tokens))
     torch.testing.assert_close(out.kl_loss, torch.tensor(2 * kl_per_doc / n_tokens))
-    torch.testing.assert_close(out.aux_loss, torch.tensor(-0.1 * angle))
-    expected = math.log(10.0) + (bow_nll + 2 * kl_per_doc) / n_tokens - 0.1 * angle
-    torch.testing.assert_close(out.loss, torch.tensor(expected))
+    torch.testing.assert_close(out.lm_loss + out.bow_loss + out.kl_loss,
+                               torch.tensor(math.log(10.0) + (bow_nll + 2 * kl_per_doc) / n_tokens))
     # without a bag of words there is no topic model term
     plain = model(input_ids=ids, labels=labels, topic_ids=[0])
     assert plain.bow_loss is None and torch.allclose(plain.loss, plain.lm_loss)

@@ -3,6 +3,7 @@
 from transformers import PretrainedConfig
 
 LM_TYPES = ("tcnlm", "naive_moe")
+TOPIC_LOSS_NORMALIZATIONS = ("context_tokens", "lm_tokens")
 
 
 class TCNLMConfig(PretrainedConfig):
@@ -31,6 +32,11 @@ class TCNLMConfig(PretrainedConfig):
             (T separate LSTM experts mixed at the output by t, eq. 7-8; the paper's Table 6).
         kl_annealing_steps: the KL weight grows linearly from 0 to 1 over this many training
             forward passes (0 = no annealing).
+        topic_loss_normalization: what the per-document topic-model terms (BoW reconstruction and
+            KL) are divided by: ``"context_tokens"``, the number of context words in the batch (an
+            NTM loss per topic word, next to the LM loss per predicted token), or ``"lm_tokens"``, the
+            number of predicted tokens (the sum is then exactly a per-token ELBO). See the modeling
+            module's docstring for why the default is the first.
         tie_word_embeddings: share the input embedding and the output matrix (a projection H -> E
             is inserted when E != H).
         initializer_range: scale r of the uniform initialisation U(-r, r); the factor matrices are
@@ -48,10 +54,10 @@ class TCNLMConfig(PretrainedConfig):
                                    "topic_mixture"]
 
     def __init__(self, vocab_size=10000, topic_vocab_size=2000, num_topics=50, embedding_size=300, hidden_size=600,
-                 num_hidden_layers=1, num_factors=None, dropout=0.4, encoder_hidden_size=256, topic_embedding_size=256, prior_mean=0.0,
-                 prior_std=1.0, diversity_weight=0.1, lm_type="tcnlm", kl_annealing_steps=0,
-                 tie_word_embeddings=False, initializer_range=0.1, use_cache=True, pad_token_id=0, bos_token_id=2,
-                 eos_token_id=3, **kwargs):
+                 num_hidden_layers=1, num_factors=None, dropout=0.4, encoder_hidden_size=256,
+                 topic_embedding_size=256, prior_mean=0.0, prior_std=1.0, diversity_weight=0.1, lm_type="tcnlm",
+                 kl_annealing_steps=0, topic_loss_normalization="context_tokens", tie_word_embeddings=False,
+                 initializer_range=0.1, use_cache=True, pad_token_id=0, bos_token_id=2, eos_token_id=3, **kwargs):
         num_factors = hidden_size if num_factors is None else num_factors
         for name, value in (("vocab_size", vocab_size), ("topic_vocab_size", topic_vocab_size),
                             ("num_topics", num_topics), ("embedding_size", embedding_size),
@@ -72,6 +78,9 @@ class TCNLMConfig(PretrainedConfig):
             raise ValueError(f"lm_type must be one of {LM_TYPES}, got {lm_type!r}")
         if isinstance(kl_annealing_steps, bool) or not isinstance(kl_annealing_steps, int) or kl_annealing_steps < 0:
             raise ValueError(f"kl_annealing_steps must be a non-negative integer, got {kl_annealing_steps!r}")
+        if topic_loss_normalization not in TOPIC_LOSS_NORMALIZATIONS:
+            raise ValueError(f"topic_loss_normalization must be one of {TOPIC_LOSS_NORMALIZATIONS}, "
+                             f"got {topic_loss_normalization!r}")
         if not initializer_range > 0:
             raise ValueError(f"initializer_range must be positive, got {initializer_range!r}")
         self.vocab_size = vocab_size
@@ -89,6 +98,7 @@ class TCNLMConfig(PretrainedConfig):
         self.diversity_weight = float(diversity_weight)
         self.lm_type = lm_type
         self.kl_annealing_steps = kl_annealing_steps
+        self.topic_loss_normalization = topic_loss_normalization
         self.tie_word_embeddings = tie_word_embeddings
         self.initializer_range = initializer_range
         self.use_cache = use_cache
