@@ -7,7 +7,7 @@ topic: minus the MALLET stop list, the top 0.1 % and non-alphabetic tokens); 30-
 context bags of words capped at 300 topic tokens. TCNLM is trained with the papers' context (the
 document minus the sentence).
 
-    python scripts/benchmark_tcnlm.py                       # CPU default: E=H=256, 50 topics, 1 layer
+    python scripts/benchmark_tcnlm.py                       # CPU default: E=H=256, 50 topics, 1 layer, 1200 steps
     python scripts/benchmark_tcnlm.py --paper-size small    # the paper's small model (E=300, H=600)
     python scripts/benchmark_tcnlm.py --paper-size large    # the paper's large model (2 x 900)
     python scripts/benchmark_tcnlm.py --table6              # Table 6: LSTM vs naive MoE vs TCNLM (30 topics, H=100)
@@ -17,6 +17,9 @@ Reported:
 * perplexity under the ``paper`` protocol (context = document minus the sentence; it sees the
   sentences that follow), ``causal`` (preceding sentences only) and ``causal-carry`` (also carries
   the LSTM state across the document), see ``topic_lm_hf.evaluation.perplexity``;
+* for the topic models, an ablation: ``paper`` with every chunk given the context of another chunk
+  of its evaluation batch (``MismatchedContext``): what the document's topics are worth, as opposed
+  to the extra capacity of the model;
 * NPMI coherence of the topics (Lau et al. 2014 preset: window 20, mean over top 5/10/15/20)
   against the Wikipedia reference corpus, and topic diversity (unique fraction of the top-25);
 * training throughput in predicted tokens per second during the training runs, and the same
@@ -81,6 +84,25 @@ def build(kind: str, args, vocab_size: int, topic_vocab_size: int):
     return TCNLMForCausalLM(config)
 
 
+class MismatchedContext(torch.nn.Module):
+    """Ablation: the wrapped model reads the context bag of words of another chunk of the same
+    evaluation batch (the batch rolled by half its size), so its topic proportions describe some other
+    document. The gap to the real context is what the document's topics are worth to the LM, as
+    opposed to the extra capacity of the topic-compositional LSTM."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+        self.config = model.config
+
+    def forward(self, input_ids=None, attention_mask=None, state=None, use_cache=None, return_dict=True,
+                context_bow=None):
+        if context_bow is not None and context_bow.shape[0] > 1:
+            context_bow = context_bow.roll(context_bow.shape[0] // 2, dims=0)
+        return self.model(input_ids=input_ids, attention_mask=attention_mask, state=state, use_cache=use_cache,
+                          return_dict=return_dict, context_bow=context_bow)
+
+
 def train(model, rows, collator, args, out_dir: Path) -> dict:
     counting = CountingCollator(collator)
     targs = TrainingArguments(output_dir=str(out_dir), max_steps=args.steps, per_device_train_batch_size=args.batch_size,
@@ -138,11 +160,13 @@ def main() -> None:
     parser.add_argument("--num-topics", type=int, default=50)
     parser.add_argument("--num-factors", type=int, default=None, help="n_f (default: the hidden size)")
     parser.add_argument("--dropout", type=float, default=0.4)
-    parser.add_argument("--steps", type=int, default=600)
+    parser.add_argument("--steps", type=int, default=1200)
     parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--lr", type=float, default=2e-3)
+    parser.add_argument("--lr", type=float, default=2e-3, help="Adam learning rate (linear decay to 0)")
     parser.add_argument("--clip", type=float, default=0.5)
-    parser.add_argument("--kl-annealing-steps", type=int, default=0)
+    parser.add_argument("--kl-annealing-steps", type=int, default=300,
+                        help="TCNLM's KL weight rises from 0 to 1 over these steps (not in the paper; without it "
+                             "the topic posterior collapsed to the prior on this data)")
     parser.add_argument("--min-freq", type=int, default=10)
     parser.add_argument("--max-train-docs", type=int, default=None)
     parser.add_argument("--max-valid-docs", type=int, default=None)
@@ -192,6 +216,11 @@ def main() -> None:
             stats[protocol] = result["perplexity"]
             stats["eval_tokens"] = result["tokens"]
             print(f"   {protocol}: perplexity {result['perplexity']:.2f} ({result['tokens']:,} tokens)", flush=True)
+        if kind != "lstm":
+            result = evaluate_perplexity(MismatchedContext(model), valid_docs, "paper", tokenizer=tok,
+                                         topic_tokenizer=topic_tok)
+            stats["paper-mismatched"] = result["perplexity"]
+            print(f"   paper, context of another chunk (ablation): perplexity {result['perplexity']:.2f}", flush=True)
         models[kind], results[kind] = model, stats
 
     print(f"\n== interleaved speed measurement ({args.speed_repeats} steps per model)", flush=True)
@@ -229,7 +258,7 @@ def main() -> None:
           f"Training: {args.steps} steps of {args.batch_size} 30-token chunks, Adam lr {args.lr} (linear decay), "
           f"gradient clip {args.clip}, TCNLM context = document minus sentence; {args.threads} CPU thread(s) "
           f"({cpu}), torch {torch.__version__}.\n")
-    header = "| model | params | ppl paper | ppl causal | ppl causal-carry | NPMI (wiki, lau2014) | diversity (top-25) " \
+    header = "| model | params | ppl paper | ppl causal | ppl causal-carry | ppl paper, another chunk's context | NPMI (wiki, lau2014) | diversity (top-25) " \
              "| train tokens/s | ratio to LSTM | interleaved ratio |"
     print(header)
     print("|" + "---|" * (header.count("|") - 1))
@@ -240,8 +269,9 @@ def main() -> None:
         div = f"{r['diversity']:.3f}" if "diversity" in r else "-"
         ratio = r["tokens_per_s"] / lstm["tokens_per_s"]
         inter = r["interleaved_tokens_per_s"] / lstm["interleaved_tokens_per_s"]
+        mismatched = f"{r['paper-mismatched']:.2f}" if "paper-mismatched" in r else "-"
         print(f"| {names[kind]} | {r['parameters'] / 1e6:.2f} M | {r['paper']:.2f} | {r['causal']:.2f} | "
-              f"{r['causal-carry']:.2f} | {npmi} | {div} | {r['tokens_per_s']:,.0f} | {ratio:.2f} | {inter:.2f} |")
+              f"{r['causal-carry']:.2f} | {mismatched} | {npmi} | {div} | {r['tokens_per_s']:,.0f} | {ratio:.2f} | {inter:.2f} |")
     for kind in kinds:
         if kind == "lstm":
             continue
