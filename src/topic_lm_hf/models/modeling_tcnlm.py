@@ -521,7 +521,8 @@ class TCNLMForCausalLM(TCNLMPreTrainedModel, TopicGenerationMixin, GenerationMix
             logits_to_keep: compute logits for the last N positions only (0 = all).
 
         Returns:
-            :class:`TopicLMOutput`; ``loss`` = lm_loss + bow_loss + kl_weight * kl_loss - lambda R (scales in the module doc).
+            :class:`TopicLMOutput`; ``loss`` = lm_loss + bow_loss + kl_weight * kl_loss - lambda R;
+            the scale of each term is in the module doc.
             For ``lm_type="naive_moe"`` the logits are the mixture's log-probabilities, and when a
             loss is computed with gradients they are not materialised (``logits=None``).
         """
