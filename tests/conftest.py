@@ -33,3 +33,27 @@ def apnews():
     valid = load_documents(DATA / "apnews" / "valid.txt", max_documents=40)
     tok, topic_tok = build_vocabularies(train, min_freq=3, stopwords=MALLET)
     return {"train": train, "valid": valid, "tok": tok, "topic_tok": topic_tok}
+
+
+def run_without_package(body: str, cwd: Path) -> dict:
+    """Run ``body`` (Python source that prints one JSON line last) in a fresh interpreter in which
+    ``topic_lm_hf`` cannot be imported, as on a machine that only has transformers: the way a Hub
+    user loads a saved folder with ``trust_remote_code=True``. Returns the parsed JSON."""
+    import json
+    import subprocess
+    import sys
+    import textwrap
+
+    import topic_lm_hf
+
+    src = str(Path(topic_lm_hf.__file__).resolve().parents[1])
+    script = textwrap.dedent(f"""
+        import sys, json
+        sys.path = [p for p in sys.path if not p.startswith({src!r})]
+        import importlib.util
+        assert importlib.util.find_spec("topic_lm_hf") is None, "the package must not be importable here"
+    """) + textwrap.dedent(body)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(cwd / "modules"), "PYTHONPATH": ""}
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=cwd)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])

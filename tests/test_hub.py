@@ -1,20 +1,15 @@
 """Hub sharing: remote code loads without the package; the card names its protocols; push uploads."""
 
 import json
-import os
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import torch
 from huggingface_hub import ModelCard
 
-import topic_lm_hf
 from topic_lm_hf import LSTMLMConfig, LSTMLMForCausalLM, build_vocabularies, synthetic_documents
 from topic_lm_hf.hub import push_to_hub, save_for_hub
 
-SRC = str(Path(topic_lm_hf.__file__).resolve().parents[1])
+from conftest import run_without_package
 
 
 def test_saved_folder_loads_with_remote_code_in_a_process_without_the_package(tmp_path):
@@ -34,11 +29,7 @@ def test_saved_folder_loads_with_remote_code_in_a_process_without_the_package(tm
 
     ids = tok(["the senate said"], return_tensors="pt")["input_ids"]
     expected = model(input_ids=ids).logits[0, -1, :5].tolist()
-    script = textwrap.dedent(f"""
-        import sys, json
-        sys.path = [p for p in sys.path if not p.startswith({SRC!r})]
-        import importlib.util
-        assert importlib.util.find_spec("topic_lm_hf") is None, "the package must not be importable here"
+    result = run_without_package(f"""
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
         model = AutoModelForCausalLM.from_pretrained({str(tmp_path / 'repo')!r}, trust_remote_code=True).eval()
@@ -47,12 +38,7 @@ def test_saved_folder_loads_with_remote_code_in_a_process_without_the_package(tm
         out = model.generate(input_ids=ids, max_new_tokens=3, min_new_tokens=3, do_sample=False)
         print(json.dumps({{"cls": type(model).__module__, "logits": model(input_ids=ids).logits[0, -1, :5].tolist(),
                           "generated": out.shape[1]}}))
-    """)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "modules"),
-           "PYTHONPATH": ""}
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    """, tmp_path)
     assert result["cls"].startswith("transformers_modules")
     assert torch.allclose(torch.tensor(result["logits"]), torch.tensor(expected), atol=1e-6)
     assert result["generated"] == ids.shape[1] + 3

@@ -3,22 +3,18 @@ every conditioning source, the Auto classes, and a short real-data training run.
 
 import json
 import math
-import os
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 import torch
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, TrainingArguments
 
-import topic_lm_hf
 from topic_lm_hf import (TopicContextCollator, TopicLMTrainer, build_vocabularies, evaluate_perplexity,
                          save_vocabularies, synthetic_documents)
 from topic_lm_hf.models.configuration_tcnlm import TCNLMConfig
 from topic_lm_hf.models.modeling_tcnlm import TCNLMForCausalLM, TCNLMLSTMLayer, TCNLMModel
 
+from conftest import run_without_package
 from reference_tcnlm import explicit_weight_lstm_layer, naive_moe_probs, naive_tc_lstm_layer
 
 # The package __init__ registers these; registering here too keeps this file independent of that.
@@ -503,23 +499,14 @@ def test_saved_folder_loads_with_remote_code_in_a_process_without_the_package(tm
     assert auto_map["AutoModelForCausalLM"] == "modeling_tcnlm.TCNLMForCausalLM"
     ids = tok(["the senate said"], return_tensors="pt")["input_ids"]
     expected = model(input_ids=ids, topic_ids=[2]).logits[0, -1, :5].tolist()
-    src = str(Path(topic_lm_hf.__file__).resolve().parents[1])
-    script = textwrap.dedent(f"""
-        import sys, json
-        sys.path = [p for p in sys.path if not p.startswith({src!r})]
-        import importlib.util
-        assert importlib.util.find_spec("topic_lm_hf") is None
+    result = run_without_package(f"""
         from transformers import AutoModelForCausalLM, AutoTokenizer
         model = AutoModelForCausalLM.from_pretrained({str(tmp_path / 'repo')!r}, trust_remote_code=True).eval()
         ids = AutoTokenizer.from_pretrained({str(tmp_path / 'repo')!r}, trust_remote_code=True)(["the senate said"], return_tensors="pt")["input_ids"]
         out = model.generate(topic_ids=[3, 1], max_new_tokens=3, min_new_tokens=3)
         print(json.dumps({{"cls": type(model).__module__, "logits": model(input_ids=ids, topic_ids=[2]).logits[0, -1, :5].tolist(),
                           "generated": out.shape[1], "topics": model.get_topics(top_n=3)}}))
-    """)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "modules"), "PYTHONPATH": ""}
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    """, tmp_path)
     assert result["cls"].startswith("transformers_modules")
     assert torch.allclose(torch.tensor(result["logits"]), torch.tensor(expected), atol=1e-6)
     assert result["generated"] == 4 and len(result["topics"]) == 6 and len(result["topics"][0]) == 3

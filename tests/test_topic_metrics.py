@@ -16,7 +16,6 @@ from hypothesis import strategies as st
 from topic_lm_hf.evaluation.topics import (
     PRESETS,
     CoherenceResult,
-    ReferenceCorpus,
     _count_windows,
     load_reference_corpus,
     topic_coherence,

@@ -3,11 +3,6 @@
 import functools
 import json
 import math
-import os
-import subprocess
-import sys
-import textwrap
-from pathlib import Path
 
 import pytest
 import torch
@@ -18,8 +13,7 @@ from transformers import (AutoConfig, AutoModel, AutoModelForCausalLM, AutoModel
                           TrainingArguments)
 
 import reference_topic_rnn as ref
-import topic_lm_hf
-from conftest import DATA, requires_data
+from conftest import DATA, requires_data, run_without_package
 from topic_lm_hf import TopicContextCollator, TopicLMTrainer, build_vocabularies, documents_from_lists
 from topic_lm_hf.classification import (DocumentClassificationCollator, FeatureCollator, add_document_features,
                                         bow_logistic_regression, classification_accuracy, load_imdb_splits,
@@ -591,13 +585,8 @@ def test_remote_code_in_a_process_without_the_package(toy, tmp_path):
     ids = tok(["the senate passed"], return_tensors="pt")["input_ids"]
     theta = [[1.0, -2.0, 0.5]]
     expected = model(ids, topic_mixture=torch.tensor(theta)).logits[0, -1, :5].tolist()
-    src = str(Path(topic_lm_hf.__file__).resolve().parents[1])
     repo = str(tmp_path / "repo")
-    script = textwrap.dedent(f"""
-        import sys, json
-        sys.path = [p for p in sys.path if not p.startswith({src!r})]
-        import importlib.util
-        assert importlib.util.find_spec("topic_lm_hf") is None
+    result = run_without_package(f"""
         import torch
         from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
         model = AutoModelForCausalLM.from_pretrained({repo!r}, trust_remote_code=True).eval()
@@ -609,11 +598,7 @@ def test_remote_code_in_a_process_without_the_package(toy, tmp_path):
         print(json.dumps({{"cls": type(model).__module__, "logits": logits, "generated": out.shape[1],
                           "topics": model.get_topics(top_n=3), "clf": type(clf).__name__,
                           "frozen": not any(p.requires_grad for p in clf.model.parameters())}}))
-    """)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "modules"), "PYTHONPATH": ""}
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    """, tmp_path)
     assert result["cls"].startswith("transformers_modules")
     assert torch.allclose(torch.tensor(result["logits"]), torch.tensor(expected), atol=1e-5)
     assert result["generated"] == 4 and result["topics"] == model.get_topics(top_n=3, topic_tokenizer=topic_tok)
