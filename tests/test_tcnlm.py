@@ -268,6 +268,24 @@ def test_kl_annealing_and_posterior_sampling():
         weights.append(((out.loss - out.lm_loss - out.bow_loss) / out.kl_loss).item())
     assert weights == pytest.approx([0.25, 0.5, 0.75, 1.0, 1.0], abs=1e-4)
     assert "kl_annealing_step" in model.state_dict()  # saved: resuming training goes on annealing
+
+
+def test_kl_annealing_counter_resumes_and_starts_at_zero_when_a_checkpoint_lacks_it(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    config = TCNLMConfig(vocab_size=10, topic_vocab_size=5, num_topics=3, embedding_size=4, hidden_size=4,
+                         encoder_hidden_size=4, kl_annealing_steps=4)
+    model = TCNLMForCausalLM(config).train()
+    ids, bow = torch.tensor([[2, 5, 6, 3]]), torch.tensor([[0.0, 1.0, 2.0, 0.0, 1.0]])
+    for _ in range(3):
+        model(input_ids=ids, labels=ids, context_bow=bow)
+    model.save_pretrained(tmp_path)
+    assert int(AutoModelForCausalLM.from_pretrained(tmp_path).kl_annealing_step) == 3
+    # a checkpoint without the counter (saved by a base model, or by an older version of the package)
+    weights = load_file(tmp_path / "model.safetensors")
+    del weights["kl_annealing_step"]
+    save_file(weights, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    assert int(AutoModelForCausalLM.from_pretrained(tmp_path).kl_annealing_step) == 0
     # training samples theta; evaluation uses the posterior mean
     assert not torch.allclose(model(input_ids=ids, context_bow=bow).topic_mixture,
                               model(input_ids=ids, context_bow=bow).topic_mixture)

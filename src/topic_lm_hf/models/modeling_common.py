@@ -307,7 +307,24 @@ class RecurrentPreTrainedModel(PreTrainedModel):
                 "download the checkpoint again, or load an earlier one (the checkpoint-* folders of a training "
                 "run).") from error
 
+    def _register_kl_annealing(self):
+        """A saved counter of training forward passes (so that a resumed run goes on annealing)."""
+        self.register_buffer("kl_annealing_step", torch.zeros((), dtype=torch.long))
+
+    def kl_annealing_ramp(self, count: bool):
+        """``min(1, passes / config.kl_annealing_steps)`` (1 when annealing is off). ``count=True`` in
+        training mode first counts this forward pass; evaluation never counts."""
+        if count and self.training:
+            self.kl_annealing_step += 1
+        steps = self.config.kl_annealing_steps
+        if steps == 0:
+            return 1.0
+        return (self.kl_annealing_step.float() / steps).clamp(max=1.0)  # a tensor: no device sync
+
     def _init_weights(self, module):
+        step = getattr(module, "kl_annealing_step", None)
+        if isinstance(step, torch.Tensor):  # also when a checkpoint without it is loaded: never left uninitialised
+            step.zero_()
         std = getattr(self.config, "initializer_range", 0.1)
         if isinstance(module, nn.Embedding):
             nn.init.uniform_(module.weight, -std, std)

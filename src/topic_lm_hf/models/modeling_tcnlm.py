@@ -442,7 +442,7 @@ class TCNLMForCausalLM(TCNLMPreTrainedModel, TopicGenerationMixin, GenerationMix
             out_size = config.embedding_size
         self.lm_head = nn.Linear(out_size, config.vocab_size)
         # Training forward passes seen so far, for KL annealing (saved, so that resuming goes on).
-        self.register_buffer("kl_annealing_step", torch.zeros((), dtype=torch.long))
+        self._register_kl_annealing()
         self.post_init()
 
     def get_input_embeddings(self):
@@ -552,20 +552,13 @@ class TCNLMForCausalLM(TCNLMPreTrainedModel, TopicGenerationMixin, GenerationMix
             bow_loss = base.bow_nll.sum() / count
             kl_loss = base.kl.sum() / count
             aux_loss = -self.config.diversity_weight * self.model.topic_model.diversity()
-            loss = lm_loss + bow_loss + self._kl_weight() * kl_loss + aux_loss
+            loss = lm_loss + bow_loss + self.kl_annealing_ramp(count=True) * kl_loss + aux_loss
 
         out = TopicLMOutput(loss=loss, logits=logits, state=base.state,
                             hidden_states=base.last_hidden_state if output_hidden_states else None,
                             lm_loss=_detach(lm_loss), kl_loss=_detach(kl_loss), bow_loss=_detach(bow_loss),
                             aux_loss=_detach(aux_loss), topic_mixture=t)
         return out if return_dict is not False else out.to_tuple()
-
-    def _kl_weight(self) -> float:
-        steps = self.config.kl_annealing_steps
-        if not self.training:
-            return 1.0 if steps == 0 else min(1.0, self.kl_annealing_step.item() / steps)
-        self.kl_annealing_step += 1
-        return 1.0 if steps == 0 else min(1.0, self.kl_annealing_step.item() / steps)
 
     # -- generation -----------------------------------------------------------------------------
 

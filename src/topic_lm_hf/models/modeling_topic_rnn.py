@@ -228,19 +228,12 @@ class TopicRNNForCausalLM(TopicRNNPreTrainedModel, TopicGenerationMixin, Generat
         self.stop_head = nn.Linear(config.hidden_size, 1)  # Gamma^T h (+ bias)
         self.topic_head = nn.Linear(config.num_topics, config.topic_vocab_size, bias=False)  # B: (V_c, K)
         # Training forward passes seen so far, for KL annealing (saved, so that resuming goes on).
-        self.register_buffer("kl_annealing_step", torch.zeros((), dtype=torch.long))
+        self._register_kl_annealing()
         self.post_init()
 
-    def _init_weights(self, module):
-        super()._init_weights(module)
-        if module is self:
-            nn.init.zeros_(self.kl_annealing_step)
-
-    def kl_annealing_weight(self) -> float:
+    def kl_annealing_weight(self, count: bool = False):
         """The current KL weight: ``kl_weight``, ramped up over ``kl_annealing_steps`` passes."""
-        steps = self.config.kl_annealing_steps
-        ramp = 1.0 if steps == 0 else min(1.0, self.kl_annealing_step.item() / steps)
-        return self.config.kl_weight * ramp
+        return self.config.kl_weight * self.kl_annealing_ramp(count)
 
     def get_input_embeddings(self):
         return self.model.embed_tokens
@@ -357,9 +350,7 @@ class TopicRNNForCausalLM(TopicRNNPreTrainedModel, TopicGenerationMixin, Generat
             bce = F.binary_cross_entropy_with_logits(stop_logits[:, :-1], is_stop.float(), reduction="none")
             aux_loss = (bce * valid).sum() / n_tokens
             kl_loss = kl.sum() / n_tokens if kl is not None else torch.zeros((), device=hidden.device)
-            if self.training and self.config.kl_annealing_steps:
-                self.kl_annealing_step += 1
-            loss = lm_loss + aux_loss + self.kl_annealing_weight() * kl_loss
+            loss = lm_loss + aux_loss + self.kl_annealing_weight(count=True) * kl_loss
 
         log_marginal = None
         if not (self.training and labels is not None):
