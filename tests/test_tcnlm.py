@@ -619,3 +619,5 @@ def test_topics_words_inference_and_evaluation(trained, apnews):
     assert result["top_words"] == topics
     with pytest.raises(ValueError, match="not a topic model"):
         evaluate_topics(torch.nn.Linear(2, 2), reference)
+    with pytest.raises(ValueError, match="Unknown preset 'lau2104'"):
+        evaluate_topics(model, reference, preset="lau2104")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
-from .topics import PRESETS, ReferenceCorpus, load_reference_corpus, topic_coherence, topic_diversity
+from .topics import PRESETS, load_reference_corpus, topic_coherence, topic_diversity
 
 
 def evaluate_topics(model, reference: Any, top_n: Optional[int | Sequence[int]] = None, topic_tokenizer=None,
@@ -41,6 +41,8 @@ def evaluate_topics(model, reference: Any, top_n: Optional[int | Sequence[int]] 
     """
     if not hasattr(model, "get_topics"):
         raise ValueError(f"{type(model).__name__} has no get_topics(): it is not a topic model")
+    if preset != "custom" and preset not in PRESETS:
+        raise ValueError(f"Unknown preset {preset!r}; use one of {sorted(PRESETS)} or 'custom'")
     if top_n is not None:
         coherence_settings["top_n"] = top_n
     effective_top_n = coherence_settings.get("top_n", PRESETS.get(preset, {}).get("top_n"))
@@ -48,8 +50,7 @@ def evaluate_topics(model, reference: Any, top_n: Optional[int | Sequence[int]] 
         raise ValueError(f"preset={preset!r} needs top_n")
     largest_n = max(effective_top_n) if isinstance(effective_top_n, (list, tuple)) else int(effective_top_n)
     topics = model.get_topics(top_n=max(largest_n, diversity_k, 10), topic_tokenizer=topic_tokenizer)
-    if not isinstance(reference, ReferenceCorpus) or max_documents is not None:
-        reference = load_reference_corpus(reference, max_documents=max_documents)
+    reference = load_reference_corpus(reference, max_documents=max_documents)  # a ReferenceCorpus comes back as is
     coherence = topic_coherence(topics, reference, preset=preset, **coherence_settings)
     # A topic vocabulary smaller than diversity_k + 1 words cannot fill k slots per topic.
     k = min(diversity_k, min(len(words) for words in topics))
