@@ -42,7 +42,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification  # noqa: E402
+from transformers import AutoModelForSequenceClassification  # noqa: E402
 from transformers import TrainingArguments, set_seed  # noqa: E402
 
 from topic_lm_hf import (LSTMLMConfig, LSTMLMForCausalLM, TopicContextCollator, TopicLMTrainer,  # noqa: E402
@@ -53,14 +53,7 @@ from topic_lm_hf.classification import (DocumentClassificationCollator, FeatureC
 from topic_lm_hf.evaluation import evaluate_perplexity  # noqa: E402
 from topic_lm_hf.evaluation.sliding_window import evaluate_perplexity_sliding_window  # noqa: E402
 from topic_lm_hf.models.configuration_topic_rnn import TopicRNNConfig  # noqa: E402
-from topic_lm_hf.models.modeling_topic_rnn import (TopicRNNForCausalLM,  # noqa: E402
-                                                   TopicRNNForSequenceClassification, TopicRNNModel)
-
-# Registration (the package __init__ does this once the classes are exported there).
-AutoConfig.register(TopicRNNConfig.model_type, TopicRNNConfig, exist_ok=True)
-AutoModel.register(TopicRNNConfig, TopicRNNModel, exist_ok=True)
-AutoModelForCausalLM.register(TopicRNNConfig, TopicRNNForCausalLM, exist_ok=True)
-AutoModelForSequenceClassification.register(TopicRNNConfig, TopicRNNForSequenceClassification, exist_ok=True)
+from topic_lm_hf.models.modeling_topic_rnn import TopicRNNForCausalLM  # noqa: E402
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 NAMES = {"rnn": "TopicRNN", "lstm": "TopicLSTM", "gru": "TopicGRU"}

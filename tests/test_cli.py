@@ -40,3 +40,19 @@ def test_train_evaluate_generate_commands_on_apnews(tmp_path, capsys):
     assert len(lines) == 2 and all(3 < len(l.split()) <= 3 + 5 for l in lines)  # prompt + up to 5 new tokens
     with pytest.raises(SystemExit, match="not a topic model"):
         main(["topics", "--model_name_or_path", str(out_dir)])
+
+
+def test_build_model_sizes_a_topic_rnn_to_the_vocabularies():
+    from topic_lm_hf import build_vocabularies, synthetic_documents
+    from topic_lm_hf.cli import ModelArguments, build_model
+    from topic_lm_hf.models.configuration_topic_rnn import TopicRNNConfig
+
+    tok, topic_tok = build_vocabularies(synthetic_documents(40), min_freq=1)
+    model = build_model(ModelArguments(model_type="topic_rnn", config_overrides="hidden_size=16,num_topics=4"),
+                        tok, topic_tok)
+    config = model.config
+    assert (config.vocab_size, config.topic_vocab_size, config.hidden_size) == (len(tok), len(topic_tok), 16)
+    assert config.topic_word_ids == TopicRNNConfig.topic_word_ids_from_tokenizers(tok, topic_tok)
+    lm_vocab = tok.get_vocab()
+    for word, index in topic_tok.get_vocab().items():  # every topic word points at itself in the LM vocabulary
+        assert config.topic_word_ids[index] == (-1 if word == "<unk>" else lm_vocab[word])

@@ -131,11 +131,9 @@ def build_model(model_args: ModelArguments, tokenizer, topic_tokenizer):
         setattr(config, name, tokenizer.convert_tokens_to_ids(token))
     if hasattr(config, "topic_vocab_size"):
         config.topic_vocab_size = len(topic_tokenizer)
-    if hasattr(config, "topic_word_ids"):
+    if hasattr(config, "topic_word_ids_from_tokenizers"):
         # TopicRNN's stop-word indicator: the LM id of every topic word (-1 for the topic <unk>).
-        vocab = tokenizer.get_vocab()
-        words = sorted(topic_tokenizer.get_vocab().items(), key=lambda item: item[1])
-        config.topic_word_ids = [-1 if word == "<unk>" else vocab[word] for word, _ in words]
+        config.topic_word_ids = config.topic_word_ids_from_tokenizers(tokenizer, topic_tokenizer)
     return AutoModelForCausalLM.from_config(config)
 
 
