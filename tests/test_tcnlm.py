@@ -470,11 +470,12 @@ def test_num_return_sequences_with_list_and_tensor_topic_ids(vocab, topic_ids):
     tok, topic_tok = vocab
     model = small_model(len(tok), len(topic_tok))
     seen = []
-    model.register_forward_pre_hook(lambda module, args, kwargs: seen.append(kwargs["topic_ids"]), with_kwargs=True)
+    model.register_forward_pre_hook(lambda module, args, kwargs: seen.append(kwargs.get("topic_ids")), with_kwargs=True)
     batch = tok(["the senate said", "police"], return_tensors="pt", padding=True)
     out = model.generate(**batch, topic_ids=topic_ids, max_new_tokens=3, num_return_sequences=2, do_sample=True)
     assert out.shape[0] == 4
     assert seen[0].tolist() == [[3, 1]] * 4  # not [3, 3, 1, 1]: the topics are shared by every row
+    assert seen[1:] == [None, None]  # later steps reuse the mixture the first one resolved
 
 
 def test_bad_topic_inputs_are_clear_errors(vocab):

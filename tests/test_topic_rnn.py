@@ -413,7 +413,19 @@ def test_generation_conditioning(toy):
                          do_sample=False, pad_token_id=0, eos_token_id=None)
     assert out.shape == (1, 3 + 4)
     assert calls[0] == "bow" and set(calls[1:]) == {"theta"}  # theta inferred once, then reused
+    calls.clear()
+    unconditioned = model.generate(**tok(["the senate"], return_tensors="pt"), max_new_tokens=4, do_sample=False,
+                                   pad_token_id=0, eos_token_id=None)
+    assert calls[0] == "none" and set(calls[1:]) == {"theta"}  # the empty-context theta, also resolved once
     model.forward = original
+    assert torch.equal(unconditioned, model.generate(**tok(["the senate"], return_tensors="pt"), max_new_tokens=4,
+                                                     do_sample=False, pad_token_id=0, eos_token_id=None,
+                                                     use_cache=False))
+    # theta is a real vector, not a mixture of topics: topic ids are refused, not ignored
+    with pytest.raises(ValueError, match="does not take topic_ids"):
+        model.generate(topic_ids=[1], max_new_tokens=2)
+    with pytest.raises(ValueError, match="takes no topic_ids"):
+        model(**tok(["the senate"], return_tensors="pt"), topic_ids=[1])
     # Any theta in R^K, without a prompt; num_return_sequences expands it correctly.
     out = model.generate(topic_mixture=torch.tensor([2.0, -1.0, 0.5]), max_new_tokens=5, do_sample=True,
                          num_return_sequences=3, pad_token_id=0, eos_token_id=None)

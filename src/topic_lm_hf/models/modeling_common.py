@@ -26,6 +26,7 @@ indicator) returns log-probabilities as ``logits``.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
@@ -351,8 +352,11 @@ class TopicGenerationMixin:
       batch-first tensors *before* transformers expands the batch for beams and
       ``num_return_sequences`` (a 1-D tensor would otherwise be repeat-interleaved, hf-notes §2).
       Without a prompt, one ``<bos>`` row is generated per conditioning row.
-    * ``_update_model_kwargs_for_generation`` replaces ``context_bow`` by the ``topic_mixture``
-      the first forward inferred from it, so the document is encoded once (hf-notes §1.5).
+    * ``generate`` rejects a conditioning kwarg that ``forward`` does not name (TopicRNN's theta is
+      not a mixture of topics, so it has no ``topic_ids``) instead of letting it be ignored.
+    * ``_update_model_kwargs_for_generation`` replaces whatever the first forward resolved
+      (``context_bow``, ``topic_ids`` or the prior) by the ``topic_mixture`` it returned, so the
+      document is encoded and the conditioning checked once, not at every token (hf-notes §1.5).
     """
 
     _topic_mixture_on_simplex = True  # TCNLM's t is a distribution; TopicRNN's theta is any vector
@@ -361,6 +365,11 @@ class TopicGenerationMixin:
                  **kwargs):
         prompt = inputs if inputs is not None else kwargs.get("input_ids", kwargs.get("inputs_embeds"))
         batch_size = prompt.shape[0] if isinstance(prompt, torch.Tensor) else None
+        accepted = inspect.signature(self.forward).parameters
+        for name, value in (("topic_ids", topic_ids), ("topic_mixture", topic_mixture), ("context_bow", context_bow)):
+            if value is not None and name not in accepted:
+                raise ValueError(f"{type(self).__name__} does not take {name}; it is conditioned by "
+                                 f"{[n for n in ('topic_ids', 'topic_mixture', 'context_bow') if n in accepted]}")
         given = normalize_topic_kwargs(self.config.num_topics, self.config.topic_vocab_size, batch_size,
                                        topic_ids=topic_ids, topic_mixture=topic_mixture, context_bow=context_bow,
                                        mixture_on_simplex=self._topic_mixture_on_simplex)
@@ -370,9 +379,11 @@ class TopicGenerationMixin:
     def _update_model_kwargs_for_generation(self, outputs, model_kwargs, is_encoder_decoder=False, num_new_tokens=1):
         model_kwargs = super()._update_model_kwargs_for_generation(outputs, model_kwargs, is_encoder_decoder,
                                                                    num_new_tokens)
-        if model_kwargs.get("context_bow") is not None and getattr(outputs, "topic_mixture", None) is not None:
-            model_kwargs["topic_mixture"] = outputs.topic_mixture
-            model_kwargs["context_bow"] = None
+        mixture = getattr(outputs, "topic_mixture", None)
+        if mixture is not None and model_kwargs.get("topic_mixture") is None:
+            model_kwargs["topic_mixture"] = mixture
+            model_kwargs.pop("context_bow", None)
+            model_kwargs.pop("topic_ids", None)
         return model_kwargs
 
 

@@ -325,6 +325,9 @@ class TopicRNNForCausalLM(TopicRNNPreTrainedModel, TopicGenerationMixin, Generat
             needs only the observed-indicator softmax, so ``logits`` is None there (computing the
             marginal as well would double the cost of the output layer).
         """
+        if kwargs.get("topic_ids") is not None:
+            raise ValueError("TopicRNN takes no topic_ids: its theta is a real vector, not a mixture of topics; "
+                             "pass topic_mixture (theta) or context_bow")
         use_cache = use_cache if use_cache is not None else (self.config.use_cache and not self.training)
         hidden, new_state = self.model.run_tokens(input_ids, attention_mask, inputs_embeds, state,
                                                   need_state=use_cache or state is not None)
