@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from ..collator import TopicContextCollator
+from ..models.modeling_common import select_state_rows
 from .perplexity import _chunk_nll, prepare_evaluation
 
 PROTOCOL = "topicrnn-sliding-window"
@@ -56,7 +57,6 @@ def evaluate_perplexity_sliding_window(model, documents: datasets.Dataset | Sequ
                                     max_sentence_length=max_sentence_length, layout="documents")
     # LM id -> topic id (-1 outside the topic vocabulary); the topic <unk> is never counted.
     lm_to_topic = collator._lm_to_topic
-    topic_vocab_size = collator.topic_vocab_size
 
     rows = collator.prepare(documents)
     device = next(model.parameters()).device
@@ -72,19 +72,13 @@ def evaluate_perplexity_sliding_window(model, documents: datasets.Dataset | Sequ
             state = None
             for k in range(batch["input_ids"].shape[1]):
                 active = int(batch["chunk_mask"][:, k].sum())  # a prefix: documents are sorted
-                if state is not None:
-                    state = tuple(s[:active] for s in state) if carry_state else None
+                state = select_state_rows(state, active) if carry_state else None
                 ids = batch["input_ids"][:active, k]
                 mask = batch["attention_mask"][:active, k]
                 bow = None
                 if uses_context:
-                    bow = torch.zeros(active, topic_vocab_size)
-                    for i in range(active):
-                        topic_ids = lm_to_topic[np.asarray(history[i][-window:], dtype=np.int64)]
-                        topic_ids = topic_ids[topic_ids >= 0]
-                        if len(topic_ids):
-                            bow[i].index_add_(0, torch.as_tensor(topic_ids), torch.ones(len(topic_ids)))
-                    bow = bow.to(device)
+                    topic_ids = [lm_to_topic[np.asarray(history[i][-window:], dtype=np.int64)] for i in range(active)]
+                    bow = collator.bag_of_words([t[t >= 0] for t in topic_ids]).to(device)
                 nll, n, new_state = _chunk_nll(model, ids.to(device), mask.to(device), bow, state,
                                                use_cache=carry_state)
                 state = new_state if carry_state else None
