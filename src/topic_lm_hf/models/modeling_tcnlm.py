@@ -481,8 +481,9 @@ class TCNLMForCausalLM(TCNLMPreTrainedModel, TopicGenerationMixin, GenerationMix
         """Eq. 7: log sum_k t_k softmax(V h^(k)) for (b, s, T, H) -> (b, s, V); experts with t_k = 0 are skipped."""
         log_t = t.float().clamp_min(0).log()  # (b, T); -inf where a topic is off
         out = None
+        active = torch.isfinite(log_t).any(0).tolist()  # one device sync, not one per expert
         for k in range(hidden.shape[2]):
-            if not bool(torch.isfinite(log_t[:, k]).any()):
+            if not active[k]:
                 continue
             log_probs = torch.log_softmax(self._head(hidden[:, :, k]).float(), dim=-1) + log_t[:, k, None, None]
             out = log_probs if out is None else torch.logaddexp(out, log_probs)
