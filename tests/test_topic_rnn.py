@@ -421,11 +421,24 @@ def test_generation_conditioning(toy):
     assert torch.equal(unconditioned, model.generate(**tok(["the senate"], return_tensors="pt"), max_new_tokens=4,
                                                      do_sample=False, pad_token_id=0, eos_token_id=None,
                                                      use_cache=False))
-    # theta is a real vector, not a mixture of topics: topic ids are refused, not ignored
-    with pytest.raises(ValueError, match="does not take topic_ids"):
-        model.generate(topic_ids=[1], max_new_tokens=2)
-    with pytest.raises(ValueError, match="takes no topic_ids"):
-        model(**tok(["the senate"], return_tensors="pt"), topic_ids=[1])
+    # topic_ids steer theta along e_k at config.steering_scale (a set of topics keeps the norm).
+    prompt = tok(["the senate"], return_tensors="pt")
+    scale = model.config.steering_scale
+    out = model(**prompt, topic_ids=[1])
+    assert torch.allclose(out.topic_mixture, torch.tensor([[0.0, scale, 0.0]]))
+    two = model(**prompt, topic_ids=[[0, 2]]).topic_mixture
+    assert torch.allclose(two, torch.tensor([[scale, 0.0, scale]]) / 2 ** 0.5)
+    assert torch.allclose(model(**prompt, topic_ids=[1]).logits,
+                          model(**prompt, topic_mixture=torch.tensor([0.0, scale, 0.0])).logits)
+    calls.clear()
+    model.forward = functools.wraps(original)(recording_forward)
+    steered = model.generate(topic_ids=[1], max_new_tokens=4, do_sample=False, pad_token_id=0, eos_token_id=None)
+    model.forward = original
+    assert set(calls[1:]) == {"theta"}  # resolved once, then the theta is reused
+    assert torch.equal(steered, model.generate(topic_mixture=torch.tensor([0.0, scale, 0.0]), max_new_tokens=4,
+                                               do_sample=False, pad_token_id=0, eos_token_id=None))
+    with pytest.raises(ValueError, match="topic_ids must be in"):
+        model.generate(topic_ids=[3], max_new_tokens=2)
     # Any theta in R^K, without a prompt; num_return_sequences expands it correctly.
     out = model.generate(topic_mixture=torch.tensor([2.0, -1.0, 0.5]), max_new_tokens=5, do_sample=True,
                          num_return_sequences=3, pad_token_id=0, eos_token_id=None)

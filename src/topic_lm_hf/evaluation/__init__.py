@@ -2,7 +2,9 @@
 
 from .perplexity import PROTOCOLS, evaluate_perplexity
 from .sliding_window import evaluate_perplexity_sliding_window
+from .steering import LDAJudge, distinct_n, evaluate_steering, fit_lda_judge, format_steering_table
 from .topics import CoherenceResult, ReferenceCorpus, load_reference_corpus, topic_coherence, topic_diversity
 
 __all__ = ["PROTOCOLS", "evaluate_perplexity", "evaluate_perplexity_sliding_window", "CoherenceResult", "ReferenceCorpus", "load_reference_corpus",
-           "topic_coherence", "topic_diversity"]
+           "topic_coherence", "topic_diversity", "LDAJudge", "distinct_n", "evaluate_steering", "fit_lda_judge",
+           "format_steering_table"]

@@ -27,7 +27,7 @@ class LSTMLMConfig(PretrainedConfig):
 
     def __init__(self, vocab_size=10000, embedding_size=300, hidden_size=600, num_hidden_layers=1, dropout=0.4,
                  tie_word_embeddings=False, initializer_range=0.1, use_cache=True, pad_token_id=0, bos_token_id=2,
-                 eos_token_id=3, **kwargs):
+                 eos_token_id=3, unk_token_id=1, **kwargs):
         for name, value in (("vocab_size", vocab_size), ("embedding_size", embedding_size),
                             ("hidden_size", hidden_size), ("num_hidden_layers", num_hidden_layers)):
             if not isinstance(value, int) or value < 1:
@@ -42,4 +42,5 @@ class LSTMLMConfig(PretrainedConfig):
         self.tie_word_embeddings = tie_word_embeddings
         self.initializer_range = initializer_range
         self.use_cache = use_cache
-        super().__init__(pad_token_id=pad_token_id, bos_token_id=bos_token_id, eos_token_id=eos_token_id, **kwargs)
+        super().__init__(pad_token_id=pad_token_id, bos_token_id=bos_token_id, eos_token_id=eos_token_id,
+                         unk_token_id=unk_token_id, **kwargs)

@@ -57,7 +57,8 @@ class TCNLMConfig(PretrainedConfig):
                  num_hidden_layers=1, num_factors=None, dropout=0.4, encoder_hidden_size=256,
                  topic_embedding_size=256, prior_mean=0.0, prior_std=1.0, diversity_weight=0.1, lm_type="tcnlm",
                  kl_annealing_steps=0, topic_loss_normalization="context_tokens", tie_word_embeddings=False,
-                 initializer_range=0.1, use_cache=True, pad_token_id=0, bos_token_id=2, eos_token_id=3, **kwargs):
+                 initializer_range=0.1, use_cache=True, pad_token_id=0, bos_token_id=2, eos_token_id=3, unk_token_id=1,
+                 **kwargs):
         num_factors = hidden_size if num_factors is None else num_factors
         for name, value in (("vocab_size", vocab_size), ("topic_vocab_size", topic_vocab_size),
                             ("num_topics", num_topics), ("embedding_size", embedding_size),
@@ -102,4 +103,5 @@ class TCNLMConfig(PretrainedConfig):
         self.tie_word_embeddings = tie_word_embeddings
         self.initializer_range = initializer_range
         self.use_cache = use_cache
-        super().__init__(pad_token_id=pad_token_id, bos_token_id=bos_token_id, eos_token_id=eos_token_id, **kwargs)
+        super().__init__(pad_token_id=pad_token_id, bos_token_id=bos_token_id, eos_token_id=eos_token_id,
+                         unk_token_id=unk_token_id, **kwargs)

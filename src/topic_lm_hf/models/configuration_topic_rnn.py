@@ -47,6 +47,12 @@ class TopicRNNConfig(PretrainedConfig):
             (the paper's recipe); ``False`` fine-tunes the whole network.
         feature_log_sigma: document features include log sigma of q(theta) next to its mean.
         initializer_range: weights are initialised uniformly in [-r, r].
+        steering_scale: what ``topic_ids`` mean for the real-valued theta: ``topic_ids=[k]`` is
+            theta = ``steering_scale`` * e_k, and a set S of topics is
+            theta = ``steering_scale`` * sum_{k in S} e_k / sqrt(|S|) (the same norm). The prior is
+            N(0, I), so the default 3.0 is three prior standard deviations along topic k: the topic
+            bias B theta then adds 3 B[:, k] to the logits of topic words, favouring topic k's top
+            words (the largest entries of column k, :meth:`get_topics`).
 
     Example:
         >>> from topic_lm_hf import TopicRNNConfig, TopicRNNForCausalLM
@@ -67,7 +73,7 @@ class TopicRNNConfig(PretrainedConfig):
                  classifier_activation: str = "sigmoid", classifier_dropout: float = 0.0,
                  freeze_backbone: bool = True, feature_log_sigma: bool = True, initializer_range: float = 0.1,
                  use_cache: bool = True, pad_token_id: int = 0, bos_token_id: int = 2, eos_token_id: int = 3,
-                 **kwargs):
+                 unk_token_id: int = 1, steering_scale: float = 3.0, **kwargs):
         if cell not in CELLS:
             raise ValueError(f"cell must be one of {CELLS}, got {cell!r}")
         for name, value in (("vocab_size", vocab_size), ("topic_vocab_size", topic_vocab_size),
@@ -89,6 +95,8 @@ class TopicRNNConfig(PretrainedConfig):
                 raise ValueError(f"{name} must be in [0, 1), got {value}")
         if not max_log_sigma > 0:
             raise ValueError(f"max_log_sigma must be positive, got {max_log_sigma}")
+        if not steering_scale > 0:
+            raise ValueError(f"steering_scale must be positive, got {steering_scale!r}")
         if not kl_weight >= 0:
             raise ValueError(f"kl_weight must be >= 0, got {kl_weight}")
         if isinstance(kl_annealing_steps, bool) or not isinstance(kl_annealing_steps, int) or kl_annealing_steps < 0:
@@ -114,9 +122,11 @@ class TopicRNNConfig(PretrainedConfig):
         self.freeze_backbone = freeze_backbone
         self.feature_log_sigma = feature_log_sigma
         self.initializer_range = initializer_range
+        self.steering_scale = float(steering_scale)
         self.use_cache = use_cache
         kwargs.pop("tie_word_embeddings", None)
         super().__init__(pad_token_id=pad_token_id, bos_token_id=bos_token_id, eos_token_id=eos_token_id,
+                         unk_token_id=unk_token_id,
                          tie_word_embeddings=False, **kwargs)
         if self.topic_word_ids is not None:
             self.validate_topic_word_ids()
@@ -159,7 +169,7 @@ class TopicRNNConfig(PretrainedConfig):
         ids and ``topic_word_ids``); other arguments are passed on."""
         vocab = tokenizer.get_vocab()
         for name, token in (("pad_token_id", tokenizer.pad_token), ("bos_token_id", tokenizer.bos_token),
-                            ("eos_token_id", tokenizer.eos_token)):
+                            ("eos_token_id", tokenizer.eos_token), ("unk_token_id", tokenizer.unk_token)):
             if token is not None and token in vocab:
                 kwargs.setdefault(name, vocab[token])
         return cls(vocab_size=len(tokenizer), topic_vocab_size=len(topic_tokenizer),

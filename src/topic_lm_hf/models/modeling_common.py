@@ -296,17 +296,32 @@ class RecurrentPreTrainedModel(PreTrainedModel):
     def _reorder_cache(self, state, beam_idx):
         return reorder_state(state, beam_idx)
 
+    def post_init(self):
+        super().post_init()
+        self._suppress_unk_in_generation()
+
+    def _suppress_unk_in_generation(self) -> None:
+        """``<unk>`` is never generated unless asked for: the default generation config suppresses
+        ``config.unk_token_id``. ``generate(..., suppress_tokens=[])`` turns it back on."""
+        unk = getattr(self.config, "unk_token_id", None)
+        generation_config = getattr(self, "generation_config", None)
+        if generation_config is not None and unk is not None and generation_config.suppress_tokens is None:
+            generation_config.suppress_tokens = [int(unk)]
+
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
         from safetensors import SafetensorError
 
         try:
-            return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+            model = super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
         except SafetensorError as error:
             raise OSError(
                 f"The weights in {pretrained_model_name_or_path} are corrupt or truncated ({error}). Copy or "
                 "download the checkpoint again, or load an earlier one (the checkpoint-* folders of a training "
                 "run).") from error
+        # A generation_config.json saved before <unk> was suppressed by default does not say so.
+        model._suppress_unk_in_generation()
+        return model
 
     def _register_kl_annealing(self):
         """A saved counter of training forward passes (so that a resumed run goes on annealing)."""

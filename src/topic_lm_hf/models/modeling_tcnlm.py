@@ -465,6 +465,11 @@ class TCNLMForCausalLM(TCNLMPreTrainedModel, TopicGenerationMixin, GenerationMix
         """
         return self.model.get_topics(top_n, topic_tokenizer)
 
+    @torch.no_grad()
+    def topic_word_distributions(self) -> torch.Tensor:
+        """beta (T, V_c): each topic's distribution over the topic vocabulary."""
+        return self.model.topic_model.beta()
+
     # -- output layer ---------------------------------------------------------------------------
 
     def _head(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -49,6 +49,7 @@ Usage::
     model.get_topics(top_n=10, topic_tokenizer=topic_tok)   # columns of B
     model.generate(**prompt, context_bow=bow)     # theta = E[q(theta | bow)], inferred once
     model.generate(topic_mixture=theta)           # any theta in R^K
+    model.generate(topic_ids=[3])                 # theta = config.steering_scale * e_3
     features = model.document_features(batch)     # concat(mu, log sigma, last state)
     clf = AutoModelForSequenceClassification.from_pretrained(folder, num_labels=2)
 """
@@ -67,7 +68,7 @@ from transformers.utils import ModelOutput
 
 from .configuration_topic_rnn import TopicRNNConfig
 from .modeling_common import (RecurrentPreTrainedModel, TopicGenerationMixin, TopicLMOutput, normalize_topic_kwargs,
-                              run_rnn, topic_vocabulary)
+                              run_rnn, topic_ids_to_mixture, topic_vocabulary)
 
 _CELLS = {"rnn": nn.RNN, "lstm": nn.LSTM, "gru": nn.GRU}
 
@@ -216,6 +217,8 @@ class TopicRNNForCausalLM(TopicRNNPreTrainedModel, TopicGenerationMixin, Generat
       (sampled in training, the posterior mean in eval mode). ``None`` = an empty bag of words.
       ``generate()`` infers theta once, at the prefill, and reuses it at every step.
     * ``topic_mixture`` (b, K) or (K,): theta given directly, any real vector; no KL term.
+    * ``topic_ids``: steer towards topics, theta = ``config.steering_scale`` * e_k (see
+      :class:`TopicRNNConfig`); no KL term.
     """
 
     _topic_mixture_on_simplex = False  # theta is Gaussian: any real vector
@@ -283,11 +286,21 @@ class TopicRNNForCausalLM(TopicRNNPreTrainedModel, TopicGenerationMixin, Generat
     # theta
     # ------------------------------------------------------------------------------------------
 
-    def infer_topic_vector(self, batch_size: int, context_bow=None, topic_mixture=None, device=None):
-        """theta (b, K) and the KL of each row (b,) (None when theta is given)."""
+    def steering_vector(self, topic_ids) -> torch.Tensor:
+        """theta (b, K) for ``topic_ids``: ``config.steering_scale`` * sum_{k in S} e_k / sqrt(|S|) per row."""
+        ids = normalize_topic_kwargs(self.config.num_topics, self.config.topic_vocab_size,
+                                     topic_ids=topic_ids)["topic_ids"].to(self.lm_head.weight.device)
+        mixture = topic_ids_to_mixture(ids, self.config.num_topics)  # 1/|S| on each listed topic
+        return self.config.steering_scale * mixture / mixture.norm(dim=-1, keepdim=True)
+
+    def infer_topic_vector(self, batch_size: int, context_bow=None, topic_mixture=None, device=None, topic_ids=None):
+        """theta (b, K) and the KL of each row (b,) (None when theta is given or steered by ``topic_ids``)."""
         device = device if device is not None else self.lm_head.weight.device
         cond = normalize_topic_kwargs(self.config.num_topics, self.config.topic_vocab_size, batch_size,
-                                      topic_mixture=topic_mixture, context_bow=context_bow, mixture_on_simplex=False)
+                                      topic_ids=topic_ids, topic_mixture=topic_mixture, context_bow=context_bow,
+                                      mixture_on_simplex=False)
+        if "topic_ids" in cond:
+            return self.steering_vector(cond["topic_ids"]).to(device), None
         if "topic_mixture" in cond:
             return cond["topic_mixture"].to(device), None
         bow = cond.get("context_bow")
@@ -305,7 +318,7 @@ class TopicRNNForCausalLM(TopicRNNPreTrainedModel, TopicGenerationMixin, Generat
                 inputs_embeds: Optional[torch.Tensor] = None, state: Optional[tuple] = None,
                 labels: Optional[torch.LongTensor] = None, use_cache: Optional[bool] = None,
                 context_bow: Optional[torch.Tensor] = None, topic_mixture: Optional[torch.Tensor] = None,
-                output_hidden_states: Optional[bool] = None, return_dict: Optional[bool] = None,
+                topic_ids=None, output_hidden_states: Optional[bool] = None, return_dict: Optional[bool] = None,
                 logits_to_keep: int = 0, **kwargs) -> TopicLMOutput:
         r"""
         Args:
@@ -316,6 +329,8 @@ class TopicRNNForCausalLM(TopicRNNPreTrainedModel, TopicGenerationMixin, Generat
                 predict ``labels[:, t + 1]`` (shifted inside, like ``causal_lm_loss``).
             context_bow: (b, V_c) context counts for the inference network.
             topic_mixture: (b, K) theta given directly (any real vector).
+            topic_ids: steer towards topics: theta = ``config.steering_scale`` * e_k (a set S of
+                topics: the sum of their e_k over sqrt(|S|)); see :class:`TopicRNNConfig`.
             logits_to_keep: compute logits for the last N positions only (0 = all).
 
         Returns:
@@ -325,13 +340,10 @@ class TopicRNNForCausalLM(TopicRNNPreTrainedModel, TopicGenerationMixin, Generat
             needs only the observed-indicator softmax, so ``logits`` is None there (computing the
             marginal as well would double the cost of the output layer).
         """
-        if kwargs.get("topic_ids") is not None:
-            raise ValueError("TopicRNN takes no topic_ids: its theta is a real vector, not a mixture of topics; "
-                             "pass topic_mixture (theta) or context_bow")
         use_cache = use_cache if use_cache is not None else (self.config.use_cache and not self.training)
         hidden, new_state = self.model.run_tokens(input_ids, attention_mask, inputs_embeds, state,
                                                   need_state=use_cache or state is not None)
-        theta, kl = self.infer_topic_vector(hidden.shape[0], context_bow, topic_mixture, hidden.device)
+        theta, kl = self.infer_topic_vector(hidden.shape[0], context_bow, topic_mixture, hidden.device, topic_ids)
         if logits_to_keep and labels is None:
             hidden = hidden[:, -logits_to_keep:]
         h = self.dropout(hidden)
@@ -387,6 +399,28 @@ class TopicRNNForCausalLM(TopicRNNPreTrainedModel, TopicGenerationMixin, Generat
         top_n = min(top_n, int(usable.sum()))
         top = scores.topk(top_n, dim=0).indices.T  # (K, top_n)
         return [[words[i] for i in row.tolist()] for row in top]
+
+    @torch.no_grad()
+    def topic_word_distributions(self) -> torch.Tensor:
+        """(K, V_c) one distribution over the topic vocabulary per topic: softmax of column k of B
+        over the topic words (the words the topic bias can favour; ``<unk>`` and words the LM lacks
+        get 0). The words of ``get_topics`` are the most probable ones."""
+        scores = self.topic_head.weight.detach().float().T.clone()  # (K, V_c)
+        ids = self.config.topic_word_ids
+        usable = torch.tensor([i >= 0 for i in ids]) if ids is not None else torch.ones(scores.shape[1], dtype=torch.bool)
+        usable[0] = False
+        scores[:, ~usable.to(scores.device)] = float("-inf")
+        return torch.softmax(scores, dim=-1)
+
+    @torch.no_grad()
+    def infer_topics(self, context_bow) -> torch.Tensor:
+        """theta (b, K) of documents given as bags of words (b, V_c): the posterior mean of
+        q(theta | X_c). theta is a real vector (not a distribution); its largest entry is the
+        document's dominant topic in the sense of ``topic_ids`` (theta along e_k)."""
+        bow = normalize_topic_kwargs(self.config.num_topics, self.config.topic_vocab_size,
+                                     context_bow=context_bow)["context_bow"].to(self.lm_head.weight.device)
+        mean, _ = self.model.inference_net(bow)
+        return mean
 
     def document_features(self, batch: Optional[dict] = None, **kwargs) -> torch.Tensor:
         """See :meth:`TopicRNNModel.document_features`."""

@@ -1,0 +1,178 @@
+"""The steering evaluation: a model whose topics are known to steer scores high, an untrained one
+near chance; its metrics against hand computation; and a run on real data as a user would do it."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from conftest import MALLET, requires_data
+
+from topic_lm_hf import (LSTMLMConfig, LSTMLMForCausalLM, TCNLMConfig, TCNLMForCausalLM, TopicContextCollator,
+                         TopicRNNConfig, TopicRNNForCausalLM, build_vocabularies, save_vocabularies,
+                         synthetic_documents)
+from topic_lm_hf.data import _SYNTHETIC_TOPICS
+from topic_lm_hf.evaluation.steering import (bag_of_words_matrix, distinct_n, evaluate_steering, fit_lda_judge,
+                                             format_steering_table)
+
+TOPIC_NAMES = sorted(_SYNTHETIC_TOPICS)
+
+
+@pytest.fixture(scope="module")
+def synthetic():
+    """Documents about one synthetic topic each (40 per topic, three 8-word sentences of its words):
+    topics that LDA separates reliably, so that the judge's machinery can be checked exactly."""
+    import random
+
+    from topic_lm_hf import documents_from_lists
+
+    rng = random.Random(0)
+    docs = [[rng.choices(_SYNTHETIC_TOPICS[name], k=8) + ["."] for _ in range(3)]
+            for name in TOPIC_NAMES for _ in range(40)]
+    docs = documents_from_lists(docs)
+    tok, topic_tok = build_vocabularies(docs, min_freq=1)
+    return docs, tok, topic_tok
+
+
+def topic_words(topic_tok, name):
+    """Synthetic topic ``name``'s words that are in the topic vocabulary (the stop list removes e.g. "bill")."""
+    return [w for w in _SYNTHETIC_TOPICS[name] if w in topic_tok.get_vocab()]
+
+
+def steering_topic_rnn(tok, topic_tok):
+    """A TopicRNN whose weights are set by hand so that topic k is synthetic topic k: its topic
+    bias favours exactly that topic's ten words, and its inference network counts them."""
+    topic_vocab = topic_tok.get_vocab()
+    V_c = len(topic_tok)
+    config = TopicRNNConfig.from_tokenizers(tok, topic_tok, cell="gru", embedding_size=8, hidden_size=8,
+                                            num_topics=len(TOPIC_NAMES), inference_num_layers=1,
+                                            inference_hidden_size=V_c)
+    model = TopicRNNForCausalLM(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+        model.lm_head.bias[tok.eos_token_id] = -20.0  # texts run to max_new_tokens
+        model.stop_head.bias.fill_(-20.0)  # the indicator says "topic word" (l = 0)
+        model.model.inference_net.layers[0].weight.copy_(torch.eye(V_c))
+        for k, name in enumerate(TOPIC_NAMES):
+            for word in topic_words(topic_tok, name):
+                model.topic_head.weight[topic_vocab[word], k] = 4.0  # B[w, k]
+                model.model.inference_net.mean.weight[k, topic_vocab[word]] = 1.0
+    return model.eval()
+
+
+def test_distinct_n_by_hand():
+    texts = [["a", "b", "a", "b"], ["a", "c"]]
+    assert distinct_n(texts, 1) == 3 / 6  # a b c over 6 tokens
+    assert distinct_n(texts, 2) == 3 / 4  # (a b) (b a) (a b) (a c): 3 distinct of 4
+    assert distinct_n(texts, 3) == 2 / 2
+    assert distinct_n([["a"]], 2) == 0.0
+    with pytest.raises(ValueError):
+        distinct_n(texts, 0)
+
+
+def test_bag_of_words_matrix_counts_every_topic_word(synthetic):
+    _, _, topic_tok = synthetic
+    counts = bag_of_words_matrix([[["senate", "vote", "the", "senate"]], [["zzz"]]], topic_tok).toarray()
+    vocab = topic_tok.get_vocab()
+    assert counts[0, vocab["senate"]] == 2 and counts[0, vocab["vote"]] == 1 and counts[0].sum() == 3
+    assert counts[1].sum() == 0 and counts[:, 0].sum() == 0  # <unk> is never counted
+
+
+JUDGE_TOPICS = len(TOPIC_NAMES)
+
+
+def test_lda_judge_recovers_the_synthetic_topics(synthetic):
+    docs, _, topic_tok = synthetic
+    judge = fit_lda_judge(docs, topic_tok, num_topics=JUDGE_TOPICS, seed=0)
+    vocab = topic_tok.get_vocab()
+    truth = np.zeros((len(TOPIC_NAMES), len(topic_tok)))
+    for k, name in enumerate(TOPIC_NAMES):
+        for word in topic_words(topic_tok, name):
+            truth[k, vocab[word]] = 1.0
+    lda_to_model, cosine = judge.match(truth)
+    assert sorted(lda_to_model.tolist()) == list(range(len(TOPIC_NAMES)))  # one-to-one
+    assert cosine > 0.7  # sampled word frequencies are uneven; unrelated topics have cosine ~0
+    bows = bag_of_words_matrix([[topic_words(topic_tok, name)[:5]] for name in TOPIC_NAMES] + [[["zzz"]]], topic_tok)
+    dominant = judge.dominant_topics(bows)
+    assert dominant[-1] == -1  # no topic word: no dominant topic
+    assert lda_to_model[dominant[:-1]].tolist() == list(range(len(TOPIC_NAMES)))
+
+
+def test_a_model_known_to_steer_scores_high_and_an_untrained_one_near_chance(synthetic):
+    docs, tok, topic_tok = synthetic
+    judge = fit_lda_judge(docs, topic_tok, num_topics=JUDGE_TOPICS, seed=0)
+    fluency = LSTMLMForCausalLM(LSTMLMConfig(vocab_size=len(tok), embedding_size=8, hidden_size=8)).eval()
+    steering = steering_topic_rnn(tok, topic_tok)
+    good = evaluate_steering(steering, num_samples=12, max_new_tokens=10, tokenizer=tok, topic_tokenizer=topic_tok, top_words=10,
+                             judge=judge, fluency_model=fluency)
+    assert good["protocol"]["topics"] == list(range(6)) and good["chance"] == pytest.approx(1 / 6)
+    assert good["accuracy_own"] == 1.0
+    assert good["accuracy_lda"] >= 0.9
+    assert good["share_steered"] > 0.9 and good["lift"] > 3
+    for row in good["per_topic"]:
+        words = topic_words(topic_tok, TOPIC_NAMES[row["topic"]])
+        assert set(row["top_words"][:len(words)]) == set(words)
+        assert all(w in words for text in row["texts"] for w in text.split())
+    assert math.isfinite(good["fluency_ppl_steered"]) and math.isfinite(good["fluency_ppl_unconditioned"])
+    assert good["fluency_ratio"] == pytest.approx(good["fluency_ppl_steered"] / good["fluency_ppl_unconditioned"])
+
+    torch.manual_seed(0)
+    untrained = TCNLMForCausalLM(TCNLMConfig(vocab_size=len(tok), topic_vocab_size=len(topic_tok), num_topics=6,
+                                             embedding_size=16, hidden_size=16)).eval()
+    bad = evaluate_steering(untrained, num_samples=12, max_new_tokens=10, tokenizer=tok, topic_tokenizer=topic_tok, top_words=10,
+                            judge=judge, fluency_model=fluency)
+    assert bad["accuracy_own"] <= 0.4 and bad["accuracy_lda"] <= 0.4
+    assert bad["lift"] < 2
+    table = format_steering_table({"steers": good, "untrained": bad})
+    assert "| steers | 1.000 |" in table and "untrained" in table
+
+
+def test_steering_rejects_what_it_cannot_measure(synthetic):
+    _, tok, topic_tok = synthetic
+    lstm = LSTMLMForCausalLM(LSTMLMConfig(vocab_size=len(tok), embedding_size=8, hidden_size=8))
+    with pytest.raises(ValueError, match="not a topic model"):
+        evaluate_steering(lstm, tokenizer=tok, topic_tokenizer=topic_tok)
+    model = steering_topic_rnn(tok, topic_tok)
+    with pytest.raises(ValueError, match="topics must be"):
+        evaluate_steering(model, topics=[6], tokenizer=tok, topic_tokenizer=topic_tok)
+    other_tok, _ = build_vocabularies(synthetic_documents(300, seed=3), min_freq=1)
+    wrong = LSTMLMForCausalLM(LSTMLMConfig(vocab_size=len(other_tok), embedding_size=8, hidden_size=8))
+    with pytest.raises(ValueError, match="mismatched vocabularies"):
+        evaluate_steering(model, tokenizer=tok, topic_tokenizer=topic_tok, fluency_model=wrong)
+
+
+@requires_data("apnews", "train.txt")
+def test_steering_evaluation_on_apnews_from_a_saved_folder(apnews, tmp_path):
+    """The way a user runs it: a trained TCNLM saved to a folder, reloaded with the Auto classes,
+    judged by an LDA fitted on the training corpus, fluency under a separately trained LSTM."""
+    from transformers import AutoModelForCausalLM
+
+    from topic_lm_hf import TopicLMTrainer
+    from transformers import TrainingArguments
+
+    tok, topic_tok, train = apnews["tok"], apnews["topic_tok"], apnews["train"]
+    models = {}
+    for name, model in (("lstm", LSTMLMForCausalLM(LSTMLMConfig(vocab_size=len(tok), embedding_size=32,
+                                                                hidden_size=32, dropout=0.0))),
+                        ("tcnlm", TCNLMForCausalLM(TCNLMConfig(vocab_size=len(tok), topic_vocab_size=len(topic_tok),
+                                                               num_topics=8, embedding_size=32, hidden_size=32,
+                                                               dropout=0.0)))):
+        collator = TopicContextCollator(tok, topic_tok, context="none" if name == "lstm" else "others")
+        args = TrainingArguments(str(tmp_path / name), max_steps=15, per_device_train_batch_size=32,
+                                 learning_rate=3e-3, report_to=[], use_cpu=True, save_strategy="no",
+                                 disable_tqdm=True)
+        TopicLMTrainer(model=model, args=args, train_dataset=collator.prepare(train), data_collator=collator).train()
+        model.save_pretrained(tmp_path / name)
+        save_vocabularies(tok, topic_tok, tmp_path / name)
+        models[name] = AutoModelForCausalLM.from_pretrained(tmp_path / name)
+    judge = fit_lda_judge(train, topic_tok, num_topics=8, max_iter=5)
+    result = evaluate_steering(models["tcnlm"], topics=[0, 5], num_samples=4, max_new_tokens=8, judge=judge,
+                               fluency_model=models["lstm"], top_words=20)
+    assert [row["topic"] for row in result["per_topic"]] == [0, 5]
+    assert result["chance"] == 1 / 8 and "8 topics, 300 documents" in result["judge"]
+    for key in ("accuracy_own", "accuracy_lda", "share_steered", "share_unconditioned", "distinct_1"):
+        assert 0.0 <= result[key] <= 1.0, key
+    assert result["fluency_ppl_steered"] > 1 and result["fluency_ppl_unconditioned"] > 1
+    assert all("<unk>" not in text.split() for row in result["per_topic"] for text in row["texts"])
+    assert len(result["per_topic"][0]["top_words"]) == 10
