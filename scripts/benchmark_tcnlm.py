@@ -18,8 +18,8 @@ Reported:
   sentences that follow), ``causal`` (preceding sentences only) and ``causal-carry`` (also carries
   the LSTM state across the document), see ``topic_lm_hf.evaluation.perplexity``;
 * for the topic models, an ablation: ``paper`` with every chunk given the context of another chunk
-  of its evaluation batch (``MismatchedContext``): what the document's topics are worth, as opposed
-  to the extra capacity of the model;
+  of its evaluation batch (``evaluate_perplexity(..., mismatched_context=True)``): what the
+  document's topics are worth, as opposed to the extra capacity of the model;
 * NPMI coherence of the topics (Lau et al. 2014 preset: window 20, mean over top 5/10/15/20)
   against the Wikipedia reference corpus, and topic diversity (unique fraction of the top-25);
 * training throughput in predicted tokens per second during the training runs, and the same
@@ -82,25 +82,6 @@ def build(kind: str, args, vocab_size: int, topic_vocab_size: int):
                          num_hidden_layers=args.layers, num_factors=args.num_factors, dropout=args.dropout,
                          lm_type=kind, kl_annealing_steps=args.kl_annealing_steps)
     return TCNLMForCausalLM(config)
-
-
-class MismatchedContext(torch.nn.Module):
-    """Ablation: the wrapped model reads the context bag of words of another chunk of the same
-    evaluation batch (the batch rolled by half its size), so its topic proportions describe some other
-    document. The gap to the real context is what the document's topics are worth to the LM, as
-    opposed to the extra capacity of the topic-compositional LSTM."""
-
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-        self.config = model.config
-
-    def forward(self, input_ids=None, attention_mask=None, state=None, use_cache=None, return_dict=True,
-                context_bow=None):
-        if context_bow is not None and context_bow.shape[0] > 1:
-            context_bow = context_bow.roll(context_bow.shape[0] // 2, dims=0)
-        return self.model(input_ids=input_ids, attention_mask=attention_mask, state=state, use_cache=use_cache,
-                          return_dict=return_dict, context_bow=context_bow)
 
 
 def train(model, rows, collator, args, out_dir: Path) -> dict:
@@ -217,8 +198,8 @@ def main() -> None:
             stats["eval_tokens"] = result["tokens"]
             print(f"   {protocol}: perplexity {result['perplexity']:.2f} ({result['tokens']:,} tokens)", flush=True)
         if kind != "lstm":
-            result = evaluate_perplexity(MismatchedContext(model), valid_docs, "paper", tokenizer=tok,
-                                         topic_tokenizer=topic_tok)
+            result = evaluate_perplexity(model, valid_docs, "paper", tokenizer=tok, topic_tokenizer=topic_tok,
+                                         mismatched_context=True)
             stats["paper-mismatched"] = result["perplexity"]
             print(f"   paper, context of another chunk (ablation): perplexity {result['perplexity']:.2f}", flush=True)
         models[kind], results[kind] = model, stats

@@ -159,6 +159,12 @@ def language_modelling(args) -> list[dict]:
             row["eval_tokens"] = r["tokens"]
             log(f"  {protocol}: perplexity {r['perplexity']:.2f} over {r['tokens']} tokens "
                 f"({time.perf_counter() - start:.0f} s; context: {r['context']})")
+        if cell is not None and "paper" in args.protocols:
+            # Ablation: paper, but each chunk reads another chunk's context (what the document's own topics are worth).
+            r = evaluate_perplexity(model, valid_docs, "paper", tokenizer=tok, topic_tokenizer=topic_tok,
+                                    mismatched_context=True)
+            row["ppl_paper-mismatched"] = r["perplexity"]
+            log(f"  paper, another chunk's context (ablation): perplexity {r['perplexity']:.2f}")
         if cell is not None and reference is not None:
             topics = evaluate_topics(model, reference, topic_tokenizer=topic_tok)
             row.update(npmi=topics["npmi"], diversity=topics["diversity"], diversity_k=topics["diversity_k"],
@@ -176,12 +182,13 @@ def lm_table(rows: list[dict], args) -> str:
     protocols = args.protocols
     head = ["model", "params", "train tokens/s", "x LSTM speed", "final KL/token"] + [
         f"ppl {p}" if p != "sliding-window" else f"ppl sliding-window ({args.window})" for p in protocols] + [
-        "NPMI", "diversity"]
+        "ppl paper, another chunk's context", "NPMI", "diversity"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         cells = [r["model"], f"{r['params'] / 1e6:.2f}M", f"{r['tokens_per_s']:.0f}", f"{r['speed_ratio']:.2f}",
                  f"{r['kl_loss']:.4f}" if r.get("kl_loss") is not None else "-"]
         cells += [f"{r[f'ppl_{p}']:.2f}" for p in protocols]
+        cells += [f"{r['ppl_paper-mismatched']:.2f}" if "ppl_paper-mismatched" in r else "-"]
         cells += [f"{r['npmi']:.4f}" if "npmi" in r else "-", f"{r['diversity']:.3f}" if "diversity" in r else "-"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -82,3 +82,40 @@ def test_protocol_errors_and_vocabulary_mismatch():
         evaluate_perplexity(model, docs, "causal", tokenizer=tok)
     with pytest.raises(ValueError, match="Pass tokenizer"):
         evaluate_perplexity(model, docs, "causal")
+
+
+@pytest.mark.parametrize("protocol", ["paper", "causal-carry"])
+def test_mismatched_context_ablation_reads_another_rows_context(protocol):
+    """The ablation feeds row i the context of row i + b/2 of the same batch, under any protocol,
+    and changes nothing else: with the roll undone by hand the numbers are the real-context ones."""
+    import functools
+
+    from topic_lm_hf import TCNLMConfig, TCNLMForCausalLM
+
+    docs = synthetic_documents(30, seed=1)
+    tok, topic_tok = build_vocabularies(docs, min_freq=1)
+    model = TCNLMForCausalLM(TCNLMConfig(vocab_size=len(tok), topic_vocab_size=len(topic_tok), num_topics=4,
+                                         embedding_size=8, hidden_size=8)).eval()
+    seen = {}
+    original = model.forward
+
+    def recording(mismatched):
+        def forward(*args, context_bow=None, **kwargs):
+            seen.setdefault(mismatched, []).append(context_bow.clone())
+            return original(*args, context_bow=context_bow, **kwargs)
+        return functools.wraps(original)(forward)
+
+    results = {}
+    for mismatched in (False, True):
+        model.forward = recording(mismatched)
+        results[mismatched] = evaluate_perplexity(model, docs, protocol, tokenizer=tok, topic_tokenizer=topic_tok,
+                                                  batch_size=8, mismatched_context=mismatched)
+    model.forward = original
+    assert results[True]["mismatched_context"] and "mismatched" in results[True]["context"]
+    assert results[True]["tokens"] == results[False]["tokens"]
+    assert results[True]["perplexity"] != results[False]["perplexity"]
+    rolled = 0
+    for real, shown in zip(seen[False], seen[True]):
+        assert torch.equal(shown, real.roll(real.shape[0] // 2, dims=0))
+        rolled += real.shape[0] > 1 and not torch.equal(shown, real)
+    assert rolled > 0

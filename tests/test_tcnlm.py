@@ -622,3 +622,63 @@ def test_topics_words_inference_and_evaluation(trained, apnews):
         evaluate_topics(torch.nn.Linear(2, 2), reference)
     with pytest.raises(ValueError, match="Unknown preset 'lau2104'"):
         evaluate_topics(model, reference, preset="lau2104")
+
+
+def test_topic_model_loss_is_the_forward_topic_terms():
+    """pretrain_topic_model's objective is exactly the topic-model part of the joint loss."""
+    model = small_model(30, 12, kl_annealing_steps=0)
+    ids = torch.tensor([[2, 5, 6, 3], [2, 7, 3, 0]])
+    bow = random_bow(2, 12)
+    out = model(input_ids=ids, labels=ids.masked_fill(ids == 0, -100), context_bow=bow)
+    torch.testing.assert_close(model.topic_model_loss(bow), out.bow_loss + out.kl_loss + out.aux_loss)
+    assert {id(p) for p in model.topic_model_parameters()} == {id(p) for p in model.model.topic_model.parameters()}
+
+
+def test_gumbel_topic_input_trains_the_lm_on_one_hot_topics_and_reaches_the_encoder():
+    model = small_model(30, 12, lm_topic_input="gumbel").train()
+    ids = torch.tensor([[2, 5, 6, 3], [2, 7, 3, 0]] * 4)
+    bow = random_bow(8, 12)
+    out = model(input_ids=ids, labels=ids.masked_fill(ids == 0, -100), context_bow=bow)
+    t = out.topic_mixture
+    assert bool(((t == 0) | (t == 1)).all()) and torch.equal(t.sum(-1), torch.ones(8))  # one-hot rows
+    # The LM loss alone (recomputed with the graph: the output's lm_loss is detached) reaches the encoder.
+    hidden = model.model(input_ids=ids, context_bow=bow).last_hidden_state
+    from topic_lm_hf.models.modeling_common import causal_lm_loss
+    model.zero_grad()
+    causal_lm_loss(model._head(hidden), ids.masked_fill(ids == 0, -100)).backward()
+    assert model.model.topic_model.posterior_mean.weight.grad.abs().sum() > 0  # straight-through gradient
+    model.eval()  # evaluation and generation use the posterior-mean proportions, as with "mixture"
+    torch.testing.assert_close(model(input_ids=ids, context_bow=bow).topic_mixture, model.infer_topics(bow))
+    with pytest.raises(ValueError, match="lm_topic_input"):
+        TCNLMConfig(lm_topic_input="onehot")
+
+
+def test_topic_factor_spread_sets_the_range_of_the_topic_factors():
+    for spread, low, high in ((None, 0.5, 1.5), (1.0, 0.0, 2.0)):  # None: initializer_range (0.5 here)
+        layer = small_model(30, 12, topic_factor_spread=spread).model.layers[0]
+        for factor in (layer.W_b.detach(), layer.U_b.detach()):
+            assert float(factor.min()) >= low and float(factor.max()) <= high
+            assert float(factor.max() - factor.min()) > 0.9 * (high - low)
+    with pytest.raises(ValueError, match="topic_factor_spread"):
+        TCNLMConfig(topic_factor_spread=-1.0)
+
+
+@pytest.mark.slow
+def test_pretraining_the_topic_model_on_apnews_lowers_its_loss_and_leaves_the_lm_alone(apnews):
+    from topic_lm_hf import LSTMLMConfig, LSTMLMForCausalLM, pretrain_topic_model
+
+    tok, topic_tok = apnews["tok"], apnews["topic_tok"]
+    model = TCNLMForCausalLM(TCNLMConfig(vocab_size=len(tok), topic_vocab_size=len(topic_tok), num_topics=10,
+                                         embedding_size=16, hidden_size=16))
+    collator = TopicContextCollator(tok, topic_tok, context="others")
+    rows = collator.prepare(apnews["train"])
+    lm_before = {n: p.detach().clone() for n, p in model.named_parameters() if "topic_model" not in n}
+    steps = []
+    losses = pretrain_topic_model(model, rows, collator, steps=40, batch_size=32, learning_rate=5e-3,
+                                  callback=lambda step, loss: steps.append(step))
+    assert steps == list(range(40)) and len(losses) == 40
+    assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5 - 0.1
+    assert all(torch.equal(p, lm_before[n]) for n, p in model.named_parameters() if "topic_model" not in n)
+    lstm = LSTMLMForCausalLM(LSTMLMConfig(vocab_size=len(tok), embedding_size=8, hidden_size=8))
+    with pytest.raises(ValueError, match="cannot be pre-trained"):
+        pretrain_topic_model(lstm, rows, collator, steps=1)

@@ -10,6 +10,7 @@ from .evaluation import (PROTOCOLS, evaluate_perplexity, evaluate_steering, fit_
 from .evaluation.topic_eval import evaluate_topics
 from .models import (LSTMLMConfig, LSTMLMForCausalLM, LSTMLMModel, TCNLMConfig, TCNLMForCausalLM, TCNLMModel,
                      TopicRNNConfig, TopicRNNForCausalLM, TopicRNNForSequenceClassification, TopicRNNModel)
+from .pretraining import pretrain_topic_model
 from .trainer import TopicLMTrainer
 
 __version__ = "0.1.0"
@@ -28,4 +29,5 @@ __all__ = [
     "PROTOCOLS", "evaluate_perplexity", "evaluate_steering", "fit_lda_judge", "topic_coherence", "topic_diversity", "evaluate_topics",
     "LSTMLMConfig", "LSTMLMForCausalLM", "LSTMLMModel", "TCNLMConfig", "TCNLMModel", "TCNLMForCausalLM",
     "TopicRNNConfig", "TopicRNNModel", "TopicRNNForCausalLM", "TopicRNNForSequenceClassification", "TopicLMTrainer",
+    "pretrain_topic_model",
 ]

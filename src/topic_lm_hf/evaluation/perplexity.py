@@ -50,6 +50,12 @@ def _chunk_nll(model, input_ids, attention_mask, context_bow, state, use_cache):
     return nll[target_mask].sum().item(), int(target_mask.sum()), out.state
 
 
+def _maybe_mismatch(context_bow: torch.Tensor, mismatched: bool) -> torch.Tensor:
+    """The mismatched-context ablation: row i reads the context of row i + b/2 (mod b)."""
+    return context_bow.roll(context_bow.shape[0] // 2, dims=0) if mismatched and context_bow.shape[0] > 1 \
+        else context_bow
+
+
 def prepare_evaluation(model, documents, tokenizer=None, topic_tokenizer=None):
     """Shared set-up of every perplexity protocol: a documents dataset, whether the model reads a
     context, and the tokenizers (by default the ones saved with the model), checked against it."""
@@ -73,7 +79,8 @@ def prepare_evaluation(model, documents, tokenizer=None, topic_tokenizer=None):
 @torch.no_grad()
 def evaluate_perplexity(model, documents: datasets.Dataset | Sequence, protocol: str = "causal",
                         tokenizer=None, topic_tokenizer=None, batch_size: int = 64,
-                        max_sentence_length: int = 30, max_context_tokens: int | None = 300) -> dict[str, Any]:
+                        max_sentence_length: int = 30, max_context_tokens: int | None = 300,
+                        mismatched_context: bool = False) -> dict[str, Any]:
     """Perplexity of ``model`` on documents under a named protocol.
 
     Args:
@@ -82,6 +89,12 @@ def evaluate_perplexity(model, documents: datasets.Dataset | Sequence, protocol:
         protocol: ``"paper"``, ``"causal"`` or ``"causal-carry"`` (see the module docstring).
         tokenizer, topic_tokenizer: default to the ones saved with the model
             (``model.name_or_path`` and its ``topic_tokenizer/`` subfolder).
+        mismatched_context: the ablation that measures what the document's own topics are worth:
+            every chunk reads the context bag of words of another chunk of its evaluation batch
+            (the batch rolled by half its size; batches hold chunks of many documents), so the topic
+            representation describes some other document. The gap to the same protocol with the
+            real context is the part of the perplexity that the document's topics explain, as
+            opposed to the extra capacity of a topic model's LM.
 
     Returns:
         ``{"perplexity", "nll", "tokens", "protocol", "context", "carry_state", "documents",
@@ -108,7 +121,7 @@ def evaluate_perplexity(model, documents: datasets.Dataset | Sequence, protocol:
             order = sorted(range(len(rows)), key=lambda i: lengths[i])
             for start in range(0, len(order), batch_size):
                 batch = collator([rows[i] for i in order[start:start + batch_size]])
-                bow = batch["context_bow"].to(device) if uses_context else None
+                bow = _maybe_mismatch(batch["context_bow"].to(device), mismatched_context) if uses_context else None
                 nll, n, _ = _chunk_nll(model, batch["input_ids"].to(device), batch["attention_mask"].to(device),
                                        bow, None, use_cache=False)
                 total_nll += nll
@@ -124,7 +137,8 @@ def evaluate_perplexity(model, documents: datasets.Dataset | Sequence, protocol:
                     active = int(batch["chunk_mask"][:, k].sum())  # a prefix: documents are sorted
                     if state is not None:
                         state = tuple(s[:active] for s in state)
-                    bow = batch["context_bow"][:active, k].to(device) if uses_context else None
+                    bow = (_maybe_mismatch(batch["context_bow"][:active, k].to(device), mismatched_context)
+                           if uses_context else None)
                     nll, n, state = _chunk_nll(model, batch["input_ids"][:active, k].to(device),
                                                batch["attention_mask"][:active, k].to(device), bow, state,
                                                use_cache=True)
@@ -135,6 +149,9 @@ def evaluate_perplexity(model, documents: datasets.Dataset | Sequence, protocol:
     if total_tokens == 0:
         raise ValueError("No token to predict in these documents")
     return {"perplexity": math.exp(total_nll / total_tokens), "nll": total_nll, "tokens": total_tokens,
-            "protocol": protocol, "context": context_mode if uses_context else "none (model ignores context)",
+            "protocol": protocol,
+            "context": (context_mode + (", mismatched: another chunk's" if mismatched_context else "")
+                        if uses_context else "none (model ignores context)"),
+            "mismatched_context": mismatched_context,
             "carry_state": carry, "documents": len(documents), "max_sentence_length": max_sentence_length,
             "max_context_tokens": max_context_tokens}

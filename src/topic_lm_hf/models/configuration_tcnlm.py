@@ -4,6 +4,7 @@ from transformers import PretrainedConfig
 
 LM_TYPES = ("tcnlm", "naive_moe")
 TOPIC_LOSS_NORMALIZATIONS = ("context_tokens", "lm_tokens")
+LM_TOPIC_INPUTS = ("mixture", "gumbel")
 
 
 class TCNLMConfig(PretrainedConfig):
@@ -41,6 +42,14 @@ class TCNLMConfig(PretrainedConfig):
             is inserted when E != H).
         initializer_range: scale r of the uniform initialisation U(-r, r); the factor matrices are
             scaled so that W_a diag(W_b t) W_c starts at the same scale as a plain LSTM's weights.
+        topic_factor_spread: W_b and U_b (the topic factors) start as U(1 - s, 1 + s); ``None`` uses
+            ``initializer_range``. With a small s, W_b t is close to 1 for every t, so every topic
+            starts as the same LSTM (see ``scripts/benchmark_steering.py`` for what s does).
+        lm_topic_input: what the LM is conditioned on in training: ``"mixture"``, the proportions t
+            (the paper), or ``"gumbel"``, a one-hot topic drawn from t with the straight-through
+            Gumbel-softmax (forward: one-hot; gradient: that of the soft sample), so that training sees
+            the one-hot t that generation from a topic uses. Not in the paper. Evaluation and
+            generation use t (the posterior mean) either way.
 
     Example:
         >>> from topic_lm_hf import TCNLMConfig, TCNLMForCausalLM
@@ -57,7 +66,7 @@ class TCNLMConfig(PretrainedConfig):
                  num_hidden_layers=1, num_factors=None, dropout=0.4, encoder_hidden_size=256,
                  topic_embedding_size=256, prior_mean=0.0, prior_std=1.0, diversity_weight=0.1, lm_type="tcnlm",
                  kl_annealing_steps=0, topic_loss_normalization="context_tokens", tie_word_embeddings=False,
-                 initializer_range=0.1, use_cache=True, pad_token_id=0, bos_token_id=2, eos_token_id=3, unk_token_id=1,
+                 initializer_range=0.1, topic_factor_spread=None, lm_topic_input="mixture", use_cache=True, pad_token_id=0, bos_token_id=2, eos_token_id=3, unk_token_id=1,
                  **kwargs):
         num_factors = hidden_size if num_factors is None else num_factors
         for name, value in (("vocab_size", vocab_size), ("topic_vocab_size", topic_vocab_size),
@@ -84,6 +93,10 @@ class TCNLMConfig(PretrainedConfig):
                              f"got {topic_loss_normalization!r}")
         if not initializer_range > 0:
             raise ValueError(f"initializer_range must be positive, got {initializer_range!r}")
+        if topic_factor_spread is not None and not 0 <= topic_factor_spread:
+            raise ValueError(f"topic_factor_spread must be >= 0 or None, got {topic_factor_spread!r}")
+        if lm_topic_input not in LM_TOPIC_INPUTS:
+            raise ValueError(f"lm_topic_input must be one of {LM_TOPIC_INPUTS}, got {lm_topic_input!r}")
         self.vocab_size = vocab_size
         self.topic_vocab_size = topic_vocab_size
         self.num_topics = num_topics
@@ -102,6 +115,8 @@ class TCNLMConfig(PretrainedConfig):
         self.topic_loss_normalization = topic_loss_normalization
         self.tie_word_embeddings = tie_word_embeddings
         self.initializer_range = initializer_range
+        self.topic_factor_spread = None if topic_factor_spread is None else float(topic_factor_spread)
+        self.lm_topic_input = lm_topic_input
         self.use_cache = use_cache
         super().__init__(pad_token_id=pad_token_id, bos_token_id=bos_token_id, eos_token_id=eos_token_id,
                          unk_token_id=unk_token_id, **kwargs)

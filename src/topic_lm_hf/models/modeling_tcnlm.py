@@ -290,13 +290,15 @@ class TCNLMPreTrainedModel(RecurrentPreTrainedModel):
         super()._init_weights(module)  # embeddings, linear layers, nn.LSTM experts: U(-r, r)
         r = self.config.initializer_range
         if isinstance(module, TCNLMLSTMLayer):
-            # W_b t starts near 1 (t is on the simplex), and W_a, W_c are scaled so that the entries of
-            # W_a diag(W_b t) W_c have the spread of U(-r, r): n_f * (a^2 / 3)^2 = r^2 / 3.
+            # W_b t starts near 1 (t is on the simplex; config.topic_factor_spread says how near), and W_a,
+            # W_c are scaled so that the entries of W_a diag(W_b t) W_c have the spread of U(-r, r):
+            # n_f * (a^2 / 3)^2 = r^2 / 3.
             a = math.sqrt(math.sqrt(3.0) * r / math.sqrt(module.num_factors))
             for name in ("W_a", "W_c", "U_a", "U_c"):
                 nn.init.uniform_(getattr(module, name), -a, a)
+            spread = r if self.config.topic_factor_spread is None else self.config.topic_factor_spread
             for name in ("W_b", "U_b"):
-                nn.init.uniform_(getattr(module, name), 1.0 - r, 1.0 + r)
+                nn.init.uniform_(getattr(module, name), 1.0 - spread, 1.0 + spread)
             nn.init.zeros_(module.bias)
         elif isinstance(module, TCNLMTopicModel):
             # Topics start as distinct random distributions (logits of std ~1.5), so that log p(d | t) depends
@@ -351,10 +353,14 @@ class TCNLMModel(TCNLMPreTrainedModel):
         if "context_bow" in given:
             bow = given["context_bow"].to(device)
             t, mean, logvar = self.topic_model(bow, sample=self.training)
-            if not return_topic_losses:
-                return t, None
-            return t, {"bow_nll": self.topic_model.bow_nll(bow, t), "kl": self.topic_model.kl(mean, logvar),
-                       "context_tokens": bow.sum(-1)}
+            losses = None
+            if return_topic_losses:
+                losses = {"bow_nll": self.topic_model.bow_nll(bow, t), "kl": self.topic_model.kl(mean, logvar),
+                          "context_tokens": bow.sum(-1)}
+            if self.training and cfg.lm_topic_input == "gumbel":
+                # The LM sees a one-hot topic drawn from t (straight-through), as generation from a topic does.
+                t = F.gumbel_softmax(t.float().clamp_min(1e-10).log(), tau=1.0, hard=True).to(t.dtype)
+            return t, losses
         return self.topic_model.prior_proportions(batch_size).to(device), None
 
     def infer_topics(self, context_bow) -> torch.Tensor:
@@ -469,6 +475,21 @@ class TCNLMForCausalLM(TCNLMPreTrainedModel, TopicGenerationMixin, GenerationMix
     def topic_word_distributions(self) -> torch.Tensor:
         """beta (T, V_c): each topic's distribution over the topic vocabulary."""
         return self.model.topic_model.beta()
+
+    def topic_model_parameters(self) -> list[nn.Parameter]:
+        """The neural topic model's parameters (encoder, g(theta), beta), for :func:`pretrain_topic_model`."""
+        return list(self.model.topic_model.parameters())
+
+    def topic_model_loss(self, context_bow: torch.Tensor) -> torch.Tensor:
+        """The topic model's own objective on bags of words (b, V_c), on the scale of ``forward``'s topic
+        terms: (-log p(d | t) + KL) per context word (``"context_tokens"`` normalisation) - lambda R."""
+        bow = normalize_topic_kwargs(self.config.num_topics, self.config.topic_vocab_size,
+                                     context_bow=context_bow)["context_bow"].to(self.device)
+        topic_model = self.model.topic_model
+        t, mean, logvar = topic_model(bow, sample=self.training)
+        count = bow.sum().clamp_min(1)
+        return ((topic_model.bow_nll(bow, t).sum() + topic_model.kl(mean, logvar).sum()) / count
+                - self.config.diversity_weight * topic_model.diversity())
 
     # -- output layer ---------------------------------------------------------------------------
 
