@@ -62,6 +62,8 @@ VARIANTS = {
     "topicgru": ("topic_rnn", {"cell": "gru"}, 0, "TopicGRU, the exact ELBO"),
     "topicgru-anneal": ("topic_rnn", {"cell": "gru", "kl_annealing_steps": 300}, 0,
                         "TopicGRU, KL weight annealed 0 -> 1 over 300 steps (a departure from the exact ELBO early on)"),
+    "topicgru-freebits": ("topic_rnn", {"cell": "gru", "kl_free_bits": 0.1}, 0,
+                          "TopicGRU, free bits: each dimension's KL counts at least 0.1 nats (not the ELBO)"),
     "topicgru-kl0.1": ("topic_rnn", {"cell": "gru", "kl_weight": 0.1}, 0, "TopicGRU, KL weight 0.1 (not the ELBO)"),
 }
 

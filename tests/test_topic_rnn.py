@@ -628,3 +628,26 @@ def test_remote_code_in_a_process_without_the_package(toy, tmp_path):
     assert torch.allclose(torch.tensor(result["logits"]), torch.tensor(expected), atol=1e-5)
     assert result["generated"] == 4 and result["topics"] == model.get_topics(top_n=3, topic_tokenizer=topic_tok)
     assert result["clf"] == "TopicRNNForSequenceClassification" and result["frozen"]
+
+
+def test_free_bits_floor_each_dimensions_batch_mean_kl_in_the_loss_only(toy):
+    from topic_lm_hf.models.modeling_topic_rnn import gaussian_kl
+
+    tok, topic_tok = toy
+    batch = sentence_batch(tok, topic_tok, "others")
+    plain = tiny_model(tok, topic_tok).eval()
+    out = plain(**batch)
+    assert torch.allclose(out.loss, out.lm_loss + out.aux_loss + out.kl_loss)
+    mean, log_sigma = plain.model.inference_net(batch["context_bow"])
+    kl = gaussian_kl(mean, log_sigma, per_dimension=True)  # (b, K)
+    n_tokens = (batch["labels"][:, 1:] != -100).sum()
+    for free_bits in (0.5 * float(kl.mean(0).min() + kl.mean(0).max()), float(kl.mean(0).max()) + 1.0):
+        model = tiny_model(tok, topic_tok, kl_free_bits=free_bits).eval()
+        model.load_state_dict(plain.state_dict())
+        freed = model(**batch)
+        expected = kl.mean(0).clamp(min=free_bits).sum() * kl.shape[0] / n_tokens
+        assert torch.allclose(freed.kl_loss, out.kl_loss)  # reported: the plain KL
+        assert torch.allclose(freed.loss, out.lm_loss + out.aux_loss + expected)
+        assert float(freed.loss) > float(out.loss)
+    with pytest.raises(ValueError, match="kl_free_bits"):
+        TopicRNNConfig(kl_free_bits=-1.0)

@@ -38,6 +38,9 @@ class TopicRNNConfig(PretrainedConfig):
         kl_annealing_steps: the KL weight grows linearly from 0 to ``kl_weight`` over this many
             training forward passes (0 = no annealing, the paper). A training device against the
             posterior collapse of short runs; the model is unchanged.
+        kl_free_bits: free bits (Kingma et al. 2016), in nats per topic dimension and document: in
+            ``loss`` each dimension's batch-mean KL counts as max(kl_free_bits, KL_k), so the optimiser
+            gains nothing by collapsing a dimension below it. 0 = the exact ELBO (the paper).
         dropout: dropout on embeddings, between recurrent layers and before the output layers
             (the paper uses none).
         classifier_hidden_size: hidden units of the sequence-classification MLP (50 in the paper).
@@ -68,7 +71,8 @@ class TopicRNNConfig(PretrainedConfig):
                  topic_word_ids: Optional[Sequence[int]] = None, embedding_size: int = 300, hidden_size: int = 300,
                  num_hidden_layers: int = 1, num_topics: int = 50, inference_hidden_size: int = 200,
                  inference_num_layers: int = 2, inference_input: str = "counts", max_log_sigma: float = 10.0,
-                 kl_weight: float = 1.0, kl_annealing_steps: int = 0, dropout: float = 0.0,
+                 kl_weight: float = 1.0, kl_annealing_steps: int = 0, kl_free_bits: float = 0.0,
+                 dropout: float = 0.0,
                  classifier_hidden_size: int = 50,
                  classifier_activation: str = "sigmoid", classifier_dropout: float = 0.0,
                  freeze_backbone: bool = True, feature_log_sigma: bool = True, initializer_range: float = 0.1,
@@ -97,6 +101,8 @@ class TopicRNNConfig(PretrainedConfig):
             raise ValueError(f"max_log_sigma must be positive, got {max_log_sigma}")
         if not steering_scale > 0:
             raise ValueError(f"steering_scale must be positive, got {steering_scale!r}")
+        if not kl_free_bits >= 0:
+            raise ValueError(f"kl_free_bits must be >= 0, got {kl_free_bits!r}")
         if not kl_weight >= 0:
             raise ValueError(f"kl_weight must be >= 0, got {kl_weight}")
         if isinstance(kl_annealing_steps, bool) or not isinstance(kl_annealing_steps, int) or kl_annealing_steps < 0:
@@ -115,6 +121,7 @@ class TopicRNNConfig(PretrainedConfig):
         self.max_log_sigma = float(max_log_sigma)
         self.kl_weight = float(kl_weight)
         self.kl_annealing_steps = kl_annealing_steps
+        self.kl_free_bits = float(kl_free_bits)
         self.dropout = dropout
         self.classifier_hidden_size = classifier_hidden_size
         self.classifier_activation = classifier_activation

@@ -32,7 +32,9 @@ Loss, all terms on ONE per-token scale (n = predicted tokens of the batch, -100 
     loss     = lm_loss + aux_loss + kl_weight * kl_loss   = -ELBO / n   when kl_weight = 1
 
 (``config.kl_annealing_steps`` > 0 ramps the KL weight up from 0 over that many training forward
-passes, counted in the saved buffer ``kl_annealing_step``; evaluation always reports the plain terms.)
+passes, counted in the saved buffer ``kl_annealing_step``; ``config.kl_free_bits`` > 0 replaces each
+dimension's batch-mean KL by max(kl_free_bits, KL_k) in ``loss``; both are departures from the exact
+ELBO against posterior collapse; ``kl_loss`` always reports the plain KL.)
 
 Duplicating every row of a batch leaves all four numbers unchanged.
 
@@ -91,9 +93,10 @@ class TopicRNNModelOutput(ModelOutput):
     topic_log_sigma: Optional[torch.Tensor] = None
 
 
-def gaussian_kl(mean: torch.Tensor, log_sigma: torch.Tensor) -> torch.Tensor:
-    """KL(N(mean, sigma^2) || N(0, I)) per row: (b, K) -> (b,)."""
-    return 0.5 * (mean.pow(2) + torch.exp(2 * log_sigma) - 1.0 - 2 * log_sigma).sum(-1)
+def gaussian_kl(mean: torch.Tensor, log_sigma: torch.Tensor, per_dimension: bool = False) -> torch.Tensor:
+    """KL(N(mean, sigma^2) || N(0, I)) per row: (b, K) -> (b,), or (b, K) with ``per_dimension``."""
+    kl = 0.5 * (mean.pow(2) + torch.exp(2 * log_sigma) - 1.0 - 2 * log_sigma)
+    return kl if per_dimension else kl.sum(-1)
 
 
 class TopicRNNPreTrainedModel(RecurrentPreTrainedModel):
@@ -294,7 +297,8 @@ class TopicRNNForCausalLM(TopicRNNPreTrainedModel, TopicGenerationMixin, Generat
         return self.config.steering_scale * mixture / mixture.norm(dim=-1, keepdim=True)
 
     def infer_topic_vector(self, batch_size: int, context_bow=None, topic_mixture=None, device=None, topic_ids=None):
-        """theta (b, K) and the KL of each row (b,) (None when theta is given or steered by ``topic_ids``)."""
+        """theta (b, K) and the KL of each row and dimension (b, K) (None when theta is given or steered by
+        ``topic_ids``)."""
         device = device if device is not None else self.lm_head.weight.device
         cond = normalize_topic_kwargs(self.config.num_topics, self.config.topic_vocab_size, batch_size,
                                       topic_ids=topic_ids, topic_mixture=topic_mixture, context_bow=context_bow,
@@ -308,7 +312,7 @@ class TopicRNNForCausalLM(TopicRNNPreTrainedModel, TopicGenerationMixin, Generat
                                                                  device=device)
         mean, log_sigma = self.model.inference_net(bow)  # (b, K) each
         theta = mean + torch.exp(log_sigma) * torch.randn_like(mean) if self.training else mean
-        return theta, gaussian_kl(mean, log_sigma)
+        return theta, gaussian_kl(mean, log_sigma, per_dimension=True)
 
     # ------------------------------------------------------------------------------------------
     # forward
@@ -365,7 +369,12 @@ class TopicRNNForCausalLM(TopicRNNPreTrainedModel, TopicGenerationMixin, Generat
             bce = F.binary_cross_entropy_with_logits(stop_logits[:, :-1], is_stop.float(), reduction="none")
             aux_loss = (bce * valid).sum() / n_tokens
             kl_loss = kl.sum() / n_tokens if kl is not None else torch.zeros((), device=hidden.device)
-            loss = lm_loss + aux_loss + self.kl_annealing_weight(count=True) * kl_loss
+            kl_objective = kl_loss
+            if kl is not None and self.config.kl_free_bits > 0:
+                # Free bits (Kingma et al. 2016): each dimension's batch-mean KL counts at least
+                # kl_free_bits nats, so the optimiser gains nothing by pushing it below (not the ELBO).
+                kl_objective = kl.mean(0).clamp(min=self.config.kl_free_bits).sum() * kl.shape[0] / n_tokens
+            loss = lm_loss + aux_loss + self.kl_annealing_weight(count=True) * kl_objective
 
         log_marginal = None
         if not (self.training and labels is not None):
