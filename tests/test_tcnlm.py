@@ -682,3 +682,25 @@ def test_pretraining_the_topic_model_on_apnews_lowers_its_loss_and_leaves_the_lm
     lstm = LSTMLMForCausalLM(LSTMLMConfig(vocab_size=len(tok), embedding_size=8, hidden_size=8))
     with pytest.raises(ValueError, match="cannot be pre-trained"):
         pretrain_topic_model(lstm, rows, collator, steps=1)
+
+
+def test_topic_output_bias_starts_as_the_paper_model_and_adds_B_t(vocab, tmp_path):
+    tok, topic_tok = vocab
+    plain = small_model(len(tok), len(topic_tok))
+    biased = small_model(len(tok), len(topic_tok), topic_output_bias=True)
+    assert float(biased.topic_bias.weight.abs().sum()) == 0.0  # zero at initialisation
+    missing, unexpected = biased.load_state_dict(plain.state_dict(), strict=False)
+    assert missing == ["topic_bias.weight"] and not unexpected
+    ids = torch.tensor([[2, 5, 6, 7]])
+    torch.testing.assert_close(biased(input_ids=ids, topic_ids=[1]).logits, plain(input_ids=ids, topic_ids=[1]).logits)
+    with torch.no_grad():
+        biased.topic_bias.weight.normal_()
+    t = torch.tensor([[0.5, 0.5, 0, 0, 0, 0]])
+    expected = plain(input_ids=ids, topic_mixture=t).logits + (t @ biased.topic_bias.weight.T).unsqueeze(1)
+    torch.testing.assert_close(biased(input_ids=ids, topic_mixture=t).logits, expected)
+    kw = dict(topic_ids=[2], max_new_tokens=6, do_sample=False, pad_token_id=0, eos_token_id=None)
+    assert torch.equal(biased.generate(**kw), biased.generate(**kw, use_cache=False))
+    biased.save_pretrained(tmp_path)
+    torch.testing.assert_close(AutoModelForCausalLM.from_pretrained(tmp_path).topic_bias.weight, biased.topic_bias.weight)
+    with pytest.raises(ValueError, match="topic_output_bias"):
+        TCNLMConfig(topic_output_bias=True, lm_type="naive_moe")

@@ -50,6 +50,9 @@ class TCNLMConfig(PretrainedConfig):
             Gumbel-softmax (forward: one-hot; gradient: that of the soft sample), so that training sees
             the one-hot t that generation from a topic uses. Not in the paper. Evaluation and
             generation use t (the posterior mean) either way.
+        topic_output_bias: add a learned topic-to-vocabulary bias B t (B: V x T, zero at initialisation)
+            to the output logits, the way TopicRNN and TDLM condition their softmax. Not in the TCNLM
+            paper (whose topics act only through the LSTM's weights); ``lm_type="tcnlm"`` only.
 
     Example:
         >>> from topic_lm_hf import TCNLMConfig, TCNLMForCausalLM
@@ -66,7 +69,7 @@ class TCNLMConfig(PretrainedConfig):
                  num_hidden_layers=1, num_factors=None, dropout=0.4, encoder_hidden_size=256,
                  topic_embedding_size=256, prior_mean=0.0, prior_std=1.0, diversity_weight=0.1, lm_type="tcnlm",
                  kl_annealing_steps=0, topic_loss_normalization="context_tokens", tie_word_embeddings=False,
-                 initializer_range=0.1, topic_factor_spread=None, lm_topic_input="mixture", use_cache=True, pad_token_id=0, bos_token_id=2, eos_token_id=3, unk_token_id=1,
+                 initializer_range=0.1, topic_factor_spread=None, lm_topic_input="mixture", topic_output_bias=False, use_cache=True, pad_token_id=0, bos_token_id=2, eos_token_id=3, unk_token_id=1,
                  **kwargs):
         num_factors = hidden_size if num_factors is None else num_factors
         for name, value in (("vocab_size", vocab_size), ("topic_vocab_size", topic_vocab_size),
@@ -95,6 +98,8 @@ class TCNLMConfig(PretrainedConfig):
             raise ValueError(f"initializer_range must be positive, got {initializer_range!r}")
         if topic_factor_spread is not None and not 0 <= topic_factor_spread:
             raise ValueError(f"topic_factor_spread must be >= 0 or None, got {topic_factor_spread!r}")
+        if topic_output_bias and lm_type != "tcnlm":
+            raise ValueError(f"topic_output_bias needs lm_type='tcnlm', got {lm_type!r}")
         if lm_topic_input not in LM_TOPIC_INPUTS:
             raise ValueError(f"lm_topic_input must be one of {LM_TOPIC_INPUTS}, got {lm_topic_input!r}")
         self.vocab_size = vocab_size
@@ -117,6 +122,7 @@ class TCNLMConfig(PretrainedConfig):
         self.initializer_range = initializer_range
         self.topic_factor_spread = None if topic_factor_spread is None else float(topic_factor_spread)
         self.lm_topic_input = lm_topic_input
+        self.topic_output_bias = bool(topic_output_bias)
         self.use_cache = use_cache
         super().__init__(pad_token_id=pad_token_id, bos_token_id=bos_token_id, eos_token_id=eos_token_id,
                          unk_token_id=unk_token_id, **kwargs)

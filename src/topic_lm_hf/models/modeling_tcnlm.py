@@ -300,6 +300,8 @@ class TCNLMPreTrainedModel(RecurrentPreTrainedModel):
             for name in ("W_b", "U_b"):
                 nn.init.uniform_(getattr(module, name), 1.0 - spread, 1.0 + spread)
             nn.init.zeros_(module.bias)
+        elif isinstance(module, TCNLMForCausalLM) and module.topic_bias is not None:
+            nn.init.zeros_(module.topic_bias.weight)  # starts as the paper's model
         elif isinstance(module, TCNLMTopicModel):
             # Topics start as distinct random distributions (logits of std ~1.5), so that log p(d | t) depends
             # on t from the first step: with near-uniform beta nothing rewards a posterior away from the prior,
@@ -447,6 +449,9 @@ class TCNLMForCausalLM(TCNLMPreTrainedModel, TopicGenerationMixin, GenerationMix
             self.proj = nn.Linear(config.hidden_size, config.embedding_size)
             out_size = config.embedding_size
         self.lm_head = nn.Linear(out_size, config.vocab_size)
+        # Optional, not in the paper: logits += B t (config.topic_output_bias); zero at initialisation.
+        self.topic_bias = nn.Linear(config.num_topics, config.vocab_size, bias=False) if config.topic_output_bias \
+            else None
         # Training forward passes seen so far, for KL annealing (saved, so that resuming goes on).
         self._register_kl_annealing()
         self.post_init()
@@ -565,6 +570,8 @@ class TCNLMForCausalLM(TCNLMPreTrainedModel, TopicGenerationMixin, GenerationMix
             lm_loss = self._mixture_lm_loss(hidden, t, labels)
         else:
             logits = self._mixture_log_probs(hidden, t) if self.config.lm_type == "naive_moe" else self._head(hidden)
+            if self.topic_bias is not None:
+                logits = logits + self.topic_bias(t.to(logits.dtype)).unsqueeze(1)  # (b, 1, V): B t
             if labels is not None:
                 lm_loss = causal_lm_loss(logits, labels)
 
