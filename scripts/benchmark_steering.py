@@ -58,6 +58,9 @@ VARIANTS = {
     "tcnlm-bias": ("tcnlm", {"topic_output_bias": True}, 0,
                    "a learned topic-to-vocabulary bias B t on the logits (TopicRNN/TDLM-style; not in the paper)"),
     "tcnlm-pretrain-bias": ("tcnlm", {"topic_output_bias": True}, 300, "pre-training and the output bias"),
+    "tcnlm-1topic": ("tcnlm", {"num_topics": 1}, 0,
+                     "a factorised LSTM without topics (T = 1): how much of TCNLM's gap is the factorisation"),
+    "tcnlm-nf2h": ("tcnlm", {"num_factors_multiple": 2}, 0, "n_f = 2 H factors instead of H"),
     "tcnlm-pretrain-spread": ("tcnlm", {"topic_factor_spread": 1.0}, 300, "pre-training and spread factors"),
     "tcnlm-pretrain-gumbel": ("tcnlm", {"lm_topic_input": "gumbel"}, 300, "pre-training and one-hot topics"),
     "tcnlm-all": ("tcnlm", {"topic_factor_spread": 1.0, "lm_topic_input": "gumbel"}, 300,
@@ -75,13 +78,17 @@ def build(name: str, args, tok, topic_tok):
     family, overrides, _, _ = VARIANTS[name]
     torch.manual_seed(args.seed)
     sizes = dict(embedding_size=args.embedding_size, hidden_size=args.hidden_size, dropout=args.dropout)
+    overrides = dict(overrides)
+    if "num_factors_multiple" in overrides:
+        overrides["num_factors"] = overrides.pop("num_factors_multiple") * args.hidden_size
     if family == "lstm":
         return LSTMLMForCausalLM(LSTMLMConfig(vocab_size=len(tok), **sizes))
     if family == "tcnlm":
-        config = TCNLMConfig(vocab_size=len(tok), topic_vocab_size=len(topic_tok), num_topics=args.num_topics,
-                             kl_annealing_steps=args.kl_annealing_steps, **sizes, **overrides)
+        config = TCNLMConfig(vocab_size=len(tok), topic_vocab_size=len(topic_tok),
+                             **{"num_topics": args.num_topics, "kl_annealing_steps": args.kl_annealing_steps,
+                                **sizes, **overrides})
         return TCNLMForCausalLM(config)
-    config = TopicRNNConfig.from_tokenizers(tok, topic_tok, num_topics=args.num_topics, **sizes, **overrides)
+    config = TopicRNNConfig.from_tokenizers(tok, topic_tok, **{"num_topics": args.num_topics, **sizes, **overrides})
     return TopicRNNForCausalLM(config)
 
 
@@ -128,13 +135,15 @@ def run_variant(name, args, tok, topic_tok, train_docs, valid_docs, judge, fluen
                                                          mismatched_context=True)["perplexity"]
         valid_collator = TopicContextCollator(tok, topic_tok, context="others")
         result.update(proportion_statistics(model, valid_collator.prepare(valid_docs), valid_collator))
-        result["steering"] = evaluate_steering(model, num_topics_sampled=args.steer_topics,
-                                               num_samples=args.steer_samples, max_new_tokens=args.max_new_tokens,
-                                               tokenizer=tok, topic_tokenizer=topic_tok, judge=judge,
-                                               fluency_model=fluency_model, seed=args.seed)
+        if model.config.num_topics > 1:  # one topic: nothing to steer towards
+            result["steering"] = evaluate_steering(
+                model, num_topics_sampled=args.steer_topics,
+                num_samples=args.steer_samples, max_new_tokens=args.max_new_tokens, tokenizer=tok,
+                topic_tokenizer=topic_tok, judge=judge, fluency_model=fluency_model, seed=args.seed)
     print(f"   {name}: paper {result['paper']:.2f}, causal {result['causal']:.2f}"
-          + (f", mismatched {result['paper-mismatched']:.2f}, steering own {result['steering']['accuracy_own']:.3f}"
-             f" / LDA {result['steering']['accuracy_lda']:.3f}" if family != "lstm" else ""), flush=True)
+          + (f", mismatched {result['paper-mismatched']:.2f}" if family != "lstm" else "")
+          + (f", steering own {result['steering']['accuracy_own']:.3f} / LDA {result['steering']['accuracy_lda']:.3f}"
+             if "steering" in result else ""), flush=True)
     return result
 
 
