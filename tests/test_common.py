@@ -1,9 +1,13 @@
 """The shared machinery: topic kwargs given to generate(), and recurrent layers on padded batches."""
 
+import inspect
+
 import pytest
 import torch
 from torch import nn
 
+from conftest import FAMILIES, tiny_model
+from topic_lm_hf import TopicContextCollator
 from topic_lm_hf.models.modeling_common import (normalize_topic_ids, normalize_topic_kwargs, reorder_state, run_rnn,
                                                 topic_ids_to_mixture)
 
@@ -68,3 +72,47 @@ def test_run_rnn_left_and_right_padding_match_unpadded_rows(cell):
     for s, i0 in zip(state, init):
         torch.testing.assert_close(s[1], i0[1])
     assert reorder_state(state, torch.tensor([1, 1, 0]))[0].shape[0] == 3
+
+
+def _left_aligned(input_ids, attention_mask):
+    """Move each row's real tokens to the end (left padding, as generate() wants)."""
+    order = torch.argsort(attention_mask, dim=1, stable=True)
+    return input_ids.gather(1, order), attention_mask.gather(1, order)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_a_fully_padded_row_in_eval_and_generate(apnews, family):
+    """Chunk j of a documents-layout batch is all padding for a document with fewer chunks; every
+    family runs it (it used to raise TypeError in run_rnn), the padded row keeps the initial
+    state and the real rows are unaffected."""
+    tok, topic_tok = apnews["tok"], apnews["topic_tok"]
+    model = tiny_model(family, tok, topic_tok).eval()
+    collator = TopicContextCollator(tok, topic_tok, context="preceding", layout="documents")
+    prepared = collator.prepare(apnews["valid"])
+    n_chunks = [len(ids) for ids in prepared["input_ids"]]
+    short, long = n_chunks.index(min(n_chunks)), n_chunks.index(max(n_chunks))
+    batch = collator([prepared[short], prepared[long]])
+    j = max(n_chunks) - 1  # the long document's last chunk: the short one has none
+    ids, mask, bow = batch["input_ids"][:, j], batch["attention_mask"][:, j], batch["context_bow"][:, j]
+    assert mask[0].sum() == 0 and mask[1].sum() > 0
+    cond = {"context_bow": bow} if "context_bow" in inspect.signature(model.forward).parameters else {}
+    with torch.no_grad():
+        out = model(input_ids=ids, attention_mask=mask, use_cache=True, **cond)
+        alone = model(input_ids=ids[1:], attention_mask=mask[1:], use_cache=True,
+                      **{k: v[1:] for k, v in cond.items()})
+    assert torch.isfinite(out.logits).all()
+    real = mask[1].bool()
+    torch.testing.assert_close(out.logits[1][real], alone.logits[0][real])
+    for s, s_alone in zip(out.state, alone.state):
+        assert s[0].abs().sum() == 0  # no token: the (zero) initial state
+        torch.testing.assert_close(s[1], s_alone[0])
+    if hasattr(model, "document_features"):
+        assert torch.isfinite(model.document_features(input_ids=ids, attention_mask=mask)).all()
+
+    left_ids, left_mask = _left_aligned(ids, mask)
+    kwargs = dict(max_new_tokens=4, do_sample=False, pad_token_id=tok.pad_token_id)
+    generated = model.generate(input_ids=left_ids, attention_mask=left_mask, **cond, **kwargs)
+    n = int(mask[1].sum())
+    one = model.generate(input_ids=left_ids[1:, -n:], **{k: v[1:] for k, v in cond.items()}, **kwargs)
+    assert generated.shape == (2, ids.shape[1] + 4)
+    assert generated[1, -(n + 4):].tolist() == one[0].tolist()

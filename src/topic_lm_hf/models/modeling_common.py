@@ -142,12 +142,14 @@ def run_rnn(rnn: nn.RNNBase, x: torch.Tensor, attention_mask: Optional[torch.Ten
         out = out * mask.unsqueeze(-1).to(out.dtype)
         empty = lengths == 0
         if bool(empty.any()):
-            # Rows without any token keep their initial state.
+            # Rows without any token keep their initial state (zeros when none was given).
             hn_list = list(hn) if is_lstm else [hn]
-            init = list(hx) if is_lstm else [hx]
+            if hx is None:
+                init = [torch.zeros_like(h) for h in hn_list]
+            else:
+                init = list(hx) if is_lstm else [hx]
             for i, h in enumerate(hn_list):
-                start = init[i] if hx is not None else torch.zeros_like(h)
-                hn_list[i] = torch.where(empty.view(1, -1, 1), start, h)
+                hn_list[i] = torch.where(empty.view(1, -1, 1), init[i], h)
             hn = tuple(hn_list) if is_lstm else hn_list[0]
     new_state = tuple(h.transpose(0, 1) for h in (hn if is_lstm else (hn,)))
     return out, new_state
