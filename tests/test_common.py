@@ -116,3 +116,42 @@ def test_a_fully_padded_row_in_eval_and_generate(apnews, family):
     one = model.generate(input_ids=left_ids[1:, -n:], **{k: v[1:] for k, v in cond.items()}, **kwargs)
     assert generated.shape == (2, ids.shape[1] + 4)
     assert generated[1, -(n + 4):].tolist() == one[0].tolist()
+
+
+def test_numpy_topic_ids_are_read_as_ids():
+    import numpy as np
+
+    assert normalize_topic_ids(np.int64(3), 10).tolist() == [[3]]
+    assert normalize_topic_ids(np.array([3, 7]), 10).tolist() == [[3, 7]]
+    assert normalize_topic_ids([np.array([1, 2]), [3]], 10).tolist() == [[1, 2], [3, -1]]
+
+
+@pytest.mark.parametrize("bad, message", [
+    ([1.7], r"got 1\.7 \(float\)"), (torch.tensor([1.7]), "dtype torch.float32"), ([True], r"got True \(bool\)"),
+    (torch.tensor([True]), "dtype torch.bool"), ("37", "got the string '37'"), (2.0, r"got 2\.0 \(float\)"),
+    ([[[1]]], r"got \[1\] \(list\) in row 0"), ([[1], 2], "mixes single ids and lists"),
+    ([["3"]], r"got '3' \(str\)"), (torch.zeros(1, 1, 1, dtype=torch.long), "1 or 2 dimensions")])
+def test_topic_ids_that_are_not_integer_ids_are_clear_errors(apnews, bad, message):
+    """Given to generate() as a user would: int() used to turn 1.7 and True into topic 1 and "37"
+    into the topics 3 and 7, and [1.7] was a bare TypeError."""
+    model = tiny_model("tcnlm", apnews["tok"], apnews["topic_tok"]).eval()
+    with pytest.raises(ValueError, match=message):
+        model.generate(topic_ids=bad, max_new_tokens=2, do_sample=False)
+
+
+@pytest.mark.parametrize("family", ["tcnlm", "topic_rnn-gru"])
+def test_a_documents_layout_context_bow_is_a_clear_error(apnews, family):
+    """(b, chunks, V_c) bags from a documents-layout batch: one bag per row is needed (this used to
+    crash inside the model, or blame topic_mixture at the second generation step)."""
+    tok, topic_tok = apnews["tok"], apnews["topic_tok"]
+    model = tiny_model(family, tok, topic_tok).eval()
+    collator = TopicContextCollator(tok, topic_tok, context="preceding", layout="documents")
+    batch = collator(collator.prepare(apnews["valid"].select(range(2))).to_list())
+    ids, mask, bow = batch["input_ids"][:, 0], batch["attention_mask"][:, 0], batch["context_bow"]
+    assert bow.dim() == 3
+    with pytest.raises(ValueError, match=r"context_bow must have shape \(b, \d+\).*got shape \(2, \d+, \d+\)"):
+        model(input_ids=ids, attention_mask=mask, context_bow=bow)
+    with pytest.raises(ValueError, match=r"context_bow must have shape \(b, \d+\).*got shape \(2, \d+, \d+\)"):
+        model.generate(input_ids=ids[:, :3], context_bow=bow, max_new_tokens=2, do_sample=False)
+    with pytest.raises(ValueError, match="context_bow must be numbers"):
+        model(input_ids=ids, attention_mask=mask, context_bow=[["a"] * bow.shape[-1]] * 2)

@@ -27,6 +27,7 @@ indicator) returns log-probabilities as ``logits``.
 from __future__ import annotations
 
 import inspect
+import numbers
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
@@ -178,16 +179,51 @@ def _broadcast_rows(x: torch.Tensor, batch_size: Optional[int], name: str) -> to
     raise ValueError(f"{name} has {x.shape[0]} rows but the batch has {batch_size}")
 
 
+_TOPIC_IDS_FORMS = "an int, a list of ints, a list of lists of ints or an integer tensor of shape (k,) or (b, k)"
+
+
+def _is_integer_tensor(x: torch.Tensor) -> bool:
+    return not (torch.is_floating_point(x) or torch.is_complex(x) or x.dtype == torch.bool)
+
+
+def _topic_id(value, row: Optional[int] = None) -> int:
+    """One topic id: a Python / NumPy int or a 0-d integer tensor; never a bool, float or string."""
+    if isinstance(value, torch.Tensor) and value.dim() == 0 and _is_integer_tensor(value):
+        return int(value)
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return int(value)
+    where = "" if row is None else f" in row {row}"
+    raise ValueError(f"topic_ids must be integer topic ids, got {value!r} ({type(value).__name__}){where}; "
+                     f"give {_TOPIC_IDS_FORMS}")
+
+
+def _is_topic_row(value) -> bool:
+    return isinstance(value, (list, tuple)) or getattr(value, "ndim", None) == 1  # a list, 1-D tensor or array
+
+
 def normalize_topic_ids(topic_ids, num_topics: int, batch_size: Optional[int] = None) -> torch.Tensor:
     """Validate ``topic_ids`` and return a (b, k) long tensor padded with -1.
 
     Accepted: an int (one topic for the whole batch), a flat list / 1-D tensor (one set of topics
     shared by the batch), a list of lists (one set per row, ragged allowed), a (b, k) tensor
-    (-1 = padding). Every row needs at least one topic in ``[0, num_topics)``.
+    (-1 = padding); NumPy ints and arrays too. Every row needs at least one topic in
+    ``[0, num_topics)``. Anything else (floats, bools, strings, deeper nesting) is a ``ValueError``
+    that names the bad value: ``int()`` would silently turn 1.7 or True into topic 1, and a string
+    "37" into the topics 3 and 7.
     """
-    if isinstance(topic_ids, int):
-        topic_ids = [topic_ids]
+    if isinstance(topic_ids, (str, bytes)):
+        raise ValueError(f"topic_ids must be integer topic ids, got the string {topic_ids!r}; give {_TOPIC_IDS_FORMS} "
+                         "(e.g. [3, 7])")
+    if not isinstance(topic_ids, (torch.Tensor, list, tuple)) and hasattr(topic_ids, "__array__") \
+            and getattr(topic_ids, "ndim", 0) > 0:
+        try:
+            topic_ids = torch.as_tensor(topic_ids)  # a NumPy array
+        except (TypeError, ValueError, RuntimeError) as error:
+            raise ValueError(f"topic_ids must be integer topic ids, got {topic_ids!r}") from error
     if isinstance(topic_ids, torch.Tensor):
+        if not _is_integer_tensor(topic_ids):
+            raise ValueError(f"topic_ids must be integer topic ids, got a tensor of dtype {topic_ids.dtype} "
+                             f"({topic_ids!r:.80}); give {_TOPIC_IDS_FORMS}")
         ids = topic_ids.long()
         if ids.dim() == 0:
             ids = ids.view(1, 1)
@@ -197,18 +233,23 @@ def normalize_topic_ids(topic_ids, num_topics: int, batch_size: Optional[int] = 
             raise ValueError(f"topic_ids must have 1 or 2 dimensions, got shape {tuple(ids.shape)}")
         rows = ids
     else:
+        if not isinstance(topic_ids, (list, tuple)):
+            topic_ids = [_topic_id(topic_ids)]  # a single id (or a clear error naming what it is)
         topic_ids = list(topic_ids)
         if len(topic_ids) == 0:
             raise ValueError("topic_ids is empty: give at least one topic id")
-        if all(isinstance(t, (int,)) or (isinstance(t, torch.Tensor) and t.dim() == 0) for t in topic_ids):
+        nested = [_is_topic_row(r) for r in topic_ids]
+        if not any(nested):
             topic_ids = [topic_ids]
+        elif not all(nested):
+            raise ValueError(f"topic_ids mixes single ids and lists ({topic_ids!r:.80}); give {_TOPIC_IDS_FORMS}")
         width = max(len(r) for r in topic_ids)
         if width == 0:
             raise ValueError("topic_ids has an empty row: give at least one topic id per row")
         rows = torch.full((len(topic_ids), width), -1, dtype=torch.long)
         for i, r in enumerate(topic_ids):
             for j, t in enumerate(r):
-                t = int(t)
+                t = _topic_id(t, i)
                 if t < 0:
                     raise ValueError(f"topic_ids must be non-negative, got {t}")
                 rows[i, j] = t
@@ -232,6 +273,19 @@ def topic_ids_to_mixture(topic_ids: torch.Tensor, num_topics: int) -> torch.Tens
     return onehot / onehot.sum(1, keepdim=True)
 
 
+def _float_rows(value, name: str, expected: str) -> torch.Tensor:
+    """``value`` as a (b, n) float tensor (a 1-D input is one row); ``ValueError`` naming ``name`` otherwise."""
+    try:
+        x = value.float() if isinstance(value, torch.Tensor) else torch.as_tensor(value, dtype=torch.float32)
+    except (TypeError, ValueError, RuntimeError) as error:
+        raise ValueError(f"{name} must be numbers of shape {expected}, got {value!r:.80}") from error
+    if x.dim() == 1:
+        x = x.unsqueeze(0)
+    if x.dim() != 2:
+        raise ValueError(f"{name} must have shape {expected}; got shape {tuple(x.shape)}")
+    return x
+
+
 def normalize_topic_kwargs(num_topics: int, topic_vocab_size: int, batch_size: Optional[int] = None,
                            topic_ids=None, topic_mixture=None, context_bow=None,
                            mixture_on_simplex: bool = True) -> dict:
@@ -248,11 +302,8 @@ def normalize_topic_kwargs(num_topics: int, topic_vocab_size: int, batch_size: O
     if topic_ids is not None:
         return {"topic_ids": normalize_topic_ids(topic_ids, num_topics, batch_size)}
     if topic_mixture is not None:
-        mix = torch.as_tensor(topic_mixture, dtype=torch.float32) if not isinstance(topic_mixture, torch.Tensor) \
-            else topic_mixture.float()
-        if mix.dim() == 1:
-            mix = mix.unsqueeze(0)
-        if mix.dim() != 2 or mix.shape[-1] != num_topics:
+        mix = _float_rows(topic_mixture, "topic_mixture", f"(b, {num_topics}) or ({num_topics},)")
+        if mix.shape[-1] != num_topics:
             raise ValueError(f"topic_mixture must have shape (b, {num_topics}), got {tuple(mix.shape)}")
         if not bool(torch.isfinite(mix).all()):
             raise ValueError("topic_mixture contains NaN or inf")
@@ -264,10 +315,9 @@ def normalize_topic_kwargs(num_topics: int, topic_vocab_size: int, batch_size: O
                 raise ValueError(f"each topic_mixture row must sum to 1, got sums {sums.tolist()}")
         return {"topic_mixture": _broadcast_rows(mix, batch_size, "topic_mixture")}
     if context_bow is not None:
-        bow = torch.as_tensor(context_bow, dtype=torch.float32) if not isinstance(context_bow, torch.Tensor) \
-            else context_bow.float()
-        if bow.dim() == 1:
-            bow = bow.unsqueeze(0)
+        bow = _float_rows(context_bow, "context_bow", f"(b, {topic_vocab_size}) or ({topic_vocab_size},), one bag "
+                          "of words over the topic vocabulary per row (flatten a documents-layout batch's "
+                          "(b, chunks, V_c) bags to one row per chunk)")
         if bow.shape[-1] != topic_vocab_size:
             raise ValueError(f"context_bow must have {topic_vocab_size} columns (the topic vocabulary), "
                              f"got {bow.shape[-1]}: mismatched vocabularies?")
