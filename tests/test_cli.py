@@ -56,3 +56,19 @@ def test_build_model_sizes_a_topic_rnn_to_the_vocabularies():
     lm_vocab = tok.get_vocab()
     for word, index in topic_tok.get_vocab().items():  # every topic word points at itself in the LM vocabulary
         assert config.topic_word_ids[index] == (-1 if word == "<unk>" else lm_vocab[word])
+
+
+@requires_data("apnews", "train.txt")
+def test_evaluate_refuses_a_folder_whose_weights_belong_to_another_model(apnews, tmp_path):
+    """config.json of a TCNLM next to an LSTM's weights (a folder two runs wrote into): evaluate
+    used to print a perplexity of a random model and exit 0."""
+    from conftest import tiny_model
+    from topic_lm_hf import save_vocabularies
+
+    folder = tmp_path / "mixed"
+    tiny_model("lstm_lm", apnews["tok"], apnews["topic_tok"]).save_pretrained(folder)
+    save_vocabularies(apnews["tok"], apnews["topic_tok"], folder)
+    tiny_model("tcnlm", apnews["tok"], apnews["topic_tok"]).config.save_pretrained(folder)
+    with pytest.raises(OSError, match=r"lacks \d+ weight\(s\) of TCNLMForCausalLM"):
+        main(["evaluate", "--model_name_or_path", str(folder), "--validation_file",
+              str(DATA / "apnews" / "valid.txt"), "--max_eval_documents", "5", "--protocols", "causal"])

@@ -155,3 +155,32 @@ def test_a_documents_layout_context_bow_is_a_clear_error(apnews, family):
         model.generate(input_ids=ids[:, :3], context_bow=bow, max_new_tokens=2, do_sample=False)
     with pytest.raises(ValueError, match="context_bow must be numbers"):
         model(input_ids=ids, attention_mask=mask, context_bow=[["a"] * bow.shape[-1]] * 2)
+
+
+def test_a_checkpoint_that_lacks_weights_of_the_model_is_an_error(apnews, tmp_path):
+    """transformers only warns and leaves missing weights random; a checkpoint of another family
+    then evaluated and generated as if trained."""
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    from topic_lm_hf import TCNLMForCausalLM
+
+    tok, topic_tok = apnews["tok"], apnews["topic_tok"]
+    tiny_model("lstm_lm", tok, topic_tok).save_pretrained(tmp_path / "lstm")
+    with pytest.raises(OSError, match=r"lacks \d+ weight\(s\) of TCNLMForCausalLM .*model\.layers.*another model"):
+        TCNLMForCausalLM.from_pretrained(tmp_path / "lstm")
+
+    # Legitimate: a causal-LM folder gives a classifier its body and a new head ...
+    lm = tiny_model("topic_rnn-gru", tok, topic_tok)
+    lm.save_pretrained(tmp_path / "topic_rnn")
+    clf = AutoModelForSequenceClassification.from_pretrained(tmp_path / "topic_rnn", num_labels=2)
+    torch.testing.assert_close(clf.model.rnn.weight_hh_l0, lm.model.rnn.weight_hh_l0)
+    # ... but a classifier folder lacks the LM heads.
+    clf.save_pretrained(tmp_path / "classifier")
+    with pytest.raises(OSError, match=r"lacks 5 weight\(s\) of TopicRNNForCausalLM .*lm_head"):
+        AutoModelForCausalLM.from_pretrained(tmp_path / "classifier")
+    # Tied weights are stored once and are not missing.
+    tied = tiny_model("tcnlm", tok, topic_tok, tie_word_embeddings=True)
+    tied.save_pretrained(tmp_path / "tied")
+    loaded, info = AutoModelForCausalLM.from_pretrained(tmp_path / "tied", output_loading_info=True)
+    assert info["missing_keys"] == set()
+    torch.testing.assert_close(loaded.lm_head.weight, tied.lm_head.weight)

@@ -92,3 +92,18 @@ def test_a_nan_loss_stops_training_and_keeps_the_weights(apnews, tmp_path):
     with pytest.raises(NonFiniteLossError, match="nonfinite-step-0"):
         trainer.train()
     assert (tmp_path / "nonfinite-step-0" / "model.safetensors").exists()
+
+
+def test_resuming_a_checkpoint_of_another_model_is_an_error(apnews, tmp_path):
+    """`topic-lm train` of a TCNLM into a folder that holds an LSTM run's checkpoints: resuming
+    used to load the LSTM weights it could into the TCNLM (strict=False) and fail later on the
+    optimizer state with a puzzling message."""
+    data_args = DataArguments(min_freq=3, stopwords="none")
+    docs = apnews["train"].select(range(30))
+    args = TrainingArguments(output_dir=str(tmp_path), max_steps=2, save_steps=2, per_device_train_batch_size=8,
+                             report_to=[], use_cpu=True, disable_tqdm=True, eval_strategy="no")
+    train(data_args, ModelArguments(model_type="lstm_lm", config_overrides="embedding_size=16,hidden_size=16"),
+          args, docs, None)
+    tcnlm = ModelArguments(model_type="tcnlm", config_overrides="embedding_size=16,hidden_size=16,num_topics=3")
+    with pytest.raises(OSError, match=r"checkpoint-2 lacks \d+ weight\(s\) of TCNLMForCausalLM.*own output_dir"):
+        train(data_args, tcnlm, args, docs, None)

@@ -60,6 +60,22 @@ class TopicLMTrainer(Trainer):
             f"the last checkpoint in {self.args.output_dir} can be resumed with a lower learning rate or "
             "stronger gradient clipping (max_grad_norm).")
 
+    def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
+        self._checkpoint_being_loaded = resume_from_checkpoint
+        try:
+            super()._load_from_checkpoint(resume_from_checkpoint, model)
+        finally:
+            self._checkpoint_being_loaded = None
+
+    def _issue_warnings_after_load(self, load_result):
+        # Resuming loads with load_state_dict(strict=False), which only warns about missing weights:
+        # for the package's models they are an error, as in from_pretrained.
+        check = getattr(self.model, "check_missing_weights", None)
+        if check is not None:
+            check(load_result.missing_keys, getattr(self, "_checkpoint_being_loaded", None) or "the checkpoint",
+                  load_result.unexpected_keys)
+        super()._issue_warnings_after_load(load_result)
+
     def log(self, logs, start_time=None):
         if "loss" in logs and self._loss_terms:
             for key, values in self._loss_terms.items():

@@ -350,15 +350,51 @@ class RecurrentPreTrainedModel(PreTrainedModel):
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
+        """``PreTrainedModel.from_pretrained``, but weights the checkpoint lacks are an error (see
+        :meth:`check_missing_weights`), not a warning above a model that is partly random."""
         from safetensors import SafetensorError
 
+        want_info = kwargs.pop("output_loading_info", False)
         try:
-            return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+            model, info = super().from_pretrained(pretrained_model_name_or_path, *args, output_loading_info=True,
+                                                  **kwargs)
         except SafetensorError as error:
             raise OSError(
                 f"The weights in {pretrained_model_name_or_path} are corrupt or truncated ({error}). Copy or "
                 "download the checkpoint again, or load an earlier one (the checkpoint-* folders of a training "
                 "run).") from error
+        model.check_missing_weights(info["missing_keys"], pretrained_model_name_or_path, info["unexpected_keys"])
+        return (model, info) if want_info else model
+
+    @classmethod
+    def _may_be_missing(cls, key: str) -> bool:
+        """Weights a checkpoint may lack: the KL-annealing counter (older checkpoints have none; it
+        starts at 0), and the task head of a ``*ForSequenceClassification`` /
+        ``*ForTokenClassification`` model loaded from a language model (it starts untrained, as
+        in transformers)."""
+        if key == "kl_annealing_step":
+            return True
+        is_task_model = cls.__name__.endswith(("ForSequenceClassification", "ForTokenClassification"))
+        return is_task_model and not key.startswith(cls.base_model_prefix + ".")
+
+    def check_missing_weights(self, missing_keys, source, unexpected_keys=()) -> None:
+        """Raise ``OSError`` when a checkpoint (``source``) lacks weights of this model.
+
+        transformers only warns and initialises them at random, so a checkpoint of another model
+        family, or a ``config.json`` next to another run's weights, gave a random model that still
+        evaluated and generated. Tied weights and :meth:`_may_be_missing` keys are allowed."""
+        tied = set(getattr(self, "all_tied_weights_keys", None) or {})
+        missing = sorted(k for k in missing_keys if k not in tied and not self._may_be_missing(k))
+        if not missing:
+            return
+        message = (f"{source} lacks {len(missing)} weight(s) of {type(self).__name__} (e.g. {missing[:4]}), which "
+                   "would be left random.")
+        unexpected = sorted(unexpected_keys)
+        if unexpected:
+            message += (f" It holds {len(unexpected)} weight(s) this model does not have (e.g. {unexpected[:4]}): is "
+                        "it a checkpoint of another model, or a config.json next to another run's weights?")
+        raise OSError(message + " Load it with the class it was saved from (a training run of another model needs "
+                      "its own output_dir).")
 
     def _register_kl_annealing(self):
         """A saved counter of training forward passes (so that a resumed run goes on annealing)."""
