@@ -4,7 +4,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelF
 
 from .collator import TopicContextCollator, make_bow
 from .data import (build_vocabularies, check_vocabularies, documents_from_lists, load_documents,
-                   load_vocabularies, save_vocabularies, synthetic_documents, tokenize_text)
+                   load_vocabularies, record_vocabularies, save_vocabularies, synthetic_documents, tokenize_text)
 from .evaluation import PROTOCOLS, evaluate_perplexity, topic_coherence, topic_diversity
 from .evaluation.topic_eval import evaluate_topics
 from .models import (LSTMLMConfig, LSTMLMForCausalLM, LSTMLMModel, TCNLMConfig, TCNLMForCausalLM, TCNLMModel,
@@ -23,7 +23,8 @@ AutoModelForSequenceClassification.register(TopicRNNConfig, TopicRNNForSequenceC
 
 __all__ = [
     "TopicContextCollator", "make_bow", "build_vocabularies", "check_vocabularies", "documents_from_lists",
-    "load_documents", "load_vocabularies", "save_vocabularies", "synthetic_documents", "tokenize_text",
+    "load_documents", "load_vocabularies", "record_vocabularies", "save_vocabularies", "synthetic_documents",
+    "tokenize_text",
     "PROTOCOLS", "evaluate_perplexity", "topic_coherence", "topic_diversity", "evaluate_topics",
     "LSTMLMConfig", "LSTMLMForCausalLM", "LSTMLMModel", "TCNLMConfig", "TCNLMModel", "TCNLMForCausalLM",
     "TopicRNNConfig", "TopicRNNModel", "TopicRNNForCausalLM", "TopicRNNForSequenceClassification", "TopicLMTrainer",

@@ -9,6 +9,9 @@ from collections import defaultdict
 import torch
 from transformers import Trainer
 
+from .collator import TopicContextCollator
+from .data import record_vocabularies
+
 logger = logging.getLogger(__name__)
 
 LOSS_TERMS = ("lm_loss", "kl_loss", "bow_loss", "aux_loss")
@@ -23,6 +26,8 @@ class TopicLMTrainer(Trainer):
 
     * Logs each loss term the model returns (``lm_loss``, ``kl_loss``, ``bow_loss``, ``aux_loss``)
       next to ``loss``, averaged over the logging interval and over processes.
+    * Records the hashes of the collator's vocabularies in the model config
+      (:func:`~topic_lm_hf.data.record_vocabularies`), so evaluation refuses other tokenizers.
     * Sets ``remove_unused_columns=False`` (the collator needs its raw columns) and
       ``label_names=["labels"]`` (hf-notes §4).
     * Stops with :class:`NonFiniteLossError` on a NaN / inf loss, after saving the current (still
@@ -39,6 +44,10 @@ class TopicLMTrainer(Trainer):
                 args_.label_names = ["labels"]
         super().__init__(*args, **kwargs)
         self._loss_terms: dict[str, list[torch.Tensor]] = defaultdict(list)
+        collator = self.data_collator
+        if isinstance(collator, TopicContextCollator) and getattr(self.model.config, "vocab_size", None) is not None:
+            # The config (saved in every checkpoint) records which vocabularies the model is trained on.
+            record_vocabularies(self.model.config, collator.tokenizer, collator.topic_tokenizer)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         loss, outputs = super().compute_loss(model, inputs, return_outputs=True, num_items_in_batch=num_items_in_batch)
