@@ -9,7 +9,7 @@ from transformers import TrainerCallback, TrainingArguments
 
 from topic_lm_hf import LSTMLMConfig, LSTMLMForCausalLM, TopicContextCollator, TopicLMTrainer
 from topic_lm_hf.cli import DataArguments, ModelArguments, train
-from topic_lm_hf.trainer import NonFiniteLossError
+from topic_lm_hf.trainer import NonFiniteGradientError, NonFiniteLossError
 
 
 def make_trainer(apnews, tmp_path, dropout=0.0, **args):
@@ -107,3 +107,45 @@ def test_resuming_a_checkpoint_of_another_model_is_an_error(apnews, tmp_path):
     tcnlm = ModelArguments(model_type="tcnlm", config_overrides="embedding_size=16,hidden_size=16,num_topics=3")
     with pytest.raises(OSError, match=r"checkpoint-2 lacks \d+ weight\(s\) of TCNLMForCausalLM.*own output_dir"):
         train(data_args, tcnlm, args, docs, None)
+
+
+class OverflowingBackwardAt(TrainerCallback):
+    """Fault injection: at one optimizer step the backward pass gives an infinite gradient to one
+    weight while the loss stays finite (an overflow in backward)."""
+
+    def __init__(self, step):
+        self.step, self.armed = step, False
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        model.lm_head.bias.register_hook(lambda grad: grad + float("inf") if self.armed else grad)
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.armed = state.global_step + 1 == self.step
+
+
+def all_finite(folder):
+    from safetensors.torch import load_file
+
+    return all(bool(torch.isfinite(t.float()).all()) for t in load_file(folder / "model.safetensors").values())
+
+
+def test_a_nonfinite_gradient_is_not_applied_and_the_advised_recovery_works(apnews, tmp_path):
+    """Used to: apply the step, save NaN weights as checkpoint-4 and as nonfinite-step-4, so that
+    resuming from the last checkpoint, as the error advised, failed again."""
+    data_args = DataArguments(min_freq=3, stopwords="none")
+    model_args = ModelArguments(model_type="lstm_lm", config_overrides="embedding_size=16,hidden_size=16")
+    docs = apnews["train"].select(range(40))
+
+    def args(learning_rate):
+        return TrainingArguments(output_dir=str(tmp_path), max_steps=6, save_steps=2, per_device_train_batch_size=8,
+                                 learning_rate=learning_rate, max_grad_norm=1.0, report_to=[], use_cpu=True,
+                                 disable_tqdm=True, seed=0, eval_strategy="no")
+
+    with pytest.raises(NonFiniteGradientError, match=r"gradient norm is (nan|inf) .*at step 4.*nonfinite-step-3"):
+        train(data_args, model_args, args(3e-3), docs, None, callbacks=[OverflowingBackwardAt(4)])
+    assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == ["checkpoint-2"]  # step 4 never happened
+    assert all_finite(tmp_path / "checkpoint-2") and all_finite(tmp_path / "nonfinite-step-3")
+    record = RecordSteps()
+    model, _, _ = train(data_args, model_args, args(1e-3), docs, None, callbacks=[record])  # the advised recovery
+    assert record.steps == [3, 4, 5, 6]
+    assert all(bool(torch.isfinite(p).all()) for p in model.parameters())

@@ -1,8 +1,9 @@
-"""A ``Trainer`` that logs every loss term and refuses to go on after a non-finite loss."""
+"""A ``Trainer`` that logs every loss term and refuses to go on after a non-finite loss or gradient."""
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 from collections import defaultdict
 
@@ -21,6 +22,10 @@ class NonFiniteLossError(FloatingPointError):
     """Raised when a training loss is NaN or infinite; the weights before that step are saved."""
 
 
+class NonFiniteGradientError(NonFiniteLossError):
+    """Raised when the gradient norm is NaN or infinite; the step is not applied and the weights before it are saved."""
+
+
 class TopicLMTrainer(Trainer):
     """``transformers.Trainer`` for the package's models.
 
@@ -30,9 +35,13 @@ class TopicLMTrainer(Trainer):
       (:func:`~topic_lm_hf.data.record_vocabularies`), so evaluation refuses other tokenizers.
     * Sets ``remove_unused_columns=False`` (the collator needs its raw columns) and
       ``label_names=["labels"]`` (hf-notes §4).
-    * Stops with :class:`NonFiniteLossError` on a NaN / inf loss, after saving the current (still
-      finite) weights to ``<output_dir>/nonfinite-step-<N>``; resume from the last checkpoint
-      with a lower learning rate or stronger clipping.
+    * Stops with :class:`NonFiniteLossError` on a NaN / inf loss, and with
+      :class:`NonFiniteGradientError` on a NaN / inf gradient norm (the loss can be finite while
+      the backward pass overflows), before the optimizer step: the step is not applied, the
+      current (finite) weights are saved to ``<output_dir>/nonfinite-step-<N>`` (N = steps
+      done), and every checkpoint stays finite. Resume from the last checkpoint with a lower
+      learning rate or stronger clipping. (Mixed precision with a gradient scaler skips such
+      steps itself and is left to it.)
     """
 
     def __init__(self, *args, **kwargs):
@@ -53,21 +62,30 @@ class TopicLMTrainer(Trainer):
         loss, outputs = super().compute_loss(model, inputs, return_outputs=True, num_items_in_batch=num_items_in_batch)
         if model.training:
             if not bool(torch.isfinite(loss.detach()).all()):
-                self._stop_on_nonfinite(loss)
+                self._stop_on_nonfinite(NonFiniteLossError, f"Training loss is {loss.item()}")
             for key in LOSS_TERMS:
                 value = outputs.get(key) if isinstance(outputs, dict) else getattr(outputs, key, None)
                 if value is not None:
                     self._loss_terms[key].append(value.detach().float().mean())
         return (loss, outputs) if return_outputs else loss
 
-    def _stop_on_nonfinite(self, loss):
-        step = self.state.global_step
-        path = os.path.join(self.args.output_dir, f"nonfinite-step-{step}")
+    def _get_grad_norm(self, model, grad_norm=None):
+        # transformers 5.x calls this once per optimizer step, after clipping and just before
+        # optimizer.step(): the last moment to refuse a non-finite update.
+        grad_norm = super()._get_grad_norm(model, grad_norm)
+        if grad_norm is not None and self.accelerator.scaler is None and not math.isfinite(float(grad_norm)):
+            self._stop_on_nonfinite(NonFiniteGradientError, f"The gradient norm is {float(grad_norm)} (the loss was "
+                                    "finite); the step was not applied")
+        return grad_norm
+
+    def _stop_on_nonfinite(self, error_class, what: str):
+        done = self.state.global_step
+        path = os.path.join(self.args.output_dir, f"nonfinite-step-{done}")
         self.save_model(path)
-        raise NonFiniteLossError(
-            f"Training loss is {loss.item()} at step {step}. The weights before this step are saved in {path}; "
-            f"the last checkpoint in {self.args.output_dir} can be resumed with a lower learning rate or "
-            "stronger gradient clipping (max_grad_norm).")
+        raise error_class(
+            f"{what} at step {done + 1}. The weights after step {done} are saved in {path}; the last checkpoint "
+            f"in {self.args.output_dir} can be resumed with a lower learning rate or stronger gradient clipping "
+            "(max_grad_norm).")
 
     def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
         self._checkpoint_being_loaded = resume_from_checkpoint
