@@ -56,6 +56,14 @@ class RecordSteps(TrainerCallback):
         self.steps.append(state.global_step)
 
 
+class RecordLogs(TrainerCallback):
+    def __init__(self):
+        self.logs = []
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        self.logs.append(dict(logs))
+
+
 class StopAt(TrainerCallback):
     def __init__(self, step):
         self.step = step
@@ -149,3 +157,43 @@ def test_a_nonfinite_gradient_is_not_applied_and_the_advised_recovery_works(apne
     model, _, _ = train(data_args, model_args, args(1e-3), docs, None, callbacks=[record])  # the advised recovery
     assert record.steps == [3, 4, 5, 6]
     assert all(bool(torch.isfinite(p).all()) for p in model.parameters())
+
+
+def test_a_run_killed_while_writing_a_checkpoint_resumes_from_the_last_complete_one(apnews, tmp_path, monkeypatch):
+    """The kill leaves checkpoint-4 without trainer_state.json (Trainer writes it last); resuming
+    used to pick checkpoint-4 and fail with FileNotFoundError."""
+    from topic_lm_hf import TopicLMTrainer
+    from topic_lm_hf.trainer import last_complete_checkpoint
+
+    data_args = DataArguments(min_freq=3, stopwords="none")
+    model_args = ModelArguments(model_type="lstm_lm", config_overrides="embedding_size=16,hidden_size=24,dropout=0.3")
+    docs = apnews["train"].select(range(40))
+
+    def args(out):
+        return TrainingArguments(output_dir=str(out), max_steps=6, save_steps=2, per_device_train_batch_size=8,
+                                 learning_rate=3e-3, report_to=[], use_cpu=True, disable_tqdm=True, seed=0,
+                                 eval_strategy="no")
+
+    full, _, _ = train(data_args, model_args, args(tmp_path / "full"), docs, None)
+    save_rng_state = TopicLMTrainer._save_rng_state
+
+    def killed_at_checkpoint_4(self, output_dir):
+        if output_dir.endswith("checkpoint-4"):
+            raise KeyboardInterrupt("killed while writing checkpoint-4")
+        return save_rng_state(self, output_dir)
+
+    monkeypatch.setattr(TopicLMTrainer, "_save_rng_state", killed_at_checkpoint_4)
+    with pytest.raises(KeyboardInterrupt):
+        train(data_args, model_args, args(tmp_path / "cut"), docs, None)
+    monkeypatch.undo()
+    cut = tmp_path / "cut"
+    assert (cut / "checkpoint-4" / "model.safetensors").exists() and not (cut / "checkpoint-4" / "trainer_state.json").exists()
+    assert last_complete_checkpoint(cut) == str(cut / "checkpoint-2")
+    (cut / "checkpoint-4" / "trainer_state.json").write_text('{"global_step": 4, "log_hist')  # truncated
+    assert last_complete_checkpoint(cut) == str(cut / "checkpoint-2")
+    record = RecordSteps()
+    resumed, _, _ = train(data_args, model_args, args(cut), docs, None, callbacks=[record])
+    assert record.steps == [3, 4, 5, 6]
+    for (name, a), b in zip(full.state_dict().items(), resumed.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
+

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
+import re
 from collections import defaultdict
 
 import torch
 from transformers import Trainer
+from transformers.trainer import TRAINER_STATE_NAME
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
 
 from .collator import TopicContextCollator
 from .data import record_vocabularies
@@ -16,6 +21,7 @@ from .data import record_vocabularies
 logger = logging.getLogger(__name__)
 
 LOSS_TERMS = ("lm_loss", "kl_loss", "bow_loss", "aux_loss")
+WEIGHTS_FILES = (SAFE_WEIGHTS_NAME, SAFE_WEIGHTS_INDEX_NAME, WEIGHTS_NAME, WEIGHTS_INDEX_NAME)
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -24,6 +30,43 @@ class NonFiniteLossError(FloatingPointError):
 
 class NonFiniteGradientError(NonFiniteLossError):
     """Raised when the gradient norm is NaN or infinite; the step is not applied and the weights before it are saved."""
+
+
+def last_complete_checkpoint(output_dir) -> str | None:
+    """The newest ``checkpoint-<N>`` folder in ``output_dir`` that training can resume from (None if none).
+
+    ``Trainer`` writes ``trainer_state.json`` last, so a run killed while writing a checkpoint
+    leaves a folder without it (or with it truncated); transformers' ``get_last_checkpoint``
+    still picks that folder, and resuming failed with ``FileNotFoundError``. Such folders are
+    skipped with a warning naming them."""
+    if not os.path.isdir(output_dir):
+        return None
+    steps = {}
+    for name in os.listdir(output_dir):
+        match = re.fullmatch(rf"{PREFIX_CHECKPOINT_DIR}-(\d+)", name)
+        if match and os.path.isdir(os.path.join(output_dir, name)):
+            steps[int(match.group(1))] = os.path.join(output_dir, name)
+    for step in sorted(steps, reverse=True):
+        problem = _incomplete_checkpoint(steps[step])
+        if problem is None:
+            return steps[step]
+        logger.warning("Not resuming from %s: %s (was the run stopped while writing it?)", steps[step], problem)
+    return None
+
+
+def _incomplete_checkpoint(path: str) -> str | None:
+    """What a checkpoint folder lacks to be resumed from, or None when it is complete."""
+    state = os.path.join(path, TRAINER_STATE_NAME)
+    if not os.path.isfile(state):
+        return f"it has no {TRAINER_STATE_NAME}"
+    try:
+        with open(state, encoding="utf-8") as f:
+            json.load(f)
+    except ValueError:
+        return f"its {TRAINER_STATE_NAME} is truncated"
+    if not any(os.path.isfile(os.path.join(path, name)) for name in WEIGHTS_FILES):
+        return "it has no model weights"
+    return None
 
 
 class TopicLMTrainer(Trainer):
