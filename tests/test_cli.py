@@ -72,3 +72,33 @@ def test_evaluate_refuses_a_folder_whose_weights_belong_to_another_model(apnews,
     with pytest.raises(OSError, match=r"lacks \d+ weight\(s\) of TCNLMForCausalLM"):
         main(["evaluate", "--model_name_or_path", str(folder), "--validation_file",
               str(DATA / "apnews" / "valid.txt"), "--max_eval_documents", "5", "--protocols", "causal"])
+
+
+@requires_data("apnews", "train.txt")
+def test_a_checkpoint_holds_both_tokenizers_and_is_evaluated_and_its_topics_printed(tmp_path, capsys):
+    """checkpoint-* folders lacked topic_tokenizer/, and `topics` / `evaluate` on them failed with
+    an error asking for sentencepiece or tiktoken."""
+    import shutil
+
+    out_dir = tmp_path / "tcnlm"
+    main(["train", "--train_file", str(DATA / "apnews" / "train.txt"), "--max_train_documents", "60",
+          "--validation_file", str(DATA / "apnews" / "valid.txt"), "--max_eval_documents", "5",
+          "--model_type", "tcnlm", "--config_overrides", "embedding_size=16,hidden_size=16,num_topics=3",
+          "--min_freq", "3", "--output_dir", str(out_dir), "--max_steps", "2", "--save_steps", "2",
+          "--per_device_train_batch_size", "8", "--report_to", "none", "--use_cpu", "--eval_strategy", "no"])
+    checkpoint = out_dir / "checkpoint-2"
+    assert (checkpoint / "tokenizer.json").exists() and (checkpoint / "topic_tokenizer" / "tokenizer.json").exists()
+    capsys.readouterr()
+    main(["topics", "--model_name_or_path", str(checkpoint), "--top_n", "5"])
+    topics = [l for l in capsys.readouterr().out.splitlines() if l.startswith("topic ")]
+    assert len(topics) == 3 and all(len(l.split(":")[1].split()) == 5 for l in topics)
+    main(["evaluate", "--model_name_or_path", str(checkpoint), "--validation_file", str(DATA / "apnews" / "valid.txt"),
+          "--max_eval_documents", "3", "--protocols", "paper"])
+    assert re.search(r"\| paper \| .*? \| [\d.]+ \| \d+ \|", capsys.readouterr().out)
+
+    shutil.rmtree(checkpoint / "topic_tokenizer")  # e.g. a checkpoint written by an older version
+    with pytest.raises(OSError, match=r"checkpoint-2 has no topic tokenizer \(no topic_tokenizer/tokenizer\.json"):
+        main(["topics", "--model_name_or_path", str(checkpoint)])
+    with pytest.raises(OSError, match="has no topic tokenizer"):
+        main(["evaluate", "--model_name_or_path", str(checkpoint), "--validation_file",
+              str(DATA / "apnews" / "valid.txt"), "--max_eval_documents", "3", "--protocols", "paper"])

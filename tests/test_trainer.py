@@ -187,7 +187,8 @@ def test_a_run_killed_while_writing_a_checkpoint_resumes_from_the_last_complete_
         train(data_args, model_args, args(tmp_path / "cut"), docs, None)
     monkeypatch.undo()
     cut = tmp_path / "cut"
-    assert (cut / "checkpoint-4" / "model.safetensors").exists() and not (cut / "checkpoint-4" / "trainer_state.json").exists()
+    assert (cut / "checkpoint-4" / "model.safetensors").exists()
+    assert not (cut / "checkpoint-4" / "trainer_state.json").exists()
     assert last_complete_checkpoint(cut) == str(cut / "checkpoint-2")
     (cut / "checkpoint-4" / "trainer_state.json").write_text('{"global_step": 4, "log_hist')  # truncated
     assert last_complete_checkpoint(cut) == str(cut / "checkpoint-2")
@@ -197,3 +198,29 @@ def test_a_run_killed_while_writing_a_checkpoint_resumes_from_the_last_complete_
     for (name, a), b in zip(full.state_dict().items(), resumed.state_dict().values()):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
 
+
+@pytest.mark.parametrize("model_type", ["tcnlm", "topic_rnn", "lstm_lm"])
+def test_evaluation_during_training_logs_the_lm_perplexity_and_each_loss_term(apnews, tmp_path, model_type):
+    """eval_loss of a topic model is its whole objective; eval_perplexity is the LM's alone and
+    equals evaluate_perplexity under the protocol of the evaluation batches (paper)."""
+    from topic_lm_hf import evaluate_perplexity
+
+    valid = apnews["valid"].select(range(6))
+    args = TrainingArguments(output_dir=str(tmp_path), max_steps=4, eval_strategy="steps", eval_steps=4,
+                             save_strategy="no", per_device_train_batch_size=8, per_device_eval_batch_size=16,
+                             report_to=[], use_cpu=True, disable_tqdm=True, seed=0)
+    overrides = "embedding_size=16,hidden_size=16" + (",num_topics=3" if model_type != "lstm_lm" else "")
+    record = RecordLogs()
+    model, tok, topic_tok = train(DataArguments(min_freq=3, stopwords="none"),
+                                  ModelArguments(model_type=model_type, config_overrides=overrides), args,
+                                  apnews["train"].select(range(40)), valid, callbacks=[record])
+    logs = [h for h in record.logs if "eval_loss" in h][-1]
+    terms = {"tcnlm": ["lm_loss", "kl_loss", "bow_loss", "aux_loss"], "topic_rnn": ["lm_loss", "kl_loss", "aux_loss"],
+             "lstm_lm": ["lm_loss"]}[model_type]
+    assert all(f"eval_{term}" in logs for term in terms), logs
+    reference = evaluate_perplexity(model.eval(), valid, "paper", tokenizer=tok, topic_tokenizer=topic_tok)
+    assert logs["eval_perplexity"] == pytest.approx(reference["perplexity"], rel=1e-4)
+    if model_type == "lstm_lm":
+        assert logs["eval_perplexity"] == pytest.approx(math.exp(logs["eval_loss"]), rel=1e-4)
+    else:
+        assert logs["eval_perplexity"] < 0.9 * math.exp(logs["eval_loss"])  # not the whole objective

@@ -33,11 +33,12 @@ import datasets
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
+from .models.modeling_common import TOPIC_TOKENIZER_SUBFOLDER, load_topic_tokenizer
+
 logger = logging.getLogger(__name__)
 
 PAD, UNK, BOS, EOS = "<pad>", "<unk>", "<bos>", "<eos>"
 SPECIAL_TOKENS = (PAD, UNK, BOS, EOS)  # ids 0, 1, 2, 3 in every LM vocabulary built here
-TOPIC_TOKENIZER_SUBFOLDER = "topic_tokenizer"
 _HTML_BREAK = re.compile(r"<\s*br\s*/?\s*>", re.IGNORECASE)
 
 
@@ -257,16 +258,21 @@ def build_vocabularies(
 
 
 def save_vocabularies(tokenizer, topic_tokenizer, directory: str | os.PathLike) -> None:
-    """Save the LM tokenizer to ``directory`` and the topic tokenizer to ``directory/topic_tokenizer``."""
+    """Save the LM tokenizer to ``directory`` and the topic tokenizer (if not None) to ``directory/topic_tokenizer``."""
     tokenizer.save_pretrained(directory)
-    topic_tokenizer.save_pretrained(os.path.join(directory, TOPIC_TOKENIZER_SUBFOLDER))
+    if topic_tokenizer is not None:
+        topic_tokenizer.save_pretrained(os.path.join(directory, TOPIC_TOKENIZER_SUBFOLDER))
 
 
 def load_vocabularies(name_or_path: str | os.PathLike, **kwargs):
-    """Load ``(tokenizer, topic_tokenizer)`` saved by :func:`save_vocabularies` (local folder or Hub id)."""
+    """Load ``(tokenizer, topic_tokenizer)`` saved by :func:`save_vocabularies` (local folder or Hub id).
+
+    A local folder without them is an ``OSError`` that says which one is missing."""
+    if os.path.isdir(name_or_path) and not os.path.isfile(os.path.join(name_or_path, "tokenizer.json")):
+        raise OSError(f"{name_or_path} has no LM tokenizer (no tokenizer.json in it): save one there with "
+                      "topic_lm_hf.save_vocabularies(tokenizer, topic_tokenizer, folder)")
     tok = AutoTokenizer.from_pretrained(name_or_path, **kwargs)
-    topic_tok = AutoTokenizer.from_pretrained(name_or_path, subfolder=TOPIC_TOKENIZER_SUBFOLDER, **kwargs)
-    return tok, topic_tok
+    return tok, load_topic_tokenizer(name_or_path, **kwargs)
 
 
 def vocabulary_hash(tokenizer) -> str:

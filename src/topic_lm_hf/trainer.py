@@ -16,7 +16,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
 
 from .collator import TopicContextCollator
-from .data import record_vocabularies
+from .data import record_vocabularies, save_vocabularies
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +74,15 @@ class TopicLMTrainer(Trainer):
 
     * Logs each loss term the model returns (``lm_loss``, ``kl_loss``, ``bow_loss``, ``aux_loss``)
       next to ``loss``, averaged over the logging interval and over processes.
+    * Evaluation adds ``eval_perplexity``, exp of the mean negative log-likelihood per predicted
+      token under the model's predictive distribution ``log_softmax(logits)`` (the LM alone:
+      ``eval_loss`` is the whole training objective, KL and bag-of-words terms included; for
+      TopicRNN the stop-word indicator is marginalised, as in ``evaluate_perplexity``), and each
+      loss term (``eval_lm_loss``, ``eval_kl_loss``, ...), averaged over batches weighted by
+      their predicted tokens.
+    * Every checkpoint (and ``save_model``) holds both vocabularies: the LM tokenizer and the
+      collator's topic tokenizer in ``topic_tokenizer/``, so a checkpoint folder can be
+      evaluated, resumed or asked for its topics on its own.
     * Records the hashes of the collator's vocabularies in the model config
       (:func:`~topic_lm_hf.data.record_vocabularies`), so evaluation refuses other tokenizers.
     * Sets ``remove_unused_columns=False`` (the collator needs its raw columns) and
@@ -96,21 +105,72 @@ class TopicLMTrainer(Trainer):
                 args_.label_names = ["labels"]
         super().__init__(*args, **kwargs)
         self._loss_terms: dict[str, list[torch.Tensor]] = defaultdict(list)
+        self._eval_sums: dict[str, torch.Tensor] | None = None  # while evaluating: token-weighted sums
         collator = self.data_collator
         if isinstance(collator, TopicContextCollator) and getattr(self.model.config, "vocab_size", None) is not None:
             # The config (saved in every checkpoint) records which vocabularies the model is trained on.
             record_vocabularies(self.model.config, collator.tokenizer, collator.topic_tokenizer)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        labels = inputs.get("labels")
         loss, outputs = super().compute_loss(model, inputs, return_outputs=True, num_items_in_batch=num_items_in_batch)
         if model.training:
             if not bool(torch.isfinite(loss.detach()).all()):
                 self._stop_on_nonfinite(NonFiniteLossError, f"Training loss is {loss.item()}")
             for key in LOSS_TERMS:
-                value = outputs.get(key) if isinstance(outputs, dict) else getattr(outputs, key, None)
+                value = _output(outputs, key)
                 if value is not None:
                     self._loss_terms[key].append(value.detach().float().mean())
+        elif self._eval_sums is not None:
+            self._add_eval_terms(labels, outputs)
         return (loss, outputs) if return_outputs else loss
+
+    # -- evaluation -------------------------------------------------------------------------------
+
+    def _add_eval_terms(self, labels, outputs):
+        logits = _output(outputs, "logits")
+        if labels is None or logits is None or _output(outputs, "lm_loss") is None:
+            return  # not a language model's output (a classifier trained with this Trainer)
+        targets = labels[..., 1:].to(logits.device)  # logits at position i predict labels at i + 1
+        tokens = (targets != -100).sum()
+        sums = self._eval_sums
+        nll = torch.nn.functional.cross_entropy(logits[..., :-1, :].reshape(-1, logits.shape[-1]).float(),
+                                                targets.reshape(-1), ignore_index=-100, reduction="sum")
+        sums["tokens"] = sums.get("tokens", 0) + tokens
+        sums["nll"] = sums.get("nll", 0) + nll.detach()
+        for key in LOSS_TERMS:
+            value = _output(outputs, key)
+            if value is not None:
+                sums[key] = sums.get(key, 0) + value.detach().float().mean() * tokens
+
+    def evaluation_loop(self, *args, **kwargs):
+        self._eval_sums = {}
+        try:
+            output = super().evaluation_loop(*args, **kwargs)
+            sums = self._eval_sums
+        finally:
+            self._eval_sums = None
+        if "tokens" in sums:
+            prefix = kwargs.get("metric_key_prefix", args[4] if len(args) > 4 else "eval")
+            keys = sorted(sums)
+            totals = self.accelerator.reduce(torch.stack([torch.as_tensor(sums[k], dtype=torch.float64,
+                                                                          device=self.args.device) for k in keys]),
+                                             reduction="sum")
+            totals = dict(zip(keys, totals.tolist()))
+            tokens = max(totals.pop("tokens"), 1.0)
+            output.metrics[f"{prefix}_perplexity"] = math.exp(totals.pop("nll") / tokens)
+            for key, value in totals.items():
+                output.metrics[f"{prefix}_{key}"] = value / tokens
+        return output
+
+    # -- saving -------------------------------------------------------------------------------------
+
+    def _save(self, output_dir=None, state_dict=None):
+        super()._save(output_dir, state_dict)
+        collator = self.data_collator
+        if self.args.should_save and isinstance(collator, TopicContextCollator):
+            save_vocabularies(collator.tokenizer, collator.topic_tokenizer,
+                              output_dir if output_dir is not None else self.args.output_dir)
 
     def _get_grad_norm(self, model, grad_norm=None):
         # transformers 5.x calls this once per optimizer step, after clipping and just before
@@ -153,3 +213,7 @@ class TopicLMTrainer(Trainer):
                 logs[key] = round(self.accelerator.gather_for_metrics(value).mean().item(), 4)
             self._loss_terms.clear()
         super().log(logs, start_time)
+
+
+def _output(outputs, key):
+    return outputs.get(key) if isinstance(outputs, dict) else getattr(outputs, key, None)

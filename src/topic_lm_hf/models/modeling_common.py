@@ -491,6 +491,31 @@ def select_state_rows(state: Optional[Sequence[torch.Tensor]], rows: int):
     return tuple(s[:rows] for s in state)
 
 
+TOPIC_TOKENIZER_SUBFOLDER = "topic_tokenizer"
+
+
+def load_topic_tokenizer(source, **kwargs):
+    """The topic tokenizer saved in ``<source>/topic_tokenizer/`` (``source``: a local folder or a Hub id).
+
+    Raises ``OSError`` saying so when the folder has none (transformers' own error there asks
+    for sentencepiece or tiktoken, which would not help).
+    """
+    import os
+
+    from transformers import AutoTokenizer
+
+    folder = os.path.join(str(source), TOPIC_TOKENIZER_SUBFOLDER)
+    if os.path.isdir(str(source)) and not os.path.isfile(os.path.join(folder, "tokenizer.json")):
+        raise OSError(f"{source} has no topic tokenizer (no {TOPIC_TOKENIZER_SUBFOLDER}/tokenizer.json in it): pass "
+                      "topic_tokenizer=, or save one there with topic_lm_hf.save_vocabularies(tokenizer, "
+                      "topic_tokenizer, folder)")
+    try:
+        return AutoTokenizer.from_pretrained(source, subfolder=TOPIC_TOKENIZER_SUBFOLDER, **kwargs)
+    except (OSError, ValueError) as error:
+        raise OSError(f"Could not load the topic tokenizer of {source} (its {TOPIC_TOKENIZER_SUBFOLDER}/ subfolder): "
+                      f"{error}") from error
+
+
 def topic_vocabulary(model, topic_tokenizer=None) -> list[str]:
     """Topic-vocabulary words by id (``<unk>`` at id 0), for ``get_topics``.
 
@@ -501,9 +526,7 @@ def topic_vocabulary(model, topic_tokenizer=None) -> list[str]:
         source = getattr(model, "name_or_path", "") or getattr(model.config, "_name_or_path", "")
         if not source:
             raise ValueError("This model was not loaded from a folder with a topic_tokenizer/: pass topic_tokenizer=")
-        from transformers import AutoTokenizer
-
-        topic_tokenizer = AutoTokenizer.from_pretrained(source, subfolder="topic_tokenizer")
+        topic_tokenizer = load_topic_tokenizer(source)
     vocab = topic_tokenizer.get_vocab()
     expected = getattr(model.config, "topic_vocab_size", None)
     if expected is not None and len(vocab) != expected:
