@@ -57,3 +57,29 @@ def run_without_package(body: str, cwd: Path) -> dict:
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=cwd)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# Every model family of the package, as (model_type, config overrides): what "test every family" runs.
+FAMILIES = {
+    "lstm_lm": ("lstm_lm", {}),
+    "tcnlm": ("tcnlm", {"num_topics": 4, "num_factors": 8, "encoder_hidden_size": 16, "topic_embedding_size": 8}),
+    "tcnlm-naive_moe": ("tcnlm", {"num_topics": 3, "lm_type": "naive_moe", "encoder_hidden_size": 16,
+                                  "topic_embedding_size": 8}),
+    "topic_rnn-rnn": ("topic_rnn", {"cell": "rnn", "num_topics": 4, "inference_hidden_size": 16}),
+    "topic_rnn-lstm": ("topic_rnn", {"cell": "lstm", "num_topics": 4, "inference_hidden_size": 16}),
+    "topic_rnn-gru": ("topic_rnn", {"cell": "gru", "num_topics": 4, "inference_hidden_size": 16}),
+}
+
+
+def tiny_model(family: str, tok, topic_tok, **overrides):
+    """A small model of ``family`` (a key of FAMILIES) sized to the two tokenizers, the way
+    ``topic-lm train`` builds one (``cli.build_model``)."""
+    import json
+
+    from topic_lm_hf.cli import ModelArguments, build_model
+
+    model_type, kwargs = FAMILIES[family]
+    kwargs = {"embedding_size": 16, "hidden_size": 16, "dropout": 0.0, **kwargs, **overrides}
+    overrides_text = ",".join(f"{k}={json.dumps(v)}" for k, v in kwargs.items())
+    torch.manual_seed(0)
+    return build_model(ModelArguments(model_type=model_type, config_overrides=overrides_text), tok, topic_tok)

@@ -56,3 +56,49 @@ def test_build_model_sizes_a_topic_rnn_to_the_vocabularies():
     lm_vocab = tok.get_vocab()
     for word, index in topic_tok.get_vocab().items():  # every topic word points at itself in the LM vocabulary
         assert config.topic_word_ids[index] == (-1 if word == "<unk>" else lm_vocab[word])
+
+
+@requires_data("apnews", "train.txt")
+def test_evaluate_refuses_a_folder_whose_weights_belong_to_another_model(apnews, tmp_path):
+    """config.json of a TCNLM next to an LSTM's weights (a folder two runs wrote into): evaluate
+    used to print a perplexity of a random model and exit 0."""
+    from conftest import tiny_model
+    from topic_lm_hf import save_vocabularies
+
+    folder = tmp_path / "mixed"
+    tiny_model("lstm_lm", apnews["tok"], apnews["topic_tok"]).save_pretrained(folder)
+    save_vocabularies(apnews["tok"], apnews["topic_tok"], folder)
+    tiny_model("tcnlm", apnews["tok"], apnews["topic_tok"]).config.save_pretrained(folder)
+    with pytest.raises(OSError, match=r"lacks \d+ weight\(s\) of TCNLMForCausalLM"):
+        main(["evaluate", "--model_name_or_path", str(folder), "--validation_file",
+              str(DATA / "apnews" / "valid.txt"), "--max_eval_documents", "5", "--protocols", "causal"])
+
+
+@requires_data("apnews", "train.txt")
+def test_a_checkpoint_holds_both_tokenizers_and_is_evaluated_and_its_topics_printed(tmp_path, capsys):
+    """checkpoint-* folders lacked topic_tokenizer/, and `topics` / `evaluate` on them failed with
+    an error asking for sentencepiece or tiktoken."""
+    import shutil
+
+    out_dir = tmp_path / "tcnlm"
+    main(["train", "--train_file", str(DATA / "apnews" / "train.txt"), "--max_train_documents", "60",
+          "--validation_file", str(DATA / "apnews" / "valid.txt"), "--max_eval_documents", "5",
+          "--model_type", "tcnlm", "--config_overrides", "embedding_size=16,hidden_size=16,num_topics=3",
+          "--min_freq", "3", "--output_dir", str(out_dir), "--max_steps", "2", "--save_steps", "2",
+          "--per_device_train_batch_size", "8", "--report_to", "none", "--use_cpu", "--eval_strategy", "no"])
+    checkpoint = out_dir / "checkpoint-2"
+    assert (checkpoint / "tokenizer.json").exists() and (checkpoint / "topic_tokenizer" / "tokenizer.json").exists()
+    capsys.readouterr()
+    main(["topics", "--model_name_or_path", str(checkpoint), "--top_n", "5"])
+    topics = [l for l in capsys.readouterr().out.splitlines() if l.startswith("topic ")]
+    assert len(topics) == 3 and all(len(l.split(":")[1].split()) == 5 for l in topics)
+    main(["evaluate", "--model_name_or_path", str(checkpoint), "--validation_file", str(DATA / "apnews" / "valid.txt"),
+          "--max_eval_documents", "3", "--protocols", "paper"])
+    assert re.search(r"\| paper \| .*? \| [\d.]+ \| \d+ \|", capsys.readouterr().out)
+
+    shutil.rmtree(checkpoint / "topic_tokenizer")  # e.g. a checkpoint written by an older version
+    with pytest.raises(OSError, match=r"checkpoint-2 has no topic tokenizer \(no topic_tokenizer/tokenizer\.json"):
+        main(["topics", "--model_name_or_path", str(checkpoint)])
+    with pytest.raises(OSError, match="has no topic tokenizer"):
+        main(["evaluate", "--model_name_or_path", str(checkpoint), "--validation_file",
+              str(DATA / "apnews" / "valid.txt"), "--max_eval_documents", "3", "--protocols", "paper"])

@@ -1,9 +1,13 @@
 """The shared machinery: topic kwargs given to generate(), and recurrent layers on padded batches."""
 
+import inspect
+
 import pytest
 import torch
 from torch import nn
 
+from conftest import FAMILIES, tiny_model
+from topic_lm_hf import TopicContextCollator
 from topic_lm_hf.models.modeling_common import (normalize_topic_ids, normalize_topic_kwargs, reorder_state, run_rnn,
                                                 topic_ids_to_mixture)
 
@@ -68,3 +72,115 @@ def test_run_rnn_left_and_right_padding_match_unpadded_rows(cell):
     for s, i0 in zip(state, init):
         torch.testing.assert_close(s[1], i0[1])
     assert reorder_state(state, torch.tensor([1, 1, 0]))[0].shape[0] == 3
+
+
+def _left_aligned(input_ids, attention_mask):
+    """Move each row's real tokens to the end (left padding, as generate() wants)."""
+    order = torch.argsort(attention_mask, dim=1, stable=True)
+    return input_ids.gather(1, order), attention_mask.gather(1, order)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_a_fully_padded_row_in_eval_and_generate(apnews, family):
+    """Chunk j of a documents-layout batch is all padding for a document with fewer chunks; every
+    family runs it (it used to raise TypeError in run_rnn), the padded row keeps the initial
+    state and the real rows are unaffected."""
+    tok, topic_tok = apnews["tok"], apnews["topic_tok"]
+    model = tiny_model(family, tok, topic_tok).eval()
+    collator = TopicContextCollator(tok, topic_tok, context="preceding", layout="documents")
+    prepared = collator.prepare(apnews["valid"])
+    n_chunks = [len(ids) for ids in prepared["input_ids"]]
+    short, long = n_chunks.index(min(n_chunks)), n_chunks.index(max(n_chunks))
+    batch = collator([prepared[short], prepared[long]])
+    j = max(n_chunks) - 1  # the long document's last chunk: the short one has none
+    ids, mask, bow = batch["input_ids"][:, j], batch["attention_mask"][:, j], batch["context_bow"][:, j]
+    assert mask[0].sum() == 0 and mask[1].sum() > 0
+    cond = {"context_bow": bow} if "context_bow" in inspect.signature(model.forward).parameters else {}
+    with torch.no_grad():
+        out = model(input_ids=ids, attention_mask=mask, use_cache=True, **cond)
+        alone = model(input_ids=ids[1:], attention_mask=mask[1:], use_cache=True,
+                      **{k: v[1:] for k, v in cond.items()})
+    assert torch.isfinite(out.logits).all()
+    real = mask[1].bool()
+    torch.testing.assert_close(out.logits[1][real], alone.logits[0][real])
+    for s, s_alone in zip(out.state, alone.state):
+        assert s[0].abs().sum() == 0  # no token: the (zero) initial state
+        torch.testing.assert_close(s[1], s_alone[0])
+    if hasattr(model, "document_features"):
+        assert torch.isfinite(model.document_features(input_ids=ids, attention_mask=mask)).all()
+
+    left_ids, left_mask = _left_aligned(ids, mask)
+    kwargs = dict(max_new_tokens=4, do_sample=False, pad_token_id=tok.pad_token_id)
+    generated = model.generate(input_ids=left_ids, attention_mask=left_mask, **cond, **kwargs)
+    n = int(mask[1].sum())
+    one = model.generate(input_ids=left_ids[1:, -n:], **{k: v[1:] for k, v in cond.items()}, **kwargs)
+    assert generated.shape == (2, ids.shape[1] + 4)
+    assert generated[1, -(n + 4):].tolist() == one[0].tolist()
+
+
+def test_numpy_topic_ids_are_read_as_ids():
+    import numpy as np
+
+    assert normalize_topic_ids(np.int64(3), 10).tolist() == [[3]]
+    assert normalize_topic_ids(np.array([3, 7]), 10).tolist() == [[3, 7]]
+    assert normalize_topic_ids([np.array([1, 2]), [3]], 10).tolist() == [[1, 2], [3, -1]]
+
+
+@pytest.mark.parametrize("bad, message", [
+    ([1.7], r"got 1\.7 \(float\)"), (torch.tensor([1.7]), "dtype torch.float32"), ([True], r"got True \(bool\)"),
+    (torch.tensor([True]), "dtype torch.bool"), ("37", "got the string '37'"), (2.0, r"got 2\.0 \(float\)"),
+    ([[[1]]], r"got \[1\] \(list\) in row 0"), ([[1], 2], "mixes single ids and lists"),
+    ([["3"]], r"got '3' \(str\)"), (torch.zeros(1, 1, 1, dtype=torch.long), "1 or 2 dimensions")])
+def test_topic_ids_that_are_not_integer_ids_are_clear_errors(apnews, bad, message):
+    """Given to generate() as a user would: int() used to turn 1.7 and True into topic 1 and "37"
+    into the topics 3 and 7, and [1.7] was a bare TypeError."""
+    model = tiny_model("tcnlm", apnews["tok"], apnews["topic_tok"]).eval()
+    with pytest.raises(ValueError, match=message):
+        model.generate(topic_ids=bad, max_new_tokens=2, do_sample=False)
+
+
+@pytest.mark.parametrize("family", ["tcnlm", "topic_rnn-gru"])
+def test_a_documents_layout_context_bow_is_a_clear_error(apnews, family):
+    """(b, chunks, V_c) bags from a documents-layout batch: one bag per row is needed (this used to
+    crash inside the model, or blame topic_mixture at the second generation step)."""
+    tok, topic_tok = apnews["tok"], apnews["topic_tok"]
+    model = tiny_model(family, tok, topic_tok).eval()
+    collator = TopicContextCollator(tok, topic_tok, context="preceding", layout="documents")
+    batch = collator(collator.prepare(apnews["valid"].select(range(2))).to_list())
+    ids, mask, bow = batch["input_ids"][:, 0], batch["attention_mask"][:, 0], batch["context_bow"]
+    assert bow.dim() == 3
+    with pytest.raises(ValueError, match=r"context_bow must have shape \(b, \d+\).*got shape \(2, \d+, \d+\)"):
+        model(input_ids=ids, attention_mask=mask, context_bow=bow)
+    with pytest.raises(ValueError, match=r"context_bow must have shape \(b, \d+\).*got shape \(2, \d+, \d+\)"):
+        model.generate(input_ids=ids[:, :3], context_bow=bow, max_new_tokens=2, do_sample=False)
+    with pytest.raises(ValueError, match="context_bow must be numbers"):
+        model(input_ids=ids, attention_mask=mask, context_bow=[["a"] * bow.shape[-1]] * 2)
+
+
+def test_a_checkpoint_that_lacks_weights_of_the_model_is_an_error(apnews, tmp_path):
+    """transformers only warns and leaves missing weights random; a checkpoint of another family
+    then evaluated and generated as if trained."""
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    from topic_lm_hf import TCNLMForCausalLM
+
+    tok, topic_tok = apnews["tok"], apnews["topic_tok"]
+    tiny_model("lstm_lm", tok, topic_tok).save_pretrained(tmp_path / "lstm")
+    with pytest.raises(OSError, match=r"lacks \d+ weight\(s\) of TCNLMForCausalLM .*model\.layers.*another model"):
+        TCNLMForCausalLM.from_pretrained(tmp_path / "lstm")
+
+    # Legitimate: a causal-LM folder gives a classifier its body and a new head ...
+    lm = tiny_model("topic_rnn-gru", tok, topic_tok)
+    lm.save_pretrained(tmp_path / "topic_rnn")
+    clf = AutoModelForSequenceClassification.from_pretrained(tmp_path / "topic_rnn", num_labels=2)
+    torch.testing.assert_close(clf.model.rnn.weight_hh_l0, lm.model.rnn.weight_hh_l0)
+    # ... but a classifier folder lacks the LM heads.
+    clf.save_pretrained(tmp_path / "classifier")
+    with pytest.raises(OSError, match=r"lacks 5 weight\(s\) of TopicRNNForCausalLM .*lm_head"):
+        AutoModelForCausalLM.from_pretrained(tmp_path / "classifier")
+    # Tied weights are stored once and are not missing.
+    tied = tiny_model("tcnlm", tok, topic_tok, tie_word_embeddings=True)
+    tied.save_pretrained(tmp_path / "tied")
+    loaded, info = AutoModelForCausalLM.from_pretrained(tmp_path / "tied", output_loading_info=True)
+    assert info["missing_keys"] == set()
+    torch.testing.assert_close(loaded.lm_head.weight, tied.lm_head.weight)

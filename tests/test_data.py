@@ -115,3 +115,65 @@ def test_vocabularies_round_trip_and_mismatch_errors(tmp_path):
         build_vocabularies(documents_from_lists([]))
     with pytest.raises(ValueError, match="min_freq"):
         build_vocabularies(docs, min_freq=100)
+
+
+def _train_briefly(model, tok, topic_tok, docs, folder, context):
+    """Two TopicLMTrainer steps (README quick start), then the model and both vocabularies saved."""
+    from transformers import TrainingArguments
+
+    from topic_lm_hf import TopicContextCollator, TopicLMTrainer
+
+    collator = TopicContextCollator(tok, topic_tok, context=context)
+    args = TrainingArguments(str(folder), max_steps=2, per_device_train_batch_size=8, report_to=[], use_cpu=True,
+                             disable_tqdm=True, save_strategy="no")
+    trainer = TopicLMTrainer(model=model, args=args, train_dataset=collator.prepare(docs), data_collator=collator)
+    trainer.train()
+    trainer.save_model(folder)
+    save_vocabularies(tok, topic_tok, folder)
+
+
+@requires_data("brown", "train.txt")
+def test_a_same_size_tokenizer_of_another_corpus_is_refused(apnews, tmp_path):
+    """A Brown tokenizer as large as the APNEWS one used to be accepted, and gave a perplexity."""
+    from transformers import AutoModelForCausalLM
+
+    from conftest import tiny_model
+    from topic_lm_hf import evaluate_perplexity
+
+    tok, topic_tok = apnews["tok"], apnews["topic_tok"]
+    other, _ = build_vocabularies(load_documents(DATA / "brown" / "train.txt"), min_freq=1, stopwords=MALLET,
+                                  max_vocab_size=len(tok) - len(SPECIAL_TOKENS))
+    assert len(other) == len(tok)
+    _train_briefly(tiny_model("lstm_lm", tok, topic_tok), tok, topic_tok, apnews["train"].select(range(20)),
+                   tmp_path, context="none")
+    model = AutoModelForCausalLM.from_pretrained(tmp_path)
+    valid = apnews["valid"].select(range(3))
+    assert evaluate_perplexity(model, valid, "causal")["perplexity"] > 1  # with the tokenizers saved beside it
+    with pytest.raises(ValueError, match="LM tokenizer is not the one the model was trained with"):
+        evaluate_perplexity(model, valid, "causal", tokenizer=other)
+    # A config saved before the hashes existed keeps working, with the size check only.
+    old = AutoModelForCausalLM.from_pretrained(tmp_path)
+    del old.config.vocab_hash
+    assert evaluate_perplexity(old, valid, "causal", tokenizer=tok)["perplexity"] > 1
+    with pytest.raises(ValueError, match="vocab_size"):
+        check_vocabularies(build_vocabularies(apnews["valid"], min_freq=1)[0], config=old.config)
+
+
+def test_a_topic_tokenizer_with_the_same_words_in_another_order_is_refused(apnews, tmp_path):
+    """Same size, same words, other ids: every bag of words would be scrambled."""
+    from transformers import AutoModelForCausalLM
+
+    from conftest import tiny_model
+    from topic_lm_hf import evaluate_perplexity
+    from topic_lm_hf.data import UNK, _word_level_tokenizer
+
+    tok, topic_tok = apnews["tok"], apnews["topic_tok"]
+    words = [w for w, _ in sorted(topic_tok.get_vocab().items(), key=lambda item: item[1]) if w != UNK]
+    reordered = _word_level_tokenizer([UNK] + words[::-1], add_bos=False)
+    _train_briefly(tiny_model("tcnlm", tok, topic_tok), tok, topic_tok, apnews["train"].select(range(20)), tmp_path,
+                   context="others")
+    model = AutoModelForCausalLM.from_pretrained(tmp_path)
+    assert model.config.topic_vocab_hash != model.config.vocab_hash
+    valid = apnews["valid"].select(range(3))
+    with pytest.raises(ValueError, match="topic tokenizer is not the one the model was trained with"):
+        evaluate_perplexity(model, valid, "paper", topic_tokenizer=reordered)

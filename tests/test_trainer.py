@@ -9,7 +9,7 @@ from transformers import TrainerCallback, TrainingArguments
 
 from topic_lm_hf import LSTMLMConfig, LSTMLMForCausalLM, TopicContextCollator, TopicLMTrainer
 from topic_lm_hf.cli import DataArguments, ModelArguments, train
-from topic_lm_hf.trainer import NonFiniteLossError
+from topic_lm_hf.trainer import NonFiniteGradientError, NonFiniteLossError
 
 
 def make_trainer(apnews, tmp_path, dropout=0.0, **args):
@@ -56,6 +56,14 @@ class RecordSteps(TrainerCallback):
         self.steps.append(state.global_step)
 
 
+class RecordLogs(TrainerCallback):
+    def __init__(self):
+        self.logs = []
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        self.logs.append(dict(logs))
+
+
 class StopAt(TrainerCallback):
     def __init__(self, step):
         self.step = step
@@ -92,3 +100,127 @@ def test_a_nan_loss_stops_training_and_keeps_the_weights(apnews, tmp_path):
     with pytest.raises(NonFiniteLossError, match="nonfinite-step-0"):
         trainer.train()
     assert (tmp_path / "nonfinite-step-0" / "model.safetensors").exists()
+
+
+def test_resuming_a_checkpoint_of_another_model_is_an_error(apnews, tmp_path):
+    """`topic-lm train` of a TCNLM into a folder that holds an LSTM run's checkpoints: resuming
+    used to load the LSTM weights it could into the TCNLM (strict=False) and fail later on the
+    optimizer state with a puzzling message."""
+    data_args = DataArguments(min_freq=3, stopwords="none")
+    docs = apnews["train"].select(range(30))
+    args = TrainingArguments(output_dir=str(tmp_path), max_steps=2, save_steps=2, per_device_train_batch_size=8,
+                             report_to=[], use_cpu=True, disable_tqdm=True, eval_strategy="no")
+    train(data_args, ModelArguments(model_type="lstm_lm", config_overrides="embedding_size=16,hidden_size=16"),
+          args, docs, None)
+    tcnlm = ModelArguments(model_type="tcnlm", config_overrides="embedding_size=16,hidden_size=16,num_topics=3")
+    with pytest.raises(OSError, match=r"checkpoint-2 lacks \d+ weight\(s\) of TCNLMForCausalLM.*own output_dir"):
+        train(data_args, tcnlm, args, docs, None)
+
+
+class OverflowingBackwardAt(TrainerCallback):
+    """Fault injection: at one optimizer step the backward pass gives an infinite gradient to one
+    weight while the loss stays finite (an overflow in backward)."""
+
+    def __init__(self, step):
+        self.step, self.armed = step, False
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        model.lm_head.bias.register_hook(lambda grad: grad + float("inf") if self.armed else grad)
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.armed = state.global_step + 1 == self.step
+
+
+def all_finite(folder):
+    from safetensors.torch import load_file
+
+    return all(bool(torch.isfinite(t.float()).all()) for t in load_file(folder / "model.safetensors").values())
+
+
+def test_a_nonfinite_gradient_is_not_applied_and_the_advised_recovery_works(apnews, tmp_path):
+    """Used to: apply the step, save NaN weights as checkpoint-4 and as nonfinite-step-4, so that
+    resuming from the last checkpoint, as the error advised, failed again."""
+    data_args = DataArguments(min_freq=3, stopwords="none")
+    model_args = ModelArguments(model_type="lstm_lm", config_overrides="embedding_size=16,hidden_size=16")
+    docs = apnews["train"].select(range(40))
+
+    def args(learning_rate):
+        return TrainingArguments(output_dir=str(tmp_path), max_steps=6, save_steps=2, per_device_train_batch_size=8,
+                                 learning_rate=learning_rate, max_grad_norm=1.0, report_to=[], use_cpu=True,
+                                 disable_tqdm=True, seed=0, eval_strategy="no")
+
+    with pytest.raises(NonFiniteGradientError, match=r"gradient norm is (nan|inf) .*at step 4.*nonfinite-step-3"):
+        train(data_args, model_args, args(3e-3), docs, None, callbacks=[OverflowingBackwardAt(4)])
+    assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == ["checkpoint-2"]  # step 4 never happened
+    assert all_finite(tmp_path / "checkpoint-2") and all_finite(tmp_path / "nonfinite-step-3")
+    record = RecordSteps()
+    model, _, _ = train(data_args, model_args, args(1e-3), docs, None, callbacks=[record])  # the advised recovery
+    assert record.steps == [3, 4, 5, 6]
+    assert all(bool(torch.isfinite(p).all()) for p in model.parameters())
+
+
+def test_a_run_killed_while_writing_a_checkpoint_resumes_from_the_last_complete_one(apnews, tmp_path, monkeypatch):
+    """The kill leaves checkpoint-4 without trainer_state.json (Trainer writes it last); resuming
+    used to pick checkpoint-4 and fail with FileNotFoundError."""
+    from topic_lm_hf import TopicLMTrainer
+    from topic_lm_hf.trainer import last_complete_checkpoint
+
+    data_args = DataArguments(min_freq=3, stopwords="none")
+    model_args = ModelArguments(model_type="lstm_lm", config_overrides="embedding_size=16,hidden_size=24,dropout=0.3")
+    docs = apnews["train"].select(range(40))
+
+    def args(out):
+        return TrainingArguments(output_dir=str(out), max_steps=6, save_steps=2, per_device_train_batch_size=8,
+                                 learning_rate=3e-3, report_to=[], use_cpu=True, disable_tqdm=True, seed=0,
+                                 eval_strategy="no")
+
+    full, _, _ = train(data_args, model_args, args(tmp_path / "full"), docs, None)
+    save_rng_state = TopicLMTrainer._save_rng_state
+
+    def killed_at_checkpoint_4(self, output_dir):
+        if output_dir.endswith("checkpoint-4"):
+            raise KeyboardInterrupt("killed while writing checkpoint-4")
+        return save_rng_state(self, output_dir)
+
+    monkeypatch.setattr(TopicLMTrainer, "_save_rng_state", killed_at_checkpoint_4)
+    with pytest.raises(KeyboardInterrupt):
+        train(data_args, model_args, args(tmp_path / "cut"), docs, None)
+    monkeypatch.undo()
+    cut = tmp_path / "cut"
+    assert (cut / "checkpoint-4" / "model.safetensors").exists()
+    assert not (cut / "checkpoint-4" / "trainer_state.json").exists()
+    assert last_complete_checkpoint(cut) == str(cut / "checkpoint-2")
+    (cut / "checkpoint-4" / "trainer_state.json").write_text('{"global_step": 4, "log_hist')  # truncated
+    assert last_complete_checkpoint(cut) == str(cut / "checkpoint-2")
+    record = RecordSteps()
+    resumed, _, _ = train(data_args, model_args, args(cut), docs, None, callbacks=[record])
+    assert record.steps == [3, 4, 5, 6]
+    for (name, a), b in zip(full.state_dict().items(), resumed.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize("model_type", ["tcnlm", "topic_rnn", "lstm_lm"])
+def test_evaluation_during_training_logs_the_lm_perplexity_and_each_loss_term(apnews, tmp_path, model_type):
+    """eval_loss of a topic model is its whole objective; eval_perplexity is the LM's alone and
+    equals evaluate_perplexity under the protocol of the evaluation batches (paper)."""
+    from topic_lm_hf import evaluate_perplexity
+
+    valid = apnews["valid"].select(range(6))
+    args = TrainingArguments(output_dir=str(tmp_path), max_steps=4, eval_strategy="steps", eval_steps=4,
+                             save_strategy="no", per_device_train_batch_size=8, per_device_eval_batch_size=16,
+                             report_to=[], use_cpu=True, disable_tqdm=True, seed=0)
+    overrides = "embedding_size=16,hidden_size=16" + (",num_topics=3" if model_type != "lstm_lm" else "")
+    record = RecordLogs()
+    model, tok, topic_tok = train(DataArguments(min_freq=3, stopwords="none"),
+                                  ModelArguments(model_type=model_type, config_overrides=overrides), args,
+                                  apnews["train"].select(range(40)), valid, callbacks=[record])
+    logs = [h for h in record.logs if "eval_loss" in h][-1]
+    terms = {"tcnlm": ["lm_loss", "kl_loss", "bow_loss", "aux_loss"], "topic_rnn": ["lm_loss", "kl_loss", "aux_loss"],
+             "lstm_lm": ["lm_loss"]}[model_type]
+    assert all(f"eval_{term}" in logs for term in terms), logs
+    reference = evaluate_perplexity(model.eval(), valid, "paper", tokenizer=tok, topic_tokenizer=topic_tok)
+    assert logs["eval_perplexity"] == pytest.approx(reference["perplexity"], rel=1e-4)
+    if model_type == "lstm_lm":
+        assert logs["eval_perplexity"] == pytest.approx(math.exp(logs["eval_loss"]), rel=1e-4)
+    else:
+        assert logs["eval_perplexity"] < 0.9 * math.exp(logs["eval_loss"])  # not the whole objective

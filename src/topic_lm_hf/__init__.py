@@ -4,7 +4,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelF
 
 from .collator import TopicContextCollator, make_bow
 from .data import (build_vocabularies, check_vocabularies, documents_from_lists, load_documents,
-                   load_vocabularies, save_vocabularies, synthetic_documents, tokenize_text)
+                   load_vocabularies, record_vocabularies, save_vocabularies, synthetic_documents, tokenize_text)
 from .evaluation import (PROTOCOLS, evaluate_perplexity, evaluate_steering, fit_lda_judge, topic_coherence,
                          topic_diversity)
 from .evaluation.topic_eval import evaluate_topics
@@ -25,8 +25,9 @@ AutoModelForSequenceClassification.register(TopicRNNConfig, TopicRNNForSequenceC
 
 __all__ = [
     "TopicContextCollator", "make_bow", "build_vocabularies", "check_vocabularies", "documents_from_lists",
-    "load_documents", "load_vocabularies", "save_vocabularies", "synthetic_documents", "tokenize_text",
-    "PROTOCOLS", "evaluate_perplexity", "evaluate_steering", "fit_lda_judge", "topic_coherence", "topic_diversity", "evaluate_topics",
+    "load_documents", "load_vocabularies", "record_vocabularies", "save_vocabularies", "synthetic_documents",
+    "tokenize_text", "PROTOCOLS", "evaluate_perplexity", "evaluate_steering", "fit_lda_judge", "topic_coherence",
+    "topic_diversity", "evaluate_topics",
     "LSTMLMConfig", "LSTMLMForCausalLM", "LSTMLMModel", "TCNLMConfig", "TCNLMModel", "TCNLMForCausalLM",
     "TopicRNNConfig", "TopicRNNModel", "TopicRNNForCausalLM", "TopicRNNForSequenceClassification", "TopicLMTrainer",
     "pretrain_topic_model",

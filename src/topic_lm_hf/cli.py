@@ -183,7 +183,7 @@ def format_perplexity_table(rows: list[dict]) -> str:
 
 def train(data_args: DataArguments, model_args: ModelArguments, training_args: TrainingArguments,
           train_docs=None, valid_docs=None, callbacks=None):
-    """Train (resuming from the last checkpoint in ``output_dir`` if there is one) and save."""
+    """Train (resuming from the last complete checkpoint in ``output_dir`` if there is one) and save."""
     set_seed(training_args.seed)
     if train_docs is None:
         train_docs, valid_docs, source = load_corpora(data_args)
@@ -204,7 +204,9 @@ def train(data_args: DataArguments, model_args: ModelArguments, training_args: T
     eval_rows = collator.prepare(valid_docs) if valid_docs is not None and training_args.eval_strategy != "no" else None
     trainer = TopicLMTrainer(model=model, args=training_args, train_dataset=train_rows, eval_dataset=eval_rows,
                              data_collator=collator, processing_class=tok, callbacks=callbacks)
-    last = get_last_checkpoint(out) if os.path.isdir(out) else None
+    from .trainer import last_complete_checkpoint
+
+    last = last_complete_checkpoint(out)  # skips a checkpoint the previous run did not finish writing
     if last:
         logger.info("Resuming from %s", last)
     trainer.train(resume_from_checkpoint=last)

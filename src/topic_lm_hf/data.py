@@ -17,7 +17,9 @@ tokenizer is saved to a ``topic_tokenizer/`` subfolder next to the model.
 
 from __future__ import annotations
 
+import hashlib
 import html
+import json
 import logging
 import math
 import os
@@ -31,11 +33,12 @@ import datasets
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
+from .models.modeling_common import TOPIC_TOKENIZER_SUBFOLDER, load_topic_tokenizer
+
 logger = logging.getLogger(__name__)
 
 PAD, UNK, BOS, EOS = "<pad>", "<unk>", "<bos>", "<eos>"
 SPECIAL_TOKENS = (PAD, UNK, BOS, EOS)  # ids 0, 1, 2, 3 in every LM vocabulary built here
-TOPIC_TOKENIZER_SUBFOLDER = "topic_tokenizer"
 _HTML_BREAK = re.compile(r"<\s*br\s*/?\s*>", re.IGNORECASE)
 
 
@@ -255,20 +258,47 @@ def build_vocabularies(
 
 
 def save_vocabularies(tokenizer, topic_tokenizer, directory: str | os.PathLike) -> None:
-    """Save the LM tokenizer to ``directory`` and the topic tokenizer to ``directory/topic_tokenizer``."""
+    """Save the LM tokenizer to ``directory`` and the topic tokenizer (if not None) to ``directory/topic_tokenizer``."""
     tokenizer.save_pretrained(directory)
-    topic_tokenizer.save_pretrained(os.path.join(directory, TOPIC_TOKENIZER_SUBFOLDER))
+    if topic_tokenizer is not None:
+        topic_tokenizer.save_pretrained(os.path.join(directory, TOPIC_TOKENIZER_SUBFOLDER))
 
 
 def load_vocabularies(name_or_path: str | os.PathLike, **kwargs):
-    """Load ``(tokenizer, topic_tokenizer)`` saved by :func:`save_vocabularies` (local folder or Hub id)."""
+    """Load ``(tokenizer, topic_tokenizer)`` saved by :func:`save_vocabularies` (local folder or Hub id).
+
+    A local folder without them is an ``OSError`` that says which one is missing."""
+    if os.path.isdir(name_or_path) and not os.path.isfile(os.path.join(name_or_path, "tokenizer.json")):
+        raise OSError(f"{name_or_path} has no LM tokenizer (no tokenizer.json in it): save one there with "
+                      "topic_lm_hf.save_vocabularies(tokenizer, topic_tokenizer, folder)")
     tok = AutoTokenizer.from_pretrained(name_or_path, **kwargs)
-    topic_tok = AutoTokenizer.from_pretrained(name_or_path, subfolder=TOPIC_TOKENIZER_SUBFOLDER, **kwargs)
-    return tok, topic_tok
+    return tok, load_topic_tokenizer(name_or_path, **kwargs)
+
+
+def vocabulary_hash(tokenizer) -> str:
+    """A fingerprint of a tokenizer's vocabulary (every token and its id): 16 hex digits of SHA-256.
+
+    Two vocabularies of the same size from different corpora (or the same words in another order)
+    get different hashes, so a model config can tell its own tokenizers from look-alikes."""
+    entries = sorted(tokenizer.get_vocab().items(), key=lambda item: (item[1], item[0]))
+    return hashlib.sha256(json.dumps(entries, ensure_ascii=False).encode("utf-8")).hexdigest()[:16]
+
+
+def record_vocabularies(config, tokenizer, topic_tokenizer=None) -> None:
+    """Store :func:`vocabulary_hash` of the tokenizers in a model config (``vocab_hash``, and
+    ``topic_vocab_hash`` for models with a topic vocabulary), for :func:`check_vocabularies`.
+    :class:`~topic_lm_hf.TopicLMTrainer` does this with its collator's tokenizers."""
+    check_vocabularies(tokenizer, topic_tokenizer, config)
+    config.vocab_hash = vocabulary_hash(tokenizer)
+    if topic_tokenizer is not None and getattr(config, "topic_vocab_size", None) is not None:
+        config.topic_vocab_hash = vocabulary_hash(topic_tokenizer)
 
 
 def check_vocabularies(tokenizer, topic_tokenizer=None, config=None) -> None:
-    """Raise ``ValueError`` when tokenizers and a model config do not belong together."""
+    """Raise ``ValueError`` when tokenizers and a model config do not belong together.
+
+    Sizes are always compared; contents too when the config records their hashes
+    (:func:`record_vocabularies`; configs saved before the hashes existed get the size check only)."""
     vocab = tokenizer.get_vocab()
     for name in SPECIAL_TOKENS:
         if name not in vocab:
@@ -286,6 +316,14 @@ def check_vocabularies(tokenizer, topic_tokenizer=None, config=None) -> None:
         if tvs is not None and topic_tokenizer is not None and tvs != len(topic_tokenizer):
             raise ValueError(f"The model's topic_vocab_size is {tvs} but the topic tokenizer has "
                              f"{len(topic_tokenizer)} entries: mismatched vocabularies")
+        for name, key, tok in (("LM tokenizer", "vocab_hash", tokenizer),
+                               ("topic tokenizer", "topic_vocab_hash", topic_tokenizer)):
+            expected = getattr(config, key, None)
+            if expected is not None and tok is not None and vocabulary_hash(tok) != expected:
+                raise ValueError(f"The {name} is not the one the model was trained with: its vocabulary hash is "
+                                 f"{vocabulary_hash(tok)} but the model's config records {key}={expected} (same "
+                                 "size, other words or ids): mismatched vocabularies. Use the tokenizers saved "
+                                 "with the model.")
 
 
 # ----------------------------------------------------------------------------------------------

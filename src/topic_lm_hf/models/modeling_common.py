@@ -27,6 +27,7 @@ indicator) returns log-probabilities as ``logits``.
 from __future__ import annotations
 
 import inspect
+import numbers
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
@@ -142,12 +143,14 @@ def run_rnn(rnn: nn.RNNBase, x: torch.Tensor, attention_mask: Optional[torch.Ten
         out = out * mask.unsqueeze(-1).to(out.dtype)
         empty = lengths == 0
         if bool(empty.any()):
-            # Rows without any token keep their initial state.
+            # Rows without any token keep their initial state (zeros when none was given).
             hn_list = list(hn) if is_lstm else [hn]
-            init = list(hx) if is_lstm else [hx]
+            if hx is None:
+                init = [torch.zeros_like(h) for h in hn_list]
+            else:
+                init = list(hx) if is_lstm else [hx]
             for i, h in enumerate(hn_list):
-                start = init[i] if hx is not None else torch.zeros_like(h)
-                hn_list[i] = torch.where(empty.view(1, -1, 1), start, h)
+                hn_list[i] = torch.where(empty.view(1, -1, 1), init[i], h)
             hn = tuple(hn_list) if is_lstm else hn_list[0]
     new_state = tuple(h.transpose(0, 1) for h in (hn if is_lstm else (hn,)))
     return out, new_state
@@ -176,16 +179,51 @@ def _broadcast_rows(x: torch.Tensor, batch_size: Optional[int], name: str) -> to
     raise ValueError(f"{name} has {x.shape[0]} rows but the batch has {batch_size}")
 
 
+_TOPIC_IDS_FORMS = "an int, a list of ints, a list of lists of ints or an integer tensor of shape (k,) or (b, k)"
+
+
+def _is_integer_tensor(x: torch.Tensor) -> bool:
+    return not (torch.is_floating_point(x) or torch.is_complex(x) or x.dtype == torch.bool)
+
+
+def _topic_id(value, row: Optional[int] = None) -> int:
+    """One topic id: a Python / NumPy int or a 0-d integer tensor; never a bool, float or string."""
+    if isinstance(value, torch.Tensor) and value.dim() == 0 and _is_integer_tensor(value):
+        return int(value)
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return int(value)
+    where = "" if row is None else f" in row {row}"
+    raise ValueError(f"topic_ids must be integer topic ids, got {value!r} ({type(value).__name__}){where}; "
+                     f"give {_TOPIC_IDS_FORMS}")
+
+
+def _is_topic_row(value) -> bool:
+    return isinstance(value, (list, tuple)) or getattr(value, "ndim", None) == 1  # a list, 1-D tensor or array
+
+
 def normalize_topic_ids(topic_ids, num_topics: int, batch_size: Optional[int] = None) -> torch.Tensor:
     """Validate ``topic_ids`` and return a (b, k) long tensor padded with -1.
 
     Accepted: an int (one topic for the whole batch), a flat list / 1-D tensor (one set of topics
     shared by the batch), a list of lists (one set per row, ragged allowed), a (b, k) tensor
-    (-1 = padding). Every row needs at least one topic in ``[0, num_topics)``.
+    (-1 = padding); NumPy ints and arrays too. Every row needs at least one topic in
+    ``[0, num_topics)``. Anything else (floats, bools, strings, deeper nesting) is a ``ValueError``
+    that names the bad value: ``int()`` would silently turn 1.7 or True into topic 1, and a string
+    "37" into the topics 3 and 7.
     """
-    if isinstance(topic_ids, int):
-        topic_ids = [topic_ids]
+    if isinstance(topic_ids, (str, bytes)):
+        raise ValueError(f"topic_ids must be integer topic ids, got the string {topic_ids!r}; give {_TOPIC_IDS_FORMS} "
+                         "(e.g. [3, 7])")
+    if not isinstance(topic_ids, (torch.Tensor, list, tuple)) and hasattr(topic_ids, "__array__") \
+            and getattr(topic_ids, "ndim", 0) > 0:
+        try:
+            topic_ids = torch.as_tensor(topic_ids)  # a NumPy array
+        except (TypeError, ValueError, RuntimeError) as error:
+            raise ValueError(f"topic_ids must be integer topic ids, got {topic_ids!r}") from error
     if isinstance(topic_ids, torch.Tensor):
+        if not _is_integer_tensor(topic_ids):
+            raise ValueError(f"topic_ids must be integer topic ids, got a tensor of dtype {topic_ids.dtype} "
+                             f"({topic_ids!r:.80}); give {_TOPIC_IDS_FORMS}")
         ids = topic_ids.long()
         if ids.dim() == 0:
             ids = ids.view(1, 1)
@@ -195,18 +233,23 @@ def normalize_topic_ids(topic_ids, num_topics: int, batch_size: Optional[int] = 
             raise ValueError(f"topic_ids must have 1 or 2 dimensions, got shape {tuple(ids.shape)}")
         rows = ids
     else:
+        if not isinstance(topic_ids, (list, tuple)):
+            topic_ids = [_topic_id(topic_ids)]  # a single id (or a clear error naming what it is)
         topic_ids = list(topic_ids)
         if len(topic_ids) == 0:
             raise ValueError("topic_ids is empty: give at least one topic id")
-        if all(isinstance(t, (int,)) or (isinstance(t, torch.Tensor) and t.dim() == 0) for t in topic_ids):
+        nested = [_is_topic_row(r) for r in topic_ids]
+        if not any(nested):
             topic_ids = [topic_ids]
+        elif not all(nested):
+            raise ValueError(f"topic_ids mixes single ids and lists ({topic_ids!r:.80}); give {_TOPIC_IDS_FORMS}")
         width = max(len(r) for r in topic_ids)
         if width == 0:
             raise ValueError("topic_ids has an empty row: give at least one topic id per row")
         rows = torch.full((len(topic_ids), width), -1, dtype=torch.long)
         for i, r in enumerate(topic_ids):
             for j, t in enumerate(r):
-                t = int(t)
+                t = _topic_id(t, i)
                 if t < 0:
                     raise ValueError(f"topic_ids must be non-negative, got {t}")
                 rows[i, j] = t
@@ -230,6 +273,19 @@ def topic_ids_to_mixture(topic_ids: torch.Tensor, num_topics: int) -> torch.Tens
     return onehot / onehot.sum(1, keepdim=True)
 
 
+def _float_rows(value, name: str, expected: str) -> torch.Tensor:
+    """``value`` as a (b, n) float tensor (a 1-D input is one row); ``ValueError`` naming ``name`` otherwise."""
+    try:
+        x = value.float() if isinstance(value, torch.Tensor) else torch.as_tensor(value, dtype=torch.float32)
+    except (TypeError, ValueError, RuntimeError) as error:
+        raise ValueError(f"{name} must be numbers of shape {expected}, got {value!r:.80}") from error
+    if x.dim() == 1:
+        x = x.unsqueeze(0)
+    if x.dim() != 2:
+        raise ValueError(f"{name} must have shape {expected}; got shape {tuple(x.shape)}")
+    return x
+
+
 def normalize_topic_kwargs(num_topics: int, topic_vocab_size: int, batch_size: Optional[int] = None,
                            topic_ids=None, topic_mixture=None, context_bow=None,
                            mixture_on_simplex: bool = True) -> dict:
@@ -246,11 +302,8 @@ def normalize_topic_kwargs(num_topics: int, topic_vocab_size: int, batch_size: O
     if topic_ids is not None:
         return {"topic_ids": normalize_topic_ids(topic_ids, num_topics, batch_size)}
     if topic_mixture is not None:
-        mix = torch.as_tensor(topic_mixture, dtype=torch.float32) if not isinstance(topic_mixture, torch.Tensor) \
-            else topic_mixture.float()
-        if mix.dim() == 1:
-            mix = mix.unsqueeze(0)
-        if mix.dim() != 2 or mix.shape[-1] != num_topics:
+        mix = _float_rows(topic_mixture, "topic_mixture", f"(b, {num_topics}) or ({num_topics},)")
+        if mix.shape[-1] != num_topics:
             raise ValueError(f"topic_mixture must have shape (b, {num_topics}), got {tuple(mix.shape)}")
         if not bool(torch.isfinite(mix).all()):
             raise ValueError("topic_mixture contains NaN or inf")
@@ -262,10 +315,9 @@ def normalize_topic_kwargs(num_topics: int, topic_vocab_size: int, batch_size: O
                 raise ValueError(f"each topic_mixture row must sum to 1, got sums {sums.tolist()}")
         return {"topic_mixture": _broadcast_rows(mix, batch_size, "topic_mixture")}
     if context_bow is not None:
-        bow = torch.as_tensor(context_bow, dtype=torch.float32) if not isinstance(context_bow, torch.Tensor) \
-            else context_bow.float()
-        if bow.dim() == 1:
-            bow = bow.unsqueeze(0)
+        bow = _float_rows(context_bow, "context_bow", f"(b, {topic_vocab_size}) or ({topic_vocab_size},), one bag "
+                          "of words over the topic vocabulary per row (flatten a documents-layout batch's "
+                          "(b, chunks, V_c) bags to one row per chunk)")
         if bow.shape[-1] != topic_vocab_size:
             raise ValueError(f"context_bow must have {topic_vocab_size} columns (the topic vocabulary), "
                              f"got {bow.shape[-1]}: mismatched vocabularies?")
@@ -310,18 +362,53 @@ class RecurrentPreTrainedModel(PreTrainedModel):
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
+        """``PreTrainedModel.from_pretrained``, but weights the checkpoint lacks are an error (see
+        :meth:`check_missing_weights`), not a warning above a model that is partly random."""
         from safetensors import SafetensorError
 
+        want_info = kwargs.pop("output_loading_info", False)
         try:
-            model = super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+            model, info = super().from_pretrained(pretrained_model_name_or_path, *args, output_loading_info=True,
+                                                  **kwargs)
         except SafetensorError as error:
             raise OSError(
                 f"The weights in {pretrained_model_name_or_path} are corrupt or truncated ({error}). Copy or "
                 "download the checkpoint again, or load an earlier one (the checkpoint-* folders of a training "
                 "run).") from error
+        model.check_missing_weights(info["missing_keys"], pretrained_model_name_or_path, info["unexpected_keys"])
         # A generation_config.json saved before <unk> was suppressed by default does not say so.
         model._suppress_unk_in_generation()
-        return model
+        return (model, info) if want_info else model
+
+    @classmethod
+    def _may_be_missing(cls, key: str) -> bool:
+        """Weights a checkpoint may lack: the KL-annealing counter (older checkpoints have none; it
+        starts at 0), and the task head of a ``*ForSequenceClassification`` /
+        ``*ForTokenClassification`` model loaded from a language model (it starts untrained, as
+        in transformers)."""
+        if key == "kl_annealing_step":
+            return True
+        is_task_model = cls.__name__.endswith(("ForSequenceClassification", "ForTokenClassification"))
+        return is_task_model and not key.startswith(cls.base_model_prefix + ".")
+
+    def check_missing_weights(self, missing_keys, source, unexpected_keys=()) -> None:
+        """Raise ``OSError`` when a checkpoint (``source``) lacks weights of this model.
+
+        transformers only warns and initialises them at random, so a checkpoint of another model
+        family, or a ``config.json`` next to another run's weights, gave a random model that still
+        evaluated and generated. Tied weights and :meth:`_may_be_missing` keys are allowed."""
+        tied = set(getattr(self, "all_tied_weights_keys", None) or {})
+        missing = sorted(k for k in missing_keys if k not in tied and not self._may_be_missing(k))
+        if not missing:
+            return
+        message = (f"{source} lacks {len(missing)} weight(s) of {type(self).__name__} (e.g. {missing[:4]}), which "
+                   "would be left random.")
+        unexpected = sorted(unexpected_keys)
+        if unexpected:
+            message += (f" It holds {len(unexpected)} weight(s) this model does not have (e.g. {unexpected[:4]}): is "
+                        "it a checkpoint of another model, or a config.json next to another run's weights?")
+        raise OSError(message + " Load it with the class it was saved from (a training run of another model needs "
+                      "its own output_dir).")
 
     def _register_kl_annealing(self):
         """A saved counter of training forward passes (so that a resumed run goes on annealing)."""
@@ -418,6 +505,31 @@ def select_state_rows(state: Optional[Sequence[torch.Tensor]], rows: int):
     return tuple(s[:rows] for s in state)
 
 
+TOPIC_TOKENIZER_SUBFOLDER = "topic_tokenizer"
+
+
+def load_topic_tokenizer(source, **kwargs):
+    """The topic tokenizer saved in ``<source>/topic_tokenizer/`` (``source``: a local folder or a Hub id).
+
+    Raises ``OSError`` saying so when the folder has none (transformers' own error there asks
+    for sentencepiece or tiktoken, which would not help).
+    """
+    import os
+
+    from transformers import AutoTokenizer
+
+    folder = os.path.join(str(source), TOPIC_TOKENIZER_SUBFOLDER)
+    if os.path.isdir(str(source)) and not os.path.isfile(os.path.join(folder, "tokenizer.json")):
+        raise OSError(f"{source} has no topic tokenizer (no {TOPIC_TOKENIZER_SUBFOLDER}/tokenizer.json in it): pass "
+                      "topic_tokenizer=, or save one there with topic_lm_hf.save_vocabularies(tokenizer, "
+                      "topic_tokenizer, folder)")
+    try:
+        return AutoTokenizer.from_pretrained(source, subfolder=TOPIC_TOKENIZER_SUBFOLDER, **kwargs)
+    except (OSError, ValueError) as error:
+        raise OSError(f"Could not load the topic tokenizer of {source} (its {TOPIC_TOKENIZER_SUBFOLDER}/ subfolder): "
+                      f"{error}") from error
+
+
 def topic_vocabulary(model, topic_tokenizer=None) -> list[str]:
     """Topic-vocabulary words by id (``<unk>`` at id 0), for ``get_topics``.
 
@@ -428,9 +540,7 @@ def topic_vocabulary(model, topic_tokenizer=None) -> list[str]:
         source = getattr(model, "name_or_path", "") or getattr(model.config, "_name_or_path", "")
         if not source:
             raise ValueError("This model was not loaded from a folder with a topic_tokenizer/: pass topic_tokenizer=")
-        from transformers import AutoTokenizer
-
-        topic_tokenizer = AutoTokenizer.from_pretrained(source, subfolder="topic_tokenizer")
+        topic_tokenizer = load_topic_tokenizer(source)
     vocab = topic_tokenizer.get_vocab()
     expected = getattr(model.config, "topic_vocab_size", None)
     if expected is not None and len(vocab) != expected:
