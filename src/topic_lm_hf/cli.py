@@ -15,7 +15,6 @@ Arguments are dataclasses parsed by `HfArgumentParser`, as in transformers' `run
 from __future__ import annotations
 
 import inspect
-import json
 import logging
 import os
 import sys
