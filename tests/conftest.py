@@ -44,12 +44,10 @@ def run_without_package(body: str, cwd: Path) -> dict:
     import sys
     import textwrap
 
-    import topic_lm_hf
-
-    src = str(Path(topic_lm_hf.__file__).resolve().parents[1])
-    script = textwrap.dedent(f"""
-        import sys, json
-        sys.path = [p for p in sys.path if not p.startswith({src!r})]
+    script = textwrap.dedent("""
+        import sys, json, os
+        # Neither this checkout nor an editable install elsewhere (a .pth path entry) stays on the path.
+        sys.path = [p for p in sys.path if not os.path.isdir(os.path.join(p or ".", "topic_lm_hf"))]
         import importlib.util
         assert importlib.util.find_spec("topic_lm_hf") is None, "the package must not be importable here"
     """) + textwrap.dedent(body)

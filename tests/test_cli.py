@@ -102,3 +102,119 @@ def test_a_checkpoint_holds_both_tokenizers_and_is_evaluated_and_its_topics_prin
     with pytest.raises(OSError, match="has no topic tokenizer"):
         main(["evaluate", "--model_name_or_path", str(checkpoint), "--validation_file",
               str(DATA / "apnews" / "valid.txt"), "--max_eval_documents", "3", "--protocols", "paper"])
+# ----------------------------------------------------------------------------------------------
+# the command line itself: help, unknown flags, configuration overrides, progress, no noise
+# ----------------------------------------------------------------------------------------------
+
+from topic_lm_hf.cli import COMMANDS, ModelArguments, command_parser, make_config, parse_command  # noqa: E402
+
+
+def _write_lau(path, documents):
+    """Documents in the Lau et al. format: one per line, sentences separated by TAB."""
+    path.write_text("".join("\t".join(" ".join(s) for s in doc["sentences"]) + "\n" for doc in documents))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def synthetic_files(tmp_path_factory):
+    from topic_lm_hf import synthetic_documents
+
+    folder = tmp_path_factory.mktemp("corpus")
+    docs = synthetic_documents(120, seed=1)
+    return _write_lau(folder / "train.txt", docs.select(range(100))), _write_lau(folder / "valid.txt",
+                                                                                 docs.select(range(100, 120)))
+
+
+@pytest.mark.parametrize("name", list(COMMANDS))
+def test_each_subcommand_help_names_it_and_documents_every_flag(name):
+    parser = command_parser(name)
+    text = parser.format_help()
+    assert text.startswith(f"usage: topic-lm {name} [-h]")
+    assert "``" not in text
+    undocumented = [a.option_strings for a in parser._actions if not (a.help or "").strip()]
+    assert undocumented == []
+
+
+def test_evaluate_help_lists_only_the_flags_evaluate_uses():
+    flags = {a.option_strings[0] for a in command_parser("evaluate")._actions}
+    assert flags == {"-h", "--model_name_or_path", "--validation_file", "--text_column", "--max_eval_documents",
+                     "--protocols", "--max_sentence_length", "--max_context_tokens", "--batch_size"}
+
+
+def test_stopwords_help_documents_mallet():
+    (action,) = [a for a in command_parser("train")._actions if a.dest == "stopwords"]
+    assert "'mallet'" in action.help and "mallet_en.txt" in action.help
+
+
+def test_top_level_help_lists_every_subcommand(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["--help"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    assert all(re.search(rf"^  {name} +\S", out, re.M) for name in COMMANDS) and "``" not in out
+    with pytest.raises(SystemExit, match="unknown command 'trian'"):
+        main(["trian"])
+
+
+@pytest.mark.parametrize("name, required", [("train", []), ("evaluate", ["--model_name_or_path", "m"]),
+                                            ("generate", ["--model_name_or_path", "m"]),
+                                            ("topics", ["--model_name_or_path", "m"]), ("demo", [])])
+def test_an_unknown_flag_is_an_error(name, required, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main([name, *required, "--bogus_flag", "3"])
+    assert exit_.value.code == 2
+    assert f"topic-lm {name}: error: unrecognized arguments: --bogus_flag 3" in capsys.readouterr().err
+
+
+def test_an_abbreviated_flag_is_an_error(capsys):
+    with pytest.raises(SystemExit):
+        parse_command("demo", ["--max_step", "5"])  # not silently taken for --max_steps
+    assert "unrecognized arguments: --max_step 5" in capsys.readouterr().err
+
+
+def test_train_defaults_suit_these_models_and_flags_still_win():
+    _, _, args = parse_command("train", ["--output_dir", "x"])
+    assert (args.learning_rate, args.logging_steps, args.disable_tqdm) == (1e-3, 50, False)
+    _, _, args = parse_command("train", ["--output_dir", "x", "--learning_rate", "3e-4", "--logging_steps", "7",
+                                         "--disable_tqdm", "true"])
+    assert (args.learning_rate, args.logging_steps, args.disable_tqdm) == (3e-4, 7, True)
+
+
+def test_config_overrides_go_through_transformers_and_the_config_class():
+    config = make_config(ModelArguments(model_type="tcnlm",
+                                        config_overrides="hidden_size=64, dropout=0.25,tie_word_embeddings=true"))
+    assert (config.hidden_size, config.dropout, config.tie_word_embeddings) == (64, 0.25, True)
+    assert config.num_factors == 64  # derived by TCNLMConfig from the overridden hidden size, not left at 600
+    # a config file's explicit values stay unless overridden; its model_type wins
+    config = make_config(ModelArguments(model_type="lstm_lm", config_file="hub_configs/tcnlm-apnews-small.json",
+                                        config_overrides="hidden_size=128,num_topics=20"))
+    assert (config.model_type, config.hidden_size, config.num_factors, config.num_topics) == ("tcnlm", 128, 600, 20)
+    with pytest.raises(ValueError, match="hidden_sise isn't in the original config"):
+        make_config(ModelArguments(model_type="lstm_lm", config_overrides="hidden_sise=64"))
+    with pytest.raises(ValueError, match="dropout must be in"):  # the configuration's own check runs
+        make_config(ModelArguments(model_type="tcnlm", config_overrides="dropout=1.5"))
+    with pytest.raises(ValueError, match="topic_word_ids"):  # a list cannot be written as key=value
+        make_config(ModelArguments(model_type="topic_rnn", config_overrides="topic_word_ids=3"))
+
+
+def test_train_and_evaluate_show_progress_without_pin_memory_noise(synthetic_files, tmp_path, capsys, caplog):
+    import warnings
+
+    train_file, valid_file = synthetic_files
+    caplog.set_level("INFO", logger="topic_lm_hf")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        main(["train", "--train_file", train_file, "--validation_file", valid_file, "--min_freq", "1",
+              "--config_overrides", "embedding_size=8,hidden_size=8", "--output_dir", str(tmp_path / "m"),
+              "--max_steps", "4", "--logging_steps", "2", "--per_device_train_batch_size", "8"])
+    assert not [w for w in caught if "pin_memory" in str(w.message)]
+    captured = capsys.readouterr()
+    assert len(re.findall(r"'loss': ", captured.out + captured.err)) >= 2  # a log line every 2 steps
+    assert re.search(r"\d+/4 \[", captured.err)  # the progress bar, up to step 4
+
+    main(["evaluate", "--model_name_or_path", str(tmp_path / "m"), "--validation_file", valid_file,
+          "--protocols", "paper,causal"])
+    lines = [r.getMessage() for r in caplog.records if r.name == "topic_lm_hf"]
+    assert any("evaluating protocol paper (1/2)" in line for line in lines)
+    assert any(re.search(r"causal perplexity [\d.]+ on \d+ tokens \(\d+ s\)", line) for line in lines)
+    assert re.search(r"\| causal \| .* \| [\d.]+ \| \d+ \|", capsys.readouterr().out)

@@ -1,6 +1,7 @@
 """Hub sharing: remote code loads without the package; the card names its protocols; push uploads."""
 
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -63,3 +64,79 @@ def test_push_to_hub_uploads_the_saved_folder(monkeypatch, tmp_path):
     push_to_hub(model, "me/lstm-test", tok, topic_tok)
     assert uploaded["repo"] == "me/lstm-test"
     assert "model.safetensors" in uploaded["files"] and "topic_tokenizer/tokenizer.json" in uploaded["files"]
+
+
+def test_card_has_model_index_results_family_tags_and_the_repo_id(tmp_path):
+    from topic_lm_hf import TCNLMConfig, TCNLMForCausalLM, TopicRNNConfig, TopicRNNForCausalLM
+
+    tok, topic_tok = build_vocabularies(synthetic_documents(30), min_freq=1)
+    lstm = LSTMLMForCausalLM(LSTMLMConfig(vocab_size=len(tok), embedding_size=4, hidden_size=4))
+    rows = [{"protocol": p, "perplexity": v, "tokens": 99, "dataset": "APNEWS valid"}
+            for p, v in (("paper", 101.234), ("causal", 123.456))]
+    save_for_hub(lstm, tmp_path / "lstm", tok, topic_tok, results=rows, repo_id="me/lstm-apnews")
+    card = ModelCard.load(tmp_path / "lstm" / "README.md")
+    assert "REPO_ID" not in card.content and 'repo = "me/lstm-apnews"' in card.text
+    assert card.data.model_name == "lstm-apnews"
+    results = {r.metric_config: r for r in card.data.eval_results}
+    assert set(results) == {"paper", "causal"}
+    causal = results["causal"]
+    assert (causal.metric_type, causal.metric_value, causal.dataset_name, causal.dataset_type, causal.task_type) == (
+        "perplexity", 123.46, "APNEWS valid", "apnews-valid", "text-generation")
+    assert "model-index" in (tmp_path / "lstm" / "README.md").read_text()
+    assert "topic-model" not in card.data.tags and {"lstm", "lstm_lm", "custom_code"} <= set(card.data.tags)
+
+    tcnlm = TCNLMForCausalLM(TCNLMConfig(vocab_size=len(tok), topic_vocab_size=len(topic_tok), num_topics=3,
+                                         embedding_size=4, hidden_size=4, lm_type="naive_moe"))
+    tags = set(save_for_hub(tcnlm, tmp_path / "tcnlm") and ModelCard.load(tmp_path / "tcnlm" / "README.md").data.tags)
+    assert {"topic-model", "lstm", "tcnlm", "mixture-of-experts", "custom_code"} <= tags
+    card = ModelCard.load(tmp_path / "tcnlm" / "README.md")
+    assert card.data.eval_results is None and "No evaluation recorded." in card.text
+    assert f'repo = "{tmp_path / "tcnlm"}"' in card.text  # without a repo id, the example loads the folder
+
+    gru = TopicRNNForCausalLM(TopicRNNConfig.from_tokenizers(tok, topic_tok, cell="gru", num_topics=3,
+                                                             embedding_size=4, hidden_size=4))
+    save_for_hub(gru, tmp_path / "gru")
+    tags = set(ModelCard.load(tmp_path / "gru" / "README.md").data.tags)
+    assert {"topic-model", "gru", "topicgru", "topic_rnn"} <= tags and "lstm" not in tags
+
+
+def test_the_card_template_ships_in_the_wheel_and_is_used_from_an_installed_package(tmp_path):
+    """Build the wheel from the sources, unpack it, and write a card from there in a process that
+    sees neither this checkout nor an editable install: the results must be in the card."""
+    import shutil
+    import subprocess
+    import sys
+    import zipfile
+
+    import topic_lm_hf
+
+    root = Path(topic_lm_hf.__file__).resolve().parents[2]
+    project = tmp_path / "project"
+    shutil.copytree(root / "src", project / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(root / name, project / name)
+    build = subprocess.run([sys.executable, "-c", "import sys; from setuptools import build_meta; "
+                            "print(build_meta.build_wheel(sys.argv[1]))", str(tmp_path / "dist")],
+                           cwd=project, capture_output=True, text=True)
+    assert build.returncode == 0, build.stderr[-2000:]
+    wheel = tmp_path / "dist" / build.stdout.strip().splitlines()[-1]
+    with zipfile.ZipFile(wheel) as zf:
+        assert "topic_lm_hf/templates/model_card.md" in zf.namelist()
+        zf.extractall(tmp_path / "site")
+    script = f"""
+import json, os, sys
+sys.path = [{str(tmp_path / 'site')!r}] + [p for p in sys.path if not os.path.isdir(os.path.join(p or ".", "topic_lm_hf"))]
+import topic_lm_hf
+assert topic_lm_hf.__file__.startswith({str(tmp_path / 'site')!r}), topic_lm_hf.__file__
+from huggingface_hub import ModelCard
+from topic_lm_hf import LSTMLMConfig, LSTMLMForCausalLM
+from topic_lm_hf.hub import save_for_hub
+model = LSTMLMForCausalLM(LSTMLMConfig(vocab_size=20, embedding_size=4, hidden_size=4))
+save_for_hub(model, "card", results=[{{"protocol": "causal", "perplexity": 77.7, "dataset": "apnews valid"}}])
+card = ModelCard.load("card/README.md")
+print(json.dumps({{"values": [r.metric_value for r in card.data.eval_results], "table": "| causal | 77.70 |" in card.text}}))
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": "", "HF_HUB_OFFLINE": "1"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"values": [77.7], "table": True}

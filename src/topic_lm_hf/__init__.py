@@ -23,6 +23,17 @@ for _config, _base, _lm in ((LSTMLMConfig, LSTMLMModel, LSTMLMForCausalLM), (TCN
     AutoModelForCausalLM.register(_config, _lm, exist_ok=True)
 AutoModelForSequenceClassification.register(TopicRNNConfig, TopicRNNForSequenceClassification, exist_ok=True)
 
+# Every save_pretrained (Trainer checkpoints included) also writes the model's flat code files and an
+# ``auto_map`` into config.json. The folder then loads with ``trust_remote_code=True`` where this package is not
+# imported, and transformers' error there asks for exactly that instead of suggesting to upgrade transformers.
+# Where the package is imported, its registered classes are used (transformers prefers them to remote code).
+for _cls, _auto in ((LSTMLMConfig, "AutoConfig"), (TCNLMConfig, "AutoConfig"), (TopicRNNConfig, "AutoConfig"),
+                    (LSTMLMModel, "AutoModel"), (TCNLMModel, "AutoModel"), (TopicRNNModel, "AutoModel"),
+                    (LSTMLMForCausalLM, "AutoModelForCausalLM"), (TCNLMForCausalLM, "AutoModelForCausalLM"),
+                    (TopicRNNForCausalLM, "AutoModelForCausalLM"),
+                    (TopicRNNForSequenceClassification, "AutoModelForSequenceClassification")):
+    _cls.register_for_auto_class(_auto)
+
 __all__ = [
     "TopicContextCollator", "make_bow", "build_vocabularies", "check_vocabularies", "documents_from_lists",
     "load_documents", "load_vocabularies", "record_vocabularies", "save_vocabularies", "synthetic_documents",

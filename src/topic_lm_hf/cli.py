@@ -1,7 +1,8 @@
-"""The ``topic-lm`` command: ``train``, ``evaluate``, ``generate``, ``topics`` and ``demo``.
+"""The `topic-lm` command: train, evaluate, generate, topics and demo.
 
-Arguments are dataclasses parsed by ``HfArgumentParser``, as in transformers' ``run_clm.py``:
-every ``TrainingArguments`` flag works with ``topic-lm train``. Examples::
+Arguments are dataclasses parsed by `HfArgumentParser`, as in transformers' `run_clm.py`: every
+`TrainingArguments` flag works with `topic-lm train`. Each subcommand is one entry of `COMMANDS`
+(its argument dataclasses and its handler), so a new subcommand is one more entry. Examples:
 
     topic-lm train --train_file ../shared/data/apnews/train.txt --validation_file ../shared/data/apnews/valid.txt \\
         --model_type lstm_lm --config_overrides "embedding_size=300,hidden_size=600" \\
@@ -14,17 +15,17 @@ every ``TrainingArguments`` flag works with ``topic-lm train``. Examples::
 from __future__ import annotations
 
 import inspect
-import json
 import logging
 import os
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, HfArgumentParser, TrainingArguments, set_seed
+from transformers import (AutoConfig, AutoModelForCausalLM, HfArgumentParser, PretrainedConfig, TrainingArguments,
+                          set_seed)
 from transformers.trainer_utils import get_last_checkpoint
 
 from . import data as data_lib
@@ -34,54 +35,107 @@ from .trainer import TopicLMTrainer
 
 logger = logging.getLogger("topic_lm_hf")
 
+# Help texts of flags that several subcommands share.
+_HELP = {
+    "validation_file": "Validation corpus: a Lau et al. .txt file (one document per line, sentences separated by "
+                       "TAB), or .jsonl / .jsonl.gz / .parquet raw text (with --text_column).",
+    "text_column": "Raw-text column of JSON / Parquet corpora (then sentence-split and tokenized by syntok).",
+    "max_sentence_length": "Predicted tokens per chunk: longer sentences are cut into chunks of this length.",
+    "max_context_tokens": "Topic tokens kept in a context bag of words (the first N of the context, in document "
+                          "order).",
+    "max_eval_documents": "Use only the first N validation documents.",
+    "protocols": "Comma-separated perplexity protocols to report: paper (context = document minus the sentence; "
+                 "sees later sentences), causal (preceding sentences), causal-carry (preceding sentences, state "
+                 "carried across the document).",
+}
+
 
 @dataclass
 class DataArguments:
-    train_file: Optional[str] = field(default=None, metadata={"help": "Training corpus (Lau .txt, .jsonl[.gz], .parquet)."})
-    validation_file: Optional[str] = field(default=None, metadata={"help": "Validation corpus, same formats."})
-    text_column: Optional[str] = field(default=None, metadata={"help": "Raw-text column of JSON / Parquet corpora."})
+    train_file: Optional[str] = field(default=None, metadata={
+        "help": "Training corpus: a Lau et al. .txt file, or .jsonl / .jsonl.gz / .parquet raw text (with "
+                "--text_column). Default: ../shared/data/apnews/train.txt when it exists, else the synthetic corpus."})
+    validation_file: Optional[str] = field(default=None, metadata={
+        "help": _HELP["validation_file"] + " Default: ../shared/data/apnews/valid.txt with the default training "
+                "corpus, else 10%% of the training documents."})
+    text_column: Optional[str] = field(default=None, metadata={"help": _HELP["text_column"]})
     min_freq: int = field(default=10, metadata={"help": "LM vocabulary: minimum word frequency."})
     stopwords: str = field(default="default", metadata={
-        "help": "Stop list for the topic vocabulary: 'default' (scikit-learn's English list), 'none', or a file."})
+        "help": "Stop list removed from the topic vocabulary: 'default' (scikit-learn's English list, 318 words), "
+                "'mallet' (MALLET's 524-word list that the papers use, read from "
+                "../shared/data/stopwords/mallet_en.txt), 'none', or a file with one word per line."})
     min_doc_freq: int = field(default=0, metadata={"help": "Topic vocabulary: minimum document frequency."})
-    max_sentence_length: int = field(default=30, metadata={"help": "Predicted tokens per chunk."})
-    max_context_tokens: int = field(default=300, metadata={"help": "Topic tokens kept in a context bag of words."})
+    max_sentence_length: int = field(default=30, metadata={"help": _HELP["max_sentence_length"]})
+    max_context_tokens: int = field(default=300, metadata={"help": _HELP["max_context_tokens"]})
     context: str = field(default="others", metadata={
-        "help": "Training context: 'others' (papers), 'preceding' (causal) or 'document'."})
+        "help": "Training context of topic models: 'others' (the document minus the sentence, as in the papers), "
+                "'preceding' (causal) or 'document'. Models without a context ignore it."})
     max_train_documents: Optional[int] = field(default=None, metadata={"help": "Use only the first N training documents."})
-    max_eval_documents: Optional[int] = field(default=None, metadata={"help": "Use only the first N validation documents."})
-    protocols: str = field(default="paper,causal,causal-carry", metadata={"help": "Perplexity protocols to report."})
-    synthetic: bool = field(default=False, metadata={"help": "Use the package's synthetic corpus."})
+    max_eval_documents: Optional[int] = field(default=None, metadata={"help": _HELP["max_eval_documents"]})
+    synthetic: bool = field(default=False, metadata={"help": "Use the package's synthetic corpus (not real text)."})
 
 
 @dataclass
 class ModelArguments:
-    model_type: str = field(default="lstm_lm", metadata={"help": "A registered model_type (e.g. lstm_lm)."})
-    model_name_or_path: Optional[str] = field(default=None, metadata={"help": "A saved model to continue from / use."})
-    config_file: Optional[str] = field(default=None, metadata={"help": "A JSON config (see hub_configs/)."})
+    model_type: str = field(default="lstm_lm", metadata={
+        "help": "The model to train: lstm_lm, tcnlm or topic_rnn (any registered model_type)."})
+    model_name_or_path: Optional[str] = field(default=None, metadata={
+        "help": "A saved model folder or Hub id to continue training (its vocabularies are reused)."})
+    config_file: Optional[str] = field(default=None, metadata={
+        "help": "A JSON configuration (e.g. one of hub_configs/), a model folder or a Hub id whose config.json "
+                "is used; its model_type wins over --model_type."})
     config_overrides: Optional[str] = field(default=None, metadata={
-        "help": "Comma-separated key=value pairs applied to the config, e.g. 'hidden_size=256,dropout=0.2'."})
+        "help": "Comma-separated key=value pairs applied to the configuration with transformers' "
+                "PretrainedConfig.update_from_string, e.g. 'hidden_size=256,dropout=0.2' (booleans: true / false)."})
+
+
+@dataclass
+class EvaluateArguments:
+    model_name_or_path: str = field(metadata={"help": "A saved model folder or Hub id (with its tokenizers)."})
+    validation_file: Optional[str] = field(default=None, metadata={
+        "help": _HELP["validation_file"] + " Default: ../shared/data/apnews/valid.txt when it exists."})
+    text_column: Optional[str] = field(default=None, metadata={"help": _HELP["text_column"]})
+    max_eval_documents: Optional[int] = field(default=None, metadata={"help": _HELP["max_eval_documents"]})
+    protocols: str = field(default="paper,causal,causal-carry", metadata={"help": _HELP["protocols"]})
+    max_sentence_length: int = field(default=30, metadata={"help": _HELP["max_sentence_length"]})
+    max_context_tokens: int = field(default=300, metadata={"help": _HELP["max_context_tokens"]})
+    batch_size: int = field(default=64, metadata={"help": "Chunks (or documents, for causal-carry) per forward pass."})
 
 
 @dataclass
 class GenerateArguments:
-    model_name_or_path: str = field(metadata={"help": "A saved model folder or Hub id."})
-    prompt: str = field(default="", metadata={"help": "Text to continue (raw text; tokenized like the corpora)."})
-    max_new_tokens: int = 30
-    do_sample: bool = False
-    num_beams: int = 1
-    num_return_sequences: int = 1
-    temperature: float = 1.0
-    top_k: int = 0
-    seed: int = 0
-    topic_ids: Optional[str] = field(default=None, metadata={"help": "Comma-separated topic ids (topic models)."})
-    context_text: Optional[str] = field(default=None, metadata={"help": "A document whose topics steer generation."})
+    model_name_or_path: str = field(metadata={"help": "A saved model folder or Hub id (with its tokenizers)."})
+    prompt: str = field(default="", metadata={
+        "help": "Text to continue (raw text, tokenized and lower-cased like the corpora); empty: start a sentence."})
+    max_new_tokens: int = field(default=30, metadata={"help": "Tokens to generate after the prompt."})
+    do_sample: bool = field(default=False, metadata={
+        "help": "Sample from the model's distribution (with --temperature and --top_k); without it, greedy or "
+                "beam search."})
+    num_beams: int = field(default=1, metadata={"help": "Beams of beam search (1: no beam search)."})
+    num_return_sequences: int = field(default=1, metadata={
+        "help": "Continuations to print (at most --num_beams without sampling)."})
+    temperature: float = field(default=1.0, metadata={"help": "Sampling temperature (with --do_sample)."})
+    top_k: int = field(default=0, metadata={
+        "help": "Sample only among the k most probable tokens (with --do_sample; 0: all tokens)."})
+    seed: int = field(default=0, metadata={"help": "Random seed (sampling)."})
+    topic_ids: Optional[str] = field(default=None, metadata={
+        "help": "Comma-separated topic ids: generate from an equal mixture of these topics (topic models; see "
+                "topic-lm topics)."})
+    context_text: Optional[str] = field(default=None, metadata={
+        "help": "A document whose topics steer generation (topic models)."})
 
 
 @dataclass
 class TopicsArguments:
-    model_name_or_path: str = field(metadata={"help": "A saved topic model."})
-    top_n: int = 10
+    model_name_or_path: str = field(metadata={"help": "A saved topic model folder or Hub id."})
+    top_n: int = field(default=10, metadata={"help": "Words printed per topic."})
+
+
+@dataclass
+class DemoArguments:
+    output_dir: str = field(default="out/demo", metadata={"help": "Where the two models are saved."})
+    max_steps: int = field(default=200, metadata={"help": "Training steps of each model."})
+    protocols: str = field(default="paper,causal,causal-carry", metadata={"help": _HELP["protocols"]})
 
 
 # ----------------------------------------------------------------------------------------------
@@ -97,17 +151,30 @@ def shared_data_dir() -> Optional[Path]:
     return next((c for c in candidates if (c / "apnews" / "train.txt").exists()), None)
 
 
-def _parse_overrides(text: Optional[str]) -> dict:
-    out = {}
-    for item in filter(None, (x.strip() for x in (text or "").split(","))):
-        if "=" not in item:
-            raise ValueError(f"config override {item!r} is not key=value")
-        key, value = item.split("=", 1)
+def make_config(model_args: ModelArguments) -> PretrainedConfig:
+    """The configuration that ``model_args`` describe, before it is sized to the vocabularies.
+
+    ``--config_file`` is read by ``PretrainedConfig.get_config_dict`` (a JSON file, a model folder
+    or a Hub id) and ``--config_overrides`` parsed by ``PretrainedConfig.update_from_string``: a key
+    the configuration does not have is an error and values take the type of the current ones. The
+    result is built by the configuration class itself (``AutoConfig.for_model``), so its checks run
+    and derived defaults follow the overrides (TCNLM's ``num_factors`` follows ``hidden_size``).
+    """
+    kwargs = {}
+    if model_args.config_file:
+        kwargs, _ = PretrainedConfig.get_config_dict(model_args.config_file)
+        kwargs = {k: v for k, v in kwargs.items() if k not in ("transformers_version", "architectures", "auto_map")}
+    model_type = kwargs.pop("model_type", model_args.model_type)
+    config = AutoConfig.for_model(model_type, **kwargs)
+    if model_args.config_overrides:
+        overrides = ",".join(item.strip() for item in model_args.config_overrides.split(",") if item.strip())
+        keys = [item.split("=", 1)[0] for item in overrides.split(",")]
         try:
-            out[key.strip()] = json.loads(value)
-        except json.JSONDecodeError:
-            out[key.strip()] = value
-    return out
+            config.update_from_string(overrides)
+        except (ValueError, TypeError) as error:
+            raise ValueError(f"--config_overrides {overrides!r}: {error}") from error
+        config = AutoConfig.for_model(model_type, **{**kwargs, **{key: getattr(config, key) for key in keys}})
+    return config
 
 
 def _accepts(model, name: str) -> bool:
@@ -120,12 +187,7 @@ def build_model(model_args: ModelArguments, tokenizer, topic_tokenizer):
         model = AutoModelForCausalLM.from_pretrained(model_args.model_name_or_path)
         data_lib.check_vocabularies(tokenizer, topic_tokenizer, model.config)
         return model
-    kwargs = {}
-    if model_args.config_file:
-        kwargs.update(json.loads(Path(model_args.config_file).read_text()))
-    kwargs.update(_parse_overrides(model_args.config_overrides))
-    model_type = kwargs.pop("model_type", model_args.model_type)
-    config = AutoConfig.for_model(model_type, **kwargs)
+    config = make_config(model_args)
     config.vocab_size = len(tokenizer)
     for name, token in (("pad_token_id", "<pad>"), ("bos_token_id", "<bos>"), ("eos_token_id", "<eos>")):
         setattr(config, name, tokenizer.convert_tokens_to_ids(token))
@@ -176,6 +238,15 @@ def format_perplexity_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def pin_memory_only_with_accelerator(training_args: TrainingArguments) -> None:
+    """Turn ``dataloader_pin_memory`` off on CPU runs: pinning there does nothing but make the
+    DataLoader warn ("'pin_memory' argument is set as true but no accelerator is found")."""
+    accelerator = getattr(torch, "accelerator", None)
+    available = accelerator.is_available() if accelerator is not None else torch.cuda.is_available()
+    if training_args.dataloader_pin_memory and (training_args.use_cpu or not available):
+        training_args.dataloader_pin_memory = False
+
+
 # ----------------------------------------------------------------------------------------------
 # commands
 # ----------------------------------------------------------------------------------------------
@@ -185,6 +256,7 @@ def train(data_args: DataArguments, model_args: ModelArguments, training_args: T
           train_docs=None, valid_docs=None, callbacks=None):
     """Train (resuming from the last complete checkpoint in ``output_dir`` if there is one) and save."""
     set_seed(training_args.seed)
+    pin_memory_only_with_accelerator(training_args)
     if train_docs is None:
         train_docs, valid_docs, source = load_corpora(data_args)
         logger.info("Data: %s", source)
@@ -216,9 +288,15 @@ def train(data_args: DataArguments, model_args: ModelArguments, training_args: T
 
 
 def evaluate(model, docs, protocols, tokenizer=None, topic_tokenizer=None, name="model", **kw) -> list[dict]:
+    """Perplexity under each protocol; logs a line when a protocol starts and when it ends (with its time)."""
     rows = []
-    for protocol in protocols:
+    for i, protocol in enumerate(protocols, 1):
+        logger.info("%s: evaluating protocol %s (%d/%d) on %d documents ...", name, protocol, i, len(protocols),
+                    len(docs))
+        start = time.time()
         result = evaluate_perplexity(model, docs, protocol, tokenizer=tokenizer, topic_tokenizer=topic_tokenizer, **kw)
+        logger.info("%s: %s perplexity %.2f on %d tokens (%.0f s)", name, protocol, result["perplexity"],
+                    result["tokens"], time.time() - start)
         rows.append({"model": name, **result})
     return rows
 
@@ -241,13 +319,10 @@ def generate_text(model, tokenizer, prompt: str = "", topic_tokenizer=None, topi
     return [" ".join(tokenizer.convert_ids_to_tokens([i for i in row.tolist() if i not in hidden])) for row in out]
 
 
-def demo(argv: list[str]) -> None:
+def demo(data_args: DataArguments, demo_args: DemoArguments) -> None:
     """The main job: train a small LSTM LM and a TCNLM of the same size, evaluate both under every
     protocol, save, reload with the Auto classes, generate (from prompts and from topics)."""
-    parser = HfArgumentParser((DataArguments,))
-    (data_args, rest) = parser.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
-    out_dir = next((rest[i + 1] for i, a in enumerate(rest[:-1]) if a == "--output_dir"), "out/demo")
-    max_steps = int(next((rest[i + 1] for i, a in enumerate(rest[:-1]) if a == "--max_steps"), 200))
+    out_dir, max_steps = demo_args.output_dir, demo_args.max_steps
     t0 = time.time()
     train_docs, valid_docs, source = load_corpora(data_args)
     print(f"[demo] data: {source}")
@@ -274,7 +349,7 @@ def demo(argv: list[str]) -> None:
         probe = tok(["the"], return_tensors="pt")
         same = torch.allclose(model(**probe).logits, reloaded(**probe).logits)
         print(f"[demo] {model_type}: saved to {path}; reloaded with AutoModelForCausalLM, identical logits: {same}")
-        results += evaluate(reloaded, valid_docs, data_args.protocols.split(","), name=model_type)
+        results += evaluate(reloaded, valid_docs, demo_args.protocols.split(","), name=model_type)
         for prompt in ("the senate", "police said", ""):
             text = generate_text(reloaded, tok, prompt, max_new_tokens=20, do_sample=True, top_k=40)[0]
             print(f"[demo] {model_type} generates from {prompt!r}: {text}")
@@ -288,8 +363,123 @@ def demo(argv: list[str]) -> None:
     print(f"\n[demo] finished in {time.time() - t0:.0f} s")
 
 
+# ----------------------------------------------------------------------------------------------
+# the command line: one entry of COMMANDS per subcommand
+# ----------------------------------------------------------------------------------------------
+
+
+def run_train(data_args: DataArguments, model_args: ModelArguments, training_args: TrainingArguments) -> None:
+    train(data_args, model_args, training_args)
+    print(f"saved to {training_args.output_dir}")
+
+
+def run_evaluate(args: EvaluateArguments) -> None:
+    model = AutoModelForCausalLM.from_pretrained(args.model_name_or_path)
+    if args.validation_file is None and shared_data_dir() is None:
+        raise SystemExit("topic-lm evaluate: error: give --validation_file (../shared/data is absent)")
+    valid_file = args.validation_file or str(shared_data_dir() / "apnews" / "valid.txt")
+    docs = data_lib.load_documents(valid_file, text_column=args.text_column, max_documents=args.max_eval_documents)
+    rows = evaluate(model, docs, args.protocols.split(","), name=args.model_name_or_path,
+                    max_sentence_length=args.max_sentence_length, max_context_tokens=args.max_context_tokens,
+                    batch_size=args.batch_size)
+    print(f"validation: {valid_file} ({len(docs)} documents)\n")
+    print(format_perplexity_table(rows))
+
+
+def run_generate(args: GenerateArguments) -> None:
+    set_seed(args.seed)
+    model = AutoModelForCausalLM.from_pretrained(args.model_name_or_path).eval()
+    tok, topic_tok = data_lib.load_vocabularies(args.model_name_or_path)
+    topic_ids = [int(x) for x in args.topic_ids.split(",")] if args.topic_ids else None
+    texts = generate_text(model, tok, args.prompt, topic_tokenizer=topic_tok, topic_ids=topic_ids,
+                          context_text=args.context_text, max_new_tokens=args.max_new_tokens,
+                          do_sample=args.do_sample, num_beams=args.num_beams,
+                          num_return_sequences=args.num_return_sequences, temperature=args.temperature,
+                          top_k=args.top_k or None)
+    print("\n".join(texts))
+
+
+def run_topics(args: TopicsArguments) -> None:
+    model = AutoModelForCausalLM.from_pretrained(args.model_name_or_path)
+    if not hasattr(model, "get_topics"):
+        raise SystemExit(f"{type(model).__name__} has no topics (it is not a topic model)")
+    for k, words in enumerate(model.get_topics(top_n=args.top_n)):
+        print(f"topic {k:3d}: {' '.join(words)}")
+
+
+@dataclass(frozen=True)
+class Command:
+    """A subcommand: what it does (``summary`` for ``topic-lm --help``, ``help`` for its own
+    ``--help``), the dataclasses of its flags, the handler that gets one instance of each, and
+    defaults that differ from the dataclasses' own."""
+
+    summary: str
+    arguments: tuple
+    handler: Callable[..., None]
+    help: str = ""
+    defaults: dict = field(default_factory=dict)
+
+
+COMMANDS: dict[str, Command] = {
+    "train": Command(
+        "Train a model on a corpus and save it with its tokenizers.",
+        (DataArguments, ModelArguments, TrainingArguments), run_train,
+        help="Resumes from the last checkpoint-* in --output_dir. Every TrainingArguments flag works; defaults that "
+             "differ from TrainingArguments: --learning_rate 1e-3, --logging_steps 50, progress bar on "
+             "(--disable_tqdm true turns it off; the logs are then printed as lines).",
+        defaults={"learning_rate": 1e-3, "logging_steps": 50, "disable_tqdm": False}),
+    "evaluate": Command(
+        "Perplexity of a saved model under each context protocol.", (EvaluateArguments,), run_evaluate,
+        help="Logs a line when each protocol starts and ends (with its time), then prints a table."),
+    "generate": Command(
+        "Generate text from a saved model: from a prompt, from topics or from a document's topics.",
+        (GenerateArguments,), run_generate),
+    "topics": Command("Print the top words of every topic of a saved topic model.", (TopicsArguments,), run_topics),
+    "demo": Command(
+        "Train, evaluate, save, reload and generate with a small LSTM LM and a TCNLM of the same size.",
+        (DataArguments, DemoArguments), demo,
+        help="Uses ../shared/data/apnews when it exists, --train_file when given, else a synthetic corpus (the "
+             "output says SYNTHETIC). A few minutes on 2 CPU cores."),
+}
+
+
+def command_parser(name: str) -> HfArgumentParser:
+    """The parser of one subcommand: its usage line names it and it lists only its own flags."""
+    command = COMMANDS[name]
+    parser = HfArgumentParser(command.arguments, prog=f"topic-lm {name}",
+                              description=f"{command.summary} {command.help}".strip(), allow_abbrev=False)
+    parser.set_defaults(**command.defaults)
+    return parser
+
+
+def parse_command(name: str, argv: list[str]) -> tuple:
+    """One instance of each argument dataclass of ``name``; an unknown flag is an error (exit 2)."""
+    parser = command_parser(name)
+    *parsed, remaining = parser.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
+    if remaining:
+        parser.error(f"unrecognized arguments: {' '.join(remaining)}")
+    return tuple(parsed)
+
+
+def usage() -> str:
+    """``topic-lm --help``: the subcommands and what each does."""
+    width = max(map(len, COMMANDS))
+    lines = [f"usage: topic-lm {{{','.join(COMMANDS)}}} [-h] ...", "",
+             "Topic-guided neural language models as Hugging Face transformers models.", "", "commands:"]
+    lines += [f"  {name:<{width}}  {command.summary}" for name, command in COMMANDS.items()]
+    lines += ["", "Run 'topic-lm COMMAND --help' for the flags of a command."]
+    return "\n".join(lines)
+
+
 def main(argv: Optional[list[str]] = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage(), file=sys.stdout if argv else sys.stderr)
+        sys.exit(0 if argv else 2)
+    name, argv = argv[0], argv[1:]
+    if name not in COMMANDS:
+        print(usage(), file=sys.stderr)
+        sys.exit(f"topic-lm: error: unknown command {name!r} (choose from {', '.join(COMMANDS)})")
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     for noisy in ("datasets", "transformers.trainer", "transformers.configuration_utils", "transformers.modeling_utils"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
@@ -299,52 +489,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     datasets.disable_progress_bars()
     transformers.utils.logging.disable_progress_bar()
     transformers.utils.logging.set_verbosity_error()
-    commands = ("train", "evaluate", "generate", "topics", "demo")
-    if not argv or argv[0] not in commands:
-        print(f"usage: topic-lm {{{','.join(commands)}}} [--help]\n\n{__doc__}")
-        sys.exit(0 if argv and argv[0] in ("-h", "--help") else 2)
-    command, argv = argv[0], argv[1:]
-    if command == "demo":
-        return demo(argv)
-    if command == "train":
-        data_args, model_args, training_args = HfArgumentParser(
-            (DataArguments, ModelArguments, TrainingArguments)).parse_args_into_dataclasses(args=argv)
-        train(data_args, model_args, training_args)
-        print(f"saved to {training_args.output_dir}")
-    elif command == "evaluate":
-        data_args, model_args = HfArgumentParser((DataArguments, ModelArguments)).parse_args_into_dataclasses(args=argv)
-        if not model_args.model_name_or_path:
-            raise SystemExit("evaluate needs --model_name_or_path")
-        model = AutoModelForCausalLM.from_pretrained(model_args.model_name_or_path)
-        if data_args.validation_file is None and shared_data_dir() is None:
-            raise SystemExit("evaluate needs --validation_file")
-        valid_file = data_args.validation_file or str(shared_data_dir() / "apnews" / "valid.txt")
-        docs = data_lib.load_documents(valid_file, text_column=data_args.text_column,
-                                       max_documents=data_args.max_eval_documents)
-        rows = evaluate(model, docs, data_args.protocols.split(","), name=model_args.model_name_or_path,
-                        max_sentence_length=data_args.max_sentence_length,
-                        max_context_tokens=data_args.max_context_tokens)
-        print(f"validation: {valid_file} ({len(docs)} documents)\n")
-        print(format_perplexity_table(rows))
-    elif command == "generate":
-        (args,) = HfArgumentParser((GenerateArguments,)).parse_args_into_dataclasses(args=argv)
-        set_seed(args.seed)
-        model = AutoModelForCausalLM.from_pretrained(args.model_name_or_path).eval()
-        tok, topic_tok = data_lib.load_vocabularies(args.model_name_or_path)
-        topic_ids = [int(x) for x in args.topic_ids.split(",")] if args.topic_ids else None
-        texts = generate_text(model, tok, args.prompt, topic_tokenizer=topic_tok, topic_ids=topic_ids,
-                              context_text=args.context_text, max_new_tokens=args.max_new_tokens,
-                              do_sample=args.do_sample, num_beams=args.num_beams,
-                              num_return_sequences=args.num_return_sequences, temperature=args.temperature,
-                              top_k=args.top_k or None)
-        print("\n".join(texts))
-    elif command == "topics":
-        (args,) = HfArgumentParser((TopicsArguments,)).parse_args_into_dataclasses(args=argv)
-        model = AutoModelForCausalLM.from_pretrained(args.model_name_or_path)
-        if not hasattr(model, "get_topics"):
-            raise SystemExit(f"{type(model).__name__} has no topics (it is not a topic model)")
-        for k, words in enumerate(model.get_topics(top_n=args.top_n)):
-            print(f"topic {k:3d}: {' '.join(words)}")
+    parsed = parse_command(name, argv)
+    COMMANDS[name].handler(*parsed)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,8 @@ class LSTMLMPreTrainedModel(RecurrentPreTrainedModel):
 class LSTMLMModel(LSTMLMPreTrainedModel):
     """Embeddings and a stack of LSTM layers; returns the top layer's outputs (b, s, H)."""
 
+    _keys_to_ignore_on_load_unexpected = [r"^(lm_head|proj)\."]  # a causal LM's output layer: not in the body
+
     def __init__(self, config: LSTMLMConfig):
         super().__init__(config)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.embedding_size, padding_idx=config.pad_token_id)

@@ -314,6 +314,8 @@ class TCNLMPreTrainedModel(RecurrentPreTrainedModel):
 class TCNLMModel(TCNLMPreTrainedModel):
     """Embeddings, the neural topic model and the topic-conditioned recurrent LM (no output layer)."""
 
+    _keys_to_ignore_on_load_unexpected = [r"^(lm_head|proj)\.", r"^kl_annealing_step$"]  # causal LM only
+
     def __init__(self, config: TCNLMConfig):
         super().__init__(config)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.embedding_size, padding_idx=config.pad_token_id)

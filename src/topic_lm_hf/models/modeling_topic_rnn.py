@@ -140,6 +140,8 @@ class TopicRNNInferenceNetwork(nn.Module):
 class TopicRNNModel(TopicRNNPreTrainedModel):
     """The shared body: word embeddings, the recurrent cell and the inference network."""
 
+    _keys_to_ignore_on_load_unexpected = [r"^(lm_head|stop_head|topic_head|classifier)\.", r"^kl_annealing_step$"]
+
     def __init__(self, config: TopicRNNConfig):
         super().__init__(config)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.embedding_size, padding_idx=config.pad_token_id)

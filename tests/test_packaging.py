@@ -1,0 +1,46 @@
+"""The declared dependencies are the ones the package imports (plus what transformers' Trainer needs)."""
+
+import ast
+import importlib.metadata
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+tomllib = pytest.importorskip("tomllib", reason="tomllib is in the standard library from Python 3.11")
+
+ROOT = Path(__file__).resolve().parents[1]
+# Declared for what they do although the package never imports them itself.
+USED_THROUGH = {"accelerate": "transformers.Trainer requires it for training"}
+
+
+def _imported_top_level_modules() -> set[str]:
+    names = set()
+    for path in (ROOT / "src" / "topic_lm_hf").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names.add(node.module.split(".")[0])
+    return names - set(sys.stdlib_module_names) - {"__future__", "topic_lm_hf"}
+
+
+def _declared() -> set[str]:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    return {re.split(r"[<>=!~\[; ]", spec, 1)[0].lower().replace("_", "-") for spec in project["dependencies"]}
+
+
+def test_every_declared_dependency_is_imported_or_needed_by_transformers():
+    distributions = importlib.metadata.packages_distributions()
+    imported = {dist.lower().replace("_", "-") for module in _imported_top_level_modules()
+                for dist in distributions.get(module, [module])}
+    unused = _declared() - imported - set(USED_THROUGH)
+    assert unused == set(), f"declared in pyproject.toml but never used: {sorted(unused)}"
+
+
+def test_every_imported_third_party_module_is_declared():
+    distributions = importlib.metadata.packages_distributions()
+    undeclared = {module for module in _imported_top_level_modules()
+                  if not {d.lower().replace("_", "-") for d in distributions.get(module, [module])} & _declared()}
+    assert undeclared == set(), f"imported but not declared in pyproject.toml: {sorted(undeclared)}"
