@@ -39,9 +39,10 @@ def test_raw_text_jsonl_is_split_tokenized_lowercased_and_keeps_labels():
 def test_tokenize_text_sentences_and_abbreviations():
     sents = tokenize_text("Mr. Smith went to Washington.<br /><br />He said it's $7.5 million!")
     assert sents == [["mr.", "smith", "went", "to", "washington", "."],
-                     ["he", "said", "it", "'s", "$", "7.5", "million", "!"]] or \
-        sents[0][:2] == ["mr", "."] or sents[0][0].startswith("mr")
-    assert len(sents) == 2
+                     ["he", "said", "it", "'s", "$", "7.5", "million", "!"]]
+    # the Lau et al. conventions: n't split off, hyphenated words and initialisms whole
+    assert tokenize_text("The 40-year-old U.S. senator didn't go.") == [
+        ["the", "40-year-old", "u.s.", "senator", "did", "n't", "go", "."]]
 
 
 def test_parquet_and_dataset_inputs(tmp_path):

@@ -17,18 +17,18 @@ tokenizer is saved to a ``topic_tokenizer/`` subfolder next to the model.
 
 from __future__ import annotations
 
-import html
+import bisect
+import functools
 import logging
 import math
 import os
 import random
-import re
 from collections import Counter
 from pathlib import Path
 from typing import Iterable, Sequence
 
 import datasets
-from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 logger = logging.getLogger(__name__)
@@ -36,7 +36,6 @@ logger = logging.getLogger(__name__)
 PAD, UNK, BOS, EOS = "<pad>", "<unk>", "<bos>", "<eos>"
 SPECIAL_TOKENS = (PAD, UNK, BOS, EOS)  # ids 0, 1, 2, 3 in every LM vocabulary built here
 TOPIC_TOKENIZER_SUBFOLDER = "topic_tokenizer"
-_HTML_BREAK = re.compile(r"<\s*br\s*/?\s*>", re.IGNORECASE)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -44,23 +43,123 @@ _HTML_BREAK = re.compile(r"<\s*br\s*/?\s*>", re.IGNORECASE)
 # ----------------------------------------------------------------------------------------------
 
 
+# How raw text becomes word tokens. One definition serves both tokenize_text (Python's ``regex``,
+# hence load_documents and make_bow) and the tokenizers' normalizer / pre-tokenizer (Oniguruma), so
+# that ``tok(text)`` and ``load_documents`` agree, and a tokenizer saved with a model keeps the rules
+# without this package. The rules are those of the Lau et al. corpora (PTB-like): every APNEWS
+# token stays one token, so already-tokenized text tokenizes as a plain split on spaces.
+
+# Text replacements, in order (the tokenizer's normalizer applies them, then lower-cases).
+_TEXT_REPLACEMENTS = (
+    (r"(?<=\p{Ll}[.!?])(?=\p{Lu})", " "),  # "the end.The next" -> "the end. The next" (a missing space)
+    (r"(?i)<\s*br\s*/?\s*>", "\n"),  # HTML line breaks (IMDB's <br />)
+    (r"&amp;", "&"), (r"&quot;", '"'), (r"&lt;", "<"), (r"&gt;", ">"), (r"&#0?39;", "'"), (r"&apos;", "'"),
+    (r"&nbsp;", " "),  # the HTML entities that occur in the corpora
+    ("\u2019", "'"),  # the typographic apostrophe: it’s -> it's
+)
+
+# Words that keep their final period, with single letters (initials, initialisms: "w." "u.s." "a.m.").
+_ABBREVIATIONS = """
+mr mrs ms messrs dr prof rev msgr sr jr st ste mt ft gen lt col maj capt cmdr adm brig sgt cpl pfc spc pvt
+sen sens rep reps gov govs pres supt insp atty
+jan feb mar apr jun jul aug sep sept oct nov dec
+inc corp co cos ltd llc plc bros assn dept univ
+ala ariz ark calif colo conn fla ga kan kans ky md mich minn mont neb nev okla penn tenn tex va vt wis wyo que ont
+vs etc approx ave blvd hwy fig figs vol vols pp cf
+""".split()
+# Abbreviations that are also English words keep their period only after ", " or "-" ("springfield, ill."
+# "d-ind.") or before a number ("no. 1"), so that "i felt ill." ends with "ill" ".".
+_AMBIGUOUS_ABBREVIATIONS = "ill wash miss mass mo pa ind del ore la no".split()
+
+
+def _word_pattern() -> str:
+    """The pre-tokenizer's regular expression, for lower-cased text (alternatives are tried in order)."""
+    alnum = r"[\p{L}\p{M}\p{N}]"
+    not_alnum = r"(?![\p{L}\p{M}\p{N}])"
+    clitic = r"(?:s|re|ve|ll|m|d)"
+    # What may join two runs of letters/digits inside one token: 40-year-old bit.ly and/or at&t o'brien 1,000 9:30
+    joiner = rf"(?:\.-|-|\.|/|&|@|_|\?|!|'(?!{clitic}{not_alnum})|(?<=\p{{N}})[,:](?=\p{{N}}))"
+    abbreviations = "|".join(sorted(_ABBREVIATIONS, key=len, reverse=True))
+    ambiguous = "|".join(sorted(_AMBIGUOUS_ABBREVIATIONS, key=len, reverse=True))
+    period = r"\.(?![\p{L}\p{M}\p{N}]|\.\.)"  # a final period (not the first of "...")
+    last_run = "|".join([
+        rf"\p{{L}}{period}",  # an initial, or the last letter of an initialism: w. u.s. a.m.
+        # gov. jan. d-calif. wyo.-based w.va. (but not healthcare.gov.)
+        rf"(?=\p{{L}}{{2,7}}\.)(?<![\p{{L}}\p{{N}}]{{2}}\.)(?:{abbreviations}){period}",
+        rf"(?:(?<=,\s)|(?<=-))(?:{ambiguous}){period}|(?:{ambiguous})\.(?=\s+\p{{N}})",
+        rf"{alnum}+(?:"
+        r"\.(?=\s+[.,;:!?](?!\S))"  # a period followed by the text's own punctuation: "st. cloud. ,"
+        r"|(?<=\p{L})\$(?!\S)"  # currency prefixes: us$ au$
+        r"|@[^\s\p{L}\p{M}\p{N}]?(?!\S)"  # markup artifacts: file@: energy@?
+        r")?",
+    ])
+    word = rf"(?:(?<!\S)[-.,](?=\p{{N}})|(?<!\S)@(?=\p{{L}}))?(?:{alnum}+{joiner})*(?:{last_run})"
+    return "|".join([
+        r"(?<!\S)[^\s\p{L}\p{M}\p{N}]+(?!\S)",  # punctuation standing alone: -- ... '' $ ?!
+        r"(?:https?://|www\.)\S*[\p{L}\p{N}/]",  # URLs
+        rf"{alnum}[\p{{L}}\p{{M}}\p{{N}}._%+-]*@[\p{{L}}\p{{N}}-]+(?:\.[\p{{L}}\p{{N}}-]+)+",  # e-mail addresses
+        rf"'(?:{clitic}|em|n'|\p{{N}}\p{{N}}s?){not_alnum}",  # it|'s we|'re, 'em, rock 'n' roll, the '90s
+        rf"n't{not_alnum}|\p{{L}}+(?=n't{not_alnum})",  # do|n't ca|n't
+        word,  # words and numbers: -18 .38 7.5 1,000 e-mail u.s. gov.
+        r"\.{2,}|-{2,}|!{2,}|\?{2,}|'{2,}|`{2,}",  # runs of one mark: ... -- !!
+        r"\S",  # any other character on its own: , ; : ( ) " ' $
+    ])
+
+
+WORD_PATTERN = _word_pattern()
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled_text_rules():
+    import regex
+
+    # Case-insensitive: Python splits the original text (the tokenizer splits it lower-cased).
+    return ([(regex.compile(p), r) for p, r in _TEXT_REPLACEMENTS], regex.compile(WORD_PATTERN, regex.IGNORECASE))
+
+
+def normalize_text(text: str) -> str:
+    """The text replacements of the tokenizers' normalizer (before lower-casing), in Python."""
+    replacements, _ = _compiled_text_rules()
+    for pattern, replacement in replacements:
+        text = pattern.sub(lambda _m, r=replacement: r, text)
+    return text
+
+
+def word_tokens(text: str, lowercase: bool = True) -> list[str]:
+    """Raw text -> word tokens, as the LM and topic tokenizers' pre-tokenizer splits it."""
+    _, words = _compiled_text_rules()
+    text = normalize_text(text or "")
+    return [m.group().lower() if lowercase else m.group() for m in words.finditer(text)]
+
+
 def tokenize_text(text: str, lowercase: bool = True) -> list[list[str]]:
     """Split raw text into sentences of word tokens.
 
-    Uses ``syntok`` (rule-based, pure Python, no model download): it knows abbreviations
-    ("Mr.", "U.S."), splits clitics ("it 's") and currency the way the Lau et al. corpora are
-    tokenized. HTML line breaks (IMDB's ``<br />``) and entities are removed first.
+    Words are split by :data:`WORD_PATTERN`, the rule the tokenizers built by
+    :func:`build_vocabularies` apply (so ``tok(text)`` sees the same words): lower-cased,
+    punctuation split from words ("monday ,"), clitics split as in the Lau et al. corpora
+    ("it 's", "do n't"), while hyphenated words, numbers, URLs and abbreviations stay whole
+    ("40-year-old", "1,000", "u.s.", "gov."). HTML line breaks (IMDB's ``<br />``) and common
+    entities are removed first. Sentences are split by ``syntok`` (rule-based, pure Python, no
+    model download), which knows abbreviations ("Mr.", "U.S.").
     """
     import syntok.segmenter as segmenter
 
-    text = html.unescape(_HTML_BREAK.sub("\n", text or ""))
-    sentences = []
-    for paragraph in segmenter.process(text):
-        for sentence in paragraph:
-            tokens = [tok.value.lower() if lowercase else tok.value for tok in sentence]
-            tokens = [t for t in tokens if t.strip()]
-            if tokens:
-                sentences.append(tokens)
+    _, words = _compiled_text_rules()
+    text = normalize_text(text or "")
+    tokens = [(m.start(), m.group().lower() if lowercase else m.group()) for m in words.finditer(text)]
+    if not tokens:
+        return []
+    starts = [next(t.offset for t in sentence if t.value)
+              for paragraph in segmenter.analyze(text) for sentence in paragraph if any(t.value for t in sentence)]
+    sentences: list[list[str]] = []
+    current = None
+    for offset, token in tokens:
+        index = max(bisect.bisect_right(starts, offset) - 1, 0)
+        if index != current:
+            sentences.append([])
+            current = index
+        sentences[-1].append(token)
     return sentences
 
 
@@ -188,12 +287,31 @@ def read_stopwords(stopwords: str | os.PathLike | Iterable[str] | None = "defaul
     return frozenset(w.lower() for w in stopwords)
 
 
+# Tokens written without a space before them when decoding: closing punctuation and clitics.
+_ATTACHED_TOKENS = r"[.,;:!?)\]}%]|\.\.\.|n't|'(?:s|re|ve|ll|m|d)"
+
+
 def _word_level_tokenizer(words: Sequence[str], add_bos: bool) -> PreTrainedTokenizerFast:
+    """A WordLevel tokenizer over ``words`` that splits raw text like :func:`tokenize_text`.
+
+    * normalizer: the replacements of :data:`_TEXT_REPLACEMENTS` (HTML breaks and entities, a
+      missing space after a sentence, the typographic apostrophe), then lower-casing;
+    * pre-tokenizer: :data:`WORD_PATTERN` (punctuation and clitics split off, abbreviations,
+      numbers and hyphenated words kept), so text that is already tokenized like the corpora, one
+      token between spaces, splits exactly at its spaces;
+    * decoder: a space before every token except closing punctuation and clitics, so that a
+      decoded continuation reads "police said the senate, on monday." and joins its prompt (the
+      text-generation pipeline appends it to the prompt text; like GPT-2's tokens it starts with
+      a space; ``.strip()`` a decoded whole text if needed). Every token decodes on its own the
+      same way, which ``generate(stop_strings=...)`` relies on.
+    """
     vocab = {w: i for i, w in enumerate(words)}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
-    tok.normalizer = normalizers.Lowercase()
-    # Corpora are pre-tokenized: a token is whatever stands between spaces ("u.s.", "40-year-old").
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.normalizer = normalizers.Sequence(
+        [normalizers.Replace(Regex(p), r) for p, r in _TEXT_REPLACEMENTS] + [normalizers.Lowercase()])
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(WORD_PATTERN), behavior="isolated"),
+                                                 pre_tokenizers.WhitespaceSplit()])
+    tok.decoder = decoders.Replace(Regex(f"^(?!(?:{_ATTACHED_TOKENS})$)"), " ")
     if add_bos:
         # A prompt starts like a training sentence, with <bos>; <eos> is never added to prompts.
         tok.post_processor = processors.TemplateProcessing(
