@@ -33,6 +33,7 @@ from typing import Optional, Sequence
 import torch
 from torch import nn
 from transformers import PreTrainedModel
+from transformers.generation.stopping_criteria import StopStringCriteria
 from transformers.utils import ModelOutput
 
 
@@ -276,6 +277,35 @@ def normalize_topic_kwargs(num_topics: int, topic_vocab_size: int, batch_size: O
 
 
 # ----------------------------------------------------------------------------------------------
+# stop strings
+# ----------------------------------------------------------------------------------------------
+
+
+class WordStopStringCriteria(StopStringCriteria):
+    """transformers' ``StopStringCriteria`` for word-level vocabularies.
+
+    transformers finds the text of each token by decoding it after the tokens of a probe word
+    ("abcdef"); a word-level tokenizer turns the probe into ``<unk>``, and ``StopStringCriteria``
+    fails with ``ValueError: substring not found``. Here the text of a token is its own decoding
+    (the package's tokenizers decode every token independently: " said", ","), which is exact for
+    them; tokenizers with which the probe works keep transformers' method.
+    """
+
+    @staticmethod
+    def clean_tokenizer_vocab(tokenizer, static_prefix="abcdef", stop_string_matching_mode=None):
+        probe = tokenizer(static_prefix, add_special_tokens=False)["input_ids"]
+        if static_prefix in tokenizer.decode(probe):
+            return StopStringCriteria.clean_tokenizer_vocab(tokenizer, static_prefix, stop_string_matching_mode)
+        vocab = tokenizer.get_vocab()
+        strings, indices = [], []
+        for token, index in vocab.items():
+            text = tokenizer.convert_tokens_to_string([token])
+            strings.append(text.encode("utf-8") if stop_string_matching_mode is not None else text)
+            indices.append(index)
+        return tuple(strings), tuple(indices)
+
+
+# ----------------------------------------------------------------------------------------------
 # PreTrainedModel base
 # ----------------------------------------------------------------------------------------------
 
@@ -295,6 +325,19 @@ class RecurrentPreTrainedModel(PreTrainedModel):
 
     def _reorder_cache(self, state, beam_idx):
         return reorder_state(state, beam_idx)
+
+    def _get_stopping_criteria(self, generation_config, stopping_criteria, tokenizer=None, **kwargs):
+        # generate(stop_strings=..., tokenizer=tok) with a word-level tokenizer: see WordStopStringCriteria.
+        stop_strings = generation_config.stop_strings
+        if stop_strings is None or tokenizer is None:
+            return super()._get_stopping_criteria(generation_config, stopping_criteria, tokenizer, **kwargs)
+        generation_config.stop_strings = None
+        try:
+            criteria = super()._get_stopping_criteria(generation_config, stopping_criteria, tokenizer, **kwargs)
+        finally:
+            generation_config.stop_strings = stop_strings
+        criteria.append(WordStopStringCriteria(stop_strings=stop_strings, tokenizer=tokenizer))
+        return criteria
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
