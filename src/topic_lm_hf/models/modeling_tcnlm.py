@@ -193,6 +193,7 @@ class TCNLMLSTMLayer(nn.Module):
         b, s, _ = x.shape
         g, f, H = NUM_GATES, self.num_factors, self.hidden_size
         # Input side for all steps at once (eq. 14): x~ = (W_b t) ⊙ (W_c x), then W_a x~ per gate.
+        t = t.to(self.W_b.dtype)  # t is float32 (see _float_simplex); the weights may be bfloat16
         x_tilde = F.linear(x, self.W_c) * F.linear(t, self.W_b).unsqueeze(1)  # (b, s, 4 n_f)
         gates_x = torch.einsum("bsgf,ghf->sbgh", x_tilde.view(b, s, g, f), self.W_a)  # (s, b, 4, H)
         # (s, b, 4 H), time-major; unbind (not indexing) so that backward stacks the step gradients once
@@ -307,6 +308,15 @@ class TCNLMPreTrainedModel(RecurrentPreTrainedModel):
             nn.init.normal_(module.word_vectors, 0.0, std)
 
 
+def _float_simplex(t: torch.Tensor) -> torch.Tensor:
+    """t in float32, on the simplex: a bfloat16 softmax sums to 1 only within ~T * 2^-8, while t is
+    checked (and reused as ``topic_mixture`` by generation) with a tolerance of 1e-3."""
+    if t.dtype == torch.float32:
+        return t
+    t = t.float()
+    return t / t.sum(-1, keepdim=True)
+
+
 class TCNLMModel(TCNLMPreTrainedModel):
     """Embeddings, the neural topic model and the topic-conditioned recurrent LM (no output layer)."""
 
@@ -350,18 +360,19 @@ class TCNLMModel(TCNLMPreTrainedModel):
             return topic_ids_to_mixture(given["topic_ids"].to(device), cfg.num_topics), None
         if "context_bow" in given:
             bow = given["context_bow"].to(device)
-            t, mean, logvar = self.topic_model(bow, sample=self.training)
+            t, mean, logvar = self.topic_model(bow.to(self.dtype), sample=self.training)
             if not return_topic_losses:
-                return t, None
-            return t, {"bow_nll": self.topic_model.bow_nll(bow, t), "kl": self.topic_model.kl(mean, logvar),
-                       "context_tokens": bow.sum(-1)}
-        return self.topic_model.prior_proportions(batch_size).to(device), None
+                return _float_simplex(t), None
+            losses = {"bow_nll": self.topic_model.bow_nll(bow, t), "kl": self.topic_model.kl(mean, logvar),
+                      "context_tokens": bow.sum(-1)}
+            return _float_simplex(t), losses
+        return _float_simplex(self.topic_model.prior_proportions(batch_size).to(device)), None
 
     def infer_topics(self, context_bow) -> torch.Tensor:
         """Topic proportions t (b, T) of documents given as bags of words (b, V_c): the posterior mean."""
         given = normalize_topic_kwargs(self.config.num_topics, self.config.topic_vocab_size, context_bow=context_bow)
-        mean, _ = self.topic_model.posterior(given["context_bow"].to(self.device))
-        return self.topic_model.proportions(mean)
+        mean, _ = self.topic_model.posterior(given["context_bow"].to(self.device, self.dtype))
+        return _float_simplex(self.topic_model.proportions(mean))
 
     @torch.no_grad()
     def get_topics(self, top_n: int = 10, topic_tokenizer=None) -> list[list[str]]:

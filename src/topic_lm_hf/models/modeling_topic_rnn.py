@@ -127,6 +127,7 @@ class TopicRNNInferenceNetwork(nn.Module):
             x = torch.log1p(x)
         elif self.input_transform == "frequencies":
             x = x / x.sum(-1, keepdim=True).clamp(min=1.0)
+        x = x.to(self.mean.weight.dtype)  # the model's dtype (e.g. loaded with dtype=torch.bfloat16)
         for layer in self.layers:
             x = torch.relu(layer(x))
         log_sigma = self.log_sigma(x).clamp(-self.max_log_sigma, self.max_log_sigma)
@@ -275,7 +276,7 @@ class TopicRNNForCausalLM(TopicRNNPreTrainedModel, TopicGenerationMixin, Generat
 
     def topic_bias(self, theta: torch.Tensor) -> torch.Tensor:
         """b_i^T theta for every LM word: (b, K) -> (b, V), exactly zero at stop words."""
-        topic_logits = self.topic_head(theta)  # (b, V_c)
+        topic_logits = self.topic_head(theta.to(self.topic_head.weight.dtype))  # (b, V_c)
         padded = F.pad(topic_logits, (1, 0))  # column 0 is the zero bias of stop words
         return padded.index_select(1, self.lm_to_topic_ids(theta.device) + 1)
 
@@ -472,7 +473,8 @@ class TopicRNNForSequenceClassification(TopicRNNPreTrainedModel):
                 document_features = self.model.document_features(input_ids=input_ids, attention_mask=attention_mask,
                                                                   inputs_embeds=inputs_embeds,
                                                                   context_bow=context_bow)
-        features = document_features.to(self.classifier.dense.weight.device).float()
+        weight = self.classifier.dense.weight
+        features = document_features.to(weight.device, weight.dtype)
         logits = self.classifier(features)
         loss = None
         if labels is not None:
