@@ -2,6 +2,8 @@
 and its naive MoE, TopicRNN with each cell) on real APNEWS batches: loading in bfloat16, per-layer
 hidden states, gradient checkpointing, resizing the token embeddings, stop strings."""
 
+import copy
+
 import pytest
 import torch
 from transformers import AutoModel, AutoModelForCausalLM
@@ -194,3 +196,35 @@ def test_trainer_with_gradient_checkpointing_trains_the_same_weights(family, apn
         trained[checkpointing] = model.state_dict()
     for name, value in trained[False].items():
         torch.testing.assert_close(trained[True][name], value, rtol=1e-4, atol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("family", FAMILIES + ["topic_rnn-rnn"])
+def test_resize_token_embeddings_after_adding_words(family, apnews, batch, tmp_path):
+    tok, topic_tok = apnews["tok"], apnews["topic_tok"]
+    tok = copy.deepcopy(tok)  # words are added to it
+    model = make(family, tok, topic_tok).eval()
+    inputs = lm_inputs(family, batch, labels=False)
+    with torch.no_grad():
+        before = model(**inputs).logits  # a first forward (TopicRNN caches its word -> topic map here)
+    old_size = len(tok)
+    assert tok.add_tokens(["zzyzx", "qwrtp"]) == 2
+    model.resize_token_embeddings(len(tok))
+    assert model.config.vocab_size == len(tok) == old_size + 2
+    text = tok(["the senate said zzyzx qwrtp"], return_tensors="pt")
+    assert text["input_ids"][0, -2:].tolist() == [old_size, old_size + 1]
+    with torch.no_grad():
+        after = model(**inputs).logits
+        assert after.shape == (*before.shape[:2], old_size + 2) and torch.isfinite(after).all()
+        if family in ("lstm_lm", "tcnlm"):  # plain softmax layers: the old words' scores are unchanged
+            torch.testing.assert_close(after[..., :old_size], before)
+        extra = {} if family == "lstm_lm" else {"context_bow": batch["context_bow"][:1]}
+        out = model(**text, labels=text["input_ids"], **extra)
+        assert torch.isfinite(out.loss)
+        generated = model.generate(**text, max_new_tokens=3, min_new_tokens=3, do_sample=False, **extra)
+    assert generated.shape[1] == text["input_ids"].shape[1] + 3
+    if family.startswith("topic_rnn"):
+        assert model.stop_word_mask.shape == (old_size + 2,) and model.stop_word_mask[-2:].all()
+    model.save_pretrained(tmp_path)
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(**inputs).logits, after)

@@ -269,7 +269,8 @@ class TopicRNNForCausalLM(TopicRNNPreTrainedModel, TopicGenerationMixin, Generat
         """(V,) topic id of every LM word, -1 for stop words (built from ``config.topic_word_ids``)."""
         device = device if device is not None else self.lm_head.weight.device
         ids = self.config.topic_word_ids
-        key = (id(ids), len(ids) if ids is not None else -1, str(device))
+        # vocab_size is part of the key: resize_token_embeddings changes it (the new words are stop words).
+        key = (id(ids), len(ids) if ids is not None else -1, self.config.vocab_size, str(device))
         cached = self.__dict__.get("_lm_to_topic_cache")
         if cached is not None and cached[0] == key:
             return cached[1]
