@@ -58,10 +58,12 @@ def test_bfloat16_forward_loss_and_generate(family, apnews, batch, tmp_path):
         got = torch.log_softmax(half(**inputs).logits.float(), -1)
     real = batch["attention_mask"].bool()
     assert (got - ref)[real].abs().max() < 0.15  # bfloat16 keeps ~3 significant digits
-    half.train()
-    out = half(**lm_inputs(family, batch))
-    assert torch.isfinite(out.loss) and abs(out.loss.item() - model.train()(**lm_inputs(family, batch)).loss.item()) < 0.1
-    out.loss.backward()
+    losses = []
+    for m in (model, half):
+        torch.manual_seed(1)  # the same theta samples
+        losses.append(m.train()(**lm_inputs(family, batch)))
+    assert torch.isfinite(losses[1].loss) and abs(losses[1].loss.item() - losses[0].loss.item()) < 0.1
+    losses[1].loss.backward()
     assert all(p.grad is None or p.grad.dtype == torch.bfloat16 for p in half.parameters())
     half.eval()
     prompt = tok(["the senate said"], return_tensors="pt")
@@ -187,9 +189,9 @@ def test_trainer_with_gradient_checkpointing_trains_the_same_weights(family, apn
     trained = {}
     for checkpointing in (False, True):
         model = make(family, tok, topic_tok)
-        args = TrainingArguments(output_dir=str(tmp_path / str(checkpointing)), max_steps=3, per_device_train_batch_size=8,
-                                 learning_rate=1e-2, report_to=[], use_cpu=True, disable_tqdm=True, save_strategy="no",
-                                 seed=0, gradient_checkpointing=checkpointing)
+        args = TrainingArguments(output_dir=str(tmp_path / str(checkpointing)), max_steps=3,
+                                 per_device_train_batch_size=8, learning_rate=1e-2, report_to=[], use_cpu=True,
+                                 disable_tqdm=True, save_strategy="no", seed=0, gradient_checkpointing=checkpointing)
         trainer = TopicLMTrainer(model=model, args=args, train_dataset=rows, data_collator=collator)
         trainer.train()
         assert model.model.gradient_checkpointing is checkpointing
@@ -228,3 +230,18 @@ def test_resize_token_embeddings_after_adding_words(family, apnews, batch, tmp_p
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
     with torch.no_grad():
         torch.testing.assert_close(reloaded(**inputs).logits, after)
+
+
+@pytest.mark.parametrize("family", TOPIC_FAMILIES)
+def test_stop_strings_with_topic_conditioning(family, apnews, batch):
+    tok = apnews["tok"]
+    model = make(family, tok, apnews["topic_tok"]).eval()
+    prompt = tok(["police said"], return_tensors="pt")
+    bow = batch["context_bow"][:1]
+    free = model.generate(**prompt, context_bow=bow, max_new_tokens=8, min_new_tokens=8, do_sample=False)
+    n = prompt["input_ids"].shape[1]
+    stop = tok.decode(free[0, n + 1:n + 3])  # the 2nd and 3rd new words, e.g. " the senate"
+    stopped = model.generate(**prompt, context_bow=bow, max_new_tokens=8, min_new_tokens=8, do_sample=False,
+                             stop_strings=[stop], tokenizer=tok)
+    first = next(i for i in range(8) if stop in tok.decode(free[0, n:n + i + 1]))
+    assert torch.equal(stopped[0], free[0, :n + first + 1])

@@ -125,7 +125,8 @@ def test_generate_stops_at_stop_strings(apnews):
     words = tok.convert_ids_to_tokens(new)
     # Stop at the third new word; a stop string spanning two words (with their space) works too.
     for stop in (words[2], f"{words[1]} {words[2]}"):
-        stopped = model.generate(**prompt, max_new_tokens=12, do_sample=False, stop_strings=[stop], tokenizer=tok)
+        stopped = model.generate(**prompt, max_new_tokens=12, min_new_tokens=12, do_sample=False, stop_strings=[stop],
+                                 tokenizer=tok)
         first = next(i for i in range(len(words)) if stop in tok.decode(new[:i + 1]))
         assert torch.equal(stopped[0], free[0, :prompt["input_ids"].shape[1] + first + 1]), (stop, words)
     with pytest.raises(ValueError, match="tokenizer"):
