@@ -116,3 +116,27 @@ def test_vocabularies_round_trip_and_mismatch_errors(tmp_path):
         build_vocabularies(documents_from_lists([]))
     with pytest.raises(ValueError, match="min_freq"):
         build_vocabularies(docs, min_freq=100)
+
+
+@requires_data("apnews", "valid.txt")
+def test_streaming_gives_the_same_documents_and_vocabularies(caplog):
+    import itertools
+
+    path = DATA / "apnews" / "valid.txt"
+    docs = load_documents(path)
+    stream = load_documents(path, streaming=True)
+    assert isinstance(stream, datasets.IterableDataset) and stream.column_names == ["sentences"]
+    assert list(itertools.islice(stream, 5)) == [docs[i] for i in range(5)]
+    assert len(list(load_documents(path, streaming=True, max_documents=7))) == 7
+    tok, topic_tok = build_vocabularies(load_documents(path, streaming=True), min_freq=3, stopwords=MALLET)
+    tok2, topic_tok2 = build_vocabularies(docs, min_freq=3, stopwords=MALLET)
+    assert tok.get_vocab() == tok2.get_vocab() and topic_tok.get_vocab() == topic_tok2.get_vocab()
+    # Empty documents of a stream are skipped (logged) or raise when they are reached.
+    raw = datasets.IterableDataset.from_generator(
+        lambda: iter([{"body": "One. Two!", "label": 1}, {"body": "  ", "label": 0}, {"body": "Three?", "label": 1}]))
+    with caplog.at_level("WARNING"):
+        rows = list(load_documents(raw, text_column="body"))
+    assert [r["sentences"] for r in rows] == [[["one", "."], ["two", "!"]], [["three", "?"]]]
+    assert [r["label"] for r in rows] == [1, 1] and "row index 1" in caplog.text
+    with pytest.raises(ValueError, match="row index 1"):
+        list(load_documents(raw, text_column="body", on_empty="error"))

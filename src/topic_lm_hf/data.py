@@ -167,11 +167,31 @@ def _split_lau_line(line: str) -> list[list[str]]:
     return [s.split() for s in line.split("\t") if s.strip()]
 
 
-def _drop_empty(ds: datasets.Dataset, on_empty: str, source: str) -> datasets.Dataset:
+def dataset_columns(ds: datasets.Dataset | datasets.IterableDataset) -> list[str]:
+    """The column names of a dataset or stream (a stream of unknown features is peeked at: its first row)."""
+    if ds.column_names is not None:
+        return list(ds.column_names)
+    first = next(iter(ds), None)
+    return list(first) if first is not None else []
+
+
+def _drop_empty(ds, on_empty: str, source: str):
     if on_empty not in ("skip", "error", "keep"):
         raise ValueError(f"on_empty must be 'skip', 'error' or 'keep', got {on_empty!r}")
     if on_empty == "keep":
         return ds
+    if isinstance(ds, datasets.IterableDataset):
+        # A stream is checked as it is read: each empty document is logged (or raises) when reached.
+        def keep(example, index):
+            if any(len(s) for s in example["sentences"]):
+                return True
+            if on_empty == "error":
+                raise ValueError(f"Empty document in {source} (row index {index}). Remove it or pass "
+                                 "on_empty='skip'.")
+            logger.warning("Skipping an empty document in %s (row index %d)", source, index)
+            return False
+
+        return ds.filter(keep, with_indices=True)
     n_tokens = ds.map(lambda b: {"_n": [sum(len(s) for s in d) for d in b["sentences"]]},
                       batched=True, desc="counting tokens")["_n"]
     empty = [i for i, n in enumerate(n_tokens) if n == 0]
@@ -186,34 +206,52 @@ def _drop_empty(ds: datasets.Dataset, on_empty: str, source: str) -> datasets.Da
     return ds.select(keep)
 
 
+_SENTENCES_FEATURE = {"sentences": datasets.Sequence(datasets.Sequence(datasets.Value("string")))}
+STREAM_BATCH_SIZE = 64  # documents per batch when a stream is mapped (a Dataset uses datasets' default, 1000)
+
+
 def load_documents(
-    source: str | os.PathLike | datasets.Dataset,
+    source: str | os.PathLike | datasets.Dataset | datasets.IterableDataset,
     text_column: str | None = None,
     format: str | None = None,
     lowercase: bool = True,
     on_empty: str = "skip",
     num_proc: int | None = None,
     max_documents: int | None = None,
-) -> datasets.Dataset:
+    streaming: bool = False,
+) -> datasets.Dataset | datasets.IterableDataset:
     """Load a corpus as a ``datasets.Dataset`` of documents (column ``sentences``).
 
     Args:
-        source: a path or a ``datasets.Dataset``. Paths ending in ``.txt`` are read in the Lau et
-            al. format (one document per line, sentences separated by TAB, tokens by spaces,
-            already tokenized and lower-cased). ``.json``/``.jsonl`` (optionally ``.gz``) and
-            ``.parquet`` files, and datasets, need ``text_column``: raw text that is
-            sentence-split and tokenized with :func:`tokenize_text`.
+        source: a path, a ``datasets.Dataset`` or a ``datasets.IterableDataset``. Paths ending in
+            ``.txt`` are read in the Lau et al. format (one document per line, sentences separated
+            by TAB, tokens by spaces, already tokenized and lower-cased). ``.json``/``.jsonl``
+            (optionally ``.gz``) and ``.parquet`` files, and datasets, need ``text_column``: raw
+            text that is sentence-split and tokenized with :func:`tokenize_text`.
         text_column: the raw-text column; required for anything but the Lau format.
-        format: force ``"lau"``, ``"json"`` or ``"parquet"`` instead of guessing from the suffix.
+        format: force ``"lau"``, ``"json"`` or ``"parquet"`` instead of guessing from the suffix;
+            a dataset with ``format="lau"`` holds Lau et al. lines in its ``text`` column.
         lowercase: lower-case raw text (the Lau format is already lower-case).
         on_empty: documents with no token: ``"skip"`` (logged with their row indices),
             ``"error"`` (raise) or ``"keep"``.
         num_proc: processes for ``Dataset.map``.
         max_documents: keep only the first N documents (quick experiments).
+        streaming: read a path as a stream (``datasets.load_dataset(..., streaming=True)``).
+
+    A stream (an ``IterableDataset`` given, or ``streaming=True``) gives an ``IterableDataset``:
+    nothing is read until it is iterated, documents are tokenized as they are read (in batches of
+    :data:`STREAM_BATCH_SIZE`), and empty documents are skipped (logged) or raise when reached. It
+    is never loaded as a whole: pass it to :meth:`TopicContextCollator.prepare` and train with
+    ``max_steps``.
     """
-    if isinstance(source, (datasets.Dataset,)):
+    if isinstance(source, (datasets.Dataset, datasets.IterableDataset)):
         ds, name = source, "the given dataset"
-        format = "dataset"
+        if format not in (None, "lau"):
+            raise ValueError(f"A dataset is read as raw text (text_column=) or, with format='lau', as Lau et al. "
+                             f"lines in its 'text' column; got format={format!r}")
+        format = format or "dataset"
+        if format == "lau" and "text" not in dataset_columns(ds):
+            raise ValueError(f"format='lau' reads the 'text' column, which {name} lacks (columns: {dataset_columns(ds)})")
     else:
         path = Path(source)
         if not path.exists():
@@ -226,26 +264,39 @@ def load_documents(
             if format is None:
                 raise ValueError(f"Cannot tell the format of {path}; pass format='lau'|'json'|'parquet'")
         if format == "lau":
-            ds = datasets.load_dataset("text", data_files=str(path), split="train")
+            ds = datasets.load_dataset("text", data_files=str(path), split="train", streaming=streaming)
         elif format in ("json", "parquet"):
-            ds = datasets.load_dataset(format, data_files=str(path), split="train")
+            ds = datasets.load_dataset(format, data_files=str(path), split="train", streaming=streaming)
         else:
             raise ValueError(f"Unknown format {format!r}")
+    stream = isinstance(ds, datasets.IterableDataset)
     if max_documents is not None:
-        ds = ds.select(range(min(max_documents, len(ds))))
+        ds = ds.take(max_documents) if stream else ds.select(range(min(max_documents, len(ds))))
+    # A stream is mapped lazily (no processes, no progress bar); its output features are declared.
+    map_kwargs = {"batch_size": STREAM_BATCH_SIZE} if stream else {"num_proc": num_proc}
 
     if format == "lau":
+        if stream:
+            map_kwargs["features"] = datasets.Features(_SENTENCES_FEATURE)
+        else:
+            map_kwargs["desc"] = "splitting documents"
         ds = ds.map(lambda b: {"sentences": [_split_lau_line(x) for x in b["text"]]},
-                    batched=True, remove_columns=["text"], num_proc=num_proc, desc="splitting documents")
+                    batched=True, remove_columns=["text"], **map_kwargs)
     else:
-        if "sentences" in ds.column_names and text_column is None:
+        columns = dataset_columns(ds)
+        if "sentences" in columns and text_column is None:
             return _drop_empty(ds, on_empty, name)
         if text_column is None:
-            raise ValueError(f"{name} is not in the Lau format: pass text_column= (columns: {ds.column_names})")
-        if text_column not in ds.column_names:
-            raise ValueError(f"No column {text_column!r} in {name} (columns: {ds.column_names})")
+            raise ValueError(f"{name} is not in the Lau format: pass text_column= (columns: {columns})")
+        if text_column not in columns:
+            raise ValueError(f"No column {text_column!r} in {name} (columns: {columns})")
+        if stream:
+            if ds.features is not None:
+                map_kwargs["features"] = datasets.Features({**ds.features, **_SENTENCES_FEATURE})
+        else:
+            map_kwargs["desc"] = "tokenizing documents"
         ds = ds.map(lambda b: {"sentences": [tokenize_text(x, lowercase) for x in b[text_column]]},
-                    batched=True, num_proc=num_proc, desc="tokenizing documents")
+                    batched=True, **map_kwargs)
     return _drop_empty(ds, on_empty, name)
 
 
@@ -322,7 +373,7 @@ def _word_level_tokenizer(words: Sequence[str], add_bos: bool) -> PreTrainedToke
 
 
 def build_vocabularies(
-    documents: datasets.Dataset | Sequence[Sequence[Sequence[str]]],
+    documents: datasets.Dataset | datasets.IterableDataset | Sequence[Sequence[Sequence[str]]],
     min_freq: int = 10,
     stopwords: str | os.PathLike | Iterable[str] | None = "default",
     top_fraction: float = 0.001,
@@ -343,7 +394,12 @@ def build_vocabularies(
     stop = read_stopwords(stopwords)
     freq: Counter = Counter()
     doc_freq: Counter = Counter()
-    sentences_iter = documents["sentences"] if isinstance(documents, datasets.Dataset) else documents
+    if isinstance(documents, datasets.Dataset):
+        sentences_iter = documents["sentences"]
+    elif isinstance(documents, datasets.IterableDataset):  # one pass over a stream
+        sentences_iter = (row["sentences"] for row in documents)
+    else:
+        sentences_iter = documents
     n_docs = 0
     for doc in sentences_iter:
         n_docs += 1
