@@ -140,3 +140,40 @@ def test_streaming_gives_the_same_documents_and_vocabularies(caplog):
     assert [r["label"] for r in rows] == [1, 1] and "row index 1" in caplog.text
     with pytest.raises(ValueError, match="row index 1"):
         list(load_documents(raw, text_column="body", on_empty="error"))
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_unreadable_files_are_errors_naming_the_file_and_the_byte(tmp_path, streaming):
+    import re
+
+    def load(name, **kw):
+        return list(load_documents(tmp_path / name, streaming=streaming, **kw))  # a stream raises when read
+
+    (tmp_path / "empty.txt").write_bytes(b"")
+    (tmp_path / "blank.txt").write_bytes(b"\n  \n")
+    with gzip.open(tmp_path / "empty.jsonl.gz", "wb") as f:
+        f.write(b"")
+    for name, kw in (("empty.txt", {}), ("blank.txt", {}), ("empty.jsonl.gz", {"text_column": "text"})):
+        with pytest.raises(ValueError, match=re.escape(str(tmp_path / name)) + " is empty"):
+            load(name, **kw)
+    (tmp_path / "latin1.txt").write_bytes("first line .\nthe caf\u00e9 .\n".encode("latin-1"))
+    with pytest.raises(ValueError, match=re.escape(str(tmp_path / "latin1.txt")) +
+                       r" is not UTF-8 text: byte 0xe9 at byte position 20 \(line 2\)"):
+        load("latin1.txt")
+    with gzip.open(tmp_path / "latin1.jsonl.gz", "wb") as f:
+        f.write(b'{"text": "ok"}\n{"text": "caf\xe9"}\n')
+    with pytest.raises(ValueError, match=r"latin1.jsonl.gz is not UTF-8 text: byte 0xe9 at byte position 28 of the "
+                                         r"decompressed text \(line 2\)"):
+        load("latin1.jsonl.gz", text_column="text")
+
+
+def test_a_text_column_without_text_is_named():
+    ds = datasets.Dataset.from_dict({"text": ["One review."], "label": [1]})
+    with pytest.raises(ValueError, match=r"Column 'label' of the given dataset must hold text, but it holds "
+                                         r"Value\('int64'\)"):
+        load_documents(ds, text_column="label")
+    # A stream of unknown column types is checked row by row as it is read.
+    stream = datasets.IterableDataset.from_generator(lambda: iter([{"body": "Fine."}, {"body": 42}]))
+    with pytest.raises(ValueError, match=r"Column 'body' of the given dataset must hold text, but row 1 holds "
+                                         r"the int 42"):
+        list(load_documents(stream, text_column="body"))

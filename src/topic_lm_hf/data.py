@@ -18,7 +18,9 @@ tokenizer is saved to a ``topic_tokenizer/`` subfolder next to the model.
 from __future__ import annotations
 
 import bisect
+import codecs
 import functools
+import gzip
 import logging
 import math
 import os
@@ -206,6 +208,66 @@ def _drop_empty(ds, on_empty: str, source: str):
     return ds.select(keep)
 
 
+def check_text_file(path: str | os.PathLike, whole: bool = True) -> None:
+    """Raise ``ValueError`` naming ``path`` when it is empty or not UTF-8 (with the byte position and
+    line of the first bad byte; in the decompressed text for ``.gz``). ``whole=False`` only checks
+    that it is not empty (streams: their bytes are checked as they are read)."""
+    path = Path(path)
+    opener = gzip.open if path.suffix == ".gz" else open
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    position = lines = 0
+    has_text = False
+    with opener(path, "rb") as f:
+        while True:
+            block = f.read(1 << 20)
+            if not block:
+                break
+            pending = len(decoder.getstate()[0])  # bytes of a character cut by the previous block
+            try:
+                decoder.decode(block)
+            except UnicodeDecodeError as error:
+                at = position - pending + error.start
+                data = decoder.getstate()[0] + block
+                line = lines + data[:error.start].count(b"\n") + 1
+                where = " of the decompressed text" if path.suffix == ".gz" else ""
+                raise ValueError(f"{path} is not UTF-8 text: byte 0x{data[error.start]:02x} at byte position {at}"
+                                 f"{where} (line {line}) cannot be decoded ({error.reason}). Convert the file "
+                                 "to UTF-8.") from None
+            has_text = has_text or bool(block.strip())
+            position += len(block)
+            lines += block.count(b"\n")
+            if not whole and has_text:
+                return
+    try:
+        decoder.decode(b"", final=True)
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{path} is not UTF-8 text: it ends inside a character (byte position "
+                         f"{position - len(error.object) + error.start}). Convert the file to UTF-8.") from None
+    if not has_text:
+        raise ValueError(f"{path} is empty: it holds no document")
+
+
+def _check_stream_bytes(ds: datasets.IterableDataset, path: Path) -> datasets.IterableDataset:
+    """The stream ``ds`` read from ``path``, whose decoding errors name the file and the byte position."""
+    def rows():
+        try:
+            yield from ds
+        except UnicodeDecodeError:
+            check_text_file(path)  # raises the error with the position
+            raise
+
+    return datasets.IterableDataset.from_generator(rows, features=ds.features)
+
+
+def _text(value, column: str, source: str, row: int) -> str:
+    if isinstance(value, str):
+        return value
+    if value is None:
+        return ""  # a missing text is an empty document
+    raise ValueError(f"Column {column!r} of {source} must hold text, but row {row} holds the "
+                     f"{type(value).__name__} {value!r:.60}: pass text_column= the column with the raw text")
+
+
 _SENTENCES_FEATURE = {"sentences": datasets.Sequence(datasets.Sequence(datasets.Value("string")))}
 STREAM_BATCH_SIZE = 64  # documents per batch when a stream is mapped (a Dataset uses datasets' default, 1000)
 
@@ -263,12 +325,16 @@ def load_documents(
                       ".jsonl.gz": "json", ".parquet": "parquet"}.get(suffixes)
             if format is None:
                 raise ValueError(f"Cannot tell the format of {path}; pass format='lau'|'json'|'parquet'")
-        if format == "lau":
-            ds = datasets.load_dataset("text", data_files=str(path), split="train", streaming=streaming)
-        elif format in ("json", "parquet"):
-            ds = datasets.load_dataset(format, data_files=str(path), split="train", streaming=streaming)
-        else:
+        if format not in ("lau", "json", "parquet"):
             raise ValueError(f"Unknown format {format!r}")
+        if format != "parquet":  # text files: not empty, and UTF-8 (a stream's bytes are checked as read)
+            check_text_file(path, whole=not streaming)
+        ds = datasets.load_dataset("text" if format == "lau" else format, data_files=str(path), split="train",
+                                   streaming=streaming)
+        if streaming and format != "parquet":
+            ds = _check_stream_bytes(ds, path)
+        elif not streaming and len(ds) == 0:
+            raise ValueError(f"{path} is empty: it holds no document")
     stream = isinstance(ds, datasets.IterableDataset)
     if max_documents is not None:
         ds = ds.take(max_documents) if stream else ds.select(range(min(max_documents, len(ds))))
@@ -290,13 +356,19 @@ def load_documents(
             raise ValueError(f"{name} is not in the Lau format: pass text_column= (columns: {columns})")
         if text_column not in columns:
             raise ValueError(f"No column {text_column!r} in {name} (columns: {columns})")
+        feature = ds.features[text_column] if ds.features is not None else None
+        if feature is not None and not (isinstance(feature, datasets.Value)
+                                        and feature.dtype in ("string", "large_string")):
+            raise ValueError(f"Column {text_column!r} of {name} must hold text, but it holds {feature}: pass "
+                             f"text_column= the column with the raw text (columns: {columns})")
         if stream:
             if ds.features is not None:
                 map_kwargs["features"] = datasets.Features({**ds.features, **_SENTENCES_FEATURE})
         else:
             map_kwargs["desc"] = "tokenizing documents"
-        ds = ds.map(lambda b: {"sentences": [tokenize_text(x, lowercase) for x in b[text_column]]},
-                    batched=True, **map_kwargs)
+        ds = ds.map(lambda b, rows: {"sentences": [tokenize_text(_text(x, text_column, name, row), lowercase)
+                                                   for x, row in zip(b[text_column], rows)]},
+                    batched=True, with_indices=True, **map_kwargs)
     return _drop_empty(ds, on_empty, name)
 
 
