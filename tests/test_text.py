@@ -131,3 +131,41 @@ def test_generate_stops_at_stop_strings(apnews):
         assert torch.equal(stopped[0], free[0, :prompt["input_ids"].shape[1] + first + 1]), (stop, words)
     with pytest.raises(ValueError, match="tokenizer"):
         model.generate(**prompt, max_new_tokens=3, stop_strings=["."])
+
+
+def test_text_features_work_from_the_hub_without_the_package(apnews, tmp_path):
+    """A folder shared with remote code: its tokenizer splits raw text and decodes readably, and the
+    model generates with stop strings, in a process where topic_lm_hf cannot be imported."""
+    from conftest import run_without_package
+    from topic_lm_hf import TCNLMConfig, TCNLMForCausalLM
+    from topic_lm_hf.hub import save_for_hub
+
+    tok, topic_tok = apnews["tok"], apnews["topic_tok"]
+    torch.manual_seed(0)
+    model = TCNLMForCausalLM(TCNLMConfig(vocab_size=len(tok), topic_vocab_size=len(topic_tok), num_topics=3,
+                                         embedding_size=8, hidden_size=8, encoder_hidden_size=8,
+                                         topic_embedding_size=8, num_hidden_layers=2)).eval()
+    save_for_hub(model, tmp_path / "repo", tok, topic_tok)
+    prompt = "The Senate, on Monday,"
+    ids = tok([prompt], return_tensors="pt")
+    free = model.generate(**ids, topic_ids=[1], max_new_tokens=6, min_new_tokens=6, do_sample=False)
+    stop = tok.decode(free[0, -4:-2])
+    expected = free[0, :-2].tolist()
+    result = run_without_package(f"""
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline
+        repo = {str(tmp_path / 'repo')!r}
+        model = AutoModelForCausalLM.from_pretrained(repo, trust_remote_code=True).eval()
+        tok = AutoTokenizer.from_pretrained(repo, trust_remote_code=True)
+        ids = tok([{prompt!r}], return_tensors="pt")
+        stopped = model.generate(**ids, topic_ids=[1], max_new_tokens=6, min_new_tokens=6, do_sample=False,
+                                 stop_strings=[{stop!r}], tokenizer=tok)
+        hidden = model(**ids, topic_ids=[1], output_hidden_states=True).hidden_states
+        text = pipeline("text-generation", model=model, tokenizer=tok, trust_remote_code=True)({prompt!r},
+                                                                                             max_new_tokens=3, do_sample=False)
+        print(json.dumps({{"tokens": tok.convert_ids_to_tokens(ids["input_ids"][0]), "stopped": stopped[0].tolist(),
+                          "layers": len(hidden), "text": text[0]["generated_text"]}}))
+    """, tmp_path)
+    assert result["tokens"] == ["<bos>", "the", "senate", ",", "on", "monday", ","]
+    assert result["stopped"] == expected and result["layers"] == 3
+    assert result["text"].startswith(prompt + " ")
