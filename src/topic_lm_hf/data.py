@@ -12,7 +12,12 @@ Two vocabularies are built from the training documents (Lau et al. 2017, used by
   minus non-alphabetic tokens, optionally minus words in fewer than ``min_doc_freq`` documents.
 
 Both are ``tokenizers`` WordLevel models wrapped in :class:`PreTrainedTokenizerFast`; the topic
-tokenizer is saved to a ``topic_tokenizer/`` subfolder next to the model.
+tokenizer is saved to a ``topic_tokenizer/`` subfolder next to the model. Both split raw text with
+the rule of :func:`tokenize_text` (:data:`WORD_PATTERN`, kept in their ``tokenizer.json``), so
+``tok("The Senate, on Monday,")`` gives ``<bos> the senate , on monday ,``, and text already
+tokenized like the corpora splits exactly at its spaces.
+
+Streams (``datasets.IterableDataset``, or ``load_documents(path, streaming=True)``) are read lazily.
 """
 
 from __future__ import annotations
