@@ -4,6 +4,7 @@ corpora are tokenized, decode readably, and work with the text-generation pipeli
 import gzip
 import json
 
+import datasets
 import pytest
 import torch
 from transformers import AutoTokenizer, pipeline
@@ -57,7 +58,7 @@ def test_raw_text_tokenizes_like_load_documents_and_make_bow():
     """On real raw reviews (HTML breaks, quotes, clitics), the LM tokenizer sees exactly the words of
     load_documents, and the topic tokenizer exactly the words make_bow counts."""
     reviews = raw_reviews(150)
-    docs = load_documents(__import__("datasets").Dataset.from_dict({"text": reviews}), text_column="text",
+    docs = load_documents(datasets.Dataset.from_dict({"text": reviews}), text_column="text",
                           on_empty="keep")
     tok, topic_tok = build_vocabularies(docs, min_freq=1)
     vocab = tok.get_vocab()
