@@ -78,6 +78,7 @@ def tiny_model(family: str, tok, topic_tok, **overrides):
 
     model_type, kwargs = FAMILIES[family]
     kwargs = {"embedding_size": 16, "hidden_size": 16, "dropout": 0.0, **kwargs, **overrides}
-    overrides_text = ",".join(f"{k}={json.dumps(v)}" for k, v in kwargs.items())
+    # --config_overrides syntax (PretrainedConfig.update_from_string): strings unquoted, booleans true/false
+    overrides_text = ",".join(f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in kwargs.items())
     torch.manual_seed(0)
     return build_model(ModelArguments(model_type=model_type, config_overrides=overrides_text), tok, topic_tok)

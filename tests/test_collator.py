@@ -135,3 +135,39 @@ def test_make_bow_counts_raw_text(vocabs):
     v = topic_tok.get_vocab()
     assert bow[0, v["apple"]] == 2 and bow[0, v["bank"]] == 1 and bow[0].sum() == 3
     assert bow[1].sum() == 1 and bow[:, 0].sum() == 0
+
+
+def test_training_from_a_stream_that_is_never_fully_loaded(apnews, tmp_path):
+    """TopicLMTrainer trains (max_steps) on rows made from a corpus read line by line as training goes."""
+    import datasets
+    from transformers import TrainingArguments
+
+    from conftest import DATA
+    from topic_lm_hf import TCNLMConfig, TCNLMForCausalLM, TopicLMTrainer, load_documents
+
+    read = []
+
+    def lines():
+        with open(DATA / "apnews" / "train.txt", encoding="utf-8") as f:
+            for line in f:
+                read.append(1)
+                yield {"text": line}
+
+    documents = load_documents(datasets.IterableDataset.from_generator(lines), format="lau")
+    tok, topic_tok = apnews["tok"], apnews["topic_tok"]
+    collator = TopicContextCollator(tok, topic_tok, context="others")
+    rows = collator.prepare(documents)
+    assert isinstance(rows, datasets.IterableDataset)
+    torch.manual_seed(0)
+    model = TCNLMForCausalLM(TCNLMConfig(vocab_size=len(tok), topic_vocab_size=len(topic_tok), num_topics=4,
+                                         embedding_size=16, hidden_size=16, encoder_hidden_size=16,
+                                         topic_embedding_size=8))
+    args = TrainingArguments(output_dir=str(tmp_path), max_steps=4, per_device_train_batch_size=8, learning_rate=3e-3,
+                             logging_steps=1, report_to=[], use_cpu=True, disable_tqdm=True, save_strategy="no")
+    trainer = TopicLMTrainer(model=model, args=args, train_dataset=rows, data_collator=collator)
+    trainer.train()
+    assert trainer.state.global_step == 4
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    assert len(losses) == 4 and all(torch.isfinite(torch.tensor(losses)))
+    assert all(h["bow_loss"] > 1 for h in trainer.state.log_history if "loss" in h)  # the contexts were used
+    assert 0 < len(read) < 400  # of 1,800 documents: the corpus was read only as far as training needed

@@ -32,7 +32,7 @@ def test_save_auto_load_gives_identical_logits_and_safetensors(tmp_path, tok):
     torch.testing.assert_close(model(**batch).logits, loaded(**batch).logits, rtol=1e-5, atol=1e-8)
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), loaded.state_dict().values()))
     base = AutoModel.from_pretrained(tmp_path).eval()
-    hidden, _ = base(**batch)
+    hidden = base(**batch).last_hidden_state
     torch.testing.assert_close(hidden, model.model(**batch)[0], rtol=1e-5, atol=1e-8)
 
 

@@ -39,7 +39,7 @@ import datasets
 import numpy as np
 import torch
 
-from .data import BOS, EOS, PAD, UNK, check_vocabularies
+from .data import BOS, EOS, PAD, STREAM_BATCH_SIZE, UNK, check_vocabularies, dataset_columns
 
 CONTEXT_MODES = ("others", "preceding", "document", "none")
 LAYOUTS = ("sentences", "documents")
@@ -147,16 +147,22 @@ class TopicContextCollator:
                 rows["chunk_index"].append(k)
         return rows
 
-    def prepare(self, documents: datasets.Dataset, num_proc: int | None = None) -> datasets.Dataset:
+    def prepare(self, documents, num_proc: int | None = None):
         """Turn a documents dataset (column ``sentences``) into rows for this collator.
 
         ``layout="sentences"``: one row per chunk with ``input_ids``, ``context_ids``,
         ``doc_index``, ``sentence_index``, ``chunk_index`` (+ ``keep_columns``).
         ``layout="documents"``: one row per document whose columns are lists over its chunks.
+
+        ``documents`` may be a ``datasets.IterableDataset`` (e.g. ``load_documents(...,
+        streaming=True)``): the rows are then an ``IterableDataset`` too, made as the stream is read,
+        for ``Trainer`` with ``max_steps``.
         """
-        missing = [c for c in ["sentences", *self.keep_columns] if c not in documents.column_names]
+        columns = dataset_columns(documents)
+        missing = [c for c in ["sentences", *self.keep_columns] if c not in columns]
         if missing:
-            raise ValueError(f"The documents dataset lacks column(s) {missing} (has {documents.column_names})")
+            raise ValueError(f"The documents dataset lacks column(s) {missing} (has {columns})")
+        stream = isinstance(documents, datasets.IterableDataset)
 
         def encode(batch, indices):
             out: dict[str, list] = {k: [] for k in ("input_ids", "context_ids", "doc_index",
@@ -179,7 +185,10 @@ class TopicContextCollator:
                         out[c].append(extra[c])
             return out
 
-        return documents.map(encode, batched=True, with_indices=True, remove_columns=documents.column_names,
+        if stream:
+            return documents.map(encode, batched=True, with_indices=True, remove_columns=columns,
+                                 batch_size=STREAM_BATCH_SIZE)
+        return documents.map(encode, batched=True, with_indices=True, remove_columns=columns,
                              num_proc=num_proc, desc=f"preparing {self.layout} ({self.context} context)")
 
     # ------------------------------------------------------------------------------------------

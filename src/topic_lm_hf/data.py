@@ -12,11 +12,20 @@ Two vocabularies are built from the training documents (Lau et al. 2017, used by
   minus non-alphabetic tokens, optionally minus words in fewer than ``min_doc_freq`` documents.
 
 Both are ``tokenizers`` WordLevel models wrapped in :class:`PreTrainedTokenizerFast`; the topic
-tokenizer is saved to a ``topic_tokenizer/`` subfolder next to the model.
+tokenizer is saved to a ``topic_tokenizer/`` subfolder next to the model. Both split raw text with
+the rule of :func:`tokenize_text` (:data:`WORD_PATTERN`, kept in their ``tokenizer.json``), so
+``tok("The Senate, on Monday,")`` gives ``<bos> the senate , on monday ,``, and text already
+tokenized like the corpora splits exactly at its spaces.
+
+Streams (``datasets.IterableDataset``, or ``load_documents(path, streaming=True)``) are read lazily.
 """
 
 from __future__ import annotations
 
+import bisect
+import codecs
+import functools
+import gzip
 import hashlib
 import html
 import json
@@ -24,13 +33,12 @@ import logging
 import math
 import os
 import random
-import re
 from collections import Counter
 from pathlib import Path
 from typing import Iterable, Sequence
 
 import datasets
-from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from .models.modeling_common import TOPIC_TOKENIZER_SUBFOLDER, load_topic_tokenizer
@@ -39,7 +47,6 @@ logger = logging.getLogger(__name__)
 
 PAD, UNK, BOS, EOS = "<pad>", "<unk>", "<bos>", "<eos>"
 SPECIAL_TOKENS = (PAD, UNK, BOS, EOS)  # ids 0, 1, 2, 3 in every LM vocabulary built here
-_HTML_BREAK = re.compile(r"<\s*br\s*/?\s*>", re.IGNORECASE)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -47,23 +54,123 @@ _HTML_BREAK = re.compile(r"<\s*br\s*/?\s*>", re.IGNORECASE)
 # ----------------------------------------------------------------------------------------------
 
 
+# How raw text becomes word tokens. One definition serves both tokenize_text (Python's ``regex``,
+# hence load_documents and make_bow) and the tokenizers' normalizer / pre-tokenizer (Oniguruma), so
+# that ``tok(text)`` and ``load_documents`` agree, and a tokenizer saved with a model keeps the rules
+# without this package. The rules are those of the Lau et al. corpora (PTB-like): every APNEWS
+# token stays one token, so already-tokenized text tokenizes as a plain split on spaces.
+
+# Text replacements, in order (the tokenizer's normalizer applies them, then lower-cases).
+_TEXT_REPLACEMENTS = (
+    (r"(?<=\p{Ll}[.!?])(?=\p{Lu})", " "),  # "the end.The next" -> "the end. The next" (a missing space)
+    (r"(?i)<\s*br\s*/?\s*>", "\n"),  # HTML line breaks (IMDB's <br />)
+    (r"&amp;", "&"), (r"&quot;", '"'), (r"&lt;", "<"), (r"&gt;", ">"), (r"&#0?39;", "'"), (r"&apos;", "'"),
+    (r"&nbsp;", " "),  # the HTML entities that occur in the corpora
+    ("\u2019", "'"),  # the typographic apostrophe: it’s -> it's
+)
+
+# Words that keep their final period, with single letters (initials, initialisms: "w." "u.s." "a.m.").
+_ABBREVIATIONS = """
+mr mrs ms messrs dr prof rev msgr sr jr st ste mt ft gen lt col maj capt cmdr adm brig sgt cpl pfc spc pvt
+sen sens rep reps gov govs pres supt insp atty
+jan feb mar apr jun jul aug sep sept oct nov dec
+inc corp co cos ltd llc plc bros assn dept univ
+ala ariz ark calif colo conn fla ga kan kans ky md mich minn mont neb nev okla penn tenn tex va vt wis wyo que ont
+vs etc approx ave blvd hwy fig figs vol vols pp cf
+""".split()
+# Abbreviations that are also English words keep their period only after ", " or "-" ("springfield, ill."
+# "d-ind.") or before a number ("no. 1"), so that "i felt ill." ends with "ill" ".".
+_AMBIGUOUS_ABBREVIATIONS = "ill wash miss mass mo pa ind del ore la no".split()
+
+
+def _word_pattern() -> str:
+    """The pre-tokenizer's regular expression, for lower-cased text (alternatives are tried in order)."""
+    alnum = r"[\p{L}\p{M}\p{N}]"
+    not_alnum = r"(?![\p{L}\p{M}\p{N}])"
+    clitic = r"(?:s|re|ve|ll|m|d)"
+    # What may join two runs of letters/digits inside one token: 40-year-old bit.ly and/or at&t o'brien 1,000 9:30
+    joiner = rf"(?:\.-|-|\.|/|&|@|_|\?|!|'(?!{clitic}{not_alnum})|(?<=\p{{N}})[,:](?=\p{{N}}))"
+    abbreviations = "|".join(sorted(_ABBREVIATIONS, key=len, reverse=True))
+    ambiguous = "|".join(sorted(_AMBIGUOUS_ABBREVIATIONS, key=len, reverse=True))
+    period = r"\.(?![\p{L}\p{M}\p{N}]|\.\.)"  # a final period (not the first of "...")
+    last_run = "|".join([
+        rf"\p{{L}}{period}",  # an initial, or the last letter of an initialism: w. u.s. a.m.
+        # gov. jan. d-calif. wyo.-based w.va. (but not healthcare.gov.)
+        rf"(?=\p{{L}}{{2,7}}\.)(?<![\p{{L}}\p{{N}}]{{2}}\.)(?:{abbreviations}){period}",
+        rf"(?:(?<=,\s)|(?<=-))(?:{ambiguous}){period}|(?:{ambiguous})\.(?=\s+\p{{N}})",
+        rf"{alnum}+(?:"
+        r"\.(?=\s+[.,;:!?](?!\S))"  # a period followed by the text's own punctuation: "st. cloud. ,"
+        r"|(?<=\p{L})\$(?!\S)"  # currency prefixes: us$ au$
+        r"|@[^\s\p{L}\p{M}\p{N}]?(?!\S)"  # markup artifacts: file@: energy@?
+        r")?",
+    ])
+    word = rf"(?:(?<!\S)[-.,](?=\p{{N}})|(?<!\S)@(?=\p{{L}}))?(?:{alnum}+{joiner})*(?:{last_run})"
+    return "|".join([
+        r"(?<!\S)[^\s\p{L}\p{M}\p{N}]+(?!\S)",  # punctuation standing alone: -- ... '' $ ?!
+        r"(?:https?://|www\.)\S*[\p{L}\p{N}/]",  # URLs
+        rf"{alnum}[\p{{L}}\p{{M}}\p{{N}}._%+-]*@[\p{{L}}\p{{N}}-]+(?:\.[\p{{L}}\p{{N}}-]+)+",  # e-mail addresses
+        rf"'(?:{clitic}|em|n'|\p{{N}}\p{{N}}s?){not_alnum}",  # it|'s we|'re, 'em, rock 'n' roll, the '90s
+        rf"n't{not_alnum}|\p{{L}}+(?=n't{not_alnum})",  # do|n't ca|n't
+        word,  # words and numbers: -18 .38 7.5 1,000 e-mail u.s. gov.
+        r"\.{2,}|-{2,}|!{2,}|\?{2,}|'{2,}|`{2,}",  # runs of one mark: ... -- !!
+        r"\S",  # any other character on its own: , ; : ( ) " ' $
+    ])
+
+
+WORD_PATTERN = _word_pattern()
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled_text_rules():
+    import regex
+
+    # Case-insensitive: Python splits the original text (the tokenizer splits it lower-cased).
+    return ([(regex.compile(p), r) for p, r in _TEXT_REPLACEMENTS], regex.compile(WORD_PATTERN, regex.IGNORECASE))
+
+
+def normalize_text(text: str) -> str:
+    """The text replacements of the tokenizers' normalizer (before lower-casing), in Python."""
+    replacements, _ = _compiled_text_rules()
+    for pattern, replacement in replacements:
+        text = pattern.sub(lambda _m, r=replacement: r, text)
+    return text
+
+
+def word_tokens(text: str, lowercase: bool = True) -> list[str]:
+    """Raw text -> word tokens, as the LM and topic tokenizers' pre-tokenizer splits it."""
+    _, words = _compiled_text_rules()
+    text = normalize_text(text or "")
+    return [m.group().lower() if lowercase else m.group() for m in words.finditer(text)]
+
+
 def tokenize_text(text: str, lowercase: bool = True) -> list[list[str]]:
     """Split raw text into sentences of word tokens.
 
-    Uses ``syntok`` (rule-based, pure Python, no model download): it knows abbreviations
-    ("Mr.", "U.S."), splits clitics ("it 's") and currency the way the Lau et al. corpora are
-    tokenized. HTML line breaks (IMDB's ``<br />``) and entities are removed first.
+    Words are split by :data:`WORD_PATTERN`, the rule the tokenizers built by
+    :func:`build_vocabularies` apply (so ``tok(text)`` sees the same words): lower-cased,
+    punctuation split from words ("monday ,"), clitics split as in the Lau et al. corpora
+    ("it 's", "do n't"), while hyphenated words, numbers, URLs and abbreviations stay whole
+    ("40-year-old", "1,000", "u.s.", "gov."). HTML line breaks (IMDB's ``<br />``) and common
+    entities are removed first. Sentences are split by ``syntok`` (rule-based, pure Python, no
+    model download), which knows abbreviations ("Mr.", "U.S.").
     """
     import syntok.segmenter as segmenter
 
-    text = html.unescape(_HTML_BREAK.sub("\n", text or ""))
-    sentences = []
-    for paragraph in segmenter.process(text):
-        for sentence in paragraph:
-            tokens = [tok.value.lower() if lowercase else tok.value for tok in sentence]
-            tokens = [t for t in tokens if t.strip()]
-            if tokens:
-                sentences.append(tokens)
+    _, words = _compiled_text_rules()
+    text = normalize_text(text or "")
+    tokens = [(m.start(), m.group().lower() if lowercase else m.group()) for m in words.finditer(text)]
+    if not tokens:
+        return []
+    starts = [next(t.offset for t in sentence if t.value)
+              for paragraph in segmenter.analyze(text) for sentence in paragraph if any(t.value for t in sentence)]
+    sentences: list[list[str]] = []
+    current = None
+    for offset, token in tokens:
+        index = max(bisect.bisect_right(starts, offset) - 1, 0)
+        if index != current:
+            sentences.append([])
+            current = index
+        sentences[-1].append(token)
     return sentences
 
 
@@ -71,11 +178,31 @@ def _split_lau_line(line: str) -> list[list[str]]:
     return [s.split() for s in line.split("\t") if s.strip()]
 
 
-def _drop_empty(ds: datasets.Dataset, on_empty: str, source: str) -> datasets.Dataset:
+def dataset_columns(ds: datasets.Dataset | datasets.IterableDataset) -> list[str]:
+    """The column names of a dataset or stream (a stream of unknown features is peeked at: its first row)."""
+    if ds.column_names is not None:
+        return list(ds.column_names)
+    first = next(iter(ds), None)
+    return list(first) if first is not None else []
+
+
+def _drop_empty(ds, on_empty: str, source: str):
     if on_empty not in ("skip", "error", "keep"):
         raise ValueError(f"on_empty must be 'skip', 'error' or 'keep', got {on_empty!r}")
     if on_empty == "keep":
         return ds
+    if isinstance(ds, datasets.IterableDataset):
+        # A stream is checked as it is read: each empty document is logged (or raises) when reached.
+        def keep(example, index):
+            if any(len(s) for s in example["sentences"]):
+                return True
+            if on_empty == "error":
+                raise ValueError(f"Empty document in {source} (row index {index}). Remove it or pass "
+                                 "on_empty='skip'.")
+            logger.warning("Skipping an empty document in %s (row index %d)", source, index)
+            return False
+
+        return ds.filter(keep, with_indices=True)
     n_tokens = ds.map(lambda b: {"_n": [sum(len(s) for s in d) for d in b["sentences"]]},
                       batched=True, desc="counting tokens")["_n"]
     empty = [i for i, n in enumerate(n_tokens) if n == 0]
@@ -90,34 +217,112 @@ def _drop_empty(ds: datasets.Dataset, on_empty: str, source: str) -> datasets.Da
     return ds.select(keep)
 
 
+def check_text_file(path: str | os.PathLike, whole: bool = True) -> None:
+    """Raise ``ValueError`` naming ``path`` when it is empty or not UTF-8 (with the byte position and
+    line of the first bad byte; in the decompressed text for ``.gz``). ``whole=False`` only checks
+    that it is not empty (streams: their bytes are checked as they are read)."""
+    path = Path(path)
+    opener = gzip.open if path.suffix == ".gz" else open
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    position = lines = 0
+    has_text = False
+    with opener(path, "rb") as f:
+        while True:
+            block = f.read(1 << 20)
+            if not block:
+                break
+            pending = len(decoder.getstate()[0])  # bytes of a character cut by the previous block
+            try:
+                decoder.decode(block)
+            except UnicodeDecodeError as error:
+                at = position - pending + error.start
+                data = decoder.getstate()[0] + block
+                line = lines + data[:error.start].count(b"\n") + 1
+                where = " of the decompressed text" if path.suffix == ".gz" else ""
+                raise ValueError(f"{path} is not UTF-8 text: byte 0x{data[error.start]:02x} at byte position {at}"
+                                 f"{where} (line {line}) cannot be decoded ({error.reason}). Convert the file "
+                                 "to UTF-8.") from None
+            has_text = has_text or bool(block.strip())
+            position += len(block)
+            lines += block.count(b"\n")
+            if not whole and has_text:
+                return
+    try:
+        decoder.decode(b"", final=True)
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{path} is not UTF-8 text: it ends inside a character (byte position "
+                         f"{position - len(error.object) + error.start}). Convert the file to UTF-8.") from None
+    if not has_text:
+        raise ValueError(f"{path} is empty: it holds no document")
+
+
+def _check_stream_bytes(ds: datasets.IterableDataset, path: Path) -> datasets.IterableDataset:
+    """The stream ``ds`` read from ``path``, whose decoding errors name the file and the byte position."""
+    def rows():
+        try:
+            yield from ds
+        except UnicodeDecodeError:
+            check_text_file(path)  # raises the error with the position
+            raise
+
+    return datasets.IterableDataset.from_generator(rows, features=ds.features)
+
+
+def _text(value, column: str, source: str, row: int) -> str:
+    if isinstance(value, str):
+        return value
+    if value is None:
+        return ""  # a missing text is an empty document
+    raise ValueError(f"Column {column!r} of {source} must hold text, but row {row} holds the "
+                     f"{type(value).__name__} {value!r:.60}: pass text_column= the column with the raw text")
+
+
+_SENTENCES_FEATURE = {"sentences": datasets.Sequence(datasets.Sequence(datasets.Value("string")))}
+STREAM_BATCH_SIZE = 64  # documents per batch when a stream is mapped (a Dataset uses datasets' default, 1000)
+
+
 def load_documents(
-    source: str | os.PathLike | datasets.Dataset,
+    source: str | os.PathLike | datasets.Dataset | datasets.IterableDataset,
     text_column: str | None = None,
     format: str | None = None,
     lowercase: bool = True,
     on_empty: str = "skip",
     num_proc: int | None = None,
     max_documents: int | None = None,
-) -> datasets.Dataset:
+    streaming: bool = False,
+) -> datasets.Dataset | datasets.IterableDataset:
     """Load a corpus as a ``datasets.Dataset`` of documents (column ``sentences``).
 
     Args:
-        source: a path or a ``datasets.Dataset``. Paths ending in ``.txt`` are read in the Lau et
-            al. format (one document per line, sentences separated by TAB, tokens by spaces,
-            already tokenized and lower-cased). ``.json``/``.jsonl`` (optionally ``.gz``) and
-            ``.parquet`` files, and datasets, need ``text_column``: raw text that is
-            sentence-split and tokenized with :func:`tokenize_text`.
+        source: a path, a ``datasets.Dataset`` or a ``datasets.IterableDataset``. Paths ending in
+            ``.txt`` are read in the Lau et al. format (one document per line, sentences separated
+            by TAB, tokens by spaces, already tokenized and lower-cased). ``.json``/``.jsonl``
+            (optionally ``.gz``) and ``.parquet`` files, and datasets, need ``text_column``: raw
+            text that is sentence-split and tokenized with :func:`tokenize_text`.
         text_column: the raw-text column; required for anything but the Lau format.
-        format: force ``"lau"``, ``"json"`` or ``"parquet"`` instead of guessing from the suffix.
+        format: force ``"lau"``, ``"json"`` or ``"parquet"`` instead of guessing from the suffix;
+            a dataset with ``format="lau"`` holds Lau et al. lines in its ``text`` column.
         lowercase: lower-case raw text (the Lau format is already lower-case).
         on_empty: documents with no token: ``"skip"`` (logged with their row indices),
             ``"error"`` (raise) or ``"keep"``.
         num_proc: processes for ``Dataset.map``.
         max_documents: keep only the first N documents (quick experiments).
+        streaming: read a path as a stream (``datasets.load_dataset(..., streaming=True)``).
+
+    A stream (an ``IterableDataset`` given, or ``streaming=True``) gives an ``IterableDataset``:
+    nothing is read until it is iterated, documents are tokenized as they are read (in batches of
+    :data:`STREAM_BATCH_SIZE`), and empty documents are skipped (logged) or raise when reached. It
+    is never loaded as a whole: pass it to :meth:`TopicContextCollator.prepare` and train with
+    ``max_steps``.
     """
-    if isinstance(source, (datasets.Dataset,)):
+    if isinstance(source, (datasets.Dataset, datasets.IterableDataset)):
         ds, name = source, "the given dataset"
-        format = "dataset"
+        if format not in (None, "lau"):
+            raise ValueError(f"A dataset is read as raw text (text_column=) or, with format='lau', as Lau et al. "
+                             f"lines in its 'text' column; got format={format!r}")
+        format = format or "dataset"
+        if format == "lau" and "text" not in dataset_columns(ds):
+            raise ValueError(f"format='lau' reads the 'text' column, which {name} lacks (columns: {dataset_columns(ds)})")
     else:
         path = Path(source)
         if not path.exists():
@@ -129,27 +334,50 @@ def load_documents(
                       ".jsonl.gz": "json", ".parquet": "parquet"}.get(suffixes)
             if format is None:
                 raise ValueError(f"Cannot tell the format of {path}; pass format='lau'|'json'|'parquet'")
-        if format == "lau":
-            ds = datasets.load_dataset("text", data_files=str(path), split="train")
-        elif format in ("json", "parquet"):
-            ds = datasets.load_dataset(format, data_files=str(path), split="train")
-        else:
+        if format not in ("lau", "json", "parquet"):
             raise ValueError(f"Unknown format {format!r}")
+        if format != "parquet":  # text files: not empty, and UTF-8 (a stream's bytes are checked as read)
+            check_text_file(path, whole=not streaming)
+        ds = datasets.load_dataset("text" if format == "lau" else format, data_files=str(path), split="train",
+                                   streaming=streaming)
+        if streaming and format != "parquet":
+            ds = _check_stream_bytes(ds, path)
+        elif not streaming and len(ds) == 0:
+            raise ValueError(f"{path} is empty: it holds no document")
+    stream = isinstance(ds, datasets.IterableDataset)
     if max_documents is not None:
-        ds = ds.select(range(min(max_documents, len(ds))))
+        ds = ds.take(max_documents) if stream else ds.select(range(min(max_documents, len(ds))))
+    # A stream is mapped lazily (no processes, no progress bar); its output features are declared.
+    map_kwargs = {"batch_size": STREAM_BATCH_SIZE} if stream else {"num_proc": num_proc}
 
     if format == "lau":
+        if stream:
+            map_kwargs["features"] = datasets.Features(_SENTENCES_FEATURE)
+        else:
+            map_kwargs["desc"] = "splitting documents"
         ds = ds.map(lambda b: {"sentences": [_split_lau_line(x) for x in b["text"]]},
-                    batched=True, remove_columns=["text"], num_proc=num_proc, desc="splitting documents")
+                    batched=True, remove_columns=["text"], **map_kwargs)
     else:
-        if "sentences" in ds.column_names and text_column is None:
+        columns = dataset_columns(ds)
+        if "sentences" in columns and text_column is None:
             return _drop_empty(ds, on_empty, name)
         if text_column is None:
-            raise ValueError(f"{name} is not in the Lau format: pass text_column= (columns: {ds.column_names})")
-        if text_column not in ds.column_names:
-            raise ValueError(f"No column {text_column!r} in {name} (columns: {ds.column_names})")
-        ds = ds.map(lambda b: {"sentences": [tokenize_text(x, lowercase) for x in b[text_column]]},
-                    batched=True, num_proc=num_proc, desc="tokenizing documents")
+            raise ValueError(f"{name} is not in the Lau format: pass text_column= (columns: {columns})")
+        if text_column not in columns:
+            raise ValueError(f"No column {text_column!r} in {name} (columns: {columns})")
+        feature = ds.features[text_column] if ds.features is not None else None
+        if feature is not None and not (isinstance(feature, datasets.Value)
+                                        and feature.dtype in ("string", "large_string")):
+            raise ValueError(f"Column {text_column!r} of {name} must hold text, but it holds {feature}: pass "
+                             f"text_column= the column with the raw text (columns: {columns})")
+        if stream:
+            if ds.features is not None:
+                map_kwargs["features"] = datasets.Features({**ds.features, **_SENTENCES_FEATURE})
+        else:
+            map_kwargs["desc"] = "tokenizing documents"
+        ds = ds.map(lambda b, rows: {"sentences": [tokenize_text(_text(x, text_column, name, row), lowercase)
+                                                   for x, row in zip(b[text_column], rows)]},
+                    batched=True, with_indices=True, **map_kwargs)
     return _drop_empty(ds, on_empty, name)
 
 
@@ -191,12 +419,31 @@ def read_stopwords(stopwords: str | os.PathLike | Iterable[str] | None = "defaul
     return frozenset(w.lower() for w in stopwords)
 
 
+# Tokens written without a space before them when decoding: closing punctuation and clitics.
+_ATTACHED_TOKENS = r"[.,;:!?)\]}%]|\.\.\.|n't|'(?:s|re|ve|ll|m|d)"
+
+
 def _word_level_tokenizer(words: Sequence[str], add_bos: bool) -> PreTrainedTokenizerFast:
+    """A WordLevel tokenizer over ``words`` that splits raw text like :func:`tokenize_text`.
+
+    * normalizer: the replacements of :data:`_TEXT_REPLACEMENTS` (HTML breaks and entities, a
+      missing space after a sentence, the typographic apostrophe), then lower-casing;
+    * pre-tokenizer: :data:`WORD_PATTERN` (punctuation and clitics split off, abbreviations,
+      numbers and hyphenated words kept), so text that is already tokenized like the corpora, one
+      token between spaces, splits exactly at its spaces;
+    * decoder: a space before every token except closing punctuation and clitics, so that a
+      decoded continuation reads "police said the senate, on monday." and joins its prompt (the
+      text-generation pipeline appends it to the prompt text; like GPT-2's tokens it starts with
+      a space; ``.strip()`` a decoded whole text if needed). Every token decodes on its own the
+      same way, which ``generate(stop_strings=...)`` relies on.
+    """
     vocab = {w: i for i, w in enumerate(words)}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
-    tok.normalizer = normalizers.Lowercase()
-    # Corpora are pre-tokenized: a token is whatever stands between spaces ("u.s.", "40-year-old").
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.normalizer = normalizers.Sequence(
+        [normalizers.Replace(Regex(p), r) for p, r in _TEXT_REPLACEMENTS] + [normalizers.Lowercase()])
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(WORD_PATTERN), behavior="isolated"),
+                                                 pre_tokenizers.WhitespaceSplit()])
+    tok.decoder = decoders.Replace(Regex(f"^(?!(?:{_ATTACHED_TOKENS})$)"), " ")
     if add_bos:
         # A prompt starts like a training sentence, with <bos>; <eos> is never added to prompts.
         tok.post_processor = processors.TemplateProcessing(
@@ -207,7 +454,7 @@ def _word_level_tokenizer(words: Sequence[str], add_bos: bool) -> PreTrainedToke
 
 
 def build_vocabularies(
-    documents: datasets.Dataset | Sequence[Sequence[Sequence[str]]],
+    documents: datasets.Dataset | datasets.IterableDataset | Sequence[Sequence[Sequence[str]]],
     min_freq: int = 10,
     stopwords: str | os.PathLike | Iterable[str] | None = "default",
     top_fraction: float = 0.001,
@@ -228,7 +475,12 @@ def build_vocabularies(
     stop = read_stopwords(stopwords)
     freq: Counter = Counter()
     doc_freq: Counter = Counter()
-    sentences_iter = documents["sentences"] if isinstance(documents, datasets.Dataset) else documents
+    if isinstance(documents, datasets.Dataset):
+        sentences_iter = documents["sentences"]
+    elif isinstance(documents, datasets.IterableDataset):  # one pass over a stream
+        sentences_iter = (row["sentences"] for row in documents)
+    else:
+        sentences_iter = documents
     n_docs = 0
     for doc in sentences_iter:
         n_docs += 1

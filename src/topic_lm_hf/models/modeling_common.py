@@ -34,6 +34,7 @@ from typing import Optional, Sequence
 import torch
 from torch import nn
 from transformers import PreTrainedModel
+from transformers.generation.stopping_criteria import StopStringCriteria
 from transformers.utils import ModelOutput
 
 
@@ -45,7 +46,13 @@ class TopicLMOutput(ModelOutput):
         loss: the training objective that is minimised (LM loss plus every auxiliary term).
         logits: (b, s, V) next-token scores; ``log_softmax`` of them is the predictive distribution.
         state: tuple of (b, L, H) tensors, the recurrent state after the last real token.
-        hidden_states: (b, s, H) outputs of the last recurrent layer, when asked for.
+        hidden_states: with ``output_hidden_states=True``, a tuple of L + 1 tensors as in every
+            transformers model: the embeddings as fed to the first recurrent layer (after dropout),
+            then the outputs of each recurrent layer l = 1..L at every position (b, s, H), zero at
+            padding, before the dropout between layers; the last entry is the base model's
+            ``last_hidden_state``. For a recurrent layer, its output at position i is its hidden
+            state h_i (what the next layer reads). TCNLM's naive MoE gives (b, s, T, H) per layer
+            (every expert's layer l).
         lm_loss: mean negative log-likelihood per predicted token (nats).
         kl_loss: KL divergence of the topic posterior from its prior, on the scale the model documents.
         bow_loss: reconstruction loss of the context bag of words.
@@ -56,12 +63,27 @@ class TopicLMOutput(ModelOutput):
     loss: Optional[torch.Tensor] = None
     logits: Optional[torch.Tensor] = None
     state: Optional[tuple[torch.Tensor, ...]] = None
-    hidden_states: Optional[torch.Tensor] = None
+    hidden_states: Optional[tuple[torch.Tensor, ...]] = None
     lm_loss: Optional[torch.Tensor] = None
     kl_loss: Optional[torch.Tensor] = None
     bow_loss: Optional[torch.Tensor] = None
     aux_loss: Optional[torch.Tensor] = None
     topic_mixture: Optional[torch.Tensor] = None
+
+
+@dataclass
+class RecurrentModelOutput(ModelOutput):
+    """Output of a base model (no output layer).
+
+    Args:
+        last_hidden_state: (b, s, H) outputs of the top recurrent layer (zero at padding).
+        state: the batch-first recurrent state after each row's last real token (with ``use_cache``).
+        hidden_states: the per-layer tuple of :class:`TopicLMOutput`, with ``output_hidden_states=True``.
+    """
+
+    last_hidden_state: Optional[torch.Tensor] = None
+    state: Optional[tuple[torch.Tensor, ...]] = None
+    hidden_states: Optional[tuple[torch.Tensor, ...]] = None
 
 
 # Outputs that Trainer must not gather into eval predictions (hf-notes §4).
@@ -154,6 +176,53 @@ def run_rnn(rnn: nn.RNNBase, x: torch.Tensor, attention_mask: Optional[torch.Ten
             hn = tuple(hn_list) if is_lstm else hn_list[0]
     new_state = tuple(h.transpose(0, 1) for h in (hn if is_lstm else (hn,)))
     return out, new_state
+
+
+def single_layer_view(rnn: nn.RNNBase, layer: int) -> nn.RNNBase:
+    """A one-layer module of the same kind whose parameters *are* layer ``layer`` of ``rnn`` (shared,
+    not copied: gradients reach ``rnn``). Built on the meta device, so it costs no memory."""
+    kwargs = {"num_layers": 1, "bias": rnn.bias, "batch_first": rnn.batch_first}
+    if isinstance(rnn, nn.RNN):
+        kwargs["nonlinearity"] = rnn.nonlinearity
+    with torch.device("meta"):
+        view = type(rnn)(rnn.input_size if layer == 0 else rnn.hidden_size, rnn.hidden_size, **kwargs)
+    for name in view._flat_weights_names:  # weight_ih_l0, weight_hh_l0, bias_ih_l0, bias_hh_l0
+        setattr(view, name, getattr(rnn, name[:-1] + str(layer)))
+    return view.train(rnn.training)
+
+
+def _run_one_layer(view, x, attention_mask, need_state, *state):
+    out, new_state = run_rnn(view, x, attention_mask, state or None, need_state=need_state)
+    return (out, *new_state)  # flat: a reentrant checkpoint only sees top-level tensors
+
+
+def run_rnn_layers(rnn: nn.RNNBase, x: torch.Tensor, attention_mask: Optional[torch.Tensor] = None, state=None,
+                   need_state: bool = True, checkpoint_fn=None):
+    """:func:`run_rnn` one layer at a time, for ``output_hidden_states`` and gradient checkpointing.
+
+    Returns ``(outputs (b, s, H), state, layer_outputs)``, where ``layer_outputs`` holds the outputs of
+    every layer (each (b, s, H), zero at padding; the last one is ``outputs``), taken before the dropout
+    that ``nn.LSTM(dropout=p)`` applies between layers in training (applied here with
+    ``F.dropout``, so with that dropout the masks are drawn differently from the fused module; in
+    evaluation the outputs equal :func:`run_rnn`'s up to float rounding). With ``checkpoint_fn``
+    (``model._gradient_checkpointing_func``) every layer is a checkpoint: only the layer inputs are
+    kept for the backward pass, and each layer is recomputed there.
+    """
+    is_lstm = isinstance(rnn, nn.LSTM)
+    hidden, states, layer_outputs = x, [], []
+    for layer in range(rnn.num_layers):
+        if layer > 0 and rnn.training and rnn.dropout > 0:
+            hidden = nn.functional.dropout(hidden, rnn.dropout, training=True)
+        view = single_layer_view(rnn, layer)
+        layer_state = () if state is None else tuple(s[:, layer:layer + 1] for s in state)[:2 if is_lstm else 1]
+        if checkpoint_fn is None:
+            hidden, *new_state = _run_one_layer(view, hidden, attention_mask, need_state, *layer_state)
+        else:
+            hidden, *new_state = checkpoint_fn(_run_one_layer, view, hidden, attention_mask, need_state, *layer_state)
+        layer_outputs.append(hidden)
+        states.append(new_state)
+    new_state = tuple(torch.cat([s[i] for s in states], dim=1) for i in range(len(states[0])))
+    return hidden, new_state, tuple(layer_outputs)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -328,6 +397,35 @@ def normalize_topic_kwargs(num_topics: int, topic_vocab_size: int, batch_size: O
 
 
 # ----------------------------------------------------------------------------------------------
+# stop strings
+# ----------------------------------------------------------------------------------------------
+
+
+class WordStopStringCriteria(StopStringCriteria):
+    """transformers' ``StopStringCriteria`` for word-level vocabularies.
+
+    transformers finds the text of each token by decoding it after the tokens of a probe word
+    ("abcdef"); a word-level tokenizer turns the probe into ``<unk>``, and ``StopStringCriteria``
+    fails with ``ValueError: substring not found``. Here the text of a token is its own decoding
+    (the package's tokenizers decode every token independently: " said", ","), which is exact for
+    them; tokenizers with which the probe works keep transformers' method.
+    """
+
+    @staticmethod
+    def clean_tokenizer_vocab(tokenizer, static_prefix="abcdef", stop_string_matching_mode=None):
+        probe = tokenizer(static_prefix, add_special_tokens=False)["input_ids"]
+        if static_prefix in tokenizer.decode(probe):
+            return StopStringCriteria.clean_tokenizer_vocab(tokenizer, static_prefix, stop_string_matching_mode)
+        vocab = tokenizer.get_vocab()
+        strings, indices = [], []
+        for token, index in vocab.items():
+            text = tokenizer.convert_tokens_to_string([token])
+            strings.append(text.encode("utf-8") if stop_string_matching_mode is not None else text)
+            indices.append(index)
+        return tuple(strings), tuple(indices)
+
+
+# ----------------------------------------------------------------------------------------------
 # PreTrainedModel base
 # ----------------------------------------------------------------------------------------------
 
@@ -338,12 +436,21 @@ class RecurrentPreTrainedModel(PreTrainedModel):
     base_model_prefix = "model"
     _is_stateful = True  # assisted decoding cannot roll a recurrent state back
     accepts_loss_kwargs = False  # our loss is a mean per token: Trainer must scale for accumulation
-    supports_gradient_checkpointing = False
+    # model.gradient_checkpointing_enable() / Trainer(gradient_checkpointing=True): every recurrent layer is a
+    # checkpoint (as the blocks of transformers' RWKV and Mamba); see checkpoint_function.
+    supports_gradient_checkpointing = True
 
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
         # Without this, generate() passes an empty DynamicCache as past_key_values on every step.
         return False
+
+    def checkpoint_function(self):
+        """The checkpoint function for this module's recurrent layers (``None`` unless gradient
+        checkpointing is on and the module is training). Base models set ``gradient_checkpointing``."""
+        if getattr(self, "gradient_checkpointing", False) and self.training and torch.is_grad_enabled():
+            return self._gradient_checkpointing_func
+        return None
 
     def _reorder_cache(self, state, beam_idx):
         return reorder_state(state, beam_idx)
@@ -359,6 +466,19 @@ class RecurrentPreTrainedModel(PreTrainedModel):
         generation_config = getattr(self, "generation_config", None)
         if generation_config is not None and unk is not None and generation_config.suppress_tokens is None:
             generation_config.suppress_tokens = [int(unk)]
+
+    def _get_stopping_criteria(self, generation_config, stopping_criteria, tokenizer=None, **kwargs):
+        # generate(stop_strings=..., tokenizer=tok) with a word-level tokenizer: see WordStopStringCriteria.
+        stop_strings = generation_config.stop_strings
+        if stop_strings is None or tokenizer is None:
+            return super()._get_stopping_criteria(generation_config, stopping_criteria, tokenizer, **kwargs)
+        generation_config.stop_strings = None
+        try:
+            criteria = super()._get_stopping_criteria(generation_config, stopping_criteria, tokenizer, **kwargs)
+        finally:
+            generation_config.stop_strings = stop_strings
+        criteria.append(WordStopStringCriteria(stop_strings=stop_strings, tokenizer=tokenizer))
+        return criteria
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):

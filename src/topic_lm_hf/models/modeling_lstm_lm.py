@@ -12,7 +12,8 @@ from torch import nn
 from transformers import GenerationMixin
 
 from .configuration_lstm_lm import LSTMLMConfig
-from .modeling_common import RecurrentPreTrainedModel, TopicLMOutput, causal_lm_loss, run_rnn
+from .modeling_common import (RecurrentModelOutput, RecurrentPreTrainedModel, TopicLMOutput, causal_lm_loss,
+                              run_rnn, run_rnn_layers)
 
 
 class LSTMLMPreTrainedModel(RecurrentPreTrainedModel):
@@ -21,7 +22,8 @@ class LSTMLMPreTrainedModel(RecurrentPreTrainedModel):
 
 
 class LSTMLMModel(LSTMLMPreTrainedModel):
-    """Embeddings and a stack of LSTM layers; returns the top layer's outputs (b, s, H)."""
+    """Embeddings and a stack of LSTM layers; returns a :class:`RecurrentModelOutput` whose
+    ``last_hidden_state`` holds the top layer's outputs (b, s, H)."""
 
     _keys_to_ignore_on_load_unexpected = [r"^(lm_head|proj)\."]  # a causal LM's output layer: not in the body
 
@@ -31,6 +33,7 @@ class LSTMLMModel(LSTMLMPreTrainedModel):
         self.dropout = nn.Dropout(config.dropout)
         self.lstm = nn.LSTM(config.embedding_size, config.hidden_size, num_layers=config.num_hidden_layers,
                             dropout=config.dropout if config.num_hidden_layers > 1 else 0.0, batch_first=True)
+        self.gradient_checkpointing = False
         self.post_init()
 
     def get_input_embeddings(self):
@@ -39,7 +42,8 @@ class LSTMLMModel(LSTMLMPreTrainedModel):
     def set_input_embeddings(self, value):
         self.embed_tokens = value
 
-    def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, state=None, use_cache=None, **kwargs):
+    def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, state=None, use_cache=None,
+                output_hidden_states=None, return_dict=None, **kwargs) -> RecurrentModelOutput:
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Give exactly one of input_ids and inputs_embeds")
         if inputs_embeds is None:
@@ -47,13 +51,23 @@ class LSTMLMModel(LSTMLMPreTrainedModel):
                 raise ValueError(f"input_ids must be in [0, {self.config.vocab_size}): mismatched tokenizer?")
             inputs_embeds = self.embed_tokens(input_ids)  # (b, s, E)
         use_cache = use_cache if use_cache is not None else (self.config.use_cache and not self.training)
+        output_hidden_states = (output_hidden_states if output_hidden_states is not None
+                                else self.config.output_hidden_states)
         if attention_mask is not None and attention_mask.shape[1] != inputs_embeds.shape[1]:
             # generate() passes the mask of the whole sequence; this call only sees its last tokens.
             attention_mask = attention_mask[:, -inputs_embeds.shape[1]:]
-        self.lstm.flatten_parameters()
-        hidden, new_state = run_rnn(self.lstm, self.dropout(inputs_embeds), attention_mask, state,
-                                    need_state=use_cache or state is not None)
-        return hidden, (new_state if use_cache else None)
+        x = self.dropout(inputs_embeds)
+        need_state = use_cache or state is not None
+        checkpoint_fn = self.checkpoint_function()
+        layers = ()
+        if output_hidden_states or checkpoint_fn is not None:
+            hidden, new_state, layers = run_rnn_layers(self.lstm, x, attention_mask, state, need_state, checkpoint_fn)
+        else:
+            self.lstm.flatten_parameters()
+            hidden, new_state = run_rnn(self.lstm, x, attention_mask, state, need_state=need_state)
+        out = RecurrentModelOutput(last_hidden_state=hidden, state=new_state if use_cache else None,
+                                   hidden_states=(x, *layers) if output_hidden_states else None)
+        return out if return_dict is not False else out.to_tuple()
 
 
 class LSTMLMForCausalLM(LSTMLMPreTrainedModel, GenerationMixin):
@@ -95,7 +109,9 @@ class LSTMLMForCausalLM(LSTMLMPreTrainedModel, GenerationMixin):
             labels: (b, s) = ``input_ids`` with -100 at ignored positions; shifted inside.
             logits_to_keep: compute logits for the last N positions only (0 = all).
         """
-        hidden, state = self.model(input_ids, attention_mask, inputs_embeds, state, use_cache)
+        base = self.model(input_ids, attention_mask, inputs_embeds, state, use_cache,
+                          output_hidden_states=output_hidden_states)
+        hidden, state = base.last_hidden_state, base.state
         if logits_to_keep and labels is None:
             hidden = hidden[:, -logits_to_keep:]
         h = self.dropout(hidden)
@@ -104,5 +120,5 @@ class LSTMLMForCausalLM(LSTMLMPreTrainedModel, GenerationMixin):
         logits = self.lm_head(h)  # (b, s, V)
         loss = causal_lm_loss(logits, labels) if labels is not None else None
         out = TopicLMOutput(loss=loss, logits=logits, state=state, lm_loss=loss.detach() if loss is not None else None,
-                            hidden_states=hidden if output_hidden_states else None)
+                            hidden_states=base.hidden_states)
         return out if return_dict is not False else out.to_tuple()

@@ -73,7 +73,7 @@ from transformers.utils import ModelOutput
 
 from .configuration_tcnlm import TCNLMConfig
 from .modeling_common import (RecurrentPreTrainedModel, TopicGenerationMixin, TopicLMOutput, causal_lm_loss,
-                              normalize_topic_kwargs, run_rnn, topic_ids_to_mixture, topic_vocabulary)
+                              normalize_topic_kwargs, run_rnn, run_rnn_layers, topic_ids_to_mixture, topic_vocabulary)
 
 NUM_GATES = 4  # i, f, g (= c~), o
 TOPIC_LOGIT_INIT_STD = 1.5  # spread of the topic-word logits at initialisation (TCNLMPreTrainedModel._init_weights)
@@ -193,6 +193,7 @@ class TCNLMLSTMLayer(nn.Module):
         b, s, _ = x.shape
         g, f, H = NUM_GATES, self.num_factors, self.hidden_size
         # Input side for all steps at once (eq. 14): x~ = (W_b t) ⊙ (W_c x), then W_a x~ per gate.
+        t = t.to(self.W_b.dtype)  # t is float32 (see _float_simplex); the weights may be bfloat16
         x_tilde = F.linear(x, self.W_c) * F.linear(t, self.W_b).unsqueeze(1)  # (b, s, 4 n_f)
         gates_x = torch.einsum("bsgf,ghf->sbgh", x_tilde.view(b, s, g, f), self.W_a)  # (s, b, 4, H)
         # (s, b, 4 H), time-major; unbind (not indexing) so that backward stacks the step gradients once
@@ -241,19 +242,27 @@ class TCNLMExperts(nn.Module):
                     dropout=config.dropout if config.num_hidden_layers > 1 else 0.0)
             for _ in range(config.num_topics))
 
-    def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor], state, need_state: bool):
-        """(b, s, E) -> outputs (b, s, T, H) and the state (or None)."""
+    def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor], state, need_state: bool,
+                output_hidden_states: bool = False, checkpoint_fn=None):
+        """(b, s, E) -> outputs (b, s, T, H), the state (or None) and, with ``output_hidden_states``,
+        each layer's outputs (b, s, T, H) (see :func:`run_rnn_layers`; ``checkpoint_fn``: gradient checkpointing)."""
         L = self.num_layers
-        outputs, h_all, c_all = [], [], []
+        outputs, h_all, c_all, layer_outputs = [], [], [], []
         for k, lstm in enumerate(self.experts):
             expert_state = None if state is None else tuple(s[:, k * L:(k + 1) * L] for s in state)
-            lstm.flatten_parameters()
-            out, (h, c) = run_rnn(lstm, x, mask, expert_state, need_state=need_state)
+            if output_hidden_states or checkpoint_fn is not None:
+                out, (h, c), layers = run_rnn_layers(lstm, x, mask, expert_state, need_state, checkpoint_fn)
+                layer_outputs.append(layers)
+            else:
+                lstm.flatten_parameters()
+                out, (h, c) = run_rnn(lstm, x, mask, expert_state, need_state=need_state)
             outputs.append(out)
             h_all.append(h)
             c_all.append(c)
         new_state = (torch.cat(h_all, 1), torch.cat(c_all, 1)) if need_state else None
-        return torch.stack(outputs, dim=2), new_state
+        layers = tuple(torch.stack(per_expert, dim=2) for per_expert in zip(*layer_outputs)) if output_hidden_states \
+            else None
+        return torch.stack(outputs, dim=2), new_state, layers
 
 
 # ----------------------------------------------------------------------------------------------
@@ -268,6 +277,8 @@ class TCNLMModelOutput(ModelOutput):
     Args:
         last_hidden_state: (b, s, H) top-layer outputs; (b, s, T, H) for ``lm_type="naive_moe"``.
         state: ``(h, c)``, the recurrent state after the last real token (see the layer classes).
+        hidden_states: with ``output_hidden_states=True``, the embeddings fed to the first layer and every
+            layer's outputs (see :class:`TopicLMOutput`).
         topic_mixture: (b, T) topic proportions t that conditioned the LM.
         bow_nll: (b,) -log p(d | t) per document (only with ``context_bow`` and ``return_topic_losses``).
         kl: (b,) KL(q(theta | d) || p(theta)) per document (same condition).
@@ -276,6 +287,7 @@ class TCNLMModelOutput(ModelOutput):
 
     last_hidden_state: Optional[torch.Tensor] = None
     state: Optional[tuple[torch.Tensor, ...]] = None
+    hidden_states: Optional[tuple[torch.Tensor, ...]] = None
     topic_mixture: Optional[torch.Tensor] = None
     bow_nll: Optional[torch.Tensor] = None
     kl: Optional[torch.Tensor] = None
@@ -311,6 +323,20 @@ class TCNLMPreTrainedModel(RecurrentPreTrainedModel):
             nn.init.normal_(module.word_vectors, 0.0, std)
 
 
+def _float_simplex(t: torch.Tensor) -> torch.Tensor:
+    """t in float32, on the simplex: a bfloat16 softmax sums to 1 only within ~T * 2^-8, while t is
+    checked (and reused as ``topic_mixture`` by generation) with a tolerance of 1e-3."""
+    if t.dtype == torch.float32:
+        return t
+    t = t.float()
+    return t / t.sum(-1, keepdim=True)
+
+
+def _run_layer(layer: TCNLMLSTMLayer, x, t, mask, *state):
+    out, (h, c) = layer(x, t, mask, state or None)
+    return out, h, c  # flat: a reentrant checkpoint only sees top-level tensors
+
+
 class TCNLMModel(TCNLMPreTrainedModel):
     """Embeddings, the neural topic model and the topic-conditioned recurrent LM (no output layer)."""
 
@@ -329,6 +355,7 @@ class TCNLMModel(TCNLMPreTrainedModel):
         else:
             self.layers = None
             self.experts = TCNLMExperts(config)
+        self.gradient_checkpointing = False
         self.post_init()
 
     def get_input_embeddings(self):
@@ -356,22 +383,23 @@ class TCNLMModel(TCNLMPreTrainedModel):
             return topic_ids_to_mixture(given["topic_ids"].to(device), cfg.num_topics), None
         if "context_bow" in given:
             bow = given["context_bow"].to(device)
-            t, mean, logvar = self.topic_model(bow, sample=self.training)
+            t, mean, logvar = self.topic_model(bow.to(self.dtype), sample=self.training)
             losses = None
             if return_topic_losses:
                 losses = {"bow_nll": self.topic_model.bow_nll(bow, t), "kl": self.topic_model.kl(mean, logvar),
                           "context_tokens": bow.sum(-1)}
+            t = _float_simplex(t)
             if self.training and cfg.lm_topic_input == "gumbel":
                 # The LM sees a one-hot topic drawn from t (straight-through), as generation from a topic does.
-                t = F.gumbel_softmax(t.float().clamp_min(1e-10).log(), tau=1.0, hard=True).to(t.dtype)
+                t = F.gumbel_softmax(t.clamp_min(1e-10).log(), tau=1.0, hard=True)
             return t, losses
-        return self.topic_model.prior_proportions(batch_size).to(device), None
+        return _float_simplex(self.topic_model.prior_proportions(batch_size).to(device)), None
 
     def infer_topics(self, context_bow) -> torch.Tensor:
         """Topic proportions t (b, T) of documents given as bags of words (b, V_c): the posterior mean."""
         given = normalize_topic_kwargs(self.config.num_topics, self.config.topic_vocab_size, context_bow=context_bow)
-        mean, _ = self.topic_model.posterior(given["context_bow"].to(self.device))
-        return self.topic_model.proportions(mean)
+        mean, _ = self.topic_model.posterior(given["context_bow"].to(self.device, self.dtype))
+        return _float_simplex(self.topic_model.proportions(mean))
 
     @torch.no_grad()
     def get_topics(self, top_n: int = 10, topic_tokenizer=None) -> list[list[str]]:
@@ -387,7 +415,7 @@ class TCNLMModel(TCNLMPreTrainedModel):
 
     def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, state=None, use_cache=None,
                 context_bow=None, topic_ids=None, topic_mixture=None, return_topic_losses: bool = False,
-                **kwargs) -> TCNLMModelOutput:
+                output_hidden_states=None, return_dict=None, **kwargs) -> TCNLMModelOutput:
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Give exactly one of input_ids and inputs_embeds")
         if inputs_embeds is None:
@@ -397,6 +425,9 @@ class TCNLMModel(TCNLMPreTrainedModel):
         b, s, _ = inputs_embeds.shape
         use_cache = use_cache if use_cache is not None else (self.config.use_cache and not self.training)
         need_state = use_cache or state is not None
+        output_hidden_states = (output_hidden_states if output_hidden_states is not None
+                                else self.config.output_hidden_states)
+        checkpoint_fn = self.checkpoint_function()
         if attention_mask is not None and attention_mask.shape[1] != s:
             # generate() passes the mask of the whole sequence; this call only sees its last tokens.
             attention_mask = attention_mask[:, -s:]
@@ -407,26 +438,34 @@ class TCNLMModel(TCNLMPreTrainedModel):
                                                  return_topic_losses)
         x = self.dropout(inputs_embeds)
         if self.experts is not None:
-            hidden, new_state = self.experts(x, mask, state, need_state)
+            hidden, new_state, layers = self.experts(x, mask, state, need_state, output_hidden_states, checkpoint_fn)
         else:
             # Right padding without a state to return: outputs at real tokens do not depend on what
             # follows, so the per-step masking can be skipped (the outputs are zeroed below).
             right_padded = mask is not None and bool((mask[:, :-1] >= mask[:, 1:]).all())
             step_mask = None if (mask is None or (right_padded and not need_state)) else mask
-            hs, cs = [], []
+            hs, cs, layers = [], [], []
             hidden = x
             for layer_index, layer in enumerate(self.layers):
                 if layer_index > 0:
                     hidden = self.dropout(hidden)  # between layers, as nn.LSTM(dropout=...)
-                layer_state = None if state is None else (state[0][:, layer_index], state[1][:, layer_index])
-                hidden, (h, c) = layer(hidden, t, step_mask, layer_state)
+                layer_state = () if state is None else (state[0][:, layer_index], state[1][:, layer_index])
+                if checkpoint_fn is None:
+                    hidden, h, c = _run_layer(layer, hidden, t, step_mask, *layer_state)
+                else:  # gradient checkpointing: only the layer's inputs are kept, it is rerun in backward
+                    hidden, h, c = checkpoint_fn(_run_layer, layer, hidden, t, step_mask, *layer_state)
                 hs.append(h)
                 cs.append(c)
+                if output_hidden_states:
+                    zero_padding = mask is not None and step_mask is None
+                    layers.append(hidden * mask.unsqueeze(-1).to(hidden.dtype) if zero_padding else hidden)
             if mask is not None and step_mask is None:
                 hidden = hidden * mask.unsqueeze(-1).to(hidden.dtype)
             new_state = (torch.stack(hs, 1), torch.stack(cs, 1)) if need_state else None
-        return TCNLMModelOutput(last_hidden_state=hidden, state=new_state if use_cache else None, topic_mixture=t,
-                                **(topic_losses or {}))
+        out = TCNLMModelOutput(last_hidden_state=hidden, state=new_state if use_cache else None,
+                               hidden_states=(x, *layers) if output_hidden_states else None, topic_mixture=t,
+                               **(topic_losses or {}))
+        return out if return_dict is not False else out.to_tuple()
 
 
 class TCNLMForCausalLM(TCNLMPreTrainedModel, TopicGenerationMixin, GenerationMixin):
@@ -562,7 +601,8 @@ class TCNLMForCausalLM(TCNLMPreTrainedModel, TopicGenerationMixin, GenerationMix
         """
         compute_ntm = labels is not None and context_bow is not None
         base = self.model(input_ids, attention_mask, inputs_embeds, state, use_cache, context_bow=context_bow,
-                          topic_ids=topic_ids, topic_mixture=topic_mixture, return_topic_losses=compute_ntm)
+                          topic_ids=topic_ids, topic_mixture=topic_mixture, return_topic_losses=compute_ntm,
+                          output_hidden_states=output_hidden_states)
         hidden, t = base.last_hidden_state, base.topic_mixture
         if logits_to_keep and labels is None:
             hidden = hidden[:, -logits_to_keep:]
@@ -591,7 +631,7 @@ class TCNLMForCausalLM(TCNLMPreTrainedModel, TopicGenerationMixin, GenerationMix
             loss = lm_loss + bow_loss + self.kl_annealing_ramp(count=True) * kl_loss + aux_loss
 
         out = TopicLMOutput(loss=loss, logits=logits, state=base.state,
-                            hidden_states=base.last_hidden_state if output_hidden_states else None,
+                            hidden_states=base.hidden_states,
                             lm_loss=_detach(lm_loss), kl_loss=_detach(kl_loss), bow_loss=_detach(bow_loss),
                             aux_loss=_detach(aux_loss), topic_mixture=t)
         return out if return_dict is not False else out.to_tuple()

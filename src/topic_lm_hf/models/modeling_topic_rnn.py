@@ -70,7 +70,7 @@ from transformers.utils import ModelOutput
 
 from .configuration_topic_rnn import TopicRNNConfig
 from .modeling_common import (RecurrentPreTrainedModel, TopicGenerationMixin, TopicLMOutput, normalize_topic_kwargs,
-                              run_rnn, topic_ids_to_mixture, topic_vocabulary)
+                              run_rnn, run_rnn_layers, topic_ids_to_mixture, topic_vocabulary)
 
 _CELLS = {"rnn": nn.RNN, "lstm": nn.LSTM, "gru": nn.GRU}
 
@@ -85,12 +85,15 @@ class TopicRNNModelOutput(ModelOutput):
             LSTM, ``(h,)`` otherwise, each (b, L, H).
         topic_mean: (b, K) mean of q(theta | context_bow), when a context was given.
         topic_log_sigma: (b, K) log standard deviation of q(theta | context_bow).
+        hidden_states: with ``output_hidden_states=True``, the embeddings fed to the first layer and every
+            layer's outputs (see :class:`TopicLMOutput`).
     """
 
     last_hidden_state: Optional[torch.Tensor] = None
     state: Optional[tuple[torch.Tensor, ...]] = None
     topic_mean: Optional[torch.Tensor] = None
     topic_log_sigma: Optional[torch.Tensor] = None
+    hidden_states: Optional[tuple[torch.Tensor, ...]] = None
 
 
 def gaussian_kl(mean: torch.Tensor, log_sigma: torch.Tensor, per_dimension: bool = False) -> torch.Tensor:
@@ -131,6 +134,7 @@ class TopicRNNInferenceNetwork(nn.Module):
             x = torch.log1p(x)
         elif self.input_transform == "frequencies":
             x = x / x.sum(-1, keepdim=True).clamp(min=1.0)
+        x = x.to(self.mean.weight.dtype)  # the model's dtype (e.g. loaded with dtype=torch.bfloat16)
         for layer in self.layers:
             x = torch.relu(layer(x))
         log_sigma = self.log_sigma(x).clamp(-self.max_log_sigma, self.max_log_sigma)
@@ -150,6 +154,7 @@ class TopicRNNModel(TopicRNNPreTrainedModel):
                                        dropout=config.dropout if config.num_hidden_layers > 1 else 0.0,
                                        batch_first=True)
         self.inference_net = TopicRNNInferenceNetwork(config)
+        self.gradient_checkpointing = False
         self.post_init()
 
     def get_input_embeddings(self):
@@ -158,8 +163,10 @@ class TopicRNNModel(TopicRNNPreTrainedModel):
     def set_input_embeddings(self, value):
         self.embed_tokens = value
 
-    def run_tokens(self, input_ids=None, attention_mask=None, inputs_embeds=None, state=None, need_state=False):
-        """(b, s) tokens -> ((b, s, H) top-layer outputs, state after each row's last real token)."""
+    def run_tokens(self, input_ids=None, attention_mask=None, inputs_embeds=None, state=None, need_state=False,
+                   output_hidden_states=False):
+        """(b, s) tokens -> ((b, s, H) top-layer outputs, state after each row's last real token, and the
+        per-layer tuple of :class:`TopicLMOutput` ``hidden_states`` with ``output_hidden_states``, else None)."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Give exactly one of input_ids and inputs_embeds")
         if inputs_embeds is None:
@@ -169,21 +176,31 @@ class TopicRNNModel(TopicRNNPreTrainedModel):
         if attention_mask is not None and attention_mask.shape[1] != inputs_embeds.shape[1]:
             # generate() passes the mask of the whole sequence; this call only sees its last tokens.
             attention_mask = attention_mask[:, -inputs_embeds.shape[1]:]
+        x = self.dropout(inputs_embeds)
+        checkpoint_fn = self.checkpoint_function()
+        if output_hidden_states or checkpoint_fn is not None:
+            hidden, new_state, layers = run_rnn_layers(self.rnn, x, attention_mask, state, need_state, checkpoint_fn)
+            return hidden, new_state, ((x, *layers) if output_hidden_states else None)
         self.rnn.flatten_parameters()
-        return run_rnn(self.rnn, self.dropout(inputs_embeds), attention_mask, state, need_state=need_state)
+        return (*run_rnn(self.rnn, x, attention_mask, state, need_state=need_state), None)
 
     def forward(self, input_ids: Optional[torch.LongTensor] = None, attention_mask: Optional[torch.Tensor] = None,
                 inputs_embeds: Optional[torch.Tensor] = None, state: Optional[tuple] = None,
                 use_cache: Optional[bool] = None, context_bow: Optional[torch.Tensor] = None,
+                output_hidden_states: Optional[bool] = None, return_dict: Optional[bool] = None,
                 **kwargs) -> TopicRNNModelOutput:
         use_cache = use_cache if use_cache is not None else (self.config.use_cache and not self.training)
-        hidden, new_state = self.run_tokens(input_ids, attention_mask, inputs_embeds, state,
-                                            need_state=use_cache or state is not None)
+        output_hidden_states = (output_hidden_states if output_hidden_states is not None
+                                else self.config.output_hidden_states)
+        hidden, new_state, all_hidden = self.run_tokens(input_ids, attention_mask, inputs_embeds, state,
+                                                        need_state=use_cache or state is not None,
+                                                        output_hidden_states=output_hidden_states)
         mean = log_sigma = None
         if context_bow is not None:
             mean, log_sigma = self.inference_net(context_bow.to(hidden.device))
-        return TopicRNNModelOutput(last_hidden_state=hidden, state=new_state if use_cache else None,
-                                   topic_mean=mean, topic_log_sigma=log_sigma)
+        out = TopicRNNModelOutput(last_hidden_state=hidden, state=new_state if use_cache else None,
+                                  topic_mean=mean, topic_log_sigma=log_sigma, hidden_states=all_hidden)
+        return out if return_dict is not False else out.to_tuple()
 
     def document_features(self, batch: Optional[dict] = None, *, input_ids=None, attention_mask=None,
                           inputs_embeds=None, context_bow=None) -> torch.Tensor:
@@ -201,7 +218,7 @@ class TopicRNNModel(TopicRNNPreTrainedModel):
         device = self.embed_tokens.weight.device
         to = (lambda x: x.to(device) if isinstance(x, torch.Tensor) else x)
         input_ids, attention_mask, inputs_embeds = to(input_ids), to(attention_mask), to(inputs_embeds)
-        _, state = self.run_tokens(input_ids, attention_mask, inputs_embeds, need_state=True)
+        _, state, _ = self.run_tokens(input_ids, attention_mask, inputs_embeds, need_state=True)
         last = state[0][:, -1]  # (b, H): the top layer's h
         b = last.shape[0]
         if context_bow is None:
@@ -260,7 +277,8 @@ class TopicRNNForCausalLM(TopicRNNPreTrainedModel, TopicGenerationMixin, Generat
         """(V,) topic id of every LM word, -1 for stop words (built from ``config.topic_word_ids``)."""
         device = device if device is not None else self.lm_head.weight.device
         ids = self.config.topic_word_ids
-        key = (id(ids), len(ids) if ids is not None else -1, str(device))
+        # vocab_size is part of the key: resize_token_embeddings changes it (the new words are stop words).
+        key = (id(ids), len(ids) if ids is not None else -1, self.config.vocab_size, str(device))
         cached = self.__dict__.get("_lm_to_topic_cache")
         if cached is not None and cached[0] == key:
             return cached[1]
@@ -283,7 +301,7 @@ class TopicRNNForCausalLM(TopicRNNPreTrainedModel, TopicGenerationMixin, Generat
 
     def topic_bias(self, theta: torch.Tensor) -> torch.Tensor:
         """b_i^T theta for every LM word: (b, K) -> (b, V), exactly zero at stop words."""
-        topic_logits = self.topic_head(theta)  # (b, V_c)
+        topic_logits = self.topic_head(theta.to(self.topic_head.weight.dtype))  # (b, V_c)
         padded = F.pad(topic_logits, (1, 0))  # column 0 is the zero bias of stop words
         return padded.index_select(1, self.lm_to_topic_ids(theta.device) + 1)
 
@@ -347,8 +365,11 @@ class TopicRNNForCausalLM(TopicRNNPreTrainedModel, TopicGenerationMixin, Generat
             marginal as well would double the cost of the output layer).
         """
         use_cache = use_cache if use_cache is not None else (self.config.use_cache and not self.training)
-        hidden, new_state = self.model.run_tokens(input_ids, attention_mask, inputs_embeds, state,
-                                                  need_state=use_cache or state is not None)
+        output_hidden_states = (output_hidden_states if output_hidden_states is not None
+                                else self.config.output_hidden_states)
+        hidden, new_state, all_hidden = self.model.run_tokens(input_ids, attention_mask, inputs_embeds, state,
+                                                              need_state=use_cache or state is not None,
+                                                              output_hidden_states=output_hidden_states)
         theta, kl = self.infer_topic_vector(hidden.shape[0], context_bow, topic_mixture, hidden.device, topic_ids)
         if logits_to_keep and labels is None:
             hidden = hidden[:, -logits_to_keep:]
@@ -385,7 +406,7 @@ class TopicRNNForCausalLM(TopicRNNPreTrainedModel, TopicGenerationMixin, Generat
                 F.logsigmoid(stop_logits).unsqueeze(-1) + torch.log_softmax(word_logits, dim=-1),
                 F.logsigmoid(-stop_logits).unsqueeze(-1) + torch.log_softmax(word_logits + bias, dim=-1))
         out = TopicLMOutput(loss=loss, logits=log_marginal, state=new_state if use_cache else None,
-                            hidden_states=hidden if output_hidden_states else None,
+                            hidden_states=all_hidden,
                             lm_loss=lm_loss.detach() if lm_loss is not None else None,
                             kl_loss=kl_loss.detach() if kl_loss is not None else None,
                             aux_loss=aux_loss.detach() if aux_loss is not None else None, topic_mixture=theta)
@@ -517,7 +538,8 @@ class TopicRNNForSequenceClassification(TopicRNNPreTrainedModel):
                 document_features = self.model.document_features(input_ids=input_ids, attention_mask=attention_mask,
                                                                   inputs_embeds=inputs_embeds,
                                                                   context_bow=context_bow)
-        features = document_features.to(self.classifier.dense.weight.device).float()
+        weight = self.classifier.dense.weight
+        features = document_features.to(weight.device, weight.dtype)
         logits = self.classifier(features)
         loss = None
         if labels is not None:
