@@ -55,9 +55,14 @@ VARIANTS = {
     "tcnlm-spread": ("tcnlm", {"topic_factor_spread": 1.0}, 0, "topic factors W_b, U_b start as U(0, 2), not U(0.9, 1.1)"),
     "tcnlm-gumbel": ("tcnlm", {"lm_topic_input": "gumbel"}, 0,
                      "LM trained on one-hot topics drawn from t (straight-through Gumbel), as generation uses"),
-    "tcnlm-bias": ("tcnlm", {"topic_output_bias": True}, 0,
+    "tcnlm-bias": ("tcnlm", {"topic_output_bias": "learned"}, 0,
                    "a learned topic-to-vocabulary bias B t on the logits (TopicRNN/TDLM-style; not in the paper)"),
-    "tcnlm-pretrain-bias": ("tcnlm", {"topic_output_bias": True}, 300, "pre-training and the output bias"),
+    "tcnlm-pretrain-bias": ("tcnlm", {"topic_output_bias": "learned"}, 300, "pre-training and the output bias"),
+    "tcnlm-beta": ("tcnlm", {"topic_output_bias": "beta"}, 0,
+                   "product of experts with the topic model: lambda log(V_c beta^T t) on topic words (not in the paper)"),
+    "tcnlm-pretrain-beta": ("tcnlm", {"topic_output_bias": "beta"}, 300, "pre-training and the beta product of experts"),
+    "tcnlm-pretrain-gumbel-beta": ("tcnlm", {"topic_output_bias": "beta", "lm_topic_input": "gumbel"}, 300,
+                                   "pre-training, one-hot topics and the beta product of experts"),
     "tcnlm-1topic": ("tcnlm", {"num_topics": 1}, 0,
                      "a factorised LSTM without topics (T = 1): how much of TCNLM's gap is the factorisation"),
     "tcnlm-nf2h": ("tcnlm", {"num_factors_multiple": 2}, 0, "n_f = 2 H factors instead of H"),
@@ -84,8 +89,7 @@ def build(name: str, args, tok, topic_tok):
     if family == "lstm":
         return LSTMLMForCausalLM(LSTMLMConfig(vocab_size=len(tok), **sizes))
     if family == "tcnlm":
-        config = TCNLMConfig(vocab_size=len(tok), topic_vocab_size=len(topic_tok),
-                             **{"num_topics": args.num_topics, "kl_annealing_steps": args.kl_annealing_steps,
+        config = TCNLMConfig.from_tokenizers(tok, topic_tok, **{"num_topics": args.num_topics, "kl_annealing_steps": args.kl_annealing_steps,
                                 **sizes, **overrides})
         return TCNLMForCausalLM(config)
     config = TopicRNNConfig.from_tokenizers(tok, topic_tok, **{"num_topics": args.num_topics, **sizes, **overrides})

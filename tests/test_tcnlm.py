@@ -687,10 +687,11 @@ def test_pretraining_the_topic_model_on_apnews_lowers_its_loss_and_leaves_the_lm
 def test_topic_output_bias_starts_as_the_paper_model_and_adds_B_t(vocab, tmp_path):
     tok, topic_tok = vocab
     plain = small_model(len(tok), len(topic_tok))
-    biased = small_model(len(tok), len(topic_tok), topic_output_bias=True)
+    biased = small_model(len(tok), len(topic_tok), topic_output_bias="learned")
     assert float(biased.topic_bias.weight.abs().sum()) == 0.0  # zero at initialisation
     missing, unexpected = biased.load_state_dict(plain.state_dict(), strict=False)
     assert missing == ["topic_bias.weight"] and not unexpected
+    assert small_model(len(tok), len(topic_tok), topic_output_bias=True).config.topic_output_bias == "learned"
     ids = torch.tensor([[2, 5, 6, 7]])
     torch.testing.assert_close(biased(input_ids=ids, topic_ids=[1]).logits, plain(input_ids=ids, topic_ids=[1]).logits)
     with torch.no_grad():
@@ -703,4 +704,45 @@ def test_topic_output_bias_starts_as_the_paper_model_and_adds_B_t(vocab, tmp_pat
     biased.save_pretrained(tmp_path)
     torch.testing.assert_close(AutoModelForCausalLM.from_pretrained(tmp_path).topic_bias.weight, biased.topic_bias.weight)
     with pytest.raises(ValueError, match="topic_output_bias"):
-        TCNLMConfig(topic_output_bias=True, lm_type="naive_moe")
+        TCNLMConfig(topic_output_bias="learned", lm_type="naive_moe")
+    with pytest.raises(ValueError, match="topic_output_bias must be one of"):
+        TCNLMConfig(topic_output_bias="topics")
+
+
+def test_beta_topic_prior_is_lambda_log_ratio_on_topic_words_and_steers(vocab, tmp_path):
+    """topic_output_bias="beta": logits + lambda * log(V_c (beta^T t)_w) on topic words, 0 elsewhere;
+    lambda = 0 is the paper's model; with lambda > 0, topic_ids=[k] favours topic k's top words."""
+    tok, topic_tok = vocab
+    torch.manual_seed(0)
+    config = TCNLMConfig.from_tokenizers(tok, topic_tok, num_topics=6, embedding_size=12, hidden_size=16,
+                                         num_factors=10, encoder_hidden_size=16, topic_embedding_size=8,
+                                         topic_output_bias="beta", dropout=0.0)
+    model = TCNLMForCausalLM(config).eval()
+    plain = TCNLMForCausalLM(TCNLMConfig(**{**config.to_dict(), "topic_output_bias": None})).eval()
+    plain.load_state_dict(model.state_dict(), strict=False)
+    ids = torch.tensor([[2, 5, 6, 7]])
+    assert float(model.topic_prior_weight) == 0.0
+    torch.testing.assert_close(model(input_ids=ids, topic_ids=[1]).logits, plain(input_ids=ids, topic_ids=[1]).logits)
+    with torch.no_grad():
+        model.topic_prior_weight.fill_(2.0)
+    t = torch.tensor([[0.25, 0.75, 0, 0, 0, 0]])
+    beta = model.model.topic_model.beta().detach()
+    expected = plain(input_ids=ids, topic_mixture=t).logits.clone()
+    topic_vocab, lm_vocab = topic_tok.get_vocab(), tok.get_vocab()
+    n_words = sum(1 for w in topic_vocab if w != topic_tok.unk_token and w in lm_vocab)
+    for word, j in topic_vocab.items():  # a literal loop over the topic words
+        if word != topic_tok.unk_token and word in lm_vocab:
+            expected[..., lm_vocab[word]] += 2.0 * math.log(float(t[0] @ beta[:, j]) * n_words)
+    torch.testing.assert_close(model(input_ids=ids, topic_mixture=t).logits, expected, rtol=1e-4, atol=1e-4)
+    # steering: the next-word mass on topic k's top-5 words is larger under topic_ids=[k] than under the prior
+    top = [lm_vocab[w] for w in model.get_topics(top_n=5, topic_tokenizer=topic_tok)[3] if w in lm_vocab]
+    steered = torch.softmax(model(input_ids=ids, topic_ids=[3]).logits[0, -1], -1)[top].sum()
+    prior = torch.softmax(model(input_ids=ids).logits[0, -1], -1)[top].sum()
+    assert float(steered) > 2 * float(prior)
+    kw = dict(topic_ids=[3], max_new_tokens=6, do_sample=False, pad_token_id=0, eos_token_id=None)
+    assert torch.equal(model.generate(**kw), model.generate(**kw, use_cache=False))
+    model.save_pretrained(tmp_path)
+    again = AutoModelForCausalLM.from_pretrained(tmp_path)
+    assert float(again.topic_prior_weight) == 2.0 and again.config.topic_word_ids == config.topic_word_ids
+    with pytest.raises(ValueError, match="needs config.topic_word_ids"):
+        small_model(len(tok), len(topic_tok), topic_output_bias="beta")(input_ids=ids)

@@ -5,6 +5,7 @@ from transformers import PretrainedConfig
 LM_TYPES = ("tcnlm", "naive_moe")
 TOPIC_LOSS_NORMALIZATIONS = ("context_tokens", "lm_tokens")
 LM_TOPIC_INPUTS = ("mixture", "gumbel")
+TOPIC_OUTPUT_BIASES = (None, "learned", "beta")
 
 
 class TCNLMConfig(PretrainedConfig):
@@ -50,9 +51,15 @@ class TCNLMConfig(PretrainedConfig):
             Gumbel-softmax (forward: one-hot; gradient: that of the soft sample), so that training sees
             the one-hot t that generation from a topic uses. Not in the paper. Evaluation and
             generation use t (the posterior mean) either way.
-        topic_output_bias: add a learned topic-to-vocabulary bias B t (B: V x T, zero at initialisation)
-            to the output logits, the way TopicRNN and TDLM condition their softmax. Not in the TCNLM
-            paper (whose topics act only through the LSTM's weights); ``lm_type="tcnlm"`` only.
+        topic_output_bias: a topic term added to the output logits; not in the TCNLM paper, whose
+            topics act only through the LSTM's weights (``lm_type="tcnlm"`` only):
+            ``None`` (the paper); ``"learned"``: B t with a free B (V x T, zero at initialisation), the
+            way TopicRNN and TDLM condition their softmax; ``"beta"``: a product of experts with the
+            topic model, lambda * log(V_c (beta^T t)_w) for every topic word w (0 for other words),
+            with one learned lambda starting at 0: the topic model's own word distribution, relative
+            to uniform, tilts the LM towards the words of the current topics. Needs ``topic_word_ids``.
+        topic_word_ids: the LM id of every topic-vocabulary entry (-1 for the topic ``<unk>``), as in
+            :class:`TopicRNNConfig`; set by :meth:`from_tokenizers` (needed by ``topic_output_bias="beta"``).
 
     Example:
         >>> from topic_lm_hf import TCNLMConfig, TCNLMForCausalLM
@@ -69,7 +76,8 @@ class TCNLMConfig(PretrainedConfig):
                  num_hidden_layers=1, num_factors=None, dropout=0.4, encoder_hidden_size=256,
                  topic_embedding_size=256, prior_mean=0.0, prior_std=1.0, diversity_weight=0.1, lm_type="tcnlm",
                  kl_annealing_steps=0, topic_loss_normalization="context_tokens", tie_word_embeddings=False,
-                 initializer_range=0.1, topic_factor_spread=None, lm_topic_input="mixture", topic_output_bias=False, use_cache=True, pad_token_id=0, bos_token_id=2, eos_token_id=3, unk_token_id=1,
+                 initializer_range=0.1, topic_factor_spread=None, lm_topic_input="mixture", topic_output_bias=None,
+                 topic_word_ids=None, use_cache=True, pad_token_id=0, bos_token_id=2, eos_token_id=3, unk_token_id=1,
                  **kwargs):
         num_factors = hidden_size if num_factors is None else num_factors
         for name, value in (("vocab_size", vocab_size), ("topic_vocab_size", topic_vocab_size),
@@ -98,6 +106,12 @@ class TCNLMConfig(PretrainedConfig):
             raise ValueError(f"initializer_range must be positive, got {initializer_range!r}")
         if topic_factor_spread is not None and not 0 <= topic_factor_spread:
             raise ValueError(f"topic_factor_spread must be >= 0 or None, got {topic_factor_spread!r}")
+        if topic_output_bias is False:  # configs saved when this was a flag
+            topic_output_bias = None
+        elif topic_output_bias is True:
+            topic_output_bias = "learned"
+        if topic_output_bias not in TOPIC_OUTPUT_BIASES:
+            raise ValueError(f"topic_output_bias must be one of {TOPIC_OUTPUT_BIASES}, got {topic_output_bias!r}")
         if topic_output_bias and lm_type != "tcnlm":
             raise ValueError(f"topic_output_bias needs lm_type='tcnlm', got {lm_type!r}")
         if lm_topic_input not in LM_TOPIC_INPUTS:
@@ -122,7 +136,30 @@ class TCNLMConfig(PretrainedConfig):
         self.initializer_range = initializer_range
         self.topic_factor_spread = None if topic_factor_spread is None else float(topic_factor_spread)
         self.lm_topic_input = lm_topic_input
-        self.topic_output_bias = bool(topic_output_bias)
+        self.topic_output_bias = topic_output_bias
+        self.topic_word_ids = None if topic_word_ids is None else [int(i) for i in topic_word_ids]
+        if self.topic_word_ids is not None and len(self.topic_word_ids) != topic_vocab_size:
+            raise ValueError(f"topic_word_ids has {len(self.topic_word_ids)} entries but topic_vocab_size is "
+                             f"{topic_vocab_size}: mismatched vocabularies")
         self.use_cache = use_cache
         super().__init__(pad_token_id=pad_token_id, bos_token_id=bos_token_id, eos_token_id=eos_token_id,
                          unk_token_id=unk_token_id, **kwargs)
+
+    @staticmethod
+    def topic_word_ids_from_tokenizers(tokenizer, topic_tokenizer) -> list[int]:
+        """The LM id of every topic-tokenizer entry (-1 for its ``<unk>`` and for words the LM lacks)."""
+        from .modeling_common import topic_word_ids_from_tokenizers
+
+        return topic_word_ids_from_tokenizers(tokenizer, topic_tokenizer)
+
+    @classmethod
+    def from_tokenizers(cls, tokenizer, topic_tokenizer, **kwargs) -> "TCNLMConfig":
+        """A config sized to an LM tokenizer and a topic tokenizer (vocabulary sizes, special-token ids,
+        ``topic_word_ids``); other arguments are passed on."""
+        vocab = tokenizer.get_vocab()
+        for name, token in (("pad_token_id", tokenizer.pad_token), ("bos_token_id", tokenizer.bos_token),
+                            ("eos_token_id", tokenizer.eos_token), ("unk_token_id", tokenizer.unk_token)):
+            if token is not None and token in vocab:
+                kwargs.setdefault(name, vocab[token])
+        return cls(vocab_size=len(tokenizer), topic_vocab_size=len(topic_tokenizer),
+                   topic_word_ids=cls.topic_word_ids_from_tokenizers(tokenizer, topic_tokenizer), **kwargs)

@@ -609,6 +609,18 @@ class TopicGenerationMixin:
         return model_kwargs
 
 
+def topic_word_ids_from_tokenizers(tokenizer, topic_tokenizer) -> list[int]:
+    """The LM id of every topic-tokenizer entry (-1 for its ``<unk>`` and for words the LM lacks)."""
+    lm_vocab = tokenizer.get_vocab()
+    topic_vocab = topic_tokenizer.get_vocab()
+    unk = getattr(topic_tokenizer, "unk_token", None)
+    ids = [-1] * len(topic_vocab)
+    for word, index in topic_vocab.items():
+        if word != unk and word in lm_vocab:
+            ids[index] = lm_vocab[word]
+    return ids
+
+
 def last_token_positions(attention_mask: Optional[torch.Tensor], seq_len: int, batch_size: int,
                          device) -> torch.Tensor:
     """Index of each row's last real token (left or right padding)."""

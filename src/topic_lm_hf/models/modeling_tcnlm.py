@@ -312,8 +312,11 @@ class TCNLMPreTrainedModel(RecurrentPreTrainedModel):
             for name in ("W_b", "U_b"):
                 nn.init.uniform_(getattr(module, name), 1.0 - spread, 1.0 + spread)
             nn.init.zeros_(module.bias)
-        elif isinstance(module, TCNLMForCausalLM) and module.topic_bias is not None:
-            nn.init.zeros_(module.topic_bias.weight)  # starts as the paper's model
+        elif isinstance(module, TCNLMForCausalLM):  # the optional output terms start as the paper's model
+            if module.topic_bias is not None:
+                nn.init.zeros_(module.topic_bias.weight)
+            if module.topic_prior_weight is not None:
+                nn.init.zeros_(module.topic_prior_weight)
         elif isinstance(module, TCNLMTopicModel):
             # Topics start as distinct random distributions (logits of std ~1.5), so that log p(d | t) depends
             # on t from the first step: with near-uniform beta nothing rewards a posterior away from the prior,
@@ -490,9 +493,11 @@ class TCNLMForCausalLM(TCNLMPreTrainedModel, TopicGenerationMixin, GenerationMix
             self.proj = nn.Linear(config.hidden_size, config.embedding_size)
             out_size = config.embedding_size
         self.lm_head = nn.Linear(out_size, config.vocab_size)
-        # Optional, not in the paper: logits += B t (config.topic_output_bias); zero at initialisation.
-        self.topic_bias = nn.Linear(config.num_topics, config.vocab_size, bias=False) if config.topic_output_bias \
-            else None
+        # Optional, not in the paper (config.topic_output_bias): logits += B t with B zero at initialisation,
+        # or lambda * log(V_c beta^T t) on the topic words with lambda starting at 0.
+        self.topic_bias = nn.Linear(config.num_topics, config.vocab_size, bias=False) \
+            if config.topic_output_bias == "learned" else None
+        self.topic_prior_weight = nn.Parameter(torch.zeros(())) if config.topic_output_bias == "beta" else None
         # Training forward passes seen so far, for KL annealing (saved, so that resuming goes on).
         self._register_kl_annealing()
         self.post_init()
@@ -516,6 +521,30 @@ class TCNLMForCausalLM(TCNLMPreTrainedModel, TopicGenerationMixin, GenerationMix
         Words come from ``topic_tokenizer``, or from the ``topic_tokenizer/`` folder saved next to the model.
         """
         return self.model.get_topics(top_n, topic_tokenizer)
+
+    def _topic_word_lm_ids(self, device) -> tuple[torch.Tensor, torch.Tensor]:
+        """(topic ids, LM ids) of the topic words the LM has (from ``config.topic_word_ids``), cached."""
+        ids = self.config.topic_word_ids
+        if ids is None:
+            raise ValueError("topic_output_bias='beta' needs config.topic_word_ids (the LM id of every topic word): "
+                             "build the config with TCNLMConfig.from_tokenizers(tokenizer, topic_tokenizer, ...)")
+        key = (id(ids), len(ids), str(device))
+        cached = self.__dict__.get("_topic_word_cache")
+        if cached is None or cached[0] != key:
+            topic_word_ids = torch.tensor(ids, dtype=torch.long)
+            real = (topic_word_ids >= 0).nonzero().squeeze(-1)
+            cached = (key, (real.to(device), topic_word_ids[real].to(device)))
+            self.__dict__["_topic_word_cache"] = cached
+        return cached[1]
+
+    def topic_word_prior(self, t: torch.Tensor) -> torch.Tensor:
+        """lambda * log(V_c (beta^T t)_w) at every topic word w of the LM vocabulary, 0 elsewhere: (b, T) -> (b, V)."""
+        topic_ids, lm_ids = self._topic_word_lm_ids(t.device)
+        word_probs = t.float() @ self.model.topic_model.beta().float()  # (b, V_c)
+        log_ratio = (word_probs[:, topic_ids].clamp_min(1e-10) * topic_ids.numel()).log()  # vs uniform
+        prior = word_probs.new_zeros(t.shape[0], self.config.vocab_size)
+        prior[:, lm_ids] = log_ratio
+        return self.topic_prior_weight.float() * prior
 
     @torch.no_grad()
     def topic_word_distributions(self) -> torch.Tensor:
@@ -614,6 +643,8 @@ class TCNLMForCausalLM(TCNLMPreTrainedModel, TopicGenerationMixin, GenerationMix
             logits = self._mixture_log_probs(hidden, t) if self.config.lm_type == "naive_moe" else self._head(hidden)
             if self.topic_bias is not None:
                 logits = logits + self.topic_bias(t.to(logits.dtype)).unsqueeze(1)  # (b, 1, V): B t
+            if self.topic_prior_weight is not None:
+                logits = logits + self.topic_word_prior(t).to(logits.dtype).unsqueeze(1)  # (b, 1, V)
             if labels is not None:
                 lm_loss = causal_lm_loss(logits, labels)
 
