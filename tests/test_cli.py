@@ -9,14 +9,19 @@ from topic_lm_hf.cli import main
 
 
 def test_demo_on_the_synthetic_corpus_says_so(tmp_path, capsys):
-    main(["demo", "--synthetic", "--max_steps", "30", "--output_dir", str(tmp_path)])
+    main(["demo", "--synthetic", "--train_seconds", "2", "--eval_documents", "8", "--output_dir", str(tmp_path)])
     out = capsys.readouterr().out
     assert "SYNTHETIC" in out
-    assert "identical logits: True" in out
-    for protocol in ("paper", "causal", "causal-carry"):
-        assert re.search(rf"\| lstm_lm \| {protocol} \|", out), out
-    assert (tmp_path / "lstm_lm" / "model.safetensors").exists()
-    assert (tmp_path / "lstm_lm" / "topic_tokenizer" / "tokenizer.json").exists()
+    assert out.count("identical logits after reloading: True") == 2
+    for model in ("LSTM", "TCNLM"):
+        for protocol in ("paper", "causal", "causal-carry"):
+            assert re.search(rf"\| {model} \| {protocol} \|", out), out
+    assert re.search(r"\| TCNLM \| paper, another document's context \(ablation\)", out)
+    assert "<unk>" not in "\n".join(line for line in out.splitlines() if line.strip().startswith("- "))
+    assert re.search(r"\[demo\] finished in \d+ s", out)
+    for name in ("lstm", "tcnlm"):
+        assert (tmp_path / name / "model.safetensors").exists()
+        assert (tmp_path / name / "topic_tokenizer" / "tokenizer.json").exists()
 
 
 @requires_data("apnews", "train.txt")

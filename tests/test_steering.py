@@ -143,7 +143,7 @@ def test_steering_rejects_what_it_cannot_measure(synthetic):
 
 
 @requires_data("apnews", "train.txt")
-def test_steering_evaluation_on_apnews_from_a_saved_folder(apnews, tmp_path):
+def test_steering_evaluation_on_apnews_from_a_saved_folder(apnews, tmp_path, capsys):
     """The way a user runs it: a trained TCNLM saved to a folder, reloaded with the Auto classes,
     judged by an LDA fitted on the training corpus, fluency under a separately trained LSTM."""
     from transformers import AutoModelForCausalLM
@@ -176,3 +176,17 @@ def test_steering_evaluation_on_apnews_from_a_saved_folder(apnews, tmp_path):
     assert result["fluency_ppl_steered"] > 1 and result["fluency_ppl_unconditioned"] > 1
     assert all("<unk>" not in text.split() for row in result["per_topic"] for text in row["texts"])
     assert len(result["per_topic"][0]["top_words"]) == 10
+    # The same from the command line: topic-lm steer, with the LDA judge fitted on the corpus file.
+    import json
+
+    from conftest import DATA
+    from topic_lm_hf.cli import main
+
+    main(["steer", "--model_name_or_path", str(tmp_path / "tcnlm"), "--fluency_model", str(tmp_path / "lstm"),
+          "--judge_corpus", str(DATA / "apnews" / "train.txt"), "--judge_documents", "100", "--topics", "0,5",
+          "--num_samples", "3", "--max_new_tokens", "6", "--json", str(tmp_path / "steer.json")])
+    out = capsys.readouterr().out
+    assert "| topic acc. (own encoder) |" in out and "topic 5 (" in out
+    saved = json.loads((tmp_path / "steer.json").read_text())
+    assert [row["topic"] for row in saved["per_topic"]] == [0, 5] and "100 documents" in saved["judge"]
+    assert saved["fluency_ppl_steered"] > 1

@@ -31,6 +31,7 @@ from transformers.trainer_utils import get_last_checkpoint
 from . import data as data_lib
 from .collator import TopicContextCollator, make_bow
 from .evaluation import evaluate_perplexity
+from .demo import DemoArguments, run_demo
 from .trainer import TopicLMTrainer
 
 logger = logging.getLogger("topic_lm_hf")
@@ -123,19 +124,37 @@ class GenerateArguments:
                 "topic-lm topics)."})
     context_text: Optional[str] = field(default=None, metadata={
         "help": "A document whose topics steer generation (topic models)."})
+    allow_unk: bool = field(default=False, metadata={
+        "help": "Let the model generate <unk> (suppressed by default, as in every model's generation config)."})
+
+
+@dataclass
+class SteerArguments:
+    model_name_or_path: str = field(metadata={"help": "A saved topic model folder (with its tokenizers)."})
+    judge_corpus: Optional[str] = field(default=None, metadata={
+        "help": "The training corpus (Lau .txt, .jsonl[.gz], .parquet): an LDA fitted on it is the independent "
+                "judge of topic accuracy. Without it only the model's own encoder judges."})
+    judge_documents: Optional[int] = field(default=None, metadata={
+        "help": "Fit the LDA judge on the first N documents of --judge_corpus only (faster)."})
+    text_column: Optional[str] = field(default=None, metadata={"help": "Raw-text column of a JSON / Parquet corpus."})
+    fluency_model: Optional[str] = field(default=None, metadata={
+        "help": "A separately trained LM over the same vocabulary (e.g. a same-size LSTM): the perplexity of the "
+                "generated text under it measures fluency."})
+    topics: Optional[str] = field(default=None, metadata={
+        "help": "Comma-separated topic ids to steer towards (default: --num_topics_sampled of them, drawn with --seed)."})
+    num_topics_sampled: int = field(default=10, metadata={"help": "Topics drawn when --topics is not given."})
+    num_samples: int = field(default=20, metadata={"help": "Texts generated per topic, and without a topic."})
+    max_new_tokens: int = field(default=30, metadata={"help": "The longest generated text."})
+    top_p: float = field(default=0.9, metadata={"help": "Nucleus sampling threshold."})
+    top_words: int = field(default=50, metadata={"help": "N of topic k's top-N words, for the topic-word share."})
+    seed: int = field(default=0, metadata={"help": "Seeds the topic draw and the sampling."})
+    json: Optional[str] = field(default=None, metadata={"help": "Also write the full result (with texts) to this file."})
 
 
 @dataclass
 class TopicsArguments:
     model_name_or_path: str = field(metadata={"help": "A saved topic model folder or Hub id."})
     top_n: int = field(default=10, metadata={"help": "Words printed per topic."})
-
-
-@dataclass
-class DemoArguments:
-    output_dir: str = field(default="out/demo", metadata={"help": "Where the two models are saved."})
-    max_steps: int = field(default=200, metadata={"help": "Training steps of each model."})
-    protocols: str = field(default="paper,causal,causal-carry", metadata={"help": _HELP["protocols"]})
 
 
 # ----------------------------------------------------------------------------------------------
@@ -302,11 +321,14 @@ def evaluate(model, docs, protocols, tokenizer=None, topic_tokenizer=None, name=
 
 
 def generate_text(model, tokenizer, prompt: str = "", topic_tokenizer=None, topic_ids=None, context_text=None,
-                  **generate_kwargs) -> list[str]:
-    """Generate from a raw-text prompt (tokenized like the corpora), optionally steered by topics."""
+                  allow_unk: bool = False, **generate_kwargs) -> list[str]:
+    """Generate from a raw-text prompt (tokenized like the corpora), optionally steered by topics.
+    ``<unk>`` is never generated unless ``allow_unk``."""
     words = [w for s in data_lib.tokenize_text(prompt) for w in s]
     inputs = tokenizer([" ".join(words)], return_tensors="pt")
     kwargs = dict(generate_kwargs)
+    if allow_unk:
+        kwargs["suppress_tokens"] = []
     if topic_ids is not None:
         kwargs["topic_ids"] = topic_ids
     if context_text is not None:
@@ -317,50 +339,6 @@ def generate_text(model, tokenizer, prompt: str = "", topic_tokenizer=None, topi
     # Keep <unk> visible (an out-of-vocabulary prompt word must not silently vanish); drop the rest.
     hidden = {tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id}
     return [" ".join(tokenizer.convert_ids_to_tokens([i for i in row.tolist() if i not in hidden])) for row in out]
-
-
-def demo(data_args: DataArguments, demo_args: DemoArguments) -> None:
-    """The main job: train a small LSTM LM and a TCNLM of the same size, evaluate both under every
-    protocol, save, reload with the Auto classes, generate (from prompts and from topics)."""
-    out_dir, max_steps = demo_args.output_dir, demo_args.max_steps
-    t0 = time.time()
-    train_docs, valid_docs, source = load_corpora(data_args)
-    print(f"[demo] data: {source}")
-    if shared_data_dir() is not None and data_args.stopwords == "default" and not data_args.synthetic:
-        data_args.stopwords = "mallet"  # the papers' stop list, when the shared data holds it
-    if data_args.synthetic or "SYNTHETIC" in source:
-        data_args.min_freq = 1
-    if data_args.max_eval_documents is None and len(valid_docs) > 60:
-        valid_docs = valid_docs.select(range(60))  # keep the demo to a few minutes (--max_eval_documents)
-    results = []
-    # The LSTM baseline and TCNLM of the same size, trained for the same number of steps.
-    models = [("lstm_lm", "embedding_size=128,hidden_size=256,dropout=0.2"),
-              ("tcnlm", "embedding_size=128,hidden_size=256,num_topics=20,dropout=0.2")]
-    for model_type, overrides in models:
-        path = os.path.join(out_dir, model_type)
-        args = TrainingArguments(output_dir=path, max_steps=max_steps, per_device_train_batch_size=64,
-                                 learning_rate=3e-3, max_grad_norm=0.5, logging_steps=50, save_steps=200,
-                                 save_total_limit=1, eval_strategy="no", report_to=[], use_cpu=True,
-                                 disable_tqdm=True, seed=0, lr_scheduler_type="linear", warmup_steps=20)
-        model, tok, topic_tok = train(data_args, ModelArguments(model_type=model_type, config_overrides=overrides),
-                                      args, train_docs, valid_docs)
-        reloaded = AutoModelForCausalLM.from_pretrained(path).eval()
-        model.eval()
-        probe = tok(["the"], return_tensors="pt")
-        same = torch.allclose(model(**probe).logits, reloaded(**probe).logits)
-        print(f"[demo] {model_type}: saved to {path}; reloaded with AutoModelForCausalLM, identical logits: {same}")
-        results += evaluate(reloaded, valid_docs, demo_args.protocols.split(","), name=model_type)
-        for prompt in ("the senate", "police said", ""):
-            text = generate_text(reloaded, tok, prompt, max_new_tokens=20, do_sample=True, top_k=40)[0]
-            print(f"[demo] {model_type} generates from {prompt!r}: {text}")
-        if hasattr(reloaded, "get_topics"):
-            for k, words in enumerate(reloaded.get_topics(top_n=8)[:5]):
-                print(f"[demo] {model_type} topic {k}: {' '.join(words)}")
-                text = generate_text(reloaded, tok, "", topic_ids=[k], max_new_tokens=15, do_sample=True, top_k=40)[0]
-                print(f"[demo] {model_type} generates from topic {k}: {text}")
-    print(f"\n[demo] validation perplexity on {source}, {len(valid_docs)} documents:\n")
-    print(format_perplexity_table(results))
-    print(f"\n[demo] finished in {time.time() - t0:.0f} s")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -395,8 +373,42 @@ def run_generate(args: GenerateArguments) -> None:
                           context_text=args.context_text, max_new_tokens=args.max_new_tokens,
                           do_sample=args.do_sample, num_beams=args.num_beams,
                           num_return_sequences=args.num_return_sequences, temperature=args.temperature,
-                          top_k=args.top_k or None)
+                          top_k=args.top_k or None, allow_unk=args.allow_unk)
     print("\n".join(texts))
+
+
+def run_steer(args: SteerArguments) -> None:
+    from .evaluation.steering import evaluate_steering, fit_lda_judge, format_steering_table
+
+    model = AutoModelForCausalLM.from_pretrained(args.model_name_or_path).eval()
+    tok, topic_tok = data_lib.load_vocabularies(args.model_name_or_path)
+    judge = None
+    if args.judge_corpus:
+        start = time.perf_counter()
+        docs = data_lib.load_documents(args.judge_corpus, text_column=args.text_column,
+                                       max_documents=args.judge_documents)
+        logger.info("Fitting the LDA judge (%d topics) on %d documents of %s ...", model.config.num_topics, len(docs),
+                    args.judge_corpus)
+        judge = fit_lda_judge(docs, topic_tok, num_topics=model.config.num_topics, seed=args.seed)
+        logger.info("%s (%.0f s)", judge.description, time.perf_counter() - start)
+    fluency = AutoModelForCausalLM.from_pretrained(args.fluency_model).eval() if args.fluency_model else None
+    topics = [int(x) for x in args.topics.split(",")] if args.topics else None
+    logger.info("Generating %d texts per topic ...", args.num_samples)
+    result = evaluate_steering(model, topics=topics, num_topics_sampled=args.num_topics_sampled,
+                               num_samples=args.num_samples, max_new_tokens=args.max_new_tokens, tokenizer=tok,
+                               topic_tokenizer=topic_tok, judge=judge, fluency_model=fluency, top_words=args.top_words,
+                               top_p=args.top_p, seed=args.seed)
+    print(format_steering_table({args.model_name_or_path: result}))
+    print(f"\nchance = 1/T = {result['chance']:.3f}; judge: {result['judge'] or 'none (no --judge_corpus)'}; "
+          f"fluency model: {args.fluency_model or 'none'}\n")
+    for row in result["per_topic"]:
+        print(f"topic {row['topic']} ({' '.join(row['top_words'][:8])}): own {row['accuracy_own']:.2f}"
+              + (f", LDA {row['accuracy_lda']:.2f}" if row["accuracy_lda"] is not None else "")
+              + f"\n    {row['texts'][0] if row['texts'] else ''}")
+    if args.json:
+        import json
+
+        Path(args.json).write_text(json.dumps(result, indent=1))
 
 
 def run_topics(args: TopicsArguments) -> None:
@@ -435,11 +447,16 @@ COMMANDS: dict[str, Command] = {
         "Generate text from a saved model: from a prompt, from topics or from a document's topics.",
         (GenerateArguments,), run_generate),
     "topics": Command("Print the top words of every topic of a saved topic model.", (TopicsArguments,), run_topics),
+    "steer": Command(
+        "Does generate(topic_ids=[k]) write about topic k? Topic accuracy, topic-word lift, fluency, Dist-n.",
+        (SteerArguments,), run_steer,
+        help="The protocol of topic_lm_hf.evaluate_steering (PPLM-style, judged by the model's own encoder and by an "
+             "LDA fitted on --judge_corpus)."),
     "demo": Command(
-        "Train, evaluate, save, reload and generate with a small LSTM LM and a TCNLM of the same size.",
-        (DataArguments, DemoArguments), demo,
+        "The first thing to run: train a TCNLM and the same-size LSTM, show topics, steered text and perplexity.",
+        (DemoArguments,), run_demo,
         help="Uses ../shared/data/apnews when it exists, --train_file when given, else a synthetic corpus (the "
-             "output says SYNTHETIC). A few minutes on 2 CPU cores."),
+             "output says SYNTHETIC). About 3 minutes on 2 CPU cores."),
 }
 
 

@@ -9,10 +9,10 @@ models and reloads them with ``AutoModelForCausalLM``. One line per phase, with 
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import time
+from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
@@ -29,6 +29,24 @@ from .trainer import TopicLMTrainer
 SIZES = dict(embedding_size=128, hidden_size=128, dropout=0.2)
 TCNLM_OPTIONS = dict(num_topics=20, kl_annealing_steps=100)
 TOPIC_PRETRAINING_STEPS = 200
+
+
+@dataclass
+class DemoArguments:
+    train_file: Optional[str] = field(default=None, metadata={
+        "help": "Your own corpus instead of APNEWS (Lau .txt, .jsonl[.gz], .parquet with a 'sentences' column); "
+                "a tenth is held out."})
+    synthetic: bool = field(default=False, metadata={
+        "help": "Use the package's synthetic corpus (labelled SYNTHETIC) even when APNEWS is there."})
+    output_dir: str = field(default="out/demo", metadata={"help": "Where both models are saved."})
+    train_seconds: float = field(default=60.0, metadata={"help": "Wall-clock training budget of each model."})
+    eval_documents: int = field(default=60, metadata={"help": "Validation documents evaluated."})
+    npmi_documents: int = field(default=2000, metadata={
+        "help": "Wikipedia articles for NPMI (../shared/data/wiki; 0 skips NPMI)."})
+    threads: int = field(default=1, metadata={
+        "help": "torch threads. 1 by default: on a busy 2-core machine two threads ran these small recurrent models "
+                "3.3x slower than one."})
+    seed: int = field(default=0, metadata={"help": "Random seed."})
 
 
 class TimeBudget(TrainerCallback):
@@ -62,11 +80,11 @@ def done(start: float) -> str:
     return f"{time.perf_counter() - start:.0f} s"
 
 
-def locate_corpus(train_file: Optional[str]):
+def locate_corpus(train_file: Optional[str], synthetic: bool = False):
     """(train, valid, label, stop list) from ``--train_file``, ../shared/data, or the synthetic corpus."""
     from .cli import shared_data_dir
 
-    root = shared_data_dir()
+    root = None if synthetic else shared_data_dir()
     if train_file:
         docs = data_lib.load_documents(train_file)
         split = docs.train_test_split(test_size=0.1, seed=0)
@@ -99,21 +117,8 @@ def words(tokenizer, ids) -> str:
     return text or "(empty)"
 
 
-def main(argv: Optional[list[str]] = None) -> None:
-    parser = argparse.ArgumentParser(prog="topic-lm demo", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--train_file", default=None, help="your own corpus instead of APNEWS (10%% held out)")
-    parser.add_argument("--output_dir", default="out/demo", help="where both models are saved")
-    parser.add_argument("--train_seconds", type=float, default=60.0,
-                        help="wall-clock training budget per model (default 60)")
-    parser.add_argument("--eval_documents", type=int, default=60, help="validation documents (default 60)")
-    parser.add_argument("--npmi_documents", type=int, default=2000,
-                        help="Wikipedia articles for NPMI (default 2000; 0 skips NPMI)")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch threads (default 1: on a busy 2-core machine two threads ran 3.3x slower "
-                             "than one for these small recurrent models)")
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
+def run_demo(args: DemoArguments) -> None:
+    """The demo (see the module docstring); ``topic-lm demo`` parses ``args``."""
     import datasets
     import transformers
 
@@ -125,7 +130,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     total, t0 = 7, time.perf_counter()
 
     start = phase(1, total, "data and vocabularies")
-    train_docs, valid_docs, source, stopwords = locate_corpus(args.train_file)
+    train_docs, valid_docs, source, stopwords = locate_corpus(args.train_file, args.synthetic)
     valid_docs = valid_docs.select(range(min(args.eval_documents, len(valid_docs))))
     synthetic = "SYNTHETIC" in source
     tok, topic_tok = data_lib.build_vocabularies(train_docs, min_freq=1 if synthetic else 10, stopwords=stopwords)
@@ -133,8 +138,7 @@ def main(argv: Optional[list[str]] = None) -> None:
           f"{len(tok):,} words, topic vocabulary {len(topic_tok):,} ({done(start)})", flush=True)
 
     lstm = LSTMLMForCausalLM(LSTMLMConfig(vocab_size=len(tok), **SIZES))
-    tcnlm = TCNLMForCausalLM(TCNLMConfig(vocab_size=len(tok), topic_vocab_size=len(topic_tok), **SIZES,
-                                         **TCNLM_OPTIONS))
+    tcnlm = TCNLMForCausalLM(TCNLMConfig.from_tokenizers(tok, topic_tok, **SIZES, **TCNLM_OPTIONS))
     lm_collator = TopicContextCollator(tok, None, context="none")
     topic_collator = TopicContextCollator(tok, topic_tok, context="others")
     topic_rows = topic_collator.prepare(train_docs)
@@ -221,6 +225,12 @@ def main(argv: Optional[list[str]] = None) -> None:
     print(f"| TCNLM | paper, another document's context (ablation) | another chunk's | {ablation:.2f} |")
     print(f"\n       ({done(start)}) training budget {args.train_seconds:.0f} s per model; {source}")
     print(f"\n[demo] finished in {time.perf_counter() - t0:.0f} s")
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    from .cli import main as cli_main
+
+    cli_main(["demo", *(argv or [])])
 
 
 if __name__ == "__main__":
