@@ -37,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from benchmark_tcnlm import train  # noqa: E402
+from transformers import AutoModelForCausalLM  # noqa: E402
 from transformers.utils import logging as hf_logging  # noqa: E402
 
 from topic_lm_hf import (LSTMLMConfig, LSTMLMForCausalLM, TCNLMConfig, TCNLMForCausalLM,  # noqa: E402
@@ -156,6 +157,8 @@ def main() -> None:
     parser.add_argument("--variants", nargs="+", default=["lstm", "tcnlm", "tcnlm-pretrain", "tcnlm-spread",
                                                           "tcnlm-gumbel", "topicgru"])
     parser.add_argument("--list", action="store_true", help="print the variants and exit")
+    parser.add_argument("--rescore-steering", action="store_true",
+                        help="re-run only the steering evaluation of finished variants, from their saved weights")
     parser.add_argument("--embedding-size", type=int, default=128)
     parser.add_argument("--hidden-size", type=int, default=128)
     parser.add_argument("--num-topics", type=int, default=50)
@@ -209,6 +212,13 @@ def main() -> None:
         if path.exists():
             results[name] = json.loads(path.read_text())
             print(f"== {name}: done earlier ({path})", flush=True)
+            if args.rescore_steering and "steering" in results[name]:
+                model = AutoModelForCausalLM.from_pretrained(out / name).eval()
+                results[name]["steering"] = evaluate_steering(
+                    model, num_topics_sampled=args.steer_topics, num_samples=args.steer_samples,
+                    max_new_tokens=args.max_new_tokens, tokenizer=tok, topic_tokenizer=topic_tok, judge=judge,
+                    fluency_model=fluency_model, seed=args.seed)
+                path.write_text(json.dumps(results[name], indent=1, default=str))
         else:
             print(f"\n== {name}: {VARIANTS[name][3]}", flush=True)
             results[name] = run_variant(name, args, tok, topic_tok, train_docs, valid_docs, judge, fluency_model)

@@ -107,7 +107,7 @@ def test_a_model_known_to_steer_scores_high_and_an_untrained_one_near_chance(syn
     good = evaluate_steering(steering, num_samples=12, max_new_tokens=10, tokenizer=tok, topic_tokenizer=topic_tok, top_words=10,
                              judge=judge, fluency_model=fluency)
     assert good["protocol"]["topics"] == list(range(6)) and good["chance"] == pytest.approx(1 / 6)
-    assert good["accuracy_own"] == 1.0
+    assert good["accuracy_own"] == 1.0 and good["accuracy_own_topics"] == 1.0
     assert good["accuracy_lda"] >= 0.9
     assert good["share_steered"] > 0.9 and good["lift"] > 3
     for row in good["per_topic"]:
@@ -122,10 +122,10 @@ def test_a_model_known_to_steer_scores_high_and_an_untrained_one_near_chance(syn
                                              embedding_size=16, hidden_size=16)).eval()
     bad = evaluate_steering(untrained, num_samples=12, max_new_tokens=10, tokenizer=tok, topic_tokenizer=topic_tok, top_words=10,
                             judge=judge, fluency_model=fluency)
-    assert bad["accuracy_own"] <= 0.4 and bad["accuracy_lda"] <= 0.4
+    assert bad["accuracy_own"] <= 0.4 and bad["accuracy_own_topics"] <= 0.4 and bad["accuracy_lda"] <= 0.4
     assert bad["lift"] < 2
     table = format_steering_table({"steers": good, "untrained": bad})
-    assert "| steers | 1.000 |" in table and "untrained" in table
+    assert "| steers | 1.000 | 1.000 |" in table and "untrained" in table
 
 
 def test_steering_rejects_what_it_cannot_measure(synthetic):
@@ -171,7 +171,7 @@ def test_steering_evaluation_on_apnews_from_a_saved_folder(apnews, tmp_path, cap
                                fluency_model=models["lstm"], top_words=20)
     assert [row["topic"] for row in result["per_topic"]] == [0, 5]
     assert result["chance"] == 1 / 8 and "8 topics, 300 documents" in result["judge"]
-    for key in ("accuracy_own", "accuracy_lda", "share_steered", "share_unconditioned", "distinct_1"):
+    for key in ("accuracy_own", "accuracy_own_topics", "accuracy_lda", "share_steered", "share_unconditioned", "distinct_1"):
         assert 0.0 <= result[key] <= 1.0, key
     assert result["fluency_ppl_steered"] > 1 and result["fluency_ppl_unconditioned"] > 1
     assert all("<unk>" not in text.split() for row in result["per_topic"] for text in row["texts"])

@@ -402,7 +402,8 @@ def run_steer(args: SteerArguments) -> None:
     print(f"\nchance = 1/T = {result['chance']:.3f}; judge: {result['judge'] or 'none (no --judge_corpus)'}; "
           f"fluency model: {args.fluency_model or 'none'}\n")
     for row in result["per_topic"]:
-        print(f"topic {row['topic']} ({' '.join(row['top_words'][:8])}): own {row['accuracy_own']:.2f}"
+        print(f"topic {row['topic']} ({' '.join(row['top_words'][:8])}): own encoder {row['accuracy_own']:.2f}, "
+              f"own topics {row['accuracy_own_topics']:.2f}"
               + (f", LDA {row['accuracy_lda']:.2f}" if row["accuracy_lda"] is not None else "")
               + f"\n    {row['texts'][0] if row['texts'] else ''}")
     if args.json:
