@@ -113,7 +113,8 @@ def proportion_statistics(model, rows, collator, batch_size: int = 256) -> dict:
             "t_argmax_topics": int(t.argmax(-1).unique().numel())}
 
 
-def run_variant(name, args, tok, topic_tok, train_docs, valid_docs, judge, fluency_model) -> dict:
+def run_variant(name, args, tok, topic_tok, train_docs, valid_docs, judge, fluency) -> dict:
+    """Train, save and measure one variant; ``fluency()`` returns the LSTM fluency judge (waiting for it)."""
     family, overrides, pretrain_steps, what = VARIANTS[name]
     out = Path(args.output_dir) / name
     model = build(name, args, tok, topic_tok)
@@ -144,7 +145,7 @@ def run_variant(name, args, tok, topic_tok, train_docs, valid_docs, judge, fluen
             result["steering"] = evaluate_steering(
                 model, num_topics_sampled=args.steer_topics,
                 num_samples=args.steer_samples, max_new_tokens=args.max_new_tokens, tokenizer=tok,
-                topic_tokenizer=topic_tok, judge=judge, fluency_model=fluency_model, seed=args.seed)
+                topic_tokenizer=topic_tok, judge=judge, fluency_model=fluency(), seed=args.seed)
     print(f"   {name}: paper {result['paper']:.2f}, causal {result['causal']:.2f}"
           + (f", mismatched {result['paper-mismatched']:.2f}" if family != "lstm" else "")
           + (f", steering own {result['steering']['accuracy_own']:.3f} / LDA {result['steering']['accuracy_lda']:.3f}"
@@ -205,8 +206,20 @@ def main() -> None:
         judge_path.write_bytes(pickle.dumps(judge))
         print(f"LDA judge: {judge.description} ({time.perf_counter() - start:.0f} s)", flush=True)
 
-    names = ["lstm"] + [v for v in args.variants if v != "lstm"]
+    # The LSTM is every variant's fluency judge: trained first when listed; a run that does not list it waits
+    # for another run (in parallel, same --output-dir) to finish it.
+    names = (["lstm"] if "lstm" in args.variants else []) + [v for v in args.variants if v != "lstm"]
     results, fluency_model = {}, None
+
+    def fluency():
+        nonlocal fluency_model
+        if fluency_model is None:
+            while not (out / "lstm" / "result.json").exists():
+                time.sleep(20)
+            results.setdefault("lstm", json.loads((out / "lstm" / "result.json").read_text()))
+            fluency_model = LSTMLMForCausalLM.from_pretrained(out / "lstm").eval()
+        return fluency_model
+
     for name in names:
         path = out / name / "result.json"
         if path.exists():
@@ -217,15 +230,15 @@ def main() -> None:
                 results[name]["steering"] = evaluate_steering(
                     model, num_topics_sampled=args.steer_topics, num_samples=args.steer_samples,
                     max_new_tokens=args.max_new_tokens, tokenizer=tok, topic_tokenizer=topic_tok, judge=judge,
-                    fluency_model=fluency_model, seed=args.seed)
+                    fluency_model=fluency(), seed=args.seed)
                 path.write_text(json.dumps(results[name], indent=1, default=str))
         else:
             print(f"\n== {name}: {VARIANTS[name][3]}", flush=True)
-            results[name] = run_variant(name, args, tok, topic_tok, train_docs, valid_docs, judge, fluency_model)
+            results[name] = run_variant(name, args, tok, topic_tok, train_docs, valid_docs, judge, fluency)
             path.write_text(json.dumps(results[name], indent=1, default=str))
-        if name == "lstm":
-            fluency_model = LSTMLMForCausalLM.from_pretrained(out / "lstm").eval()
+    fluency()  # the table needs the LSTM's row
 
+    results = {"lstm": results.pop("lstm"), **results}
     lstm = results["lstm"]
     print(f"\n### Steering and topic use on APNEWS (E = H = {args.embedding_size}/{args.hidden_size}, "
           f"T = {args.num_topics}, {args.steps} steps x {args.batch_size} chunks, Adam {args.lr}, clip {args.clip}, "
