@@ -62,6 +62,8 @@ VARIANTS = {
     "tcnlm-beta": ("tcnlm", {"topic_output_bias": "beta"}, 0,
                    "product of experts with the topic model: lambda log(V_c beta^T t) on topic words (not in the paper)"),
     "tcnlm-pretrain-beta": ("tcnlm", {"topic_output_bias": "beta"}, 300, "pre-training and the beta product of experts"),
+    "tcnlm-pretrain-beta1": ("tcnlm", {"topic_output_bias": "beta", "topic_prior_weight_init": 1.0}, 300,
+                             "pre-training and the beta product of experts, lambda starting at 1"),
     "tcnlm-pretrain-gumbel-beta": ("tcnlm", {"topic_output_bias": "beta", "lm_topic_input": "gumbel"}, 300,
                                    "pre-training, one-hot topics and the beta product of experts"),
     "tcnlm-1topic": ("tcnlm", {"num_topics": 1}, 0,

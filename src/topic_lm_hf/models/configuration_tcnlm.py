@@ -58,6 +58,8 @@ class TCNLMConfig(PretrainedConfig):
             topic model, lambda * log(V_c (beta^T t)_w) for every topic word w (0 for other words),
             with one learned lambda starting at 0: the topic model's own word distribution, relative
             to uniform, tilts the LM towards the words of the current topics. Needs ``topic_word_ids``.
+        topic_prior_weight_init: the initial lambda of ``topic_output_bias="beta"`` (0: training starts
+            from the paper's model; 1: from the plain product of the LM and a pre-trained topic model).
         topic_word_ids: the LM id of every topic-vocabulary entry (-1 for the topic ``<unk>``), as in
             :class:`TopicRNNConfig`; set by :meth:`from_tokenizers` (needed by ``topic_output_bias="beta"``).
 
@@ -77,7 +79,7 @@ class TCNLMConfig(PretrainedConfig):
                  topic_embedding_size=256, prior_mean=0.0, prior_std=1.0, diversity_weight=0.1, lm_type="tcnlm",
                  kl_annealing_steps=0, topic_loss_normalization="context_tokens", tie_word_embeddings=False,
                  initializer_range=0.1, topic_factor_spread=None, lm_topic_input="mixture", topic_output_bias=None,
-                 topic_word_ids=None, use_cache=True, pad_token_id=0, bos_token_id=2, eos_token_id=3, unk_token_id=1,
+                 topic_word_ids=None, topic_prior_weight_init=0.0, use_cache=True, pad_token_id=0, bos_token_id=2, eos_token_id=3, unk_token_id=1,
                  **kwargs):
         num_factors = hidden_size if num_factors is None else num_factors
         for name, value in (("vocab_size", vocab_size), ("topic_vocab_size", topic_vocab_size),
@@ -137,6 +139,7 @@ class TCNLMConfig(PretrainedConfig):
         self.topic_factor_spread = None if topic_factor_spread is None else float(topic_factor_spread)
         self.lm_topic_input = lm_topic_input
         self.topic_output_bias = topic_output_bias
+        self.topic_prior_weight_init = float(topic_prior_weight_init)
         self.topic_word_ids = None if topic_word_ids is None else [int(i) for i in topic_word_ids]
         if self.topic_word_ids is not None and len(self.topic_word_ids) != topic_vocab_size:
             raise ValueError(f"topic_word_ids has {len(self.topic_word_ids)} entries but topic_vocab_size is "

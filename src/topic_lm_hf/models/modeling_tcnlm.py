@@ -316,7 +316,7 @@ class TCNLMPreTrainedModel(RecurrentPreTrainedModel):
             if module.topic_bias is not None:
                 nn.init.zeros_(module.topic_bias.weight)
             if module.topic_prior_weight is not None:
-                nn.init.zeros_(module.topic_prior_weight)
+                nn.init.constant_(module.topic_prior_weight, self.config.topic_prior_weight_init)
         elif isinstance(module, TCNLMTopicModel):
             # Topics start as distinct random distributions (logits of std ~1.5), so that log p(d | t) depends
             # on t from the first step: with near-uniform beta nothing rewards a posterior away from the prior,
