@@ -31,7 +31,8 @@ from .trainer import TopicLMTrainer
 # with the topic model (topic_output_bias="beta"; not in the paper): in scripts/benchmark_steering.py
 # the paper's TCNLM did not steer at CPU budgets, this did (README, "Do the topics steer?").
 SIZES = dict(embedding_size=128, hidden_size=128, dropout=0.2)
-TCNLM_OPTIONS = dict(num_topics=20, kl_annealing_steps=100, topic_output_bias="beta", topic_prior_weight_init=1.0)
+TCNLM_OPTIONS = dict(num_topics=20, kl_annealing_steps=100, topic_output_bias="beta",
+                     topic_prior_weight_init=1.0)
 TOPIC_PRETRAINING_STEPS = 300
 DEMO_MIN_FREQ = 25
 
