@@ -160,6 +160,9 @@ def main() -> None:
     parser.add_argument("--variants", nargs="+", default=["lstm", "tcnlm", "tcnlm-pretrain", "tcnlm-spread",
                                                           "tcnlm-gumbel", "topicgru"])
     parser.add_argument("--list", action="store_true", help="print the variants and exit")
+    parser.add_argument("--lambda-scales", type=float, nargs="*", default=[],
+                        help="for finished topic_output_bias='beta' variants: also evaluate steering with the learned "
+                             "lambda multiplied by each of these at generation (the steering-strength trade-off)")
     parser.add_argument("--rescore-steering", action="store_true",
                         help="re-run only the steering evaluation of finished variants, from their saved weights")
     parser.add_argument("--embedding-size", type=int, default=128)
@@ -239,6 +242,23 @@ def main() -> None:
             results[name] = run_variant(name, args, tok, topic_tok, train_docs, valid_docs, judge, fluency)
             path.write_text(json.dumps(results[name], indent=1, default=str))
     fluency()  # the table needs the LSTM's row
+    for name in names:
+        r = results[name]
+        if not args.lambda_scales or r.get("overrides", {}).get("topic_output_bias") != "beta":
+            continue
+        model = AutoModelForCausalLM.from_pretrained(out / name).eval()
+        learned = float(model.topic_prior_weight)
+        r["lambda"] = learned
+        for scale in args.lambda_scales:
+            if str(scale) in r.get("steering_by_lambda_scale", {}):
+                continue
+            with torch.no_grad():
+                model.topic_prior_weight.fill_(learned * scale)
+            r.setdefault("steering_by_lambda_scale", {})[str(scale)] = evaluate_steering(
+                model, num_topics_sampled=args.steer_topics, num_samples=args.steer_samples,
+                max_new_tokens=args.max_new_tokens, tokenizer=tok, topic_tokenizer=topic_tok, judge=judge,
+                fluency_model=fluency(), seed=args.seed)
+            (out / name / "result.json").write_text(json.dumps(r, indent=1, default=str))
 
     results = {"lstm": results.pop("lstm"), **results}
     lstm = results["lstm"]
@@ -259,7 +279,11 @@ def main() -> None:
         print(f"| {name} | {r['paper']:.2f} | {r['causal']:.2f} | {r['paper-mismatched']:.2f} | "
               f"{100 * gain / lstm['paper']:+.1f} % | {own:.2f} ({share}) | " + " | ".join(stats) + " |")
     print()
-    print(format_steering_table({name: r["steering"] for name, r in results.items() if "steering" in r}))
+    steering = {name: r["steering"] for name, r in results.items() if "steering" in r}
+    for name, r in results.items():
+        for scale, result in r.get("steering_by_lambda_scale", {}).items():
+            steering[f"{name}, lambda x {scale} ({r['lambda'] * float(scale):.2f})"] = result
+    print(format_steering_table(steering))
     for name, r in results.items():
         if "steering" not in r:
             continue
