@@ -265,7 +265,7 @@ def main() -> None:
     print(f"\n### Steering and topic use on APNEWS (E = H = {args.embedding_size}/{args.hidden_size}, "
           f"T = {args.num_topics}, {args.steps} steps x {args.batch_size} chunks, Adam {args.lr}, clip {args.clip}, "
           f"dropout {args.dropout}, seed {args.seed}; valid.txt)\n")
-    print("| variant | ppl paper | ppl causal | ppl paper, another chunk's context | gain over LSTM (paper) "
+    print("| variant | ppl paper | ppl causal | ppl paper, another chunk's context | perplexity reduction vs LSTM (paper) "
           "| part from own topics | H(t)/log T | max t | topics that are some argmax |")
     print("|---|---|---|---|---|---|---|---|---|")
     for name, r in results.items():
