@@ -747,3 +747,15 @@ def test_beta_topic_prior_is_lambda_log_ratio_on_topic_words_and_steers(vocab, t
     assert float(again.topic_prior_weight) == 2.0 and again.config.topic_word_ids == config.topic_word_ids
     with pytest.raises(ValueError, match="needs config.topic_word_ids"):
         small_model(len(tok), len(topic_tok), topic_output_bias="beta")(input_ids=ids)
+
+
+def test_one_topic_trains_with_a_finite_loss():
+    """T = 1 (a factorised LSTM without topics): the diversity regulariser has no pair of topics and is 0."""
+    config = TCNLMConfig(vocab_size=10, topic_vocab_size=5, num_topics=1, embedding_size=4, hidden_size=4,
+                         encoder_hidden_size=4)
+    model = TCNLMForCausalLM(config).train()
+    ids, bow = torch.tensor([[2, 5, 6, 3]]), torch.tensor([[0.0, 1.0, 2.0, 0.0, 1.0]])
+    out = model(input_ids=ids, labels=ids, context_bow=bow)
+    assert torch.isfinite(out.loss) and float(out.aux_loss) == 0.0
+    out.loss.backward()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)

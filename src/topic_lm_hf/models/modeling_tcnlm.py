@@ -133,6 +133,8 @@ class TCNLMTopicModel(nn.Module):
 
     def diversity(self) -> torch.Tensor:
         """R = mean - variance of the pairwise angles arccos(|beta_i . beta_j| / |beta_i| |beta_j|), i != j."""
+        if self.topic_vectors.shape[0] < 2:
+            return self.topic_vectors.new_zeros(())  # no pair of topics: nothing to keep apart (T = 1)
         beta = F.normalize(self.beta(), dim=-1)
         cosine = (beta @ beta.T).abs()  # (T, T)
         off_diagonal = ~torch.eye(cosine.shape[0], dtype=torch.bool, device=cosine.device)
