@@ -169,7 +169,7 @@ def main() -> None:
     parser.add_argument("--hidden-size", type=int, default=128)
     parser.add_argument("--num-topics", type=int, default=50)
     parser.add_argument("--dropout", type=float, default=0.4)
-    parser.add_argument("--steps", type=int, default=800)
+    parser.add_argument("--steps", type=int, default=500)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--clip", type=float, default=0.5)

@@ -169,10 +169,6 @@ class TopicRNNConfig(PretrainedConfig):
     def from_tokenizers(cls, tokenizer, topic_tokenizer, **kwargs) -> "TopicRNNConfig":
         """A config sized to an LM tokenizer and a topic tokenizer (vocabulary sizes, special-token
         ids and ``topic_word_ids``); other arguments are passed on."""
-        vocab = tokenizer.get_vocab()
-        for name, token in (("pad_token_id", tokenizer.pad_token), ("bos_token_id", tokenizer.bos_token),
-                            ("eos_token_id", tokenizer.eos_token), ("unk_token_id", tokenizer.unk_token)):
-            if token is not None and token in vocab:
-                kwargs.setdefault(name, vocab[token])
-        return cls(vocab_size=len(tokenizer), topic_vocab_size=len(topic_tokenizer),
-                   topic_word_ids=cls.topic_word_ids_from_tokenizers(tokenizer, topic_tokenizer), **kwargs)
+        from .modeling_common import config_kwargs_from_tokenizers
+
+        return cls(**config_kwargs_from_tokenizers(tokenizer, topic_tokenizer, **kwargs))
