@@ -12,7 +12,7 @@ def test_demo_on_the_synthetic_corpus_says_so(tmp_path, capsys):
     main(["demo", "--synthetic", "--train_seconds", "2", "--eval_documents", "8", "--output_dir", str(tmp_path)])
     out = capsys.readouterr().out
     assert "SYNTHETIC" in out
-    assert out.count("identical logits after reloading: True") == 2
+    assert out.count("same logits after reloading: True") == 2
     for model in ("LSTM", "TCNLM"):
         for protocol in ("paper", "causal", "causal-carry"):
             assert re.search(rf"\| {model} \| {protocol} \|", out), out
