@@ -224,3 +224,26 @@ def test_evaluation_during_training_logs_the_lm_perplexity_and_each_loss_term(ap
         assert logs["eval_perplexity"] == pytest.approx(math.exp(logs["eval_loss"]), rel=1e-4)
     else:
         assert logs["eval_perplexity"] < 0.9 * math.exp(logs["eval_loss"])  # not the whole objective
+
+
+def test_no_pin_memory_warning_when_training_on_cpu(tmp_path, recwarn):
+    """Plain TrainingArguments (pin_memory on by default) on a CPU run: TopicLMTrainer turns pinning off,
+    so PyTorch's "pin_memory ... no accelerator" warning never appears (the README's snippets)."""
+    from transformers import TrainingArguments
+
+    from topic_lm_hf import (LSTMLMConfig, LSTMLMForCausalLM, TopicContextCollator, TopicLMTrainer,
+                             build_vocabularies, synthetic_documents)
+
+    docs = synthetic_documents(20)
+    tok, topic_tok = build_vocabularies(docs, min_freq=1)
+    collator = TopicContextCollator(tok, topic_tok, context="none")
+    args = TrainingArguments(str(tmp_path), max_steps=2, per_device_train_batch_size=4, report_to="none")
+    if args.device.type != "cpu":
+        pytest.skip("this checks a CPU run; the machine has an accelerator")
+    assert args.dataloader_pin_memory  # the transformers default, as in the README's snippets
+    trainer = TopicLMTrainer(model=LSTMLMForCausalLM(LSTMLMConfig(vocab_size=len(tok), embedding_size=8,
+                                                                  hidden_size=8)),
+                             args=args, train_dataset=collator.prepare(docs), data_collator=collator)
+    trainer.train()
+    assert not args.dataloader_pin_memory
+    assert not [w for w in recwarn.list if "pin_memory" in str(w.message)]

@@ -103,6 +103,9 @@ class TopicLMTrainer(Trainer):
                 args_.remove_unused_columns = False
             if args_.label_names is None:
                 args_.label_names = ["labels"]
+            if args_.dataloader_pin_memory and args_.device.type == "cpu":
+                # Pinned memory only speeds up copies to an accelerator; on CPU, PyTorch warns at every epoch.
+                args_.dataloader_pin_memory = False
         super().__init__(*args, **kwargs)
         self._loss_terms: dict[str, list[torch.Tensor]] = defaultdict(list)
         self._eval_sums: dict[str, torch.Tensor] | None = None  # while evaluating: token-weighted sums
