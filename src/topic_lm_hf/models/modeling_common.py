@@ -33,6 +33,7 @@ from typing import Optional, Sequence
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 from transformers import PreTrainedModel
 from transformers.generation.stopping_criteria import StopStringCriteria
 from transformers.utils import ModelOutput
@@ -619,6 +620,32 @@ def topic_word_ids_from_tokenizers(tokenizer, topic_tokenizer) -> list[int]:
         if word != unk and word in lm_vocab:
             ids[index] = lm_vocab[word]
     return ids
+
+
+def lm_to_topic_index(module: nn.Module, config, device, validate=None) -> torch.Tensor:
+    """(V,) topic id of every LM word, -1 for words outside the topic vocabulary (stop words), from
+    ``config.topic_word_ids``; cached on ``module``, and ``validate()`` is called whenever it is rebuilt.
+    ``vocab_size`` is part of the cache key: ``resize_token_embeddings`` changes it (the new words are
+    stop words)."""
+    ids = config.topic_word_ids
+    key = (id(ids), len(ids) if ids is not None else -1, config.vocab_size, str(device))
+    cached = module.__dict__.get("_lm_to_topic_cache")
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    if validate is not None:
+        validate()
+    topic_word_ids = torch.tensor(ids, dtype=torch.long)
+    real = topic_word_ids >= 0
+    lm_to_topic = torch.full((config.vocab_size,), -1, dtype=torch.long)
+    lm_to_topic[topic_word_ids[real]] = torch.arange(len(ids))[real]
+    lm_to_topic = lm_to_topic.to(device)
+    module.__dict__["_lm_to_topic_cache"] = (key, lm_to_topic)
+    return lm_to_topic
+
+
+def topic_scores_to_vocab(scores: torch.Tensor, lm_to_topic: torch.Tensor) -> torch.Tensor:
+    """Scores over the topic vocabulary (b, V_c) -> the LM vocabulary (b, V), 0 at words that are not topic words."""
+    return F.pad(scores, (1, 0)).index_select(1, lm_to_topic + 1)  # column 0: the stop words' zero
 
 
 def config_kwargs_from_tokenizers(tokenizer, topic_tokenizer, **kwargs) -> dict:

@@ -73,7 +73,8 @@ from transformers.utils import ModelOutput
 
 from .configuration_tcnlm import TCNLMConfig
 from .modeling_common import (RecurrentPreTrainedModel, TopicGenerationMixin, TopicLMOutput, causal_lm_loss,
-                              normalize_topic_kwargs, run_rnn, run_rnn_layers, topic_ids_to_mixture, topic_vocabulary)
+                              lm_to_topic_index, normalize_topic_kwargs, run_rnn, run_rnn_layers, topic_ids_to_mixture,
+                              topic_scores_to_vocab, topic_vocabulary)
 
 NUM_GATES = 4  # i, f, g (= c~), o
 TOPIC_LOGIT_INIT_STD = 1.5  # spread of the topic-word logits at initialisation (TCNLMPreTrainedModel._init_weights)
@@ -524,28 +525,16 @@ class TCNLMForCausalLM(TCNLMPreTrainedModel, TopicGenerationMixin, GenerationMix
         """
         return self.model.get_topics(top_n, topic_tokenizer)
 
-    def _topic_word_lm_ids(self, device) -> tuple[torch.Tensor, torch.Tensor]:
-        """(topic ids, LM ids) of the topic words the LM has (from ``config.topic_word_ids``), cached."""
-        ids = self.config.topic_word_ids
-        if ids is None:
+    def topic_word_prior(self, t: torch.Tensor) -> torch.Tensor:
+        """lambda * log(V_c (beta^T t)_w) at every topic word w of the LM vocabulary, 0 elsewhere: (b, T) -> (b, V).
+        V_c counts the topic words the LM has (the uniform distribution the ratio is taken against)."""
+        if self.config.topic_word_ids is None:
             raise ValueError("topic_output_bias='beta' needs config.topic_word_ids (the LM id of every topic word): "
                              "build the config with TCNLMConfig.from_tokenizers(tokenizer, topic_tokenizer, ...)")
-        key = (id(ids), len(ids), str(device))
-        cached = self.__dict__.get("_topic_word_cache")
-        if cached is None or cached[0] != key:
-            topic_word_ids = torch.tensor(ids, dtype=torch.long)
-            real = (topic_word_ids >= 0).nonzero().squeeze(-1)
-            cached = (key, (real.to(device), topic_word_ids[real].to(device)))
-            self.__dict__["_topic_word_cache"] = cached
-        return cached[1]
-
-    def topic_word_prior(self, t: torch.Tensor) -> torch.Tensor:
-        """lambda * log(V_c (beta^T t)_w) at every topic word w of the LM vocabulary, 0 elsewhere: (b, T) -> (b, V)."""
-        topic_ids, lm_ids = self._topic_word_lm_ids(t.device)
+        n_words = sum(i >= 0 for i in self.config.topic_word_ids)
         word_probs = t.float() @ self.model.topic_model.beta().float()  # (b, V_c)
-        log_ratio = (word_probs[:, topic_ids].clamp_min(1e-10) * topic_ids.numel()).log()  # vs uniform
-        prior = word_probs.new_zeros(t.shape[0], self.config.vocab_size)
-        prior[:, lm_ids] = log_ratio
+        log_ratio = (word_probs.clamp_min(1e-10) * n_words).log()  # vs uniform over the topic words
+        prior = topic_scores_to_vocab(log_ratio, lm_to_topic_index(self, self.config, t.device))  # (b, V)
         return self.topic_prior_weight.float() * prior
 
     @torch.no_grad()

@@ -70,7 +70,8 @@ from transformers.utils import ModelOutput
 
 from .configuration_topic_rnn import TopicRNNConfig
 from .modeling_common import (RecurrentPreTrainedModel, TopicGenerationMixin, TopicLMOutput, normalize_topic_kwargs,
-                              run_rnn, run_rnn_layers, topic_ids_to_mixture, topic_vocabulary)
+                              lm_to_topic_index, run_rnn, run_rnn_layers, topic_ids_to_mixture,
+                              topic_scores_to_vocab, topic_vocabulary)
 
 _CELLS = {"rnn": nn.RNN, "lstm": nn.LSTM, "gru": nn.GRU}
 
@@ -276,23 +277,13 @@ class TopicRNNForCausalLM(TopicRNNPreTrainedModel, TopicGenerationMixin, Generat
     def lm_to_topic_ids(self, device=None) -> torch.Tensor:
         """(V,) topic id of every LM word, -1 for stop words (built from ``config.topic_word_ids``)."""
         device = device if device is not None else self.lm_head.weight.device
-        ids = self.config.topic_word_ids
-        # vocab_size is part of the key: resize_token_embeddings changes it (the new words are stop words).
-        key = (id(ids), len(ids) if ids is not None else -1, self.config.vocab_size, str(device))
-        cached = self.__dict__.get("_lm_to_topic_cache")
-        if cached is not None and cached[0] == key:
-            return cached[1]
+        return lm_to_topic_index(self, self.config, device, validate=self._validate_topic_vocabulary)
+
+    def _validate_topic_vocabulary(self) -> None:
         self.config.validate_topic_word_ids()
         if self.config.topic_vocab_size != self.topic_head.weight.shape[0]:
             raise ValueError(f"topic_vocab_size is {self.config.topic_vocab_size} but B has "
                              f"{self.topic_head.weight.shape[0]} rows")
-        topic_word_ids = torch.tensor(ids, dtype=torch.long)
-        real = topic_word_ids >= 0
-        lm_to_topic = torch.full((self.config.vocab_size,), -1, dtype=torch.long)
-        lm_to_topic[topic_word_ids[real]] = torch.arange(len(ids))[real]
-        lm_to_topic = lm_to_topic.to(device)
-        self.__dict__["_lm_to_topic_cache"] = (key, lm_to_topic)
-        return lm_to_topic
 
     @property
     def stop_word_mask(self) -> torch.Tensor:
@@ -302,8 +293,7 @@ class TopicRNNForCausalLM(TopicRNNPreTrainedModel, TopicGenerationMixin, Generat
     def topic_bias(self, theta: torch.Tensor) -> torch.Tensor:
         """b_i^T theta for every LM word: (b, K) -> (b, V), exactly zero at stop words."""
         topic_logits = self.topic_head(theta.to(self.topic_head.weight.dtype))  # (b, V_c)
-        padded = F.pad(topic_logits, (1, 0))  # column 0 is the zero bias of stop words
-        return padded.index_select(1, self.lm_to_topic_ids(theta.device) + 1)
+        return topic_scores_to_vocab(topic_logits, self.lm_to_topic_ids(theta.device))
 
     # ------------------------------------------------------------------------------------------
     # theta
