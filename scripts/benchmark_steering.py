@@ -99,6 +99,13 @@ def build(name: str, args, tok, topic_tok):
     return TopicRNNForCausalLM(config)
 
 
+def steer(model, args, tok, topic_tok, judge, fluency_model) -> dict:
+    """The steering evaluation of every variant, with this run's settings."""
+    return evaluate_steering(model, num_topics_sampled=args.steer_topics, num_samples=args.steer_samples,
+                             max_new_tokens=args.max_new_tokens, tokenizer=tok, topic_tokenizer=topic_tok,
+                             judge=judge, fluency_model=fluency_model, seed=args.seed)
+
+
 @torch.no_grad()
 def proportion_statistics(model, rows, collator, batch_size: int = 256) -> dict:
     """What the LM is conditioned on: entropy, largest entry and argmax spread of TCNLM's t."""
@@ -144,10 +151,7 @@ def run_variant(name, args, tok, topic_tok, train_docs, valid_docs, judge, fluen
         valid_collator = TopicContextCollator(tok, topic_tok, context="others")
         result.update(proportion_statistics(model, valid_collator.prepare(valid_docs), valid_collator))
         if model.config.num_topics > 1:  # one topic: nothing to steer towards
-            result["steering"] = evaluate_steering(
-                model, num_topics_sampled=args.steer_topics,
-                num_samples=args.steer_samples, max_new_tokens=args.max_new_tokens, tokenizer=tok,
-                topic_tokenizer=topic_tok, judge=judge, fluency_model=fluency(), seed=args.seed)
+            result["steering"] = steer(model, args, tok, topic_tok, judge, fluency())
     print(f"   {name}: paper {result['paper']:.2f}, causal {result['causal']:.2f}"
           + (f", mismatched {result['paper-mismatched']:.2f}" if family != "lstm" else "")
           + (f", steering own {result['steering']['accuracy_own']:.3f} / LDA {result['steering']['accuracy_lda']:.3f}"
@@ -232,10 +236,7 @@ def main() -> None:
             print(f"== {name}: done earlier ({path})", flush=True)
             if args.rescore_steering and "steering" in results[name]:
                 model = AutoModelForCausalLM.from_pretrained(out / name).eval()
-                results[name]["steering"] = evaluate_steering(
-                    model, num_topics_sampled=args.steer_topics, num_samples=args.steer_samples,
-                    max_new_tokens=args.max_new_tokens, tokenizer=tok, topic_tokenizer=topic_tok, judge=judge,
-                    fluency_model=fluency(), seed=args.seed)
+                results[name]["steering"] = steer(model, args, tok, topic_tok, judge, fluency())
                 path.write_text(json.dumps(results[name], indent=1, default=str))
         else:
             print(f"\n== {name}: {VARIANTS[name][3]}", flush=True)
@@ -247,17 +248,15 @@ def main() -> None:
         if not args.lambda_scales or r.get("overrides", {}).get("topic_output_bias") != "beta":
             continue
         model = AutoModelForCausalLM.from_pretrained(out / name).eval()
-        learned = float(model.topic_prior_weight)
+        learned = float(model.topic_prior_weight.detach())
         r["lambda"] = learned
         for scale in args.lambda_scales:
             if str(scale) in r.get("steering_by_lambda_scale", {}):
                 continue
             with torch.no_grad():
                 model.topic_prior_weight.fill_(learned * scale)
-            r.setdefault("steering_by_lambda_scale", {})[str(scale)] = evaluate_steering(
-                model, num_topics_sampled=args.steer_topics, num_samples=args.steer_samples,
-                max_new_tokens=args.max_new_tokens, tokenizer=tok, topic_tokenizer=topic_tok, judge=judge,
-                fluency_model=fluency(), seed=args.seed)
+            r.setdefault("steering_by_lambda_scale", {})[str(scale)] = steer(model, args, tok, topic_tok, judge,
+                                                                             fluency())
             (out / name / "result.json").write_text(json.dumps(r, indent=1, default=str))
 
     results = {"lstm": results.pop("lstm"), **results}

@@ -64,7 +64,14 @@ def prepare_evaluation(model, documents, tokenizer=None, topic_tokenizer=None):
     if len(documents) == 0:
         raise ValueError("No documents to evaluate")
     uses_context = _accepts(model, "context_bow")
-    if tokenizer is None or (uses_context and topic_tokenizer is None):
+    tokenizer, topic_tokenizer = model_vocabularies(model, tokenizer, topic_tokenizer, uses_context)
+    return documents, uses_context, tokenizer, topic_tokenizer
+
+
+def model_vocabularies(model, tokenizer=None, topic_tokenizer=None, needs_topic_tokenizer: bool = True):
+    """The tokenizers to evaluate ``model`` with: the ones given, else the ones saved with the model
+    (``model.name_or_path``), checked against its config."""
+    if tokenizer is None or (needs_topic_tokenizer and topic_tokenizer is None):
         source = getattr(model, "name_or_path", "") or getattr(model.config, "_name_or_path", "")
         if not source:
             raise ValueError("Pass tokenizer= (and topic_tokenizer= for topic models): the model was not "
@@ -72,8 +79,8 @@ def prepare_evaluation(model, documents, tokenizer=None, topic_tokenizer=None):
         loaded_tok, loaded_topic = load_vocabularies(source)
         tokenizer = tokenizer or loaded_tok
         topic_tokenizer = topic_tokenizer or loaded_topic
-    check_vocabularies(tokenizer, topic_tokenizer if uses_context else None, model.config)
-    return documents, uses_context, tokenizer, topic_tokenizer
+    check_vocabularies(tokenizer, topic_tokenizer if needs_topic_tokenizer else None, model.config)
+    return tokenizer, topic_tokenizer
 
 
 @torch.no_grad()

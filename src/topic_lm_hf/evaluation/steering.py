@@ -45,7 +45,8 @@ import numpy as np
 import torch
 
 from ..collator import make_bow
-from ..data import check_vocabularies, load_vocabularies
+from ..data import check_vocabularies
+from .perplexity import model_vocabularies
 
 
 # ----------------------------------------------------------------------------------------------
@@ -74,19 +75,10 @@ def bag_of_words_matrix(documents, topic_tokenizer):
     """
     from scipy import sparse
 
-    vocab = topic_tokenizer.get_vocab()
-    unk = getattr(topic_tokenizer, "unk_token", None)
-    rows, cols = [], []
     sentences_column = documents["sentences"] if hasattr(documents, "column_names") else documents
-    n = 0
-    for i, doc in enumerate(sentences_column):
-        tokens = [w for s in doc for w in s] if doc and not isinstance(doc[0], str) else list(doc)
-        ids = [vocab[w] for w in tokens if w in vocab and w != unk]
-        rows.extend([i] * len(ids))
-        cols.extend(ids)
-        n = i + 1
-    data = np.ones(len(rows), dtype=np.float64)
-    return sparse.csr_matrix((data, (rows, cols)), shape=(n, len(vocab)))
+    tokens = [[w for s in doc for w in s] if doc and not isinstance(doc[0], str) else list(doc)
+              for doc in sentences_column]
+    return sparse.csr_matrix(make_bow(tokens, topic_tokenizer).numpy().astype(np.float64))
 
 
 @dataclass
@@ -252,13 +244,7 @@ def evaluate_steering(model, topics: Optional[Sequence[int]] = None, num_topics_
     topics = [int(k) for k in topics]
     if not topics or any(not 0 <= k < num_topics for k in topics):
         raise ValueError(f"topics must be non-empty ids in [0, {num_topics}), got {topics}")
-    if tokenizer is None or topic_tokenizer is None:
-        source = getattr(model, "name_or_path", "") or getattr(model.config, "_name_or_path", "")
-        if not source:
-            raise ValueError("Pass tokenizer= and topic_tokenizer=: the model was not loaded from a folder with them")
-        loaded_tok, loaded_topic = load_vocabularies(source)
-        tokenizer, topic_tokenizer = tokenizer or loaded_tok, topic_tokenizer or loaded_topic
-    check_vocabularies(tokenizer, topic_tokenizer, model.config)
+    tokenizer, topic_tokenizer = model_vocabularies(model, tokenizer, topic_tokenizer)
     if fluency_model is not None:
         check_vocabularies(tokenizer, None, fluency_model.config)
     was_training = model.training
