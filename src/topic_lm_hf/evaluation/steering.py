@@ -46,7 +46,7 @@ import torch
 
 from ..collator import make_bow
 from ..data import check_vocabularies
-from .perplexity import model_vocabularies
+from .perplexity import _chunk_nll, model_vocabularies
 
 
 # ----------------------------------------------------------------------------------------------
@@ -183,13 +183,8 @@ def _fluency_nll(fluency_model, token_ids: list[list[int]], bos_id: int, pad_id:
         for i, s in enumerate(batch):
             input_ids[i, :len(s)] = torch.tensor(s)
             mask[i, :len(s)] = 1
-        input_ids, mask = input_ids.to(device), mask.to(device)
-        out = fluency_model(input_ids=input_ids[:, :-1], attention_mask=mask[:, :-1], use_cache=False, return_dict=True)
-        log_probs = torch.log_softmax(out.logits.double(), dim=-1)
-        nll = -log_probs.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
-        target_mask = mask[:, 1:].bool()
-        total += float(nll[target_mask].sum())
-        count += int(target_mask.sum())
+        nll, n, _ = _chunk_nll(fluency_model, input_ids.to(device), mask.to(device), None, None, use_cache=False)
+        total, count = total + nll, count + n
     return total, count
 
 
