@@ -9,6 +9,7 @@ models and reloads them with ``AutoModelForCausalLM``. One line per phase, with 
 
 from __future__ import annotations
 
+import logging
 import math
 import sys
 import os
@@ -126,6 +127,7 @@ def run_demo(args: DemoArguments) -> None:
     import transformers
 
     datasets.disable_progress_bars()
+    logging.getLogger("topic_lm_hf").setLevel(logging.WARNING)  # the demo prints its own line per phase
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
     torch.set_num_threads(args.threads)
@@ -135,12 +137,13 @@ def run_demo(args: DemoArguments) -> None:
     start = phase(1, total, "data and vocabularies")
     train_docs, valid_docs, source, stopwords = locate_corpus(args.train_file, args.synthetic)
     valid_docs = valid_docs.select(range(min(args.eval_documents, len(valid_docs))))
+    source = f"{source}; the first {len(valid_docs)} validation documents evaluated"
     synthetic = "SYNTHETIC" in source
     # Words seen at least 25 times (APNEWS: 2,360 instead of 4,926 at the papers' 10): half the softmax cost
     # per step, so twice the steps in the budget. Perplexities are therefore not comparable with the README's.
     tok, topic_tok = data_lib.build_vocabularies(train_docs, min_freq=1 if synthetic else DEMO_MIN_FREQ,
                                                  stopwords=stopwords)
-    print(f"       {source}: {len(train_docs)} training / {len(valid_docs)} validation documents; LM vocabulary "
+    print(f"       {source}; LM vocabulary "
           f"{len(tok):,} words (frequency >= {1 if synthetic else DEMO_MIN_FREQ}), topic vocabulary {len(topic_tok):,} "
           f"({done(start)})", flush=True)
 
