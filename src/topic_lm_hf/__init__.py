@@ -8,8 +8,8 @@ from .data import (build_vocabularies, check_vocabularies, documents_from_lists,
 from .evaluation import (PROTOCOLS, evaluate_perplexity, evaluate_steering, fit_lda_judge, topic_coherence,
                          topic_diversity)
 from .evaluation.topic_eval import evaluate_topics
-from .models import (LSTMLMConfig, LSTMLMForCausalLM, LSTMLMModel, TCNLMConfig, TCNLMForCausalLM, TCNLMModel,
-                     TopicRNNConfig, TopicRNNForCausalLM, TopicRNNForSequenceClassification, TopicRNNModel)
+from .models import (LSTMLMConfig, LSTMLMForCausalLM, LSTMLMModel, NCLMConfig, NCLMForCausalLM, NCLMModel,
+                     TCNLMConfig, TCNLMForCausalLM, TCNLMModel, TopicRNNConfig, TopicRNNForCausalLM, TopicRNNForSequenceClassification, TopicRNNModel)
 from .pretraining import pretrain_topic_model
 from .trainer import TopicLMTrainer
 
@@ -17,7 +17,7 @@ __version__ = "0.1.0"
 
 # Auto-class registration: importing the package makes every model loadable with the Auto classes.
 for _config, _base, _lm in ((LSTMLMConfig, LSTMLMModel, LSTMLMForCausalLM), (TCNLMConfig, TCNLMModel, TCNLMForCausalLM),
-                            (TopicRNNConfig, TopicRNNModel, TopicRNNForCausalLM)):
+                            (TopicRNNConfig, TopicRNNModel, TopicRNNForCausalLM), (NCLMConfig, NCLMModel, NCLMForCausalLM)):
     AutoConfig.register(_config.model_type, _config, exist_ok=True)
     AutoModel.register(_config, _base, exist_ok=True)
     AutoModelForCausalLM.register(_config, _lm, exist_ok=True)
@@ -28,9 +28,10 @@ AutoModelForSequenceClassification.register(TopicRNNConfig, TopicRNNForSequenceC
 # imported, and transformers' error there asks for exactly that instead of suggesting to upgrade transformers.
 # Where the package is imported, its registered classes are used (transformers prefers them to remote code).
 for _cls, _auto in ((LSTMLMConfig, "AutoConfig"), (TCNLMConfig, "AutoConfig"), (TopicRNNConfig, "AutoConfig"),
-                    (LSTMLMModel, "AutoModel"), (TCNLMModel, "AutoModel"), (TopicRNNModel, "AutoModel"),
-                    (LSTMLMForCausalLM, "AutoModelForCausalLM"), (TCNLMForCausalLM, "AutoModelForCausalLM"),
-                    (TopicRNNForCausalLM, "AutoModelForCausalLM"),
+                    (NCLMConfig, "AutoConfig"), (LSTMLMModel, "AutoModel"), (TCNLMModel, "AutoModel"),
+                    (TopicRNNModel, "AutoModel"), (NCLMModel, "AutoModel"), (LSTMLMForCausalLM, "AutoModelForCausalLM"),
+                    (TCNLMForCausalLM, "AutoModelForCausalLM"), (TopicRNNForCausalLM, "AutoModelForCausalLM"),
+                    (NCLMForCausalLM, "AutoModelForCausalLM"),
                     (TopicRNNForSequenceClassification, "AutoModelForSequenceClassification")):
     _cls.register_for_auto_class(_auto)
 
@@ -41,5 +42,6 @@ __all__ = [
     "topic_diversity", "evaluate_topics",
     "LSTMLMConfig", "LSTMLMForCausalLM", "LSTMLMModel", "TCNLMConfig", "TCNLMModel", "TCNLMForCausalLM",
     "TopicRNNConfig", "TopicRNNModel", "TopicRNNForCausalLM", "TopicRNNForSequenceClassification", "TopicLMTrainer",
+    "NCLMConfig", "NCLMModel", "NCLMForCausalLM",
     "pretrain_topic_model",
 ]

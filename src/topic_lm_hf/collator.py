@@ -59,6 +59,10 @@ class TopicContextCollator:
             document with all its chunks (``input_ids`` of shape (b, c, l), ``context_bow`` of
             shape (b, c, V_c), ``chunk_mask`` (b, c)), for models with a recurrence over sentences.
         keep_columns: columns of the documents dataset copied to every prepared row (e.g. ``label``).
+        sentence_prefix: also give each chunk ``sentence_prefix_bow``, the topic words of its sentence
+            *before* the chunk (all-zero for a sentence's first chunk), for models with sentence-level
+            topics (NCLM's SDT): with it, a chunk that continues a long sentence still sees the
+            sentence's earlier words, causally. Needs a topic tokenizer.
     """
 
     tokenizer: Any
@@ -68,6 +72,7 @@ class TopicContextCollator:
     max_context_tokens: int | None = 300
     layout: str = "sentences"
     keep_columns: Sequence[str] = field(default_factory=tuple)
+    sentence_prefix: bool = False
 
     def __post_init__(self):
         if self.context not in CONTEXT_MODES:
@@ -80,7 +85,10 @@ class TopicContextCollator:
             raise ValueError(f"max_context_tokens must be >= 1 or None, got {self.max_context_tokens}")
         if self.context != "none" and self.topic_tokenizer is None:
             raise ValueError(f"context={self.context!r} needs a topic_tokenizer (or use context='none')")
-        check_vocabularies(self.tokenizer, self.topic_tokenizer if self.context != "none" else None)
+        if self.sentence_prefix and self.topic_tokenizer is None:
+            raise ValueError("sentence_prefix=True needs a topic_tokenizer (the prefix is a bag of topic words)")
+        check_vocabularies(self.tokenizer, self.topic_tokenizer if (self.context != "none" or self.sentence_prefix)
+                           else None)
         self._vocab = self.tokenizer.get_vocab()
         self.pad_id, self.unk_id = self._vocab[PAD], self._vocab[UNK]
         self.bos_id, self.eos_id = self._vocab[BOS], self._vocab[EOS]
@@ -139,12 +147,19 @@ class TopicContextCollator:
         sentence_ids = [self.encode_sentence(s) for s in sentences]
         contexts = self.contexts(sentence_ids) if self.context != "none" else None
         rows: dict[str, list] = {"input_ids": [], "context_ids": [], "sentence_index": [], "chunk_index": []}
+        if self.sentence_prefix:
+            rows["prefix_ids"] = []
         for j, ids in enumerate(sentence_ids):
             for k, chunk in enumerate(self.chunks(ids)):
                 rows["input_ids"].append(chunk)
                 rows["context_ids"].append(contexts[j].tolist() if contexts is not None else [])
                 rows["sentence_index"].append(j)
                 rows["chunk_index"].append(k)
+                if self.sentence_prefix:
+                    # <bos> w_1 .. : the tokens before this chunk's first one are w_1 .. w_{k * step - 1}
+                    before = self._lm_to_topic[np.asarray(ids[:max(k * self.max_sentence_length - 1, 0)],
+                                                          dtype=np.int64)]
+                    rows["prefix_ids"].append(before[before >= 0].tolist())
         return rows
 
     def prepare(self, documents, num_proc: int | None = None):
@@ -164,21 +179,23 @@ class TopicContextCollator:
             raise ValueError(f"The documents dataset lacks column(s) {missing} (has {columns})")
         stream = isinstance(documents, datasets.IterableDataset)
 
+        per_chunk = ("input_ids", "context_ids", "sentence_index", "chunk_index") + (
+            ("prefix_ids",) if self.sentence_prefix else ())
+
         def encode(batch, indices):
-            out: dict[str, list] = {k: [] for k in ("input_ids", "context_ids", "doc_index",
-                                                    "sentence_index", "chunk_index", *self.keep_columns)}
+            out: dict[str, list] = {k: [] for k in (*per_chunk, "doc_index", *self.keep_columns)}
             for row, (doc, index) in enumerate(zip(batch["sentences"], indices)):
                 rows = self.encode_document(doc, index)
                 n = len(rows["input_ids"])
                 extra = {c: batch[c][row] for c in self.keep_columns}
                 if self.layout == "sentences":
-                    for key in ("input_ids", "context_ids", "sentence_index", "chunk_index"):
+                    for key in per_chunk:
                         out[key].extend(rows[key])
                     out["doc_index"].extend([index] * n)
                     for c in self.keep_columns:
                         out[c].extend([extra[c]] * n)
                 else:
-                    for key in ("input_ids", "context_ids", "sentence_index", "chunk_index"):
+                    for key in per_chunk:
                         out[key].append(rows[key])
                     out["doc_index"].append(index)
                     for c in self.keep_columns:
@@ -243,6 +260,8 @@ class TopicContextCollator:
             batch = self._lm_batch([f["input_ids"] for f in features])
             if self.context != "none":
                 batch["context_bow"] = self.bag_of_words([f["context_ids"] for f in features])
+            if self.sentence_prefix:
+                batch["sentence_prefix_bow"] = self.bag_of_words([f["prefix_ids"] for f in features])
             batch.update(self._extra(features))
             return batch
 
@@ -267,14 +286,17 @@ class TopicContextCollator:
             start += n
         batch["chunk_mask"] = chunk_mask
         batch["sentence_index"] = sentence_index
-        if self.context != "none":
-            bow = self.bag_of_words([ctx for f in features for ctx in f["context_ids"]])
+        for key, column, wanted in (("context_bow", "context_ids", self.context != "none"),
+                                    ("sentence_prefix_bow", "prefix_ids", self.sentence_prefix)):
+            if not wanted:
+                continue
+            bow = self.bag_of_words([ids for f in features for ids in f[column]])
             dense = torch.zeros(b, c_max, self.topic_vocab_size)
             start = 0
             for i, n in enumerate(n_chunks):
                 dense[i, :n] = bow[start:start + n]
                 start += n
-            batch["context_bow"] = dense
+            batch[key] = dense
         batch.update(self._extra(features))
         return batch
 

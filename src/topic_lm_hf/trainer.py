@@ -94,9 +94,16 @@ class TopicLMTrainer(Trainer):
       done), and every checkpoint stays finite. Resume from the last checkpoint with a lower
       learning rate or stronger clipping. (Mixed precision with a gradient scaler skips such
       steps itself and is left to it.)
+    * ``pretraining_phases``: training phases before the joint objective, as ``[(phase, steps), ...]``
+      in order, e.g. NCLM's ``[("lm", 2000), ("topic_model", 500)]`` (the paper's LM pre-training, then
+      the topic model's). The phase of an optimizer step follows from ``global_step``, so a resumed run
+      resumes in the right phase; one optimizer and one schedule serve every phase, and evaluation is
+      always of the full model. The model must list the phases in ``training_phases`` and switch with
+      ``set_training_phase`` (a phase leaves some parameters without gradient: with DDP, set
+      ``ddp_find_unused_parameters=True``).
     """
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, pretraining_phases=None, **kwargs):
         args_ = kwargs.get("args") if "args" in kwargs else (args[1] if len(args) > 1 else None)
         if args_ is not None:
             if args_.remove_unused_columns:
@@ -107,6 +114,7 @@ class TopicLMTrainer(Trainer):
                 # Pinned memory only speeds up copies to an accelerator; on CPU, PyTorch warns at every epoch.
                 args_.dataloader_pin_memory = False
         super().__init__(*args, **kwargs)
+        self.pretraining_phases = self._check_phases(pretraining_phases)
         self._loss_terms: dict[str, list[torch.Tensor]] = defaultdict(list)
         self._eval_sums: dict[str, torch.Tensor] | None = None  # while evaluating: token-weighted sums
         collator = self.data_collator
@@ -114,8 +122,42 @@ class TopicLMTrainer(Trainer):
             # The config (saved in every checkpoint) records which vocabularies the model is trained on.
             record_vocabularies(self.model.config, collator.tokenizer, collator.topic_tokenizer)
 
+    def _check_phases(self, phases) -> list[tuple[str, int]]:
+        phases = [tuple(p) for p in (phases or [])]
+        if not phases:
+            return []
+        supported = getattr(self.model, "training_phases", None)
+        if supported is None or not hasattr(self.model, "set_training_phase"):
+            raise ValueError(f"{type(self.model).__name__} has no training phases (training_phases / "
+                             "set_training_phase): pretraining_phases cannot be used with it")
+        for phase in phases:
+            if len(phase) != 2 or phase[0] not in supported or phase[0] == "joint" or isinstance(phase[1], bool) \
+                    or not isinstance(phase[1], int) or phase[1] < 0:
+                raise ValueError(f"pretraining_phases must be (phase, steps) pairs with phase in "
+                                 f"{[p for p in supported if p != 'joint']} and steps >= 0, got {phase!r}")
+        return phases
+
+    def train(self, *args, **kwargs):
+        try:
+            return super().train(*args, **kwargs)
+        finally:
+            if self.pretraining_phases:  # a run that stopped within a phase leaves the model whole
+                self.model.set_training_phase("joint")
+
+    def training_phase(self, step: int) -> str:
+        """The phase of optimizer step ``step`` (0-based): one of ``pretraining_phases``, then ``"joint"``."""
+        done = 0
+        for phase, steps in self.pretraining_phases:
+            if step < done + steps:
+                return phase
+            done += steps
+        return "joint"
+
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         labels = inputs.get("labels")
+        if self.pretraining_phases:
+            phase = self.training_phase(self.state.global_step) if model.training else "joint"
+            self.accelerator.unwrap_model(model).set_training_phase(phase)
         loss, outputs = super().compute_loss(model, inputs, return_outputs=True, num_items_in_batch=num_items_in_batch)
         if model.training:
             if not bool(torch.isfinite(loss.detach()).all()):

@@ -38,11 +38,13 @@ def _accepts(model, name: str) -> bool:
     return name in inspect.signature(model.forward).parameters
 
 
-def _chunk_nll(model, input_ids, attention_mask, context_bow, state, use_cache):
+def _chunk_nll(model, input_ids, attention_mask, context_bow, state, use_cache, sentence_prefix_bow=None):
     """NLL sum and count of one batch of chunks: inputs are chunk[:-1], targets chunk[1:]."""
     inputs, targets = input_ids[:, :-1], input_ids[:, 1:]
     target_mask = attention_mask[:, 1:].bool()  # right padding: a real target has a real input
     kwargs = {"context_bow": context_bow} if context_bow is not None else {}
+    if sentence_prefix_bow is not None:
+        kwargs["sentence_prefix_bow"] = sentence_prefix_bow
     out = model(input_ids=inputs, attention_mask=target_mask.long(), state=state, use_cache=use_cache,
                 return_dict=True, **kwargs)
     log_probs = torch.log_softmax(out.logits.double(), dim=-1)
@@ -103,19 +105,31 @@ def evaluate_perplexity(model, documents: datasets.Dataset | Sequence, protocol:
             real context is the part of the perplexity that the document's topics explain, as
             opposed to the extra capacity of a topic model's LM.
 
+    Models with sentence-level topics (NCLM's SDT, ``sentence_prefix_bow`` in ``forward``) also get each
+    chunk's sentence prefix, so a chunk that continues a sentence sees its earlier words. A model whose
+    options let it read the words it predicts (``model.leaky_modes()``, e.g. NCLM's
+    ``sdt_mode="minus_target"``) is only evaluated under ``paper``, and the result's ``protocol`` names
+    those modes (``"paper+sdt_mode=minus_target"``); ``causal`` and ``causal-carry`` refuse it.
+
     Returns:
         ``{"perplexity", "nll", "tokens", "protocol", "context", "carry_state", "documents",
-        "max_sentence_length", "max_context_tokens"}``.
+        "max_sentence_length", "max_context_tokens", "leaky_modes"}``.
     """
     if protocol not in PROTOCOLS:
         raise ValueError(f"protocol must be one of {list(PROTOCOLS)}, got {protocol!r}")
+    leaky = list(getattr(model, "leaky_modes", lambda: [])())
+    if leaky and protocol != "paper":
+        raise ValueError(f"The model reads words it predicts ({', '.join(leaky)}): its perplexity is not "
+                         f"{protocol!r}. Evaluate it under protocol='paper' (labelled leaky), or turn those options "
+                         "off")
     documents, uses_context, tokenizer, topic_tokenizer = prepare_evaluation(model, documents, tokenizer,
                                                                              topic_tokenizer)
     context_mode, carry = PROTOCOLS[protocol]
-    collator = TopicContextCollator(tokenizer, topic_tokenizer if uses_context else None,
+    sentence_prefix = _accepts(model, "sentence_prefix_bow")
+    collator = TopicContextCollator(tokenizer, topic_tokenizer if (uses_context or sentence_prefix) else None,
                                     context=context_mode if uses_context else "none",
                                     max_sentence_length=max_sentence_length, max_context_tokens=max_context_tokens,
-                                    layout="documents" if carry else "sentences")
+                                    layout="documents" if carry else "sentences", sentence_prefix=sentence_prefix)
     rows = collator.prepare(documents)
     device = next(model.parameters()).device
     was_training = model.training
@@ -129,8 +143,9 @@ def evaluate_perplexity(model, documents: datasets.Dataset | Sequence, protocol:
             for start in range(0, len(order), batch_size):
                 batch = collator([rows[i] for i in order[start:start + batch_size]])
                 bow = _maybe_mismatch(batch["context_bow"].to(device), mismatched_context) if uses_context else None
+                prefix = batch["sentence_prefix_bow"].to(device) if sentence_prefix else None
                 nll, n, _ = _chunk_nll(model, batch["input_ids"].to(device), batch["attention_mask"].to(device),
-                                       bow, None, use_cache=False)
+                                       bow, None, use_cache=False, sentence_prefix_bow=prefix)
                 total_nll += nll
                 total_tokens += n
         else:
@@ -146,9 +161,10 @@ def evaluate_perplexity(model, documents: datasets.Dataset | Sequence, protocol:
                         state = tuple(s[:active] for s in state)
                     bow = (_maybe_mismatch(batch["context_bow"][:active, k].to(device), mismatched_context)
                            if uses_context else None)
+                    prefix = batch["sentence_prefix_bow"][:active, k].to(device) if sentence_prefix else None
                     nll, n, state = _chunk_nll(model, batch["input_ids"][:active, k].to(device),
                                                batch["attention_mask"][:active, k].to(device), bow, state,
-                                               use_cache=True)
+                                               use_cache=True, sentence_prefix_bow=prefix)
                     total_nll += nll
                     total_tokens += n
     finally:
@@ -156,7 +172,7 @@ def evaluate_perplexity(model, documents: datasets.Dataset | Sequence, protocol:
     if total_tokens == 0:
         raise ValueError("No token to predict in these documents")
     return {"perplexity": math.exp(total_nll / total_tokens), "nll": total_nll, "tokens": total_tokens,
-            "protocol": protocol,
+            "protocol": "+".join([protocol, *leaky]), "leaky_modes": leaky,
             "context": (context_mode + (", mismatched: another chunk's" if mismatched_context else "")
                         if uses_context else "none (model ignores context)"),
             "mismatched_context": mismatched_context,

@@ -19,6 +19,7 @@ The result is labelled ``protocol="topicrnn-sliding-window"``.
 
 from __future__ import annotations
 
+import inspect
 import math
 from typing import Any, Sequence
 
@@ -51,10 +52,16 @@ def evaluate_perplexity_sliding_window(model, documents: datasets.Dataset | Sequ
     """
     if window < 1:
         raise ValueError(f"window must be >= 1, got {window}")
+    leaky = list(getattr(model, "leaky_modes", lambda: [])())
+    if leaky:
+        raise ValueError(f"The model reads words it predicts ({', '.join(leaky)}): the sliding-window protocol is "
+                         "causal; turn those options off")
     documents, uses_context, tokenizer, topic_tokenizer = prepare_evaluation(model, documents, tokenizer,
                                                                              topic_tokenizer)
-    collator = TopicContextCollator(tokenizer, topic_tokenizer if uses_context else None, context="none",
-                                    max_sentence_length=max_sentence_length, layout="documents")
+    sentence_prefix = "sentence_prefix_bow" in inspect.signature(model.forward).parameters
+    collator = TopicContextCollator(tokenizer, topic_tokenizer if (uses_context or sentence_prefix) else None,
+                                    context="none", max_sentence_length=max_sentence_length, layout="documents",
+                                    sentence_prefix=sentence_prefix)
     # LM id -> topic id (-1 outside the topic vocabulary); the topic <unk> is never counted.
     lm_to_topic = collator._lm_to_topic
 
@@ -79,8 +86,9 @@ def evaluate_perplexity_sliding_window(model, documents: datasets.Dataset | Sequ
                 if uses_context:
                     topic_ids = [lm_to_topic[np.asarray(history[i][-window:], dtype=np.int64)] for i in range(active)]
                     bow = collator.bag_of_words([t[t >= 0] for t in topic_ids]).to(device)
+                prefix = batch["sentence_prefix_bow"][:active, k].to(device) if sentence_prefix else None
                 nll, n, new_state = _chunk_nll(model, ids.to(device), mask.to(device), bow, state,
-                                               use_cache=carry_state)
+                                               use_cache=carry_state, sentence_prefix_bow=prefix)
                 state = new_state if carry_state else None
                 total_nll += nll
                 total_tokens += n

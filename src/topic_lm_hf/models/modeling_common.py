@@ -578,11 +578,15 @@ class TopicGenerationMixin:
     * ``generate`` rejects a conditioning kwarg that ``forward`` does not name (TopicRNN's theta is
       not a mixture of topics, so it has no ``topic_ids``) instead of letting it be ignored.
     * ``_update_model_kwargs_for_generation`` replaces whatever the first forward resolved
-      (``context_bow``, ``topic_ids`` or the prior) by the ``topic_mixture`` it returned, so the
+      (``context_bow``, ``topic_ids`` or the prior) by what it returned for it (the outputs named by
+      ``_cached_conditioning``: ``topic_mixture``, or NCLM's ``topic_representation``), so the
       document is encoded and the conditioning checked once, not at every token (hf-notes §1.5).
     """
 
     _topic_mixture_on_simplex = True  # TCNLM's t is a distribution; TopicRNN's theta is any vector
+    # The outputs of the first forward that stand for the conditioning at every later step (forward takes them
+    # by these names): the topic mixture, or NCLM's composed document representation and topic vectors.
+    _cached_conditioning = ("topic_mixture",)
 
     def generate(self, inputs=None, generation_config=None, topic_ids=None, topic_mixture=None, context_bow=None,
                  **kwargs):
@@ -602,11 +606,13 @@ class TopicGenerationMixin:
     def _update_model_kwargs_for_generation(self, outputs, model_kwargs, is_encoder_decoder=False, num_new_tokens=1):
         model_kwargs = super()._update_model_kwargs_for_generation(outputs, model_kwargs, is_encoder_decoder,
                                                                    num_new_tokens)
-        mixture = getattr(outputs, "topic_mixture", None)
-        if mixture is not None and model_kwargs.get("topic_mixture") is None:
-            model_kwargs["topic_mixture"] = mixture
-            model_kwargs.pop("context_bow", None)
-            model_kwargs.pop("topic_ids", None)
+        names = self._cached_conditioning
+        if all(model_kwargs.get(name) is None for name in names):
+            values = {name: getattr(outputs, name, None) for name in names}
+            if values[names[0]] is not None:
+                for name in ("context_bow", "topic_ids", "topic_mixture"):
+                    model_kwargs.pop(name, None)
+                model_kwargs.update({name: value for name, value in values.items() if value is not None})
         return model_kwargs
 
 

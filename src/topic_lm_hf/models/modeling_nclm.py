@@ -1,0 +1,734 @@
+"""NCLM: the Neural Composite Language Model (Chaudhary, Schütze & Gupta, ICML 2020).
+
+Notation: b batch, s tokens, E embedding size, H hidden size, L layers, V vocabulary, V_c topic
+vocabulary, K topics, H_tm the NVDM encoder's width, D the width of ETR's word vectors, S samples.
+``../shared/docs/nclm.md`` is the detailed note on the paper and its official code this follows.
+
+The model (paper §3):
+
+* NTM: an NVDM with a Gaussian-softmax output. For a context bag of words d (b, V_c):
+  pi = act(W_1 d + b_1), mu = W_mu pi + b_mu, log sigma = W_s pi + b_s;
+  h = softmax(mu + sigma * eps) (K proportions); p(w | h) = softmax(W h + b) over the topic words;
+  L_NTM = -sum_w d_w log p(w | h) + KL(N(mu, sigma^2) || N(0, I)). In training h is the mean of
+  ``num_topic_samples`` softmaxed samples and the reconstruction their mean (the official code);
+  in evaluation, generation and for features h = softmax(mu) (deterministic: the package's choice).
+* LTR = h. ETR = sum_k w_k z_k, where z_k is the mean of the word vectors of topic k's top
+  ``etr_top_n`` words (by the decoder row W_k) among the words present in the context, and
+  w = h (or softmax(h), the official code's double softmax). Top-N selection has no gradient and
+  the word vectors are read without one, so ETR trains only the encoder (through w), as in the paper.
+* LM: an LSTM over the sentence, outputs o_t. Composition (eq. 6-7):
+  o^_t = sigmoid([o_t; c] W_p + b_p), p(y_{t+1}) = softmax(U o^_t + a), with c = h (LTA), z (ETA)
+  or [z; h] (LETA), computed from the context; with ``sentence_topics`` (SDT) c also holds the same
+  representation of the current sentence, [c_doc; c_sent].
+* Loss (the official code's weighting): alpha * sum_rows L_NTM(row) + (1 - alpha) * sum_rows sum_t
+  NLL, both summed per chunk; here divided by the number of predicted tokens N of the batch, which
+  keeps the relative weights and makes the LM part the usual mean NLL per token:
+
+      loss = (1 - alpha) * lm_loss + alpha * (bow_loss + kl_loss)
+      lm_loss  = mean NLL per predicted token
+      bow_loss = sum_rows -log p(d_row | h_row) / N      (rows whose context is empty contribute 0)
+      kl_loss  = sum_rows KL_row / N                     (same rows)
+
+Sentence-level topics (SDT) and leakage. ``sdt_mode="prefix"`` (default) encodes, at the input
+position of word t-1 (the one predicting word t), the topic words w_<t of the current sentence:
+the linear first layer of the encoder makes that a cumulative sum of columns of W_1, exact and
+O(s H_tm). Earlier chunks of the sentence come from the batch's ``sentence_prefix_bow`` (the
+collator's ``sentence_prefix=True``) or from the carried ``state``; ``<bos>`` starts a new sentence.
+``sdt_mode="minus_target"`` replicates the paper and the official code: the chunk's words minus the
+target position, so it reads the words after the target; it is labelled leaky
+(``config.leaky_modes()``), and ``evaluate_perplexity`` refuses to call its perplexity causal.
+Document topics are causal when the context is (the collator's ``"preceding"``); the
+``"others"`` context (the papers' protocol) is not.
+
+State: ``(h, c)`` of the LSTM, each (b, L, H), plus with ``sentence_topics`` the running sum
+(b, 1, H_tm) of the encoder's first-layer columns of the current sentence's topic words.
+
+Generation goes through the shared ``TopicGenerationMixin``: the document part c (and, with
+ETR and SDT, the K topic vectors z_k) is computed at the first step from ``context_bow`` /
+``topic_ids`` / ``topic_mixture`` / the prior and reused (``topic_representation`` /
+``topic_embeddings``); the sentence part is updated token by token through the state. ``topic_ids``
+set h to the equal mixture of the topics and, with no document, every topic word counts as present
+for ETR; the prior is the uniform mixture.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+from transformers import GenerationMixin
+
+from .configuration_nclm import NCLMConfig
+from .modeling_common import (RecurrentModelOutput, RecurrentPreTrainedModel, TopicGenerationMixin, TopicLMOutput,
+                              causal_lm_loss, last_token_positions, lm_to_topic_index, normalize_topic_kwargs, run_rnn,
+                              run_rnn_layers, topic_ids_to_mixture, topic_vocabulary)
+
+TRAINING_PHASES = ("joint", "lm", "topic_model")
+_ROWS_PER_DENSE_BLOCK = 8  # rows of (K, V_c) scores at a time in the official code's ETR selection
+
+
+@dataclass
+class NCLMOutput(TopicLMOutput):
+    """:class:`TopicLMOutput` plus what NCLM composes with the LSTM output.
+
+    Args:
+        topic_representation: (b, |c_doc|) the document part c (LTR h, ETR z or [z; h]).
+        topic_embeddings: (b, K, D) the topic vectors z_k ETR weighted (ETA / LETA with sentence topics).
+    """
+
+    topic_representation: Optional[torch.Tensor] = None
+    topic_embeddings: Optional[torch.Tensor] = None
+
+
+# ----------------------------------------------------------------------------------------------
+# neural topic model: NVDM with a Gaussian-softmax output
+# ----------------------------------------------------------------------------------------------
+
+
+class NCLMTopicModel(nn.Module):
+    """NVDM-GSM: encoder (V_c -> H_tm -> K, K), proportions h = softmax(sample), decoder W (V_c, K)."""
+
+    def __init__(self, config: NCLMConfig):
+        super().__init__()
+        self.num_samples = config.num_topic_samples
+        self.encoder = nn.Linear(config.topic_vocab_size, config.encoder_hidden_size)
+        self.activation = {"sigmoid": torch.sigmoid, "relu": torch.relu, "tanh": torch.tanh}[config.encoder_activation]
+        self.posterior_mean = nn.Linear(config.encoder_hidden_size, config.num_topics)
+        self.posterior_log_sigma = nn.Linear(config.encoder_hidden_size, config.num_topics)
+        self.decoder = nn.Linear(config.num_topics, config.topic_vocab_size)
+
+    def posterior_from_pre_activation(self, pre: torch.Tensor):
+        """(mu, log sigma) from the encoder's first-layer pre-activation (..., H_tm)."""
+        hidden = self.activation(pre)
+        return self.posterior_mean(hidden), self.posterior_log_sigma(hidden)
+
+    def posterior(self, bow: torch.Tensor):
+        return self.posterior_from_pre_activation(self.encoder(bow))
+
+    def proportions(self, mean: torch.Tensor, log_sigma: torch.Tensor, sample: bool):
+        """h (..., K): the mean of S softmaxed samples when ``sample`` (and S > 0), else softmax(mu).
+        Also returns the (S, ..., K) samples (None without sampling)."""
+        if not sample or self.num_samples == 0:
+            return torch.softmax(mean.float(), -1).to(mean.dtype), None
+        eps = torch.randn((self.num_samples, *mean.shape), device=mean.device, dtype=mean.dtype)
+        samples = torch.softmax(mean + log_sigma.exp() * eps, dim=-1)
+        return samples.mean(0), samples
+
+    def word_log_probs(self, h: torch.Tensor) -> torch.Tensor:
+        """log p(w | h) (..., V_c) over the topic words; ``<unk>`` (id 0) is excluded (-inf)."""
+        logits = self.decoder(h).float()
+        logits = torch.cat([torch.full_like(logits[..., :1], float("-inf")), logits[..., 1:]], dim=-1)
+        return torch.log_softmax(logits, dim=-1)
+
+    def reconstruction(self, bow: torch.Tensor, h: torch.Tensor, samples: Optional[torch.Tensor]) -> torch.Tensor:
+        """-sum_w d_w log p(w | h) per row (b,), averaged over the samples when there are some."""
+        log_probs = self.word_log_probs(samples if samples is not None else h)
+        nll = -(bow[..., 1:].float() * log_probs[..., 1:]).sum(-1)  # column 0: <unk>, never counted
+        return nll.mean(0) if samples is not None else nll
+
+    @staticmethod
+    def kl(mean: torch.Tensor, log_sigma: torch.Tensor) -> torch.Tensor:
+        """KL(N(mu, sigma^2) || N(0, I)) per row (b,)."""
+        mean, log_sigma = mean.float(), log_sigma.float()
+        return -0.5 * (1.0 + 2.0 * log_sigma - mean ** 2 - (2.0 * log_sigma).exp()).sum(-1)
+
+    def topic_word_weights(self) -> torch.Tensor:
+        """W (K, V_c): the decoder's rows, one per topic."""
+        return self.decoder.weight.T
+
+
+# ----------------------------------------------------------------------------------------------
+# pretrained-model classes
+# ----------------------------------------------------------------------------------------------
+
+
+class NCLMPreTrainedModel(RecurrentPreTrainedModel):
+    config_class = NCLMConfig
+    _no_split_modules = ["NCLMModel"]
+
+    def _init_weights(self, module):
+        super()._init_weights(module)  # embeddings, linear layers, the LSTM: U(-r, r)
+        if isinstance(module, NCLMTopicModel):
+            # The official code: Glorot for the encoder, mu and the decoder (biases included), zeros for log sigma.
+            for linear in (module.encoder, module.posterior_mean, module.decoder):
+                nn.init.xavier_uniform_(linear.weight)
+                bound = math.sqrt(6.0 / (1 + linear.bias.shape[0]))
+                nn.init.uniform_(linear.bias, -bound, bound)
+            nn.init.zeros_(module.posterior_log_sigma.weight)
+            nn.init.zeros_(module.posterior_log_sigma.bias)
+        elif isinstance(module, NCLMModel) and module.etr_word_embeddings is not None:
+            module.etr_word_embeddings.zero_()  # set with set_etr_embeddings (or loaded with the weights)
+
+
+class NCLMModel(NCLMPreTrainedModel):
+    """Embeddings, the LSTM and the NVDM (no composition, no output layer).
+
+    ``forward`` returns the LSTM outputs o (b, s, H) as ``last_hidden_state`` (zero at padding) and the
+    LSTM state; the topic representations are computed by the methods below.
+    """
+
+    _keys_to_ignore_on_load_unexpected = [r"^(lm_head|compose)\.", r"^kl_annealing_step$"]
+
+    def __init__(self, config: NCLMConfig):
+        super().__init__(config)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.embedding_size, padding_idx=config.pad_token_id)
+        self.dropout = nn.Dropout(config.dropout)
+        self.lstm = nn.LSTM(config.embedding_size, config.hidden_size, num_layers=config.num_hidden_layers,
+                            dropout=config.dropout if config.num_hidden_layers > 1 else 0.0, batch_first=True)
+        self.topic_model = NCLMTopicModel(config)
+        if config.uses_etr and config.etr_embedding == "frozen":
+            self.register_buffer("etr_word_embeddings",
+                                 torch.zeros(config.topic_vocab_size, config.etr_embedding_size))
+        else:
+            self.etr_word_embeddings = None
+        self.gradient_checkpointing = False
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.embed_tokens
+
+    def set_input_embeddings(self, value):
+        self.embed_tokens = value
+
+    # -- the LSTM ----------------------------------------------------------------------------------
+
+    def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, state=None, use_cache=None,
+                output_hidden_states=None, return_dict=None, **kwargs) -> RecurrentModelOutput:
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("Give exactly one of input_ids and inputs_embeds")
+        if inputs_embeds is None:
+            if bool((input_ids >= self.config.vocab_size).any()) or bool((input_ids < 0).any()):
+                raise ValueError(f"input_ids must be in [0, {self.config.vocab_size}): mismatched tokenizer?")
+            inputs_embeds = self.embed_tokens(input_ids)  # (b, s, E)
+        use_cache = use_cache if use_cache is not None else (self.config.use_cache and not self.training)
+        output_hidden_states = (output_hidden_states if output_hidden_states is not None
+                                else self.config.output_hidden_states)
+        if attention_mask is not None and attention_mask.shape[1] != inputs_embeds.shape[1]:
+            attention_mask = attention_mask[:, -inputs_embeds.shape[1]:]  # generate(): the whole sequence's mask
+        x = self.dropout(inputs_embeds)
+        need_state = use_cache or state is not None
+        checkpoint_fn = self.checkpoint_function()
+        layers = ()
+        if output_hidden_states or checkpoint_fn is not None:
+            hidden, new_state, layers = run_rnn_layers(self.lstm, x, attention_mask, state, need_state, checkpoint_fn)
+        else:
+            self.lstm.flatten_parameters()
+            hidden, new_state = run_rnn(self.lstm, x, attention_mask, state, need_state=need_state)
+        out = RecurrentModelOutput(last_hidden_state=hidden, state=new_state if use_cache else None,
+                                   hidden_states=(x, *layers) if output_hidden_states else None)
+        return out if return_dict is not False else out.to_tuple()
+
+    # -- topics ------------------------------------------------------------------------------------
+
+    def _lm_to_topic(self, device) -> torch.Tensor:
+        def validate():
+            if self.config.topic_word_ids is None:
+                raise ValueError("NCLM needs config.topic_word_ids (the LM id of every topic word) for ETR's word "
+                                 "vectors and for sentence topics: build the config with "
+                                 "NCLMConfig.from_tokenizers(tokenizer, topic_tokenizer, ...)")
+        return lm_to_topic_index(self, self.config, device, validate)
+
+    def topic_word_vectors(self) -> torch.Tensor:
+        """E (V_c, D), the word vectors of ETR, without gradient; zero rows for words that have none."""
+        cfg = self.config
+        if cfg.etr_embedding == "decoder":
+            return self.topic_model.decoder.weight.detach()
+        if cfg.etr_embedding == "frozen":
+            if not getattr(self, "_etr_checked", False):
+                if not bool(self.etr_word_embeddings.abs().sum() > 0):
+                    raise ValueError("etr_embedding='frozen' but no word vectors were given: call "
+                                     "model.set_etr_embeddings(matrix) with a (topic_vocab_size, "
+                                     f"{cfg.etr_embedding_size}) matrix")
+                self._etr_checked = True
+            return self.etr_word_embeddings
+        if cfg.topic_word_ids is None:
+            self._lm_to_topic(self.embed_tokens.weight.device)  # the clear error
+        ids = torch.tensor(cfg.topic_word_ids, device=self.embed_tokens.weight.device)
+        vectors = self.embed_tokens.weight.detach().index_select(0, ids.clamp_min(0))
+        return vectors * (ids >= 0).unsqueeze(1).to(vectors.dtype)
+
+    def _etr_candidates(self) -> torch.Tensor:
+        """(V_c,) bool: topic words that have a word vector (never the topic ``<unk>``)."""
+        cfg = self.config
+        candidates = torch.ones(cfg.topic_vocab_size, dtype=torch.bool, device=self.embed_tokens.weight.device)
+        candidates[0] = False
+        if cfg.etr_embedding == "lm" and cfg.topic_word_ids is not None:
+            candidates &= torch.tensor(cfg.topic_word_ids, device=candidates.device) >= 0
+        return candidates
+
+    @torch.no_grad()
+    def topic_embeddings(self, present: torch.Tensor) -> torch.Tensor:
+        """z_k (b, K, D): the mean vector of each topic's top-N words among the ``present`` ones (b, V_c) bool.
+
+        ``etr_selection="masked_topk"``: the N present words with the largest W_k (fewer when fewer are
+        present; z_k = 0 when none is). ``"multiply_mask"`` (the official code): the top N of present * W_k,
+        where absent words score 0, all N averaged.
+        """
+        cfg = self.config
+        W = self.topic_model.topic_word_weights().detach()  # (K, V_c)
+        vectors = self.topic_word_vectors()  # (V_c, D)
+        present = present & self._etr_candidates()
+        b, (K, V_c) = present.shape[0], W.shape
+        n = min(cfg.etr_top_n, V_c - 1)
+        if cfg.etr_selection == "multiply_mask":
+            out = []
+            for start in range(0, b, _ROWS_PER_DENSE_BLOCK):
+                block = present[start:start + _ROWS_PER_DENSE_BLOCK]
+                scores = W.unsqueeze(0) * block.unsqueeze(1).to(W.dtype)  # (r, K, V_c)
+                scores[..., 0] = float("-inf")  # the topic <unk> is never a word
+                top = scores.topk(n, dim=-1).indices  # (r, K, n)
+                out.append(vectors[top].mean(2))  # (r, K, D)
+            return torch.cat(out, 0)
+        # masked_topk, sparse: only the present words (<= the context's distinct words) are scored.
+        counts = present.sum(1)  # (b,)
+        P = max(int(counts.max()), 1)
+        idx = present.to(W.dtype).topk(P, dim=1).indices  # (b, P): the present words first
+        valid = torch.arange(P, device=idx.device).unsqueeze(0) < counts.unsqueeze(1)  # (b, P)
+        scores = W.T[idx].transpose(1, 2).masked_fill(~valid.unsqueeze(1), float("-inf"))  # (b, K, P)
+        m = min(n, P)
+        top = scores.topk(m, dim=-1)  # (b, K, m)
+        chosen = torch.isfinite(top.values).to(vectors.dtype)
+        weights = torch.zeros_like(scores).scatter_(-1, top.indices, chosen)  # (b, K, P)
+        weights = weights / chosen.sum(-1, keepdim=True).clamp_min(1.0)
+        return weights @ vectors[idx]  # (b, K, P) @ (b, P, D) -> (b, K, D)
+
+    def etr_weights(self, h: torch.Tensor) -> torch.Tensor:
+        """The weights of the topic vectors in ETR: h, or softmax(h) (the official code)."""
+        return torch.softmax(h, dim=-1) if self.config.etr_weighting == "softmax_of_proportions" else h
+
+    def compose_representation(self, h: torch.Tensor, z_k: Optional[torch.Tensor]) -> torch.Tensor:
+        """c = h (LTA), z (ETA) or [z; h] (LETA) for proportions h (b, K) or (b, s, K)."""
+        parts = []
+        if self.config.uses_etr:
+            weights = self.etr_weights(h).to(z_k.dtype)
+            parts.append(weights @ z_k if h.dim() == 3 else (weights.unsqueeze(1) @ z_k).squeeze(1))
+        if self.config.uses_ltr:
+            parts.append(h)
+        return torch.cat(parts, dim=-1)
+
+    def document_topics(self, batch_size: int, device, context_bow=None, topic_ids=None, topic_mixture=None,
+                        sample: bool = False, extra_present: Optional[torch.Tensor] = None):
+        """The document part of c from the conditioning given (at most one of them).
+
+        Returns ``(c (b, |c_doc|), h (b, K), z_k (b, K, D) or None, (mean, log sigma, samples) or None)``.
+        ``context_bow``: h from the NVDM (sampled when ``sample``), ETR over the words present in it
+        (plus ``extra_present`` (b, V_c) bool); ``topic_mixture``: h as given; ``topic_ids``: the equal
+        mixture of the topics; nothing: the uniform mixture. Without a bag of words every topic word
+        counts as present for ETR.
+        """
+        cfg = self.config
+        given = normalize_topic_kwargs(cfg.num_topics, cfg.topic_vocab_size, batch_size, topic_ids=topic_ids,
+                                       topic_mixture=topic_mixture, context_bow=context_bow)
+        posterior = None
+        dtype = self.topic_model.decoder.weight.dtype
+        if "context_bow" in given:
+            bow = given["context_bow"].to(device)
+            mean, log_sigma = self.topic_model.posterior(bow.to(dtype))
+            h, samples = self.topic_model.proportions(mean, log_sigma, sample)
+            posterior = (mean, log_sigma, samples)
+            present = bow > 0
+        else:
+            if "topic_mixture" in given:
+                h = given["topic_mixture"].to(device, dtype)
+            elif "topic_ids" in given:
+                h = topic_ids_to_mixture(given["topic_ids"].to(device), cfg.num_topics).to(dtype)
+            else:
+                h = torch.full((batch_size, cfg.num_topics), 1.0 / cfg.num_topics, device=device, dtype=dtype)
+            present = torch.ones(1, cfg.topic_vocab_size, dtype=torch.bool, device=device).expand(h.shape[0], -1)
+        z_k = None
+        if cfg.uses_etr:
+            if extra_present is not None:
+                present = present | extra_present
+            if extra_present is None and "context_bow" not in given:
+                z_k = self.topic_embeddings(present[:1]).expand(h.shape[0], -1, -1)  # the same for every row
+            else:
+                z_k = self.topic_embeddings(present)
+        return self.compose_representation(h, z_k), h, z_k, posterior
+
+    def sentence_pre_activations(self, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor],
+                                 carried: Optional[torch.Tensor], sentence_prefix_bow: Optional[torch.Tensor],
+                                 window_excludes_last: bool):
+        """The NVDM encoder's first-layer input of the sentence topics at every position (b, s, H_tm), without
+        its bias, and the running sum to carry (b, H_tm).
+
+        ``sdt_mode="prefix"``: at position i, the sum of W_1's columns of the topic words among the sentence's
+        tokens up to and including input i (the words before the target i + 1); it starts from
+        ``sentence_prefix_bow`` (the sentence's words before this chunk) if given, else from ``carried``,
+        and restarts at every ``<bos>``. ``"minus_target"`` (leaky, the official code): the chunk's words
+        minus the word at position i + 1; the chunk is the inputs without each row's last real one when
+        ``window_excludes_last`` (training: the last input is nobody's target).
+        """
+        cfg = self.config
+        b, s = input_ids.shape
+        device = input_ids.device
+        W1 = self.topic_model.encoder.weight  # (H_tm, V_c)
+        tm = self._lm_to_topic(device)[input_ids]  # (b, s), -1 for words outside the topic vocabulary
+        mask = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+        tm = tm.masked_fill(~mask, -1)
+        x = F.embedding(tm.clamp_min(0), W1.T) * (tm >= 0).unsqueeze(-1).to(W1.dtype)  # (b, s, H_tm)
+        if sentence_prefix_bow is not None:
+            start = F.linear(sentence_prefix_bow.to(device, W1.dtype), W1)  # (b, H_tm)
+        elif carried is not None:
+            start = carried.reshape(b, -1).to(W1.dtype)
+        else:
+            start = x.new_zeros(b, W1.shape[0])
+        is_bos = (input_ids == cfg.bos_token_id) & mask
+        cum = x.cumsum(1)
+        positions = torch.arange(s, device=device).expand(b, s)
+        last_bos = torch.where(is_bos, positions, torch.full_like(positions, -1)).cummax(1).values  # (b, s)
+        since_bos = cum - cum.gather(1, last_bos.clamp_min(0).unsqueeze(-1).expand_as(cum))  # x at <bos> is 0
+        prefix = torch.where((last_bos >= 0).unsqueeze(-1), since_bos, start.unsqueeze(1) + cum)  # (b, s, H_tm)
+        last = last_token_positions(attention_mask, s, b, device)
+        carry = prefix.gather(1, last.view(b, 1, 1).expand(b, 1, prefix.shape[-1])).squeeze(1)
+        carry = torch.where(mask.any(1, keepdim=True), carry, start)
+        if cfg.sdt_mode == "prefix":
+            return prefix, carry
+        window = mask.clone()
+        if window_excludes_last:
+            window[torch.arange(b, device=device), last] = False
+        win_x = x * window.unsqueeze(-1).to(x.dtype)
+        target = F.pad(win_x[:, 1:], (0, 0, 0, 1))  # the word at position i + 1 (0 past the end)
+        first_is_bos = is_bos[torch.arange(b, device=device), (~mask).long().argmin(1)]
+        before = torch.where(first_is_bos.unsqueeze(-1), torch.zeros_like(start), start)
+        return before.unsqueeze(1) + win_x.sum(1, keepdim=True) - target, carry
+
+    def sentence_topics(self, pre_activations: torch.Tensor, z_k: Optional[torch.Tensor], sample: bool):
+        """The sentence part of c at every position (b, s, |c_doc|) from :meth:`sentence_pre_activations`."""
+        mean, log_sigma = self.topic_model.posterior_from_pre_activation(pre_activations + self.topic_model.encoder.bias)
+        h, _ = self.topic_model.proportions(mean, log_sigma, sample)
+        return self.compose_representation(h, z_k)
+
+    def infer_topics(self, context_bow) -> torch.Tensor:
+        """Topic proportions h = softmax(mu) (b, K) of documents given as bags of words (b, V_c)."""
+        given = normalize_topic_kwargs(self.config.num_topics, self.config.topic_vocab_size, context_bow=context_bow)
+        mean, _ = self.topic_model.posterior(given["context_bow"].to(self.device, self.dtype))
+        return torch.softmax(mean.float(), dim=-1)
+
+    @torch.no_grad()
+    def get_topics(self, top_n: int = 10, topic_tokenizer=None) -> list[list[str]]:
+        """The ``top_n`` words of every topic by its decoder row W_k (the paper's topics); never ``<unk>``."""
+        if top_n < 1:
+            raise ValueError(f"top_n must be >= 1, got {top_n}")
+        words = topic_vocabulary(self, topic_tokenizer)
+        W = self.topic_model.topic_word_weights().detach().clone()
+        W[:, 0] = float("-inf")
+        top = W.topk(min(top_n, W.shape[1] - 1), dim=-1).indices
+        return [[words[i] for i in row] for row in top.tolist()]
+
+
+def _documents_to_sequences(input_ids, attention_mask, sentence_index):
+    """A documents-layout batch (b, c, l) as one token sequence per document (b, n), right-padded: the
+    chunks in order, without the token a chunk shares with the previous chunk of its sentence."""
+    b, c, _ = input_ids.shape
+    rows = []
+    for i in range(b):
+        tokens = []
+        for k in range(c):
+            real = attention_mask[i, k].bool()
+            if not bool(real.any()):
+                continue
+            chunk = input_ids[i, k][real].tolist()
+            same_sentence = k > 0 and sentence_index is not None and int(sentence_index[i, k]) == int(
+                sentence_index[i, k - 1])
+            tokens.extend(chunk[1:] if same_sentence else chunk)
+        rows.append(tokens)
+    n = max(max(len(r) for r in rows), 1)
+    ids = torch.zeros(b, n, dtype=torch.long, device=input_ids.device)
+    mask = torch.zeros(b, n, dtype=torch.long, device=input_ids.device)
+    for i, r in enumerate(rows):
+        ids[i, :len(r)] = torch.tensor(r, dtype=torch.long)
+        mask[i, :len(r)] = 1
+    return ids, mask
+
+
+class NCLMForCausalLM(NCLMPreTrainedModel, TopicGenerationMixin, GenerationMixin):
+    """NCLM with the composition sigmoid([o; c] W_p + b_p), the output softmax, the joint loss and
+    topic-steered generation.
+
+    Conditioning (``forward`` and ``generate``; at most one): ``context_bow`` (b, V_c) counts over the
+    topic vocabulary (encoded once per generation); ``topic_ids`` (an int, a list shared by the batch,
+    a list of lists or a (b, k) tensor padded with -1): h = the equal mixture of the topics;
+    ``topic_mixture`` (b, K) proportions on the simplex; nothing: the uniform mixture.
+    ``sentence_prefix_bow`` (b, V_c): with ``sentence_topics``, the topic words of the current sentence
+    before this chunk (the collator's ``sentence_prefix=True``).
+    """
+
+    _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+    _cached_conditioning = ("topic_representation", "topic_embeddings")
+
+    def __init__(self, config: NCLMConfig):
+        super().__init__(config)
+        self.model = NCLMModel(config)
+        self.dropout = nn.Dropout(config.dropout)
+        # W_p: (H + |c|) -> H; the columns of [o; c_doc; c_sent] in that order.
+        self.compose = nn.Linear(config.hidden_size + config.topic_representation_size, config.hidden_size)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size)
+        self.training_phase = "joint"
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.model.embed_tokens
+
+    def get_output_embeddings(self):
+        return self.lm_head
+
+    def set_output_embeddings(self, value):
+        self.lm_head = value
+
+    # -- topics ------------------------------------------------------------------------------------
+
+    def infer_topics(self, context_bow) -> torch.Tensor:
+        """Topic proportions h = softmax(mu) (b, K) of documents given as bags of words (b, V_c)."""
+        return self.model.infer_topics(context_bow)
+
+    def get_topics(self, top_n: int = 10, topic_tokenizer=None) -> list[list[str]]:
+        """The ``top_n`` words of each topic: the largest entries of its decoder row W_k.
+
+        Words come from ``topic_tokenizer``, or from the ``topic_tokenizer/`` folder saved next to the model."""
+        return self.model.get_topics(top_n, topic_tokenizer)
+
+    @torch.no_grad()
+    def topic_word_distributions(self) -> torch.Tensor:
+        """p(w | topic k) = softmax(W_k + b) over the topic vocabulary (K, V_c): the decoder at h = e_k."""
+        eye = torch.eye(self.config.num_topics, device=self.device, dtype=self.model.topic_model.decoder.weight.dtype)
+        return self.model.topic_model.word_log_probs(eye).exp()
+
+    def topic_model_parameters(self) -> list[nn.Parameter]:
+        """The NVDM's parameters (for a topic-model-only training phase)."""
+        return list(self.model.topic_model.parameters())
+
+    def topic_model_loss(self, context_bow: torch.Tensor) -> torch.Tensor:
+        """The NVDM's own objective on bags of words (b, V_c): (reconstruction + KL) per context word,
+        over the rows that have words (samples in training mode, softmax(mu) otherwise)."""
+        bow = normalize_topic_kwargs(self.config.num_topics, self.config.topic_vocab_size,
+                                     context_bow=context_bow)["context_bow"].to(self.device)
+        topic_model = self.model.topic_model
+        mean, log_sigma = topic_model.posterior(bow.to(topic_model.decoder.weight.dtype))
+        h, samples = topic_model.proportions(mean, log_sigma, self.training)
+        rows = bow.sum(-1) > 0
+        terms = (topic_model.reconstruction(bow, h, samples) + topic_model.kl(mean, log_sigma)) * rows
+        return terms.sum() / bow.sum().clamp_min(1)
+
+    def set_etr_embeddings(self, vectors) -> None:
+        """Give ETR its frozen word vectors (``etr_embedding="frozen"``): a (topic_vocab_size, D) matrix, row i
+        the vector of topic word i. Saved with the model."""
+        if self.model.etr_word_embeddings is None:
+            raise ValueError("set_etr_embeddings needs config.etr_embedding='frozen' and an ETR variant (eta, leta)")
+        vectors = torch.as_tensor(vectors, dtype=self.model.etr_word_embeddings.dtype)
+        if tuple(vectors.shape) != tuple(self.model.etr_word_embeddings.shape):
+            raise ValueError(f"ETR word vectors must have shape {tuple(self.model.etr_word_embeddings.shape)} "
+                             f"(topic_vocab_size, etr_embedding_size), got {tuple(vectors.shape)}")
+        if not bool(torch.isfinite(vectors).all()):
+            raise ValueError("ETR word vectors contain NaN or inf")
+        self.model.etr_word_embeddings.copy_(vectors.to(self.model.etr_word_embeddings.device))
+        self.model._etr_checked = False
+
+    training_phases = TRAINING_PHASES
+
+    def set_training_phase(self, phase: str) -> None:
+        """What a training-mode ``forward`` optimises (evaluation is always the full model):
+
+        * ``"joint"``: the full model and loss;
+        * ``"lm"``: LM pre-training, the paper's first phase: c = 0 and no topic-model loss;
+        * ``"topic_model"``: NVDM pre-training, its second phase: the loss is :meth:`topic_model_loss` of the
+          batch's ``context_bow`` (reported as ``bow_loss``), the LSTM is not run.
+
+        ``TopicLMTrainer(pretraining_phases=[("lm", n1), ("topic_model", n2)])`` switches it by step."""
+        if phase not in TRAINING_PHASES:
+            raise ValueError(f"training phase must be one of {TRAINING_PHASES}, got {phase!r}")
+        self.training_phase = phase
+
+    def leaky_modes(self) -> list[str]:
+        """The options in use that let the model read the words it predicts (see :class:`NCLMConfig`)."""
+        return self.config.leaky_modes()
+
+    def document_representation(self, batch: Optional[dict] = None, *, input_ids=None, attention_mask=None,
+                                context_bow=None, sentence_index=None) -> torch.Tensor:
+        """[o_N; c] (b, H + |c_doc|): the top LSTM output after each document's last token, and the document
+        topic representation c of ``context_bow`` (h, z or [z; h]; softmax(mu), no sampling).
+
+        ``batch``: a collator batch (extra keys are ignored), or the tensors by name. ``input_ids`` is one
+        sequence per document (b, n), or a documents-layout batch (b, chunks, l) whose chunks are joined
+        (build that collator with ``context="document"``, so that every chunk has the whole document's
+        bag of words). A missing ``context_bow`` is an empty one."""
+        if batch is not None:
+            input_ids = batch.get("input_ids", input_ids)
+            attention_mask = batch.get("attention_mask", attention_mask)
+            context_bow = batch.get("context_bow", context_bow)
+            sentence_index = batch.get("sentence_index", sentence_index)
+        device = self.device
+        input_ids = input_ids.to(device)
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        attention_mask = attention_mask.to(device)
+        if input_ids.dim() == 3:
+            if context_bow is not None and context_bow.dim() == 3:
+                first = context_bow[:, :1]
+                real = attention_mask.any(-1)
+                if not bool(((context_bow == first) | ~real.unsqueeze(-1)).all()):
+                    raise ValueError("document_representation needs the whole document's bag of words: the chunks "
+                                     "of a document have different context_bow (build the collator with "
+                                     "context='document')")
+                context_bow = context_bow[:, 0]
+            input_ids, attention_mask = _documents_to_sequences(input_ids, attention_mask, sentence_index)
+        b = input_ids.shape[0]
+        if context_bow is None:
+            context_bow = torch.zeros(b, self.config.topic_vocab_size, device=device)
+        base = self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=True, return_dict=True)
+        last = base.state[0][:, -1]  # (b, H): the top layer's h after the last real token
+        c, _, _, _ = self.model.document_topics(b, device, context_bow=context_bow, sample=False)
+        return torch.cat([last, c.to(last.dtype)], dim=-1)
+
+    document_features = document_representation  # the name the classification heads read
+
+    # -- forward -----------------------------------------------------------------------------------
+
+    def forward(self, input_ids: Optional[torch.LongTensor] = None, attention_mask: Optional[torch.Tensor] = None,
+                inputs_embeds: Optional[torch.Tensor] = None, state: Optional[tuple] = None,
+                labels: Optional[torch.LongTensor] = None, use_cache: Optional[bool] = None,
+                context_bow: Optional[torch.Tensor] = None, topic_ids=None, topic_mixture=None,
+                sentence_prefix_bow: Optional[torch.Tensor] = None,
+                topic_representation: Optional[torch.Tensor] = None, topic_embeddings: Optional[torch.Tensor] = None,
+                output_hidden_states: Optional[bool] = None, return_dict: Optional[bool] = None,
+                logits_to_keep: int = 0, **kwargs) -> NCLMOutput:
+        r"""
+        Args:
+            input_ids: (b, s) token ids, left- or right-padded.
+            attention_mask: (b, s), 1 for real tokens.
+            state: ``(h, c)`` of the LSTM, plus the sentence-topic running sum with ``sentence_topics``.
+            labels: (b, s) = ``input_ids`` with -100 at ignored positions; shifted inside.
+            context_bow, topic_ids, topic_mixture: the document conditioning (see the class doc).
+            sentence_prefix_bow: (b, V_c) the topic words of the sentence before this chunk (sentence topics).
+            topic_representation, topic_embeddings: the document part c (b, |c_doc|) and the topic vectors
+                (b, K, D) that an earlier call returned (generation reuses them instead of re-encoding).
+            logits_to_keep: compute logits for the last N positions only (0 = all).
+
+        Returns:
+            :class:`NCLMOutput`: ``loss = (1 - alpha) lm_loss + alpha (bow_loss + kl_loss)`` (module doc),
+            ``topic_mixture`` = h of the document part (LTA / LETA, or inferred), ``topic_representation`` = c_doc.
+        """
+        cfg = self.config
+        if self.training and self.training_phase == "topic_model":
+            if context_bow is None:
+                raise ValueError("The topic_model training phase needs batches with context_bow")
+            loss = self.topic_model_loss(context_bow)
+            out = NCLMOutput(loss=loss, bow_loss=loss.detach())
+            return out if return_dict is not False else out.to_tuple()
+        if input_ids is None and inputs_embeds is None:
+            raise ValueError("Give exactly one of input_ids and inputs_embeds")
+        if input_ids is None and cfg.sentence_topics:
+            raise ValueError("NCLM with sentence_topics needs input_ids (the sentence topics read the words)")
+        b = (input_ids if input_ids is not None else inputs_embeds).shape[0]
+        device = self.lm_head.weight.device
+        lstm_state = None if state is None else tuple(state[:2])
+        carried = None if state is None or len(state) < 3 else state[2]
+        base = self.model(input_ids, attention_mask, inputs_embeds, lstm_state, use_cache,
+                          output_hidden_states=output_hidden_states)
+        o = self.dropout(base.last_hidden_state)  # (b, s, H)
+        sample = self.training
+        topics_on = self.training_phase == "joint" or not self.training
+        compute_ntm = labels is not None and context_bow is not None and topics_on
+
+        # the document part c_doc (b, Cd) and, for ETR, the topic vectors z_k
+        window_excludes_last = labels is not None
+        if topic_representation is not None:
+            if any(v is not None for v in (context_bow, topic_ids, topic_mixture)):
+                raise ValueError("Give topic_representation or one of context_bow, topic_ids, topic_mixture, not both")
+            c_doc = _rows(topic_representation.to(device), b, "topic_representation", cfg.document_topic_size)
+            z_k = None if topic_embeddings is None else _rows(topic_embeddings.to(device), b, "topic_embeddings")
+            h, posterior = (c_doc[:, -cfg.num_topics:] if cfg.uses_ltr else None), None
+        else:
+            extra = None
+            if cfg.uses_etr and cfg.etr_mask_includes_current_sentence and context_bow is not None \
+                    and input_ids is not None:
+                extra = self._window_topic_words(input_ids, attention_mask, window_excludes_last)
+            c_doc, h, z_k, posterior = self.model.document_topics(b, device, context_bow, topic_ids, topic_mixture,
+                                                                  sample=sample, extra_present=extra)
+        need_z = cfg.sentence_topics and cfg.uses_etr
+        if need_z and z_k is None:
+            raise ValueError("topic_embeddings are needed with topic_representation for ETR sentence topics")
+
+        # the sentence part c_sent (b, s, Cd) and the running sum to carry
+        c_sent, new_carry = None, None
+        if cfg.sentence_topics:
+            if labels is not None and cfg.sdt_mode == "prefix" and sentence_prefix_bow is None and carried is None:
+                first = input_ids[torch.arange(b, device=input_ids.device),
+                                  (attention_mask.long().argmax(1) if attention_mask is not None else 0)]
+                if not bool((first == cfg.bos_token_id).all()):
+                    raise ValueError("NCLM's sentence topics need the words of the sentence before a chunk that does "
+                                     "not start with <bos>: build the collator with TopicContextCollator(..., "
+                                     "sentence_prefix=True) (it adds sentence_prefix_bow)")
+            pre, new_carry = self.model.sentence_pre_activations(input_ids, attention_mask, carried,
+                                                                 sentence_prefix_bow, window_excludes_last)
+            if logits_to_keep and labels is None:
+                pre = pre[:, -logits_to_keep:]
+            c_sent = self.model.sentence_topics(pre, z_k, sample)
+
+        if logits_to_keep and labels is None:
+            o = o[:, -logits_to_keep:]
+        H = cfg.hidden_size
+        W = self.compose.weight
+        pre_out = F.linear(o, W[:, :H], self.compose.bias)
+        if topics_on:
+            Cd = cfg.document_topic_size
+            pre_out = pre_out + F.linear(c_doc.to(W.dtype), W[:, H:H + Cd]).unsqueeze(1)
+            if c_sent is not None:
+                pre_out = pre_out + F.linear(c_sent.to(W.dtype), W[:, H + Cd:])
+        logits = self.lm_head(torch.sigmoid(pre_out))  # (b, s, V)
+
+        loss = lm_loss = bow_loss = kl_loss = None
+        if labels is not None:
+            lm_loss = causal_lm_loss(logits, labels)
+            loss = lm_loss
+            if compute_ntm and posterior is not None:
+                mean, log_sigma, samples = posterior
+                bow = normalize_topic_kwargs(cfg.num_topics, cfg.topic_vocab_size, b,
+                                             context_bow=context_bow)["context_bow"].to(device)
+                rows = (bow.sum(-1) > 0).float()  # an empty context has nothing to reconstruct
+                tokens = (labels[:, 1:] != -100).sum().clamp_min(1).to(device)
+                h_rows = h if samples is None else None
+                bow_loss = (self.model.topic_model.reconstruction(bow, h_rows, samples) * rows).sum() / tokens
+                kl_loss = (self.model.topic_model.kl(mean, log_sigma) * rows).sum() / tokens
+                loss = (1.0 - cfg.alpha) * lm_loss + cfg.alpha * (bow_loss + kl_loss)
+
+        new_state = None
+        if base.state is not None:
+            new_state = tuple(base.state)
+            if cfg.sentence_topics:
+                new_state = new_state + (new_carry.unsqueeze(1),)
+        topic_mixture_out = h.float() if h is not None else None
+        out = NCLMOutput(loss=loss, logits=logits, state=new_state, hidden_states=base.hidden_states,
+                         lm_loss=_detach(lm_loss), kl_loss=_detach(kl_loss), bow_loss=_detach(bow_loss),
+                         topic_mixture=topic_mixture_out, topic_representation=c_doc,
+                         topic_embeddings=z_k if need_z else None)
+        return out if return_dict is not False else out.to_tuple()
+
+    def _window_topic_words(self, input_ids, attention_mask, excludes_last: bool) -> torch.Tensor:
+        """(b, V_c) bool: the topic words among the chunk's inputs (without each row's last real one when
+        ``excludes_last``), for ``etr_mask_includes_current_sentence``."""
+        b, s = input_ids.shape
+        mask = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool().clone()
+        if excludes_last:
+            mask[torch.arange(b, device=mask.device), last_token_positions(attention_mask, s, b, mask.device)] = False
+        tm = self.model._lm_to_topic(input_ids.device)[input_ids].masked_fill(~mask, -1)
+        present = torch.zeros(b, self.config.topic_vocab_size + 1, dtype=torch.bool, device=input_ids.device)
+        present.scatter_(1, tm + 1, True)
+        return present[:, 1:]
+
+
+def _rows(x: torch.Tensor, batch_size: int, name: str, width: Optional[int] = None) -> torch.Tensor:
+    if width is not None and (x.dim() != 2 or x.shape[-1] != width):
+        raise ValueError(f"{name} must have shape (b, {width}), got {tuple(x.shape)}")
+    if x.shape[0] == batch_size:
+        return x
+    if batch_size % x.shape[0] == 0:
+        return x.repeat_interleave(batch_size // x.shape[0], dim=0)
+    raise ValueError(f"{name} has {x.shape[0]} rows but the batch has {batch_size}")
+
+
+def _detach(x):
+    return x.detach() if x is not None else None
