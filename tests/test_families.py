@@ -8,10 +8,10 @@ import pytest
 import torch
 from transformers import AutoModel, AutoModelForCausalLM
 
-from topic_lm_hf import (LSTMLMConfig, LSTMLMForCausalLM, TCNLMConfig, TCNLMForCausalLM, TopicContextCollator,
-                         TopicRNNConfig, TopicRNNForCausalLM)
+from topic_lm_hf import (LSTMLMConfig, LSTMLMForCausalLM, NCLMConfig, NCLMForCausalLM, TCNLMConfig, TCNLMForCausalLM,
+                         TopicContextCollator, TopicRNNConfig, TopicRNNForCausalLM)
 
-FAMILIES = ["lstm_lm", "tcnlm", "naive_moe", "topic_rnn-gru", "topic_rnn-lstm"]
+FAMILIES = ["lstm_lm", "tcnlm", "naive_moe", "topic_rnn-gru", "topic_rnn-lstm", "nclm-lta", "nclm-leta-sdt"]
 TOPIC_FAMILIES = [f for f in FAMILIES if f != "lstm_lm"]
 
 
@@ -24,6 +24,11 @@ def make(family, tok, topic_tok, layers=2, dropout=0.0, **kw):
         return TCNLMForCausalLM(TCNLMConfig(vocab_size=len(tok), topic_vocab_size=len(topic_tok), num_topics=3,
                                             num_factors=8, encoder_hidden_size=16, topic_embedding_size=8,
                                             lm_type=family, **sizes, **kw))
+    if family.startswith("nclm"):
+        return NCLMForCausalLM(NCLMConfig.from_tokenizers(tok, topic_tok, variant=family.split("-")[1],
+                                                          sentence_topics=family.endswith("sdt"), num_topics=3,
+                                                          encoder_hidden_size=16, etr_top_n=4, num_topic_samples=2,
+                                                          **sizes, **kw))
     cell = family.split("-")[1]
     return TopicRNNForCausalLM(TopicRNNConfig.from_tokenizers(tok, topic_tok, cell=cell, num_topics=3,
                                                               inference_hidden_size=16, **sizes, **kw))
@@ -32,7 +37,8 @@ def make(family, tok, topic_tok, layers=2, dropout=0.0, **kw):
 @pytest.fixture(scope="module")
 def batch(apnews):
     """Left- and right-padded real sentence chunks with their context bags of words."""
-    collator = TopicContextCollator(apnews["tok"], apnews["topic_tok"], context="others", max_sentence_length=12)
+    collator = TopicContextCollator(apnews["tok"], apnews["topic_tok"], context="others", max_sentence_length=12,
+                                    sentence_prefix=True)
     rows = collator.prepare(apnews["train"].select(range(2)))
     return collator([rows[i] for i in range(6)])
 
@@ -42,6 +48,8 @@ def lm_inputs(family, batch, labels=True):
     out = {k: batch[k] for k in keys}
     if family != "lstm_lm":
         out["context_bow"] = batch["context_bow"]
+    if family.startswith("nclm"):
+        out["sentence_prefix_bow"] = batch["sentence_prefix_bow"]  # NCLM's sentence topics
     return out
 
 

@@ -79,7 +79,7 @@ class DataArguments:
 @dataclass
 class ModelArguments:
     model_type: str = field(default="lstm_lm", metadata={
-        "help": "The model to train: lstm_lm, tcnlm or topic_rnn (any registered model_type)."})
+        "help": "The model to train: lstm_lm, tcnlm, topic_rnn or nclm (any registered model_type)."})
     model_name_or_path: Optional[str] = field(default=None, metadata={
         "help": "A saved model folder or Hub id to continue training (its vocabularies are reused)."})
     config_file: Optional[str] = field(default=None, metadata={
@@ -88,6 +88,22 @@ class ModelArguments:
     config_overrides: Optional[str] = field(default=None, metadata={
         "help": "Comma-separated key=value pairs applied to the configuration with transformers' "
                 "PretrainedConfig.update_from_string, e.g. 'hidden_size=256,dropout=0.2' (booleans: true / false)."})
+    pretraining_phases: Optional[str] = field(default=None, metadata={
+        "help": "Training phases before the joint objective, as phase:steps pairs in order, e.g. "
+                "'lm:2000,topic_model:500' for NCLM (TopicLMTrainer's pretraining_phases)."})
+
+
+def parse_phases(text: Optional[str]) -> list[tuple[str, int]]:
+    """'lm:2000,topic_model:500' -> [("lm", 2000), ("topic_model", 500)]."""
+    phases = []
+    for item in (text or "").split(","):
+        if not item.strip():
+            continue
+        name, _, steps = item.strip().partition(":")
+        if not steps.strip().isdigit():
+            raise ValueError(f"--pretraining_phases wants phase:steps pairs (e.g. 'topic_model:300'), got {item!r}")
+        phases.append((name.strip(), int(steps)))
+    return phases
 
 
 @dataclass
@@ -290,11 +306,13 @@ def train(data_args: DataArguments, model_args: ModelArguments, training_args: T
     uses_context = _accepts(model, "context_bow")
     collator = TopicContextCollator(tok, topic_tok, context=data_args.context if uses_context else "none",
                                     max_sentence_length=data_args.max_sentence_length,
-                                    max_context_tokens=data_args.max_context_tokens)
+                                    max_context_tokens=data_args.max_context_tokens,
+                                    sentence_prefix=_accepts(model, "sentence_prefix_bow"))
     train_rows = collator.prepare(train_docs)
     eval_rows = collator.prepare(valid_docs) if valid_docs is not None and training_args.eval_strategy != "no" else None
     trainer = TopicLMTrainer(model=model, args=training_args, train_dataset=train_rows, eval_dataset=eval_rows,
-                             data_collator=collator, processing_class=tok, callbacks=callbacks)
+                             data_collator=collator, processing_class=tok, callbacks=callbacks,
+                             pretraining_phases=parse_phases(model_args.pretraining_phases))
     from .trainer import last_complete_checkpoint
 
     last = last_complete_checkpoint(out)  # skips a checkpoint the previous run did not finish writing

@@ -283,18 +283,18 @@ class NCLMModel(NCLMPreTrainedModel):
                 top = scores.topk(n, dim=-1).indices  # (r, K, n)
                 out.append(vectors[top].mean(2))  # (r, K, D)
             return torch.cat(out, 0)
-        # masked_topk, sparse: only the present words (<= the context's distinct words) are scored.
-        counts = present.sum(1)  # (b,)
-        P = max(int(counts.max()), 1)
-        idx = present.to(W.dtype).topk(P, dim=1).indices  # (b, P): the present words first
-        valid = torch.arange(P, device=idx.device).unsqueeze(0) < counts.unsqueeze(1)  # (b, P)
-        scores = W.T[idx].transpose(1, 2).masked_fill(~valid.unsqueeze(1), float("-inf"))  # (b, K, P)
-        m = min(n, P)
-        top = scores.topk(m, dim=-1)  # (b, K, m)
-        chosen = torch.isfinite(top.values).to(vectors.dtype)
-        weights = torch.zeros_like(scores).scatter_(-1, top.indices, chosen)  # (b, K, P)
-        weights = weights / chosen.sum(-1, keepdim=True).clamp_min(1.0)
-        return weights @ vectors[idx]  # (b, K, P) @ (b, P, D) -> (b, K, D)
+        # masked_topk, sparse and row by row: only a row's present words (<= its context's distinct words) are
+        # scored, and each row's z depends on that row alone (bit for bit, whatever else is in the batch).
+        # Rows with the same words (the chunks of one sentence) are computed once.
+        unique, inverse = torch.unique(present, dim=0, return_inverse=True)
+        out = vectors.new_zeros(unique.shape[0], K, vectors.shape[1])
+        for r in range(unique.shape[0]):
+            words = unique[r].nonzero().squeeze(1)  # (P,)
+            if words.numel() == 0:
+                continue  # nothing present: z_k = 0
+            top = W[:, words].topk(min(n, words.numel()), dim=-1).indices  # (K, m) positions in `words`
+            out[r] = vectors[words[top]].mean(1)  # (K, m, D) -> (K, D)
+        return out[inverse]
 
     def etr_weights(self, h: torch.Tensor) -> torch.Tensor:
         """The weights of the topic vectors in ETR: h, or softmax(h) (the official code)."""
@@ -622,7 +622,9 @@ class NCLMForCausalLM(NCLMPreTrainedModel, TopicGenerationMixin, GenerationMixin
             raise ValueError("Give exactly one of input_ids and inputs_embeds")
         if input_ids is None and cfg.sentence_topics:
             raise ValueError("NCLM with sentence_topics needs input_ids (the sentence topics read the words)")
-        b = (input_ids if input_ids is not None else inputs_embeds).shape[0]
+        b, s = (input_ids if input_ids is not None else inputs_embeds).shape[:2]
+        if attention_mask is not None and attention_mask.shape[1] != s:
+            attention_mask = attention_mask[:, -s:]  # generate() passes the mask of the whole sequence
         device = self.lm_head.weight.device
         lstm_state = None if state is None else tuple(state[:2])
         carried = None if state is None or len(state) < 3 else state[2]
