@@ -223,3 +223,22 @@ def test_train_and_evaluate_show_progress_without_pin_memory_noise(synthetic_fil
     assert any("evaluating protocol paper (1/2)" in line for line in lines)
     assert any(re.search(r"causal perplexity [\d.]+ on \d+ tokens \(\d+ s\)", line) for line in lines)
     assert re.search(r"\| causal \| .* \| [\d.]+ \| \d+ \|", capsys.readouterr().out)
+
+
+@requires_data("apnews", "train.txt")
+def test_train_an_nclm_with_a_topic_model_phase_then_evaluate_and_generate_from_topics(tmp_path, capsys):
+    out_dir = tmp_path / "nclm"
+    main(["train", "--train_file", str(DATA / "apnews" / "train.txt"), "--max_train_documents", "80",
+          "--model_type", "nclm", "--context", "preceding", "--min_freq", "3", "--pretraining_phases", "topic_model:4",
+          "--config_overrides", "variant=leta,sentence_topics=true,num_topics=6,embedding_size=16,hidden_size=16",
+          "--output_dir", str(out_dir), "--max_steps", "8", "--per_device_train_batch_size", "16",
+          "--report_to", "none", "--use_cpu"])
+    main(["evaluate", "--model_name_or_path", str(out_dir), "--validation_file", str(DATA / "apnews" / "valid.txt"),
+          "--max_eval_documents", "5"])
+    rows = re.findall(r"\| (paper|causal|causal-carry) \| .*? \| ([\d.]+) \| (\d+) \|", capsys.readouterr().out)
+    assert [r[0] for r in rows] == ["paper", "causal", "causal-carry"] and len({r[2] for r in rows}) == 1
+    main(["generate", "--model_name_or_path", str(out_dir), "--topic_ids", "2", "--max_new_tokens", "5"])
+    main(["topics", "--model_name_or_path", str(out_dir), "--top_n", "4"])
+    assert len([l for l in capsys.readouterr().out.splitlines() if l.strip()]) >= 6
+    with pytest.raises(ValueError, match="phase:steps"):
+        main(["train", "--model_type", "nclm", "--pretraining_phases", "topic_model", "--output_dir", str(tmp_path)])
