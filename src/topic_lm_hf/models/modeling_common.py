@@ -226,6 +226,35 @@ def run_rnn_layers(rnn: nn.RNNBase, x: torch.Tensor, attention_mask: Optional[to
     return hidden, new_state, tuple(layer_outputs)
 
 
+def run_token_rnn(module, rnn: nn.RNNBase, input_ids=None, attention_mask=None, inputs_embeds=None, state=None,
+                  need_state: bool = False, output_hidden_states: bool = False):
+    """Embed tokens and run a stack of recurrent layers: the body of every family with an ``nn.LSTM`` /
+    ``nn.GRU`` / ``nn.RNN`` (``module`` has ``embed_tokens``, ``dropout``, ``config.vocab_size`` and
+    ``checkpoint_function``).
+
+    (b, s) tokens (or (b, s, E) ``inputs_embeds``) -> ((b, s, H) top-layer outputs, zero at padding; the
+    state after each row's last real token (when ``need_state``); the per-layer tuple of
+    :class:`TopicLMOutput` ``hidden_states`` with ``output_hidden_states``, else None). The embeddings go
+    through ``module.dropout``; ``attention_mask`` may cover the whole sequence (``generate()``): its last
+    s columns are used."""
+    if (input_ids is None) == (inputs_embeds is None):
+        raise ValueError("Give exactly one of input_ids and inputs_embeds")
+    if inputs_embeds is None:
+        vocab_size = module.config.vocab_size
+        if bool((input_ids >= vocab_size).any()) or bool((input_ids < 0).any()):
+            raise ValueError(f"input_ids must be in [0, {vocab_size}): mismatched tokenizer?")
+        inputs_embeds = module.embed_tokens(input_ids)  # (b, s, E)
+    if attention_mask is not None and attention_mask.shape[1] != inputs_embeds.shape[1]:
+        attention_mask = attention_mask[:, -inputs_embeds.shape[1]:]
+    x = module.dropout(inputs_embeds)
+    checkpoint_fn = module.checkpoint_function()
+    if output_hidden_states or checkpoint_fn is not None:
+        hidden, new_state, layers = run_rnn_layers(rnn, x, attention_mask, state, need_state, checkpoint_fn)
+        return hidden, new_state, ((x, *layers) if output_hidden_states else None)
+    rnn.flatten_parameters()
+    return (*run_rnn(rnn, x, attention_mask, state, need_state=need_state), None)
+
+
 # ----------------------------------------------------------------------------------------------
 # topic conditioning given to generate() / forward()
 # ----------------------------------------------------------------------------------------------

@@ -64,8 +64,8 @@ from transformers import GenerationMixin
 
 from .configuration_nclm import NCLMConfig
 from .modeling_common import (RecurrentModelOutput, RecurrentPreTrainedModel, TopicGenerationMixin, TopicLMOutput,
-                              causal_lm_loss, last_token_positions, lm_to_topic_index, normalize_topic_kwargs, run_rnn,
-                              run_rnn_layers, topic_ids_to_mixture, topic_vocabulary)
+                              causal_lm_loss, last_token_positions, lm_to_topic_index, normalize_topic_kwargs,
+                              run_token_rnn, topic_ids_to_mixture, topic_vocabulary)
 
 TRAINING_PHASES = ("joint", "lm", "topic_model")
 _ROWS_PER_DENSE_BLOCK = 8  # rows of (K, V_c) scores at a time in the official code's ETR selection
@@ -198,28 +198,13 @@ class NCLMModel(NCLMPreTrainedModel):
 
     def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, state=None, use_cache=None,
                 output_hidden_states=None, return_dict=None, **kwargs) -> RecurrentModelOutput:
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("Give exactly one of input_ids and inputs_embeds")
-        if inputs_embeds is None:
-            if bool((input_ids >= self.config.vocab_size).any()) or bool((input_ids < 0).any()):
-                raise ValueError(f"input_ids must be in [0, {self.config.vocab_size}): mismatched tokenizer?")
-            inputs_embeds = self.embed_tokens(input_ids)  # (b, s, E)
         use_cache = use_cache if use_cache is not None else (self.config.use_cache and not self.training)
         output_hidden_states = (output_hidden_states if output_hidden_states is not None
                                 else self.config.output_hidden_states)
-        if attention_mask is not None and attention_mask.shape[1] != inputs_embeds.shape[1]:
-            attention_mask = attention_mask[:, -inputs_embeds.shape[1]:]  # generate(): the whole sequence's mask
-        x = self.dropout(inputs_embeds)
-        need_state = use_cache or state is not None
-        checkpoint_fn = self.checkpoint_function()
-        layers = ()
-        if output_hidden_states or checkpoint_fn is not None:
-            hidden, new_state, layers = run_rnn_layers(self.lstm, x, attention_mask, state, need_state, checkpoint_fn)
-        else:
-            self.lstm.flatten_parameters()
-            hidden, new_state = run_rnn(self.lstm, x, attention_mask, state, need_state=need_state)
+        hidden, new_state, all_hidden = run_token_rnn(self, self.lstm, input_ids, attention_mask, inputs_embeds, state,
+                                                      use_cache or state is not None, output_hidden_states)
         out = RecurrentModelOutput(last_hidden_state=hidden, state=new_state if use_cache else None,
-                                   hidden_states=(x, *layers) if output_hidden_states else None)
+                                   hidden_states=all_hidden)
         return out if return_dict is not False else out.to_tuple()
 
     # -- topics ------------------------------------------------------------------------------------

@@ -70,7 +70,7 @@ from transformers.utils import ModelOutput
 
 from .configuration_topic_rnn import TopicRNNConfig
 from .modeling_common import (RecurrentPreTrainedModel, TopicGenerationMixin, TopicLMOutput, normalize_topic_kwargs,
-                              lm_to_topic_index, run_rnn, run_rnn_layers, topic_ids_to_mixture,
+                              lm_to_topic_index, run_token_rnn, topic_ids_to_mixture,
                               topic_scores_to_vocab, topic_vocabulary)
 
 _CELLS = {"rnn": nn.RNN, "lstm": nn.LSTM, "gru": nn.GRU}
@@ -168,22 +168,8 @@ class TopicRNNModel(TopicRNNPreTrainedModel):
                    output_hidden_states=False):
         """(b, s) tokens -> ((b, s, H) top-layer outputs, state after each row's last real token, and the
         per-layer tuple of :class:`TopicLMOutput` ``hidden_states`` with ``output_hidden_states``, else None)."""
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("Give exactly one of input_ids and inputs_embeds")
-        if inputs_embeds is None:
-            if bool((input_ids >= self.config.vocab_size).any()) or bool((input_ids < 0).any()):
-                raise ValueError(f"input_ids must be in [0, {self.config.vocab_size}): mismatched tokenizer?")
-            inputs_embeds = self.embed_tokens(input_ids)  # (b, s, E)
-        if attention_mask is not None and attention_mask.shape[1] != inputs_embeds.shape[1]:
-            # generate() passes the mask of the whole sequence; this call only sees its last tokens.
-            attention_mask = attention_mask[:, -inputs_embeds.shape[1]:]
-        x = self.dropout(inputs_embeds)
-        checkpoint_fn = self.checkpoint_function()
-        if output_hidden_states or checkpoint_fn is not None:
-            hidden, new_state, layers = run_rnn_layers(self.rnn, x, attention_mask, state, need_state, checkpoint_fn)
-            return hidden, new_state, ((x, *layers) if output_hidden_states else None)
-        self.rnn.flatten_parameters()
-        return (*run_rnn(self.rnn, x, attention_mask, state, need_state=need_state), None)
+        return run_token_rnn(self, self.rnn, input_ids, attention_mask, inputs_embeds, state, need_state,
+                             output_hidden_states)
 
     def forward(self, input_ids: Optional[torch.LongTensor] = None, attention_mask: Optional[torch.Tensor] = None,
                 inputs_embeds: Optional[torch.Tensor] = None, state: Optional[tuple] = None,
