@@ -1,6 +1,6 @@
 """Word sense disambiguation foundations: the scorer (hand-counted cases of docs/nclm.md §6 items
-13-15, checked there against the real Scorer.java) and Raganato-format corpora, on hand-made
-files and on the sets of ../shared/data/wsd."""
+13-15, checked there against the real Scorer.java), Raganato-format corpora, the sense inventory
+and the WN-1st / SemCor-MFS baselines (item 16) on the sets of ../shared/data/wsd."""
 
 import gzip
 import math
@@ -8,9 +8,12 @@ import math
 import pytest
 
 from conftest import DATA, requires_data
-from topic_lm_hf.tasks import iter_wsd_instances, load_wsd_corpus, read_key_file, score_wsd, wsd_gold, write_key_file
+from topic_lm_hf.tasks import (SenseInventory, first_sense_baseline, iter_wsd_instances, load_sense_inventory,
+                               load_wsd_corpus, most_frequent_sense_baseline, read_key_file, score_wsd, wordnet_pos,
+                               wsd_gold, write_key_file)
 
 WSD = DATA / "wsd"
+SENSES = DATA / "wordnet" / "senses.tsv.gz"
 TEST_SETS = ("senseval2", "senseval3", "semeval2007")
 
 
@@ -89,7 +92,7 @@ def test_write_key_file_round_trip(tmp_path):
 
 
 # ----------------------------------------------------------------------------------------------
-# corpora on hand-made files
+# corpus and inventory on hand-made files
 # ----------------------------------------------------------------------------------------------
 
 
@@ -118,6 +121,18 @@ d000.s000.t001 be%2:42:03:: be%2:42:00::
 d000.s000.t002 fit%5:00:00:ready:00
 d001.s000.t000 bass%1:13:02:: bank%1:14:00::
 """
+TOY_SENSES = """sense_key\tlemma\tpos\tsynset\trank\tgloss
+bass%1:07:01::\tbass\tn-1\t04994045-n\t1\tthe lowest part
+bass%1:13:02::\tbass\tn-2\t07793921-n\t1\tthe lean flesh of a saltwater fish
+bass%1:10:01::\tbass\tn-1\t07045779-n\t2\tthe lowest part in polyphonic music
+fit%3:00:02::\tfit\ta\t01016002-a\t1\tmeeting adequate standards
+fit%5:00:00:ready:00\tfit\ts-1\t01018352-s\t1\tphysically and mentally sound
+fit%2:42:00::\tfit\tv\t02700104-v\t1\tbe the right size or shape
+be%2:42:03::\tbe\tv\t02604760-v\t1\thave the quality of being
+be%2:42:00::\tbe\tv\t02617567-v\t2\tbe identical to
+"""
+
+
 @pytest.fixture
 def toy_set(tmp_path):
     folder = tmp_path / "toy"
@@ -125,6 +140,8 @@ def toy_set(tmp_path):
     with gzip.open(folder / "toy.data.xml.gz", "wt", encoding="utf-8") as f:
         f.write(TOY_XML)
     (folder / "toy.gold.key.txt").write_text(TOY_GOLD, encoding="utf-8")
+    with gzip.open(tmp_path / "senses.tsv.gz", "wt", encoding="utf-8") as f:
+        f.write(TOY_SENSES)
     return folder
 
 
@@ -148,6 +165,41 @@ def test_load_wsd_corpus_rows(toy_set):
         load_wsd_corpus(toy_set)
 
 
+def test_sense_inventory_rules(toy_set):
+    # the training key bank%1:14:00:: of a "bass" instance is another lemma's sense: never a candidate
+    inventory = load_sense_inventory(toy_set.parent / "senses.tsv.gz", training=toy_set)
+    assert inventory.candidates("bass", "NOUN") == ["bass%1:13:02::", "bass%1:07:01::", "bass%1:10:01::"]
+    assert "bank%1:14:00::" not in inventory.training_sense_keys()
+    # homographs n-1 / n-2 both have rank 1: the training count breaks the tie ...
+    assert inventory.first_sense("bass", "NOUN") == "bass%1:13:02::"
+    # ... and the key without counts; ADJ covers OEWN a and s, and not the verb
+    no_counts = load_sense_inventory(toy_set.parent / "senses.tsv.gz")
+    assert no_counts.first_sense("bass", "NOUN") == "bass%1:07:01::"
+    assert no_counts.candidates("fit", "ADJ") == ["fit%3:00:02::", "fit%5:00:00:ready:00"]
+    assert no_counts.candidates("Fit", "a") == no_counts.candidates("fit", "ADJ")
+    assert no_counts.candidates("fit", "DET") == [] and no_counts.candidates("unknown", "NOUN") == []
+    with pytest.raises(ValueError, match="without a training corpus"):
+        no_counts.most_frequent_sense("bass", "NOUN")
+    assert inventory.most_frequent_sense("be", "VERB") == "be%2:42:03::"  # tie (1, 1): lower rank
+    assert inventory.most_frequent_sense("bass", "VERB") is None
+    assert [wordnet_pos(p) for p in ("NOUN", "VERB", "ADJ", "ADV", "n-2", "s", "s-1", "DET")] == \
+        ["n", "v", "a", "r", "n", "a", "a", None]
+
+
+def test_most_frequent_sense_ties():
+    inventory = SenseInventory(
+        {("fit", "a"): [("fit%3:00:02::", 1), ("fit%5:00:00:ready:00", 1), ("fit%5:00:00:able:00", 2)]},
+        {("fit", "a"): {"fit%3:00:02::": 2, "fit%5:00:00:ready:00": 2, "fit%5:00:00:able:00": 2,
+                        "fit%5:00:00:new:00": 1}})
+    # equal counts: lower rank first, then the larger key (the satellite), as docs/nclm.md's MFS figures need
+    assert inventory.most_frequent_sense("fit", "ADJ") == "fit%5:00:00:ready:00"
+    # WN-1st: lowest rank, equal counts, then the smaller key; a key missing from WordNet comes last
+    assert inventory.candidates("fit", "ADJ") == ["fit%3:00:02::", "fit%5:00:00:ready:00", "fit%5:00:00:able:00",
+                                                  "fit%5:00:00:new:00"]
+    assert inventory.wordnet_senses("fit", "ADJ") == inventory.candidates("fit", "ADJ")[:3]
+    assert inventory.training_sense_keys() == sorted(inventory.candidates("fit", "ADJ"))
+
+
 # ----------------------------------------------------------------------------------------------
 # the real sets of ../shared/data (docs/nclm.md §5 "Data here")
 # ----------------------------------------------------------------------------------------------
@@ -161,8 +213,21 @@ def semcor():
 
 
 @pytest.fixture(scope="session")
+def inventory(semcor):
+    if not SENSES.exists():
+        pytest.skip(f"sense inventory {SENSES} is absent; set TOPIC_LM_DATA to its folder")
+    return load_sense_inventory(SENSES, training=semcor)
+
+
+@pytest.fixture(scope="session")
 def test_sets():
     return {name: load_wsd_corpus(WSD / name) for name in TEST_SETS if (WSD / name).exists()}
+
+
+def key_lemma_pos(key):
+    """(lemma, WordNet POS) written in a sense key: lemma%ss_type:..., ss_type 5 = satellite."""
+    lemma, rest = key.split("%")
+    return lemma, {"1": "n", "2": "v", "3": "a", "4": "r", "5": "a"}[rest[0]]
 
 
 def corpus_counts(corpus):
@@ -172,12 +237,15 @@ def corpus_counts(corpus):
 
 
 @requires_data("wsd", "semcor")
-def test_semcor_counts(semcor):
+def test_semcor_counts(semcor, inventory):
     assert corpus_counts(semcor) == {"instances": 234_136, "documents": 352, "sentences": 37_176, "multi_key": 0}
     row = semcor[0]
     assert (row["document_id"], row["sentence_id"]) == ("d000", "d000.s000")
     assert [(i["position"], row["tokens"][i["position"]], i["gold"]) for i in row["instances"][:2]] == \
         [(1, "Fulton_County_Grand_Jury", ["group%1:03:00::"]), (2, "said", ["say%2:32:00::"])]
+    keys = inventory.training_sense_keys()
+    assert len(keys) == 35_399  # the output size of a softmax over all SemCor senses
+    assert len(set(keys) - inventory.wordnet_sense_keys()) == 2_329
 
 
 @pytest.mark.parametrize("name, instances, sentences, multi_key", [
@@ -187,3 +255,38 @@ def test_test_set_counts(test_sets, name, instances, sentences, multi_key):
     assert counts == {"instances": instances, "documents": 3, "sentences": sentences, "multi_key": multi_key}
     # the dataset's gold is the gold file, as the scorer reads it
     assert wsd_gold(test_sets[name]) == read_key_file(WSD / name / f"{name}.gold.key.txt")
+
+
+@pytest.mark.parametrize("name, gold_in_wordnet, unseen", [
+    on_set("senseval2", "99.6", 236), on_set("senseval3", "99.6", 99), on_set("semeval2007", "99.8", 19)])
+def test_candidates_are_the_lemmas_own_senses(inventory, test_sets, name, gold_in_wordnet, unseen):
+    instances = list(iter_wsd_instances(test_sets[name]))
+    mfs = most_frequent_sense_baseline(test_sets[name], inventory)
+    in_wordnet = num_unseen = 0
+    for instance in instances:
+        lemma, pos = instance["lemma"], instance["pos"]
+        candidates = inventory.candidates(lemma, pos)
+        assert candidates, instance
+        # every candidate is a sense of this lemma and POS (as written in the key itself)
+        assert {key_lemma_pos(key) for key in candidates} == {(lemma, wordnet_pos(pos))}, instance
+        assert inventory.first_sense(lemma, pos) == candidates[0]
+        assert mfs[instance["id"]] in candidates
+        in_wordnet += bool(set(instance["gold"]) & set(inventory.wordnet_senses(lemma, pos)))
+        if inventory.training_count(lemma, pos) == 0:  # never seen in SemCor: the WN-1st back-off
+            num_unseen += 1
+            assert mfs[instance["id"]] == candidates[0]
+    assert f"{100 * in_wordnet / len(instances):.1f}" == gold_in_wordnet
+    assert num_unseen == unseen
+
+
+@pytest.mark.parametrize("name, wn_first, semcor_mfs", [
+    on_set("senseval2", "66.8", "66.0"), on_set("senseval3", "66.0", "64.7"), on_set("semeval2007", "55.2", "55.4")])
+def test_baselines_reproduce(inventory, test_sets, name, wn_first, semcor_mfs, tmp_path):
+    gold_file = WSD / name / f"{name}.gold.key.txt"
+    for baseline, expected in ((first_sense_baseline, wn_first), (most_frequent_sense_baseline, semcor_mfs)):
+        predictions = baseline(test_sets[name], inventory)
+        assert predictions.keys() == wsd_gold(test_sets[name]).keys()  # no abstention
+        # scored through a written key file against the shipped gold file, as the Java scorer would
+        write_key_file(predictions, tmp_path / "system.key.txt")
+        score = score_wsd(tmp_path / "system.key.txt", gold_file)
+        assert score.formatted() == {"P": expected, "R": expected, "F1": expected}, baseline.__name__

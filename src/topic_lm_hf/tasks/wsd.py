@@ -1,7 +1,7 @@
 """Word sense disambiguation (WSD) on Raganato et al.'s unified evaluation framework (EACL 2017).
 
-The pieces every WSD system here shares: the corpora and the scorer (``docs/nclm.md`` §5 has the
-protocol and the published figures).
+The pieces every WSD system here shares: the corpora, the sense inventory, the scorer and the two
+reference baselines (``docs/nclm.md`` §5 has the protocol and the published figures).
 
 **Corpora.** A set is a folder holding ``<name>.data.xml`` (``corpus/text/sentence`` with ``wf``
 and ``instance`` tokens, each with ``lemma`` and a universal ``pos``) and ``<name>.gold.key.txt``
@@ -17,6 +17,31 @@ are kept: they are context)::
     instances    [{"id": "d000.s000.t000", "position": 1, "lemma": "art", "pos": "NOUN",
                    "gold": ["art%1:09:00::"]}, ...]   position indexes ``tokens``
 
+**Sense inventory** (:class:`SenseInventory`, ``wordnet/senses.tsv.gz``: Open English WordNet
+2021 with WordNet 3.0 sense keys). Senses are grouped by (lemma, WordNet POS). The POS of the
+inventory is folded to ``n v a r``: homograph entries (``n-1``, ``n-2``, ...) join their POS, and
+adjective satellites (``s``) join ``a``; universal tags map NOUN→n, VERB→v, ADJ→a, ADV→r.
+
+* ``candidates(lemma, pos)`` = the OEWN senses of (lemma, pos) ∪ the training (SemCor) keys seen
+  for (lemma, pos). A training key joins only the candidates of its own lemma and POS (the lemma
+  and the synset type written in the key itself), so a candidate of another lemma never appears.
+  Candidates are ordered as the first-sense rule orders them: OEWN rank, ties by training count
+  (higher first), then by key; keys missing from OEWN come last (by count, then key).
+* ``first_sense`` (WN-1st) = the first candidate among the OEWN senses: **lowest rank, ties broken
+  by the training count (higher first), then by the smaller key**. OEWN numbers from rank 1 each
+  homograph (``n-1``, ``n-2``: 54 pairs), head adjectives apart from satellites (2,030 pairs) and
+  entries whose lemmas differ only in case (Holly / holly: 1,249 pairs), so 3,333 (lemma, pos)
+  pairs have several rank-1 senses. This rule gives SE2 66.8, SE3 66.0, SE07 55.2 (published
+  WN-1st: 66.8 / 66.2 / 55.2); the first rank-1 sense in the file's order gives 61.3 / 62.4 / 53.4.
+  A lemma without OEWN senses takes its most frequent training key; one without either has no
+  first sense (the baseline abstains).
+* ``most_frequent_sense`` (SemCor-MFS) = the most frequent training key of (lemma, pos), ties by
+  lower OEWN rank, then by the *larger* key; ``None`` for a pair never seen in training. The last
+  tie only arises between keys of equal count and rank: a head adjective and a satellite (both
+  rank 1 in OEWN, which numbers ``a`` and ``s`` entries separately), or two keys missing from OEWN.
+  The larger key (so the satellite, ``%5`` > ``%3``) reproduces ``docs/nclm.md``'s SemCor-MFS
+  (66.0 / 64.7 / 55.4); the smaller key, as in WN-1st, gives 66.2 / 64.8 / 55.4.
+
 **Scorer** (:func:`score_wsd`): the semantics of the framework's ``Scorer.java``.
 
 * Both files map an id to a *set* of keys: a line is split on single spaces (Java's
@@ -30,6 +55,11 @@ are kept: they are context)::
   percentage with Java's half-up rounding. P (and F1) are NaN when nothing is scored, F1 too when
   P = R = 0, as in Java.
 
+**Baselines.** :func:`first_sense_baseline` (WN-1st) and :func:`most_frequent_sense_baseline`
+(SemCor-MFS, WN-1st back-off for unseen (lemma, pos)) reproduce, on the data of ``shared/data``:
+WN-1st 66.8 / 66.0 / 55.2 and SemCor-MFS 66.0 / 64.7 / 55.4 (SE2 / SE3 / SE07). The published
+SemCor-MFS (65.6 / 66.0 / 54.5) comes from Raganato's SemCor conversion (226,036 instances; the
+one here has 234,136), so report ours beside it.
 """
 
 from __future__ import annotations
@@ -42,6 +72,7 @@ import math
 import os
 import re
 import xml.etree.ElementTree as ET
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
@@ -53,17 +84,27 @@ import datasets.table
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "SenseInventory",
     "WSDScore",
     "find_wsd_files",
+    "first_sense_baseline",
     "iter_wsd_instances",
+    "load_sense_inventory",
     "load_wsd_corpus",
+    "most_frequent_sense_baseline",
     "read_key_file",
     "score_wsd",
+    "wordnet_pos",
     "wsd_gold",
     "write_key_file",
 ]
 
 PathLike = Union[str, os.PathLike]
+
+# Universal POS of the Raganato XML -> WordNet POS. Other tags (DET, ADP, ...) have no senses.
+UPOS_TO_WORDNET = {"NOUN": "n", "VERB": "v", "ADJ": "a", "ADV": "r"}
+# The synset type written in a sense key (lemma%ss_type:...): 5 = adjective satellite.
+SS_TYPE_TO_WORDNET = {"1": "n", "2": "v", "3": "a", "4": "r", "5": "a"}
 
 WSD_CORPUS_FEATURES = datasets.Features({
     "document_id": datasets.Value("string"),
@@ -96,6 +137,28 @@ def _open_text(path: Path):
 
 def _open_binary(path: Path):
     return gzip.open(path, "rb") if path.name.endswith(".gz") else open(path, "rb")
+
+
+def wordnet_pos(pos: str) -> Optional[str]:
+    """The WordNet POS (``n v a r``) of a universal tag (``NOUN``), a WordNet tag (``n``, ``s``)
+    or an OEWN homograph tag (``n-2``); ``None`` for tags without senses (``DET``, ``X``, ...)."""
+    if pos in UPOS_TO_WORDNET:
+        return UPOS_TO_WORDNET[pos]
+    base = pos.split("-", 1)[0]  # OEWN homographs: n-1, n-2, s-1 ...
+    if base in ("n", "v", "a", "r"):
+        return base
+    return "a" if base == "s" else None
+
+
+def _normalize_lemma(lemma: str) -> str:
+    # OEWN and sense keys write lemmas lower-cased, with "_" for spaces
+    return lemma.strip().lower().replace(" ", "_")
+
+
+def _key_lemma_pos(key: str) -> tuple[str, Optional[str]]:
+    """(lemma, WordNet POS) written in a sense key ``lemma%ss_type:lex_filenum:lex_id:head:head_id``."""
+    lemma, _, rest = key.partition("%")
+    return lemma.lower(), SS_TYPE_TO_WORDNET.get(rest[:1])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -275,6 +338,137 @@ def wsd_gold(corpus: Union[datasets.Dataset, PathLike]) -> dict[str, list[str]]:
 
 
 # ----------------------------------------------------------------------------------------------
+# sense inventory
+# ----------------------------------------------------------------------------------------------
+
+
+class SenseInventory:
+    """Candidate senses per (lemma, WordNet POS): OEWN senses ∪ training keys (module docstring).
+
+    Args:
+        wordnet_senses: (lemma, pos) -> [(sense key, rank), ...] from WordNet; pos in ``n v a r``.
+        training_counts: (lemma, pos) -> {sense key: count} in the training corpus (SemCor), or
+            ``None``: then WN-1st ties are broken by key alone and there is no MFS.
+
+    Lemmas are looked up lower-cased with ``_`` for spaces, POS through :func:`wordnet_pos`.
+    """
+
+    def __init__(self, wordnet_senses: Mapping[tuple[str, str], Iterable[tuple[str, int]]],
+                 training_counts: Optional[Mapping[tuple[str, str], Mapping[str, int]]] = None):
+        self._ranks: dict[tuple[str, Optional[str]], dict[str, int]] = {}
+        for (lemma, pos), senses in wordnet_senses.items():
+            ranks = self._ranks.setdefault(self._pair(lemma, pos), {})
+            for key, rank in senses:
+                ranks[key] = min(rank, ranks.get(key, rank))
+        self._counts: dict[tuple[str, Optional[str]], Counter] = defaultdict(Counter)
+        for (lemma, pos), counts in (training_counts or {}).items():
+            self._counts[self._pair(lemma, pos)].update(counts)
+        self._counts = dict(self._counts)
+        self.has_training = training_counts is not None
+
+    # -- lookups ---------------------------------------------------------------------------------
+
+    @staticmethod
+    def _pair(lemma: str, pos: str) -> tuple[str, Optional[str]]:
+        return _normalize_lemma(lemma), wordnet_pos(pos)
+
+    def wordnet_senses(self, lemma: str, pos: str) -> list[str]:
+        """The OEWN senses of (lemma, pos), in first-sense order."""
+        ranks = self._ranks.get(self._pair(lemma, pos), {})
+        return [key for key in self.candidates(lemma, pos) if key in ranks]
+
+    def candidates(self, lemma: str, pos: str) -> list[str]:
+        """OEWN senses ∪ training keys of (lemma, pos): rank, then training count (higher first),
+        then key; keys missing from OEWN last. Empty for an unknown pair or a POS without senses."""
+        pair = self._pair(lemma, pos)
+        ranks, counts = self._ranks.get(pair, {}), self._counts.get(pair, {})
+        return sorted(ranks.keys() | counts.keys(),
+                      key=lambda key: (ranks.get(key, math.inf), -counts.get(key, 0), key))
+
+    def first_sense(self, lemma: str, pos: str) -> Optional[str]:
+        """WN-1st: lowest OEWN rank, ties by training count, then key. Without OEWN senses, the most
+        frequent training key; ``None`` when (lemma, pos) has no candidate at all."""
+        candidates = self.candidates(lemma, pos)
+        return candidates[0] if candidates else None
+
+    def most_frequent_sense(self, lemma: str, pos: str) -> Optional[str]:
+        """SemCor-MFS: the most frequent training key of (lemma, pos), ties by lower OEWN rank, then
+        the larger key (module docstring); ``None`` when (lemma, pos) was never seen in training."""
+        if not self.has_training:
+            raise ValueError("this inventory was built without a training corpus: it has no most frequent sense")
+        pair = self._pair(lemma, pos)
+        counts, ranks = self._counts.get(pair), self._ranks.get(pair, {})
+        if not counts:
+            return None
+        return max(counts, key=lambda key: (counts[key], -ranks.get(key, math.inf), key))
+
+    def rank(self, lemma: str, pos: str, key: str) -> Optional[int]:
+        """The OEWN rank of ``key`` among the senses of (lemma, pos), ``None`` if it is not one."""
+        return self._ranks.get(self._pair(lemma, pos), {}).get(key)
+
+    def training_count(self, lemma: str, pos: str, key: Optional[str] = None) -> int:
+        """How often ``key`` (or, without a key, any sense of (lemma, pos)) occurs in training."""
+        counts = self._counts.get(self._pair(lemma, pos), {})
+        return counts.get(key, 0) if key is not None else sum(counts.values())
+
+    def training_sense_keys(self) -> list[str]:
+        """The distinct sense keys of the training corpus, sorted (the output classes of a softmax
+        over all training senses)."""
+        return sorted({key for counts in self._counts.values() for key in counts})
+
+    def wordnet_sense_keys(self) -> set[str]:
+        return {key for ranks in self._ranks.values() for key in ranks}
+
+    def __repr__(self) -> str:
+        return (f"SenseInventory({len(self._ranks)} WordNet (lemma, pos) pairs, "
+                f"{len(self._counts)} seen in training)")
+
+
+def _read_wordnet_senses(path: Path) -> dict[tuple[str, str], list[tuple[str, int]]]:
+    senses: dict[tuple[str, str], list[tuple[str, int]]] = defaultdict(list)
+    with _open_text(path) as f:
+        header = f.readline().rstrip("\r\n").split("\t")
+        missing = {"sense_key", "lemma", "pos", "rank"} - set(header)
+        if missing:
+            raise ValueError(f"{path}: the header lacks {sorted(missing)} (has {header})")
+        i_key, i_lemma, i_pos, i_rank = (header.index(c) for c in ("sense_key", "lemma", "pos", "rank"))
+        for n, line in enumerate(f, start=2):
+            fields = line.rstrip("\r\n").split("\t", len(header) - 1)
+            if len(fields) < len(header):
+                raise ValueError(f"{path}:{n}: expected {len(header)} TAB-separated fields, got {len(fields)}")
+            pos = wordnet_pos(fields[i_pos])
+            if pos is None:
+                raise ValueError(f"{path}:{n}: unknown WordNet POS {fields[i_pos]!r}")
+            senses[_normalize_lemma(fields[i_lemma]), pos].append((fields[i_key], int(fields[i_rank])))
+    return dict(senses)
+
+
+def _training_counts(corpus: datasets.Dataset) -> dict[tuple[str, str], Counter]:
+    counts: dict[tuple[str, str], Counter] = defaultdict(Counter)
+    dropped = 0
+    for instance in iter_wsd_instances(corpus):
+        pair = (_normalize_lemma(instance["lemma"]), wordnet_pos(instance["pos"]))
+        for key in instance["gold"]:
+            # a key of another lemma or POS (an annotation error) must not become a candidate here
+            if _key_lemma_pos(key) != pair:
+                dropped += 1
+                continue
+            counts[pair][key] += 1
+    if dropped:
+        logger.warning("%d training keys were not senses of their instance's (lemma, pos); they are ignored", dropped)
+    return dict(counts)
+
+
+def load_sense_inventory(path: PathLike, training: Union[datasets.Dataset, PathLike, None] = None) -> SenseInventory:
+    """Build a :class:`SenseInventory` from ``senses.tsv[.gz]`` (columns ``sense_key``, ``lemma``,
+    ``pos``, ``rank``, TAB-separated, with a header) and, optionally, a training corpus (a
+    :func:`load_wsd_corpus` dataset or a set's path, e.g. SemCor) for the counts. Each gold key of a
+    training instance counts once."""
+    counts = _training_counts(_as_corpus(training)) if training is not None else None
+    return SenseInventory(_read_wordnet_senses(Path(path)), counts)
+
+
+# ----------------------------------------------------------------------------------------------
 # scorer
 # ----------------------------------------------------------------------------------------------
 
@@ -368,3 +562,35 @@ def _divide(a: float, b: float) -> float:
     if b == 0:
         return math.nan if a == 0 else math.copysign(math.inf, a)
     return a / b
+
+
+# ----------------------------------------------------------------------------------------------
+# baselines
+# ----------------------------------------------------------------------------------------------
+
+
+def first_sense_baseline(corpus: Union[datasets.Dataset, PathLike], inventory: SenseInventory) -> dict[str, str]:
+    """WN-1st: every instance gets :meth:`SenseInventory.first_sense` of its (lemma, pos); instances
+    without any candidate are left out (abstentions). Returns id -> key."""
+    predictions = {}
+    for instance in iter_wsd_instances(corpus):
+        key = inventory.first_sense(instance["lemma"], instance["pos"])
+        if key is not None:
+            predictions[instance["id"]] = key
+    return predictions
+
+
+def most_frequent_sense_baseline(corpus: Union[datasets.Dataset, PathLike], inventory: SenseInventory,
+                                 back_off: bool = True) -> dict[str, str]:
+    """SemCor-MFS: the most frequent training key of each instance's (lemma, pos); ties by lower
+    OEWN rank, then the larger key (:meth:`SenseInventory.most_frequent_sense`). With ``back_off``
+    a (lemma, pos) never seen in training takes WN-1st, otherwise it is left out (an abstention).
+    Returns id -> key."""
+    predictions = {}
+    for instance in iter_wsd_instances(corpus):
+        key = inventory.most_frequent_sense(instance["lemma"], instance["pos"])
+        if key is None and back_off:
+            key = inventory.first_sense(instance["lemma"], instance["pos"])
+        if key is not None:
+            predictions[instance["id"]] = key
+    return predictions
