@@ -255,6 +255,30 @@ def run_token_rnn(module, rnn: nn.RNNBase, input_ids=None, attention_mask=None, 
     return (*run_rnn(rnn, x, attention_mask, state, need_state=need_state), None)
 
 
+class RecurrentBodyMixin:
+    """``forward`` and the input-embedding accessors of a base model that is ``embed_tokens``, ``dropout`` and
+    one ``nn.LSTM`` named ``lstm`` (the LSTM LM's and NCLM's bodies): ``forward`` returns a
+    :class:`RecurrentModelOutput` with the top layer's outputs (b, s, H), zero at padding. Put it before
+    the ``PreTrainedModel`` class in the bases."""
+
+    def get_input_embeddings(self):
+        return self.embed_tokens
+
+    def set_input_embeddings(self, value):
+        self.embed_tokens = value
+
+    def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, state=None, use_cache=None,
+                output_hidden_states=None, return_dict=None, **kwargs) -> RecurrentModelOutput:
+        use_cache = use_cache if use_cache is not None else (self.config.use_cache and not self.training)
+        output_hidden_states = (output_hidden_states if output_hidden_states is not None
+                                else self.config.output_hidden_states)
+        hidden, new_state, all_hidden = run_token_rnn(self, self.lstm, input_ids, attention_mask, inputs_embeds, state,
+                                                      use_cache or state is not None, output_hidden_states)
+        out = RecurrentModelOutput(last_hidden_state=hidden, state=new_state if use_cache else None,
+                                   hidden_states=all_hidden)
+        return out if return_dict is not False else out.to_tuple()
+
+
 # ----------------------------------------------------------------------------------------------
 # topic conditioning given to generate() / forward()
 # ----------------------------------------------------------------------------------------------

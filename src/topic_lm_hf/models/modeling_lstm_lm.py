@@ -12,8 +12,7 @@ from torch import nn
 from transformers import GenerationMixin
 
 from .configuration_lstm_lm import LSTMLMConfig
-from .modeling_common import (RecurrentModelOutput, RecurrentPreTrainedModel, TopicLMOutput, causal_lm_loss,
-                              run_token_rnn)
+from .modeling_common import RecurrentBodyMixin, RecurrentPreTrainedModel, TopicLMOutput, causal_lm_loss
 
 
 class LSTMLMPreTrainedModel(RecurrentPreTrainedModel):
@@ -21,7 +20,7 @@ class LSTMLMPreTrainedModel(RecurrentPreTrainedModel):
     _no_split_modules = ["LSTMLMModel"]
 
 
-class LSTMLMModel(LSTMLMPreTrainedModel):
+class LSTMLMModel(RecurrentBodyMixin, LSTMLMPreTrainedModel):
     """Embeddings and a stack of LSTM layers; returns a :class:`RecurrentModelOutput` whose
     ``last_hidden_state`` holds the top layer's outputs (b, s, H)."""
 
@@ -35,23 +34,6 @@ class LSTMLMModel(LSTMLMPreTrainedModel):
                             dropout=config.dropout if config.num_hidden_layers > 1 else 0.0, batch_first=True)
         self.gradient_checkpointing = False
         self.post_init()
-
-    def get_input_embeddings(self):
-        return self.embed_tokens
-
-    def set_input_embeddings(self, value):
-        self.embed_tokens = value
-
-    def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, state=None, use_cache=None,
-                output_hidden_states=None, return_dict=None, **kwargs) -> RecurrentModelOutput:
-        use_cache = use_cache if use_cache is not None else (self.config.use_cache and not self.training)
-        output_hidden_states = (output_hidden_states if output_hidden_states is not None
-                                else self.config.output_hidden_states)
-        hidden, new_state, all_hidden = run_token_rnn(self, self.lstm, input_ids, attention_mask, inputs_embeds, state,
-                                                      use_cache or state is not None, output_hidden_states)
-        out = RecurrentModelOutput(last_hidden_state=hidden, state=new_state if use_cache else None,
-                                   hidden_states=all_hidden)
-        return out if return_dict is not False else out.to_tuple()
 
 
 class LSTMLMForCausalLM(LSTMLMPreTrainedModel, GenerationMixin):

@@ -63,9 +63,9 @@ from torch.nn import functional as F
 from transformers import GenerationMixin
 
 from .configuration_nclm import NCLMConfig
-from .modeling_common import (RecurrentModelOutput, RecurrentPreTrainedModel, TopicGenerationMixin, TopicLMOutput,
+from .modeling_common import (RecurrentBodyMixin, RecurrentPreTrainedModel, TopicGenerationMixin, TopicLMOutput,
                               causal_lm_loss, last_token_positions, lm_to_topic_index, normalize_topic_kwargs,
-                              run_token_rnn, topic_ids_to_mixture, topic_vocabulary)
+                              topic_ids_to_mixture, topic_vocabulary)
 
 TRAINING_PHASES = ("joint", "lm", "topic_model")
 _ROWS_PER_DENSE_BLOCK = 8  # rows of (K, V_c) scores at a time in the official code's ETR selection
@@ -164,7 +164,7 @@ class NCLMPreTrainedModel(RecurrentPreTrainedModel):
             module.etr_word_embeddings.zero_()  # set with set_etr_embeddings (or loaded with the weights)
 
 
-class NCLMModel(NCLMPreTrainedModel):
+class NCLMModel(RecurrentBodyMixin, NCLMPreTrainedModel):
     """Embeddings, the LSTM and the NVDM (no composition, no output layer).
 
     ``forward`` returns the LSTM outputs o (b, s, H) as ``last_hidden_state`` (zero at padding) and the
@@ -187,25 +187,6 @@ class NCLMModel(NCLMPreTrainedModel):
             self.etr_word_embeddings = None
         self.gradient_checkpointing = False
         self.post_init()
-
-    def get_input_embeddings(self):
-        return self.embed_tokens
-
-    def set_input_embeddings(self, value):
-        self.embed_tokens = value
-
-    # -- the LSTM ----------------------------------------------------------------------------------
-
-    def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, state=None, use_cache=None,
-                output_hidden_states=None, return_dict=None, **kwargs) -> RecurrentModelOutput:
-        use_cache = use_cache if use_cache is not None else (self.config.use_cache and not self.training)
-        output_hidden_states = (output_hidden_states if output_hidden_states is not None
-                                else self.config.output_hidden_states)
-        hidden, new_state, all_hidden = run_token_rnn(self, self.lstm, input_ids, attention_mask, inputs_embeds, state,
-                                                      use_cache or state is not None, output_hidden_states)
-        out = RecurrentModelOutput(last_hidden_state=hidden, state=new_state if use_cache else None,
-                                   hidden_states=all_hidden)
-        return out if return_dict is not False else out.to_tuple()
 
     # -- topics ------------------------------------------------------------------------------------
 
