@@ -23,6 +23,9 @@ Models (``--only`` names):
 * ``lta``, ``eta``, ``leta``: NCLM with the latent, the explainable, or both topic representations;
 * ``leta-sdt``: LETA with sentence-level topics, ``sdt_mode="prefix"`` (causal: the sentence part reads
   the words of the sentence before the target only);
+* ``lta-1topic``: LTA with a single topic, so h = [1] whatever the context: the composition
+  sigmoid([o; c] W_p + b_p) and the joint training without any topic information (a diagnosis of how
+  much of the difference to the LSTM is the architecture, as ``benchmark_steering.py``'s 1-topic TCNLM);
 * ``leta-sdt-paper``: LETA+SDT with ``sdt_mode="minus_target"``, the paper's and its official code's
   sentence topics, which read the sentence's words *after* the target: LEAKY. ``evaluate_perplexity``
   refuses to call its perplexity causal, so it has a ``paper`` number only, labelled
@@ -116,6 +119,8 @@ MODELS = {
     "leta": dict(label="NCLM LETA", family="nclm", variant="leta", sentence_topics=False, context="preceding"),
     "leta-sdt": dict(label="NCLM LETA+SDT (causal, sdt_mode=prefix)", family="nclm", variant="leta",
                      sentence_topics=True, sdt_mode="prefix", context="preceding"),
+    "lta-1topic": dict(label="NCLM LTA with 1 topic (diagnosis: the composition without topic information)",
+                       family="nclm", variant="lta", sentence_topics=False, context="preceding", num_topics=1),
     "leta-sdt-paper": dict(label="NCLM LETA+SDT (paper mode, sdt_mode=minus_target: LEAKY)", family="nclm",
                            variant="leta", sentence_topics=True, sdt_mode="minus_target", context="others"),
 }
@@ -187,7 +192,8 @@ def build(name: str, args, tok, topic_tok):
         return build_benchmark_model("lstm", args, len(tok), len(topic_tok))  # benchmark_tcnlm's LSTM, seeded
     torch.manual_seed(args.seed)
     config = NCLMConfig.from_tokenizers(tok, topic_tok, variant=spec["variant"], sentence_topics=spec["sentence_topics"],
-                                        sdt_mode=spec.get("sdt_mode", "prefix"), num_topics=args.num_topics,
+                                        sdt_mode=spec.get("sdt_mode", "prefix"),
+                                        num_topics=spec.get("num_topics", args.num_topics),
                                         embedding_size=args.embedding_size, hidden_size=args.hidden_size,
                                         num_hidden_layers=args.layers, dropout=args.dropout, alpha=args.alpha)
     return NCLMForCausalLM(config)
