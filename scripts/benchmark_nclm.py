@@ -84,7 +84,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import pickle
 import platform
 import shutil
 import sys
@@ -97,7 +96,7 @@ SCRIPTS = Path(__file__).resolve().parent
 sys.path.insert(0, str(SCRIPTS.parent / "src"))
 sys.path.insert(0, str(SCRIPTS))
 
-from benchmark_steering import steer  # noqa: E402
+from benchmark_steering import cached_lda_judge, steer  # noqa: E402
 from benchmark_tcnlm import DATA, PROTOCOLS, CountingCollator, interleaved_step_times  # noqa: E402
 from benchmark_tcnlm import build as build_benchmark_model  # noqa: E402
 from transformers import TrainerCallback, TrainingArguments  # noqa: E402
@@ -105,7 +104,7 @@ from transformers.trainer_callback import PrinterCallback  # noqa: E402
 from transformers.utils import logging as hf_logging  # noqa: E402
 
 from topic_lm_hf import (LSTMLMForCausalLM, NCLMConfig, NCLMForCausalLM, TopicContextCollator,  # noqa: E402
-                         TopicLMTrainer, build_vocabularies, evaluate_perplexity, evaluate_topics, fit_lda_judge,
+                         TopicLMTrainer, build_vocabularies, evaluate_perplexity, evaluate_topics,
                          load_documents, record_vocabularies, save_vocabularies)
 from topic_lm_hf.evaluation.steering import format_steering_table  # noqa: E402
 from topic_lm_hf.evaluation.topics import load_reference_corpus  # noqa: E402
@@ -602,14 +601,7 @@ def main() -> None:
     if candidates and "lstm" in done:
         best = min(candidates, key=lambda n: results[n]["eval"]["causal"]["perplexity"])
         if steering is None or steering.get("model") != best:
-            judge_path = out / "lda_judge.pkl"
-            if judge_path.exists():
-                judge = pickle.loads(judge_path.read_bytes())
-            else:
-                start = time.perf_counter()
-                judge = fit_lda_judge(train_docs, topic_tok, num_topics=args.num_topics, seed=args.seed)
-                judge_path.write_bytes(pickle.dumps(judge))
-                print(f"\n== LDA judge: {judge.description} ({time.perf_counter() - start:.0f} s)", flush=True)
+            judge = cached_lda_judge(out / "lda_judge.pkl", train_docs, topic_tok, args.num_topics, args.seed)
             print(f"\n== steering {best} (lowest causal perplexity among {candidates})", flush=True)
             model = load_model(best, out / best)
             fluency_model = load_model("lstm", out / "lstm")

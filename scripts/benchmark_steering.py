@@ -99,6 +99,17 @@ def build(name: str, args, tok, topic_tok):
     return TopicRNNForCausalLM(config)
 
 
+def cached_lda_judge(path: Path, train_docs, topic_tok, num_topics: int, seed: int):
+    """The LDA judge fitted on ``train_docs``, pickled at ``path`` (read back when it is there: fitting takes minutes)."""
+    if path.exists():
+        return pickle.loads(path.read_bytes())
+    start = time.perf_counter()
+    judge = fit_lda_judge(train_docs, topic_tok, num_topics=num_topics, seed=seed)
+    path.write_bytes(pickle.dumps(judge))
+    print(f"LDA judge: {judge.description} ({time.perf_counter() - start:.0f} s)", flush=True)
+    return judge
+
+
 def steer(model, args, tok, topic_tok, judge, fluency_model) -> dict:
     """The steering evaluation of every variant, with this run's settings."""
     return evaluate_steering(model, num_topics_sampled=args.steer_topics, num_samples=args.steer_samples,
@@ -206,14 +217,8 @@ def main() -> None:
     tok, topic_tok = build_vocabularies(train_docs, min_freq=args.min_freq, stopwords=DATA / "stopwords" / "mallet_en.txt")
     print(f"APNEWS train {len(train_docs)} docs, valid {len(valid_docs)} docs; V = {len(tok)}, V_c = {len(topic_tok)}; "
           f"E = {args.embedding_size}, H = {args.hidden_size}, T = {args.num_topics}, {args.steps} steps", flush=True)
-    judge_path = out / f"lda_judge_T{args.num_topics}.pkl"
-    if judge_path.exists():
-        judge = pickle.loads(judge_path.read_bytes())
-    else:
-        start = time.perf_counter()
-        judge = fit_lda_judge(train_docs, topic_tok, num_topics=args.num_topics, seed=args.seed)
-        judge_path.write_bytes(pickle.dumps(judge))
-        print(f"LDA judge: {judge.description} ({time.perf_counter() - start:.0f} s)", flush=True)
+    judge = cached_lda_judge(out / f"lda_judge_T{args.num_topics}.pkl", train_docs, topic_tok, args.num_topics,
+                             args.seed)
 
     # The LSTM is every variant's fluency judge: trained first when listed; a run that does not list it waits
     # for another run (in parallel, same --output-dir) to finish it.
