@@ -502,23 +502,26 @@ def test_saved_folder_loads_with_remote_code_in_a_process_without_the_package(ap
 
 
 def test_document_representation_is_last_output_and_document_topics(apnews):
+    from topic_lm_hf.classification import DocumentClassificationCollator
+
     model = make(apnews, "leta")
-    collator = TopicContextCollator(apnews["tok"], apnews["topic_tok"], context="document", layout="documents",
-                                    max_sentence_length=7)
+    collator = DocumentClassificationCollator(apnews["tok"], apnews["topic_tok"])  # unlabelled documents too
     batch = collator(list(collator.prepare(apnews["valid"].select([0, 1]))))
+    assert "labels" not in batch
     reps = model.document_representation(batch)
     assert reps.shape == (2, model.config.hidden_size + model.config.document_topic_size)
-    # the same as the document fed as one sequence <bos> s_1 <eos> <bos> s_2 <eos> ...
-    doc = [s for s in apnews["valid"][1]["sentences"] if s]
-    ids = [i for s in doc for i in [apnews["tok"].bos_token_id, *collator.encode_sentence(s),
-                                    apnews["tok"].eos_token_id]]
-    one = model.document_representation(input_ids=torch.tensor([ids]), context_bow=batch["context_bow"][1:2, 0])
+    # the last top-layer output of the document <bos> s_1 <eos> <bos> s_2 <eos> ..., fed alone, and c of its bag
+    n = int(batch["attention_mask"][1].sum())
+    one = model.document_representation(input_ids=batch["input_ids"][1:, :n], context_bow=batch["context_bow"][1:])
     torch.testing.assert_close(reps[1:], one)
-    c, _, _, _ = model.model.document_topics(1, "cpu", context_bow=batch["context_bow"][1:2, 0])
+    with torch.no_grad():
+        o = model.model(input_ids=batch["input_ids"][1:, :n]).last_hidden_state[:, -1]
+    torch.testing.assert_close(one[:, :model.config.hidden_size], o)
+    c, _, _, _ = model.model.document_topics(1, "cpu", context_bow=batch["context_bow"][1:])
     torch.testing.assert_close(one[:, model.config.hidden_size:], c)
-    preceding = TopicContextCollator(apnews["tok"], apnews["topic_tok"], context="preceding", layout="documents")
-    with pytest.raises(ValueError, match="context='document'"):
-        model.document_representation(preceding(list(preceding.prepare(apnews["valid"].select([0])))))
+    documents_layout = TopicContextCollator(apnews["tok"], apnews["topic_tok"], context="document", layout="documents")
+    with pytest.raises(ValueError, match=r"one sequence per document.*DocumentClassificationCollator"):
+        model.document_representation(documents_layout(list(documents_layout.prepare(apnews["valid"].select([0])))))
 
 
 # ----------------------------------------------------------------------------------------------

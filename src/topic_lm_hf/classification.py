@@ -79,7 +79,8 @@ class DocumentClassificationCollator:
         tokenizer, topic_tokenizer: the LM and topic tokenizers of the TopicRNN model.
         max_length: tokens kept per document (``<bos>``/``<eos>`` of each sentence included).
         max_context_tokens: topic tokens kept in the document's bag of words (``None`` = all).
-        label_column: the documents' label column (returned as ``labels``).
+        label_column: the documents' label column (returned as ``labels``; documents without one, e.g. a
+            corpus to extract features from, give batches without ``labels``).
 
     Accepts raw documents (``sentences``, label) or rows of :meth:`prepare`.
     """
@@ -104,11 +105,15 @@ class DocumentClassificationCollator:
         return {"input_ids": tokens, "context_ids": self._lm.contexts(ids, mode="document")[0].tolist()}
 
     def prepare(self, documents: datasets.Dataset, num_proc: Optional[int] = None) -> datasets.Dataset:
-        """Encode every document once (``input_ids``, ``context_ids``, ``labels``)."""
+        """Encode every document once (``input_ids``, ``context_ids``, and ``labels`` when there is a label column)."""
+        labelled = self.label_column in documents.column_names
+
         def encode(batch):
             rows = [self.encode(doc) for doc in batch["sentences"]]
-            return {"input_ids": [r["input_ids"] for r in rows], "context_ids": [r["context_ids"] for r in rows],
-                    "labels": batch[self.label_column]}
+            out = {"input_ids": [r["input_ids"] for r in rows], "context_ids": [r["context_ids"] for r in rows]}
+            if labelled:
+                out["labels"] = batch[self.label_column]
+            return out
 
         return documents.map(encode, batched=True, remove_columns=documents.column_names, num_proc=num_proc,
                              desc="encoding documents")
@@ -117,11 +122,13 @@ class DocumentClassificationCollator:
         if not features:
             raise ValueError("Empty batch")
         if "input_ids" not in features[0]:
-            features = [{**self.encode(f["sentences"]), "labels": f[self.label_column]} for f in features]
+            features = [{**self.encode(f["sentences"]),
+                         **({"labels": f[self.label_column]} if self.label_column in f else {})} for f in features]
         batch = self._lm._lm_batch([f["input_ids"] for f in features])
         del batch["labels"]
         batch["context_bow"] = self._lm.bag_of_words([f["context_ids"] for f in features])
-        batch["labels"] = torch.as_tensor([f["labels"] for f in features])
+        if "labels" in features[0]:
+            batch["labels"] = torch.as_tensor([f["labels"] for f in features])
         return batch
 
 

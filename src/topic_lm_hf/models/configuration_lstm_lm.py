@@ -2,6 +2,8 @@
 
 from transformers import PretrainedConfig
 
+from .modeling_common import check_integers
+
 
 class LSTMLMConfig(PretrainedConfig):
     r"""Configuration of :class:`LSTMLMForCausalLM`.
@@ -28,10 +30,8 @@ class LSTMLMConfig(PretrainedConfig):
     def __init__(self, vocab_size=10000, embedding_size=300, hidden_size=600, num_hidden_layers=1, dropout=0.4,
                  tie_word_embeddings=False, initializer_range=0.1, use_cache=True, pad_token_id=0, bos_token_id=2,
                  eos_token_id=3, unk_token_id=1, **kwargs):
-        for name, value in (("vocab_size", vocab_size), ("embedding_size", embedding_size),
-                            ("hidden_size", hidden_size), ("num_hidden_layers", num_hidden_layers)):
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        check_integers(1, vocab_size=vocab_size, embedding_size=embedding_size, hidden_size=hidden_size,
+                       num_hidden_layers=num_hidden_layers)
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout}")
         self.vocab_size = vocab_size

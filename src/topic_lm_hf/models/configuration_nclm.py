@@ -2,6 +2,8 @@
 
 from transformers import PretrainedConfig
 
+from .modeling_common import check_integers, config_kwargs_from_tokenizers, topic_word_ids_from_tokenizers
+
 VARIANTS = ("lta", "eta", "leta")
 SDT_MODES = ("prefix", "minus_target")
 ETR_WEIGHTINGS = ("proportions", "softmax_of_proportions")
@@ -86,15 +88,10 @@ class NCLMConfig(PretrainedConfig):
                  etr_embedding_size=None, etr_mask_includes_current_sentence=False, alpha=0.01, topic_word_ids=None,
                  initializer_range=0.1, tie_word_embeddings=False, use_cache=True, pad_token_id=0, bos_token_id=2,
                  eos_token_id=3, unk_token_id=1, **kwargs):
-        for name, value in (("vocab_size", vocab_size), ("topic_vocab_size", topic_vocab_size),
-                            ("num_topics", num_topics), ("encoder_hidden_size", encoder_hidden_size),
-                            ("embedding_size", embedding_size), ("hidden_size", hidden_size),
-                            ("num_hidden_layers", num_hidden_layers), ("etr_top_n", etr_top_n)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if isinstance(num_topic_samples, bool) or not isinstance(num_topic_samples, int) or num_topic_samples < 0:
-            raise ValueError(f"num_topic_samples must be a non-negative integer (0: softmax(mu) in training too), "
-                             f"got {num_topic_samples!r}")
+        check_integers(1, vocab_size=vocab_size, topic_vocab_size=topic_vocab_size, num_topics=num_topics,
+                       encoder_hidden_size=encoder_hidden_size, embedding_size=embedding_size, hidden_size=hidden_size,
+                       num_hidden_layers=num_hidden_layers, etr_top_n=etr_top_n)
+        check_integers(0, num_topic_samples=num_topic_samples)  # 0: softmax(mu) in training too
         if topic_vocab_size < 2:
             raise ValueError(f"topic_vocab_size must be >= 2 (<unk> plus at least one word), got {topic_vocab_size}")
         for name, value, allowed in (("variant", variant, VARIANTS), ("sdt_mode", sdt_mode, SDT_MODES),
@@ -111,7 +108,8 @@ class NCLMConfig(PretrainedConfig):
         if not initializer_range > 0:
             raise ValueError(f"initializer_range must be positive, got {initializer_range!r}")
         if etr_embedding == "frozen" and variant != "lta":
-            if isinstance(etr_embedding_size, bool) or not isinstance(etr_embedding_size, int) or etr_embedding_size < 1:
+            if isinstance(etr_embedding_size, bool) or not isinstance(etr_embedding_size, int) \
+                    or etr_embedding_size < 1:
                 raise ValueError("etr_embedding='frozen' needs etr_embedding_size, the width of the matrix given to "
                                  f"set_etr_embeddings, got {etr_embedding_size!r}")
         if tie_word_embeddings and embedding_size != hidden_size:
@@ -185,14 +183,10 @@ class NCLMConfig(PretrainedConfig):
     @staticmethod
     def topic_word_ids_from_tokenizers(tokenizer, topic_tokenizer) -> list[int]:
         """The LM id of every topic-tokenizer entry (-1 for its ``<unk>`` and for words the LM lacks)."""
-        from .modeling_common import topic_word_ids_from_tokenizers
-
         return topic_word_ids_from_tokenizers(tokenizer, topic_tokenizer)
 
     @classmethod
     def from_tokenizers(cls, tokenizer, topic_tokenizer, **kwargs) -> "NCLMConfig":
         """A config sized to an LM tokenizer and a topic tokenizer (vocabulary sizes, special-token ids,
         ``topic_word_ids``); other arguments are passed on."""
-        from .modeling_common import config_kwargs_from_tokenizers
-
         return cls(**config_kwargs_from_tokenizers(tokenizer, topic_tokenizer, **kwargs))

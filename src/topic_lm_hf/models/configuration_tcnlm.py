@@ -2,6 +2,8 @@
 
 from transformers import PretrainedConfig
 
+from .modeling_common import check_integers, config_kwargs_from_tokenizers, topic_word_ids_from_tokenizers
+
 LM_TYPES = ("tcnlm", "naive_moe")
 TOPIC_LOSS_NORMALIZATIONS = ("context_tokens", "lm_tokens")
 LM_TOPIC_INPUTS = ("mixture", "gumbel")
@@ -82,13 +84,10 @@ class TCNLMConfig(PretrainedConfig):
                  topic_word_ids=None, topic_prior_weight_init=0.0, use_cache=True, pad_token_id=0, bos_token_id=2, eos_token_id=3, unk_token_id=1,
                  **kwargs):
         num_factors = hidden_size if num_factors is None else num_factors
-        for name, value in (("vocab_size", vocab_size), ("topic_vocab_size", topic_vocab_size),
-                            ("num_topics", num_topics), ("embedding_size", embedding_size),
-                            ("hidden_size", hidden_size), ("num_hidden_layers", num_hidden_layers),
-                            ("num_factors", num_factors), ("encoder_hidden_size", encoder_hidden_size),
-                            ("topic_embedding_size", topic_embedding_size)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        check_integers(1, vocab_size=vocab_size, topic_vocab_size=topic_vocab_size, num_topics=num_topics,
+                       embedding_size=embedding_size, hidden_size=hidden_size, num_hidden_layers=num_hidden_layers,
+                       num_factors=num_factors, encoder_hidden_size=encoder_hidden_size,
+                       topic_embedding_size=topic_embedding_size)
         if topic_vocab_size < 2:
             raise ValueError(f"topic_vocab_size must be >= 2 (<unk> plus at least one word), got {topic_vocab_size}")
         if not 0.0 <= dropout < 1.0:
@@ -99,8 +98,7 @@ class TCNLMConfig(PretrainedConfig):
             raise ValueError(f"diversity_weight must be >= 0, got {diversity_weight!r}")
         if lm_type not in LM_TYPES:
             raise ValueError(f"lm_type must be one of {LM_TYPES}, got {lm_type!r}")
-        if isinstance(kl_annealing_steps, bool) or not isinstance(kl_annealing_steps, int) or kl_annealing_steps < 0:
-            raise ValueError(f"kl_annealing_steps must be a non-negative integer, got {kl_annealing_steps!r}")
+        check_integers(0, kl_annealing_steps=kl_annealing_steps)
         if topic_loss_normalization not in TOPIC_LOSS_NORMALIZATIONS:
             raise ValueError(f"topic_loss_normalization must be one of {TOPIC_LOSS_NORMALIZATIONS}, "
                              f"got {topic_loss_normalization!r}")
@@ -151,14 +149,10 @@ class TCNLMConfig(PretrainedConfig):
     @staticmethod
     def topic_word_ids_from_tokenizers(tokenizer, topic_tokenizer) -> list[int]:
         """The LM id of every topic-tokenizer entry (-1 for its ``<unk>`` and for words the LM lacks)."""
-        from .modeling_common import topic_word_ids_from_tokenizers
-
         return topic_word_ids_from_tokenizers(tokenizer, topic_tokenizer)
 
     @classmethod
     def from_tokenizers(cls, tokenizer, topic_tokenizer, **kwargs) -> "TCNLMConfig":
         """A config sized to an LM tokenizer and a topic tokenizer (vocabulary sizes, special-token ids,
         ``topic_word_ids``); other arguments are passed on."""
-        from .modeling_common import config_kwargs_from_tokenizers
-
         return cls(**config_kwargs_from_tokenizers(tokenizer, topic_tokenizer, **kwargs))

@@ -6,6 +6,8 @@ from typing import Optional, Sequence
 
 from transformers import PretrainedConfig
 
+from .modeling_common import check_integers, config_kwargs_from_tokenizers, topic_word_ids_from_tokenizers
+
 CELLS = ("rnn", "lstm", "gru")
 CLASSIFIER_ACTIVATIONS = ("sigmoid", "tanh", "relu")
 
@@ -80,15 +82,10 @@ class TopicRNNConfig(PretrainedConfig):
                  unk_token_id: int = 1, steering_scale: float = 3.0, **kwargs):
         if cell not in CELLS:
             raise ValueError(f"cell must be one of {CELLS}, got {cell!r}")
-        for name, value in (("vocab_size", vocab_size), ("topic_vocab_size", topic_vocab_size),
-                            ("embedding_size", embedding_size), ("hidden_size", hidden_size),
-                            ("num_hidden_layers", num_hidden_layers), ("num_topics", num_topics),
-                            ("inference_hidden_size", inference_hidden_size),
-                            ("classifier_hidden_size", classifier_hidden_size)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if not isinstance(inference_num_layers, int) or inference_num_layers < 1:
-            raise ValueError(f"inference_num_layers must be a positive integer, got {inference_num_layers!r}")
+        check_integers(1, vocab_size=vocab_size, topic_vocab_size=topic_vocab_size, embedding_size=embedding_size,
+                       hidden_size=hidden_size, num_hidden_layers=num_hidden_layers, num_topics=num_topics,
+                       inference_hidden_size=inference_hidden_size, classifier_hidden_size=classifier_hidden_size,
+                       inference_num_layers=inference_num_layers)
         if inference_input not in ("counts", "log1p", "frequencies"):
             raise ValueError(f"inference_input must be 'counts', 'log1p' or 'frequencies', got {inference_input!r}")
         if classifier_activation not in CLASSIFIER_ACTIVATIONS:
@@ -105,8 +102,7 @@ class TopicRNNConfig(PretrainedConfig):
             raise ValueError(f"kl_free_bits must be >= 0, got {kl_free_bits!r}")
         if not kl_weight >= 0:
             raise ValueError(f"kl_weight must be >= 0, got {kl_weight}")
-        if isinstance(kl_annealing_steps, bool) or not isinstance(kl_annealing_steps, int) or kl_annealing_steps < 0:
-            raise ValueError(f"kl_annealing_steps must be a non-negative integer, got {kl_annealing_steps!r}")
+        check_integers(0, kl_annealing_steps=kl_annealing_steps)
         self.cell = cell
         self.vocab_size = vocab_size
         self.topic_vocab_size = topic_vocab_size
@@ -161,14 +157,10 @@ class TopicRNNConfig(PretrainedConfig):
     @staticmethod
     def topic_word_ids_from_tokenizers(tokenizer, topic_tokenizer) -> list[int]:
         """The LM id of every topic-tokenizer entry (-1 for its ``<unk>`` and for words the LM lacks)."""
-        from .modeling_common import topic_word_ids_from_tokenizers
-
         return topic_word_ids_from_tokenizers(tokenizer, topic_tokenizer)
 
     @classmethod
     def from_tokenizers(cls, tokenizer, topic_tokenizer, **kwargs) -> "TopicRNNConfig":
         """A config sized to an LM tokenizer and a topic tokenizer (vocabulary sizes, special-token
         ids and ``topic_word_ids``); other arguments are passed on."""
-        from .modeling_common import config_kwargs_from_tokenizers
-
         return cls(**config_kwargs_from_tokenizers(tokenizer, topic_tokenizer, **kwargs))

@@ -92,6 +92,15 @@ KEYS_TO_IGNORE_AT_INFERENCE = ["state", "hidden_states", "lm_loss", "kl_loss", "
                                "topic_mixture"]
 
 
+def check_integers(minimum: int, **values) -> None:
+    """Configuration checks: each value must be an int (not a bool) >= ``minimum`` (1: "positive", 0:
+    "non-negative"), else a ``ValueError`` naming it."""
+    kind = {0: "non-negative", 1: "positive"}.get(minimum, f">= {minimum}")
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise ValueError(f"{name} must be a {kind} integer, got {value!r}")
+
+
 def reorder_state(state, beam_idx: torch.Tensor):
     """Select batch rows of a (nested) tuple of batch-first tensors."""
     if state is None:

@@ -64,8 +64,8 @@ from transformers import GenerationMixin
 
 from .configuration_nclm import NCLMConfig
 from .modeling_common import (RecurrentBodyMixin, RecurrentPreTrainedModel, TopicGenerationMixin, TopicLMOutput,
-                              causal_lm_loss, last_token_positions, lm_to_topic_index, normalize_topic_kwargs,
-                              topic_ids_to_mixture, topic_vocabulary)
+                              _broadcast_rows, causal_lm_loss, last_token_positions, lm_to_topic_index,
+                              normalize_topic_kwargs, topic_ids_to_mixture, topic_vocabulary)
 
 TRAINING_PHASES = ("joint", "lm", "topic_model")
 _ROWS_PER_DENSE_BLOCK = 8  # rows of (K, V_c) scores at a time in the official code's ETR selection
@@ -129,6 +129,13 @@ class NCLMTopicModel(nn.Module):
         log_probs = self.word_log_probs(samples if samples is not None else h)
         nll = -(bow[..., 1:].float() * log_probs[..., 1:]).sum(-1)  # column 0: <unk>, never counted
         return nll.mean(0) if samples is not None else nll
+
+    def row_losses(self, bow: torch.Tensor, mean: torch.Tensor, log_sigma: torch.Tensor, h: torch.Tensor,
+                   samples: Optional[torch.Tensor]):
+        """(reconstruction, KL) per row (b,), both 0 for a row whose bag of words is empty (nothing to
+        reconstruct: a first sentence's causal context)."""
+        rows = (bow.sum(-1) > 0).float()
+        return self.reconstruction(bow, h, samples) * rows, self.kl(mean, log_sigma) * rows
 
     @staticmethod
     def kl(mean: torch.Tensor, log_sigma: torch.Tensor) -> torch.Tensor:
@@ -211,19 +218,31 @@ class NCLMModel(RecurrentBodyMixin, NCLMPreTrainedModel):
                                      f"{cfg.etr_embedding_size}) matrix")
                 self._etr_checked = True
             return self.etr_word_embeddings
-        if cfg.topic_word_ids is None:
-            self._lm_to_topic(self.embed_tokens.weight.device)  # the clear error
-        ids = torch.tensor(cfg.topic_word_ids, device=self.embed_tokens.weight.device)
+        ids = self._topic_word_ids()
         vectors = self.embed_tokens.weight.detach().index_select(0, ids.clamp_min(0))
         return vectors * (ids >= 0).unsqueeze(1).to(vectors.dtype)
 
+    def _topic_word_ids(self) -> torch.Tensor:
+        """(V_c,) the LM id of every topic word (-1: none), from ``config.topic_word_ids``, cached like
+        :func:`lm_to_topic_index` (ETR reads it at every forward)."""
+        device = self.embed_tokens.weight.device
+        self._lm_to_topic(device)  # validates (the clear error when topic_word_ids is missing)
+        ids = self.config.topic_word_ids
+        key = (id(ids), len(ids), str(device))
+        cached = self.__dict__.get("_topic_word_ids_cache")
+        if cached is None or cached[0] != key:
+            cached = (key, torch.tensor(ids, dtype=torch.long, device=device))
+            self.__dict__["_topic_word_ids_cache"] = cached
+        return cached[1]
+
     def _etr_candidates(self) -> torch.Tensor:
         """(V_c,) bool: topic words that have a word vector (never the topic ``<unk>``)."""
-        cfg = self.config
-        candidates = torch.ones(cfg.topic_vocab_size, dtype=torch.bool, device=self.embed_tokens.weight.device)
+        if self.config.etr_embedding == "lm":
+            candidates = self._topic_word_ids() >= 0  # the topic <unk> has no LM id
+        else:
+            candidates = torch.ones(self.config.topic_vocab_size, dtype=torch.bool,
+                                    device=self.embed_tokens.weight.device)
         candidates[0] = False
-        if cfg.etr_embedding == "lm" and cfg.topic_word_ids is not None:
-            candidates &= torch.tensor(cfg.topic_word_ids, device=candidates.device) >= 0
         return candidates
 
     @torch.no_grad()
@@ -280,7 +299,7 @@ class NCLMModel(RecurrentBodyMixin, NCLMPreTrainedModel):
                         sample: bool = False, extra_present: Optional[torch.Tensor] = None):
         """The document part of c from the conditioning given (at most one of them).
 
-        Returns ``(c (b, |c_doc|), h (b, K), z_k (b, K, D) or None, (mean, log sigma, samples) or None)``.
+        Returns ``(c (b, |c_doc|), h (b, K), z_k (b, K, D) or None, (bow, mean, log sigma, samples) or None)``.
         ``context_bow``: h from the NVDM (sampled when ``sample``), ETR over the words present in it
         (plus ``extra_present`` (b, V_c) bool); ``topic_mixture``: h as given; ``topic_ids``: the equal
         mixture of the topics; nothing: the uniform mixture. Without a bag of words every topic word
@@ -295,7 +314,7 @@ class NCLMModel(RecurrentBodyMixin, NCLMPreTrainedModel):
             bow = given["context_bow"].to(device)
             mean, log_sigma = self.topic_model.posterior(bow.to(dtype))
             h, samples = self.topic_model.proportions(mean, log_sigma, sample)
-            posterior = (mean, log_sigma, samples)
+            posterior = (bow, mean, log_sigma, samples)
             present = bow > 0
         else:
             if "topic_mixture" in given:
@@ -364,7 +383,8 @@ class NCLMModel(RecurrentBodyMixin, NCLMPreTrainedModel):
 
     def sentence_topics(self, pre_activations: torch.Tensor, z_k: Optional[torch.Tensor], sample: bool):
         """The sentence part of c at every position (b, s, |c_doc|) from :meth:`sentence_pre_activations`."""
-        mean, log_sigma = self.topic_model.posterior_from_pre_activation(pre_activations + self.topic_model.encoder.bias)
+        pre_activations = pre_activations + self.topic_model.encoder.bias
+        mean, log_sigma = self.topic_model.posterior_from_pre_activation(pre_activations)
         h, _ = self.topic_model.proportions(mean, log_sigma, sample)
         return self.compose_representation(h, z_k)
 
@@ -384,31 +404,6 @@ class NCLMModel(RecurrentBodyMixin, NCLMPreTrainedModel):
         W[:, 0] = float("-inf")
         top = W.topk(min(top_n, W.shape[1] - 1), dim=-1).indices
         return [[words[i] for i in row] for row in top.tolist()]
-
-
-def _documents_to_sequences(input_ids, attention_mask, sentence_index):
-    """A documents-layout batch (b, c, l) as one token sequence per document (b, n), right-padded: the
-    chunks in order, without the token a chunk shares with the previous chunk of its sentence."""
-    b, c, _ = input_ids.shape
-    rows = []
-    for i in range(b):
-        tokens = []
-        for k in range(c):
-            real = attention_mask[i, k].bool()
-            if not bool(real.any()):
-                continue
-            chunk = input_ids[i, k][real].tolist()
-            same_sentence = k > 0 and sentence_index is not None and int(sentence_index[i, k]) == int(
-                sentence_index[i, k - 1])
-            tokens.extend(chunk[1:] if same_sentence else chunk)
-        rows.append(tokens)
-    n = max(max(len(r) for r in rows), 1)
-    ids = torch.zeros(b, n, dtype=torch.long, device=input_ids.device)
-    mask = torch.zeros(b, n, dtype=torch.long, device=input_ids.device)
-    for i, r in enumerate(rows):
-        ids[i, :len(r)] = torch.tensor(r, dtype=torch.long)
-        mask[i, :len(r)] = 1
-    return ids, mask
 
 
 class NCLMForCausalLM(NCLMPreTrainedModel, TopicGenerationMixin, GenerationMixin):
@@ -475,9 +470,8 @@ class NCLMForCausalLM(NCLMPreTrainedModel, TopicGenerationMixin, GenerationMixin
         topic_model = self.model.topic_model
         mean, log_sigma = topic_model.posterior(bow.to(topic_model.decoder.weight.dtype))
         h, samples = topic_model.proportions(mean, log_sigma, self.training)
-        rows = bow.sum(-1) > 0
-        terms = (topic_model.reconstruction(bow, h, samples) + topic_model.kl(mean, log_sigma)) * rows
-        return terms.sum() / bow.sum().clamp_min(1)
+        reconstruction, kl = topic_model.row_losses(bow, mean, log_sigma, h, samples)
+        return (reconstruction + kl).sum() / bow.sum().clamp_min(1)
 
     def set_etr_embeddings(self, vectors) -> None:
         """Give ETR its frozen word vectors (``etr_embedding="frozen"``): a (topic_vocab_size, D) matrix, row i
@@ -513,38 +507,27 @@ class NCLMForCausalLM(NCLMPreTrainedModel, TopicGenerationMixin, GenerationMixin
         return self.config.leaky_modes()
 
     def document_representation(self, batch: Optional[dict] = None, *, input_ids=None, attention_mask=None,
-                                context_bow=None, sentence_index=None) -> torch.Tensor:
+                                context_bow=None) -> torch.Tensor:
         """[o_N; c] (b, H + |c_doc|): the top LSTM output after each document's last token, and the document
         topic representation c of ``context_bow`` (h, z or [z; h]; softmax(mu), no sampling).
 
-        ``batch``: a collator batch (extra keys are ignored), or the tensors by name. ``input_ids`` is one
-        sequence per document (b, n), or a documents-layout batch (b, chunks, l) whose chunks are joined
-        (build that collator with ``context="document"``, so that every chunk has the whole document's
-        bag of words). A missing ``context_bow`` is an empty one."""
+        ``batch``: one sequence per document with its bag of words, as
+        :class:`~topic_lm_hf.classification.DocumentClassificationCollator` makes them (extra keys such as
+        ``labels`` are ignored), or the tensors by name. A missing ``context_bow`` is an empty one."""
         if batch is not None:
             input_ids = batch.get("input_ids", input_ids)
             attention_mask = batch.get("attention_mask", attention_mask)
             context_bow = batch.get("context_bow", context_bow)
-            sentence_index = batch.get("sentence_index", sentence_index)
+        if input_ids is None or input_ids.dim() != 2:
+            raise ValueError("document_representation takes one sequence per document, input_ids of shape (b, n) "
+                             "(DocumentClassificationCollator makes them)")
         device = self.device
-        input_ids = input_ids.to(device)
-        if attention_mask is None:
-            attention_mask = torch.ones_like(input_ids)
-        attention_mask = attention_mask.to(device)
-        if input_ids.dim() == 3:
-            if context_bow is not None and context_bow.dim() == 3:
-                first = context_bow[:, :1]
-                real = attention_mask.any(-1)
-                if not bool(((context_bow == first) | ~real.unsqueeze(-1)).all()):
-                    raise ValueError("document_representation needs the whole document's bag of words: the chunks "
-                                     "of a document have different context_bow (build the collator with "
-                                     "context='document')")
-                context_bow = context_bow[:, 0]
-            input_ids, attention_mask = _documents_to_sequences(input_ids, attention_mask, sentence_index)
         b = input_ids.shape[0]
         if context_bow is None:
             context_bow = torch.zeros(b, self.config.topic_vocab_size, device=device)
-        base = self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=True, return_dict=True)
+        base = self.model(input_ids=input_ids.to(device),
+                          attention_mask=None if attention_mask is None else attention_mask.to(device),
+                          use_cache=True, return_dict=True)
         last = base.state[0][:, -1]  # (b, H): the top layer's h after the last real token
         c, _, _, _ = self.model.document_topics(b, device, context_bow=context_bow, sample=False)
         return torch.cat([last, c.to(last.dtype)], dim=-1)
@@ -597,44 +580,20 @@ class NCLMForCausalLM(NCLMPreTrainedModel, TopicGenerationMixin, GenerationMixin
         base = self.model(input_ids, attention_mask, inputs_embeds, lstm_state, use_cache,
                           output_hidden_states=output_hidden_states)
         o = self.dropout(base.last_hidden_state)  # (b, s, H)
-        sample = self.training
         topics_on = self.training_phase == "joint" or not self.training
         compute_ntm = labels is not None and context_bow is not None and topics_on
 
-        # the document part c_doc (b, Cd) and, for ETR, the topic vectors z_k
-        window_excludes_last = labels is not None
-        if topic_representation is not None:
-            if any(v is not None for v in (context_bow, topic_ids, topic_mixture)):
-                raise ValueError("Give topic_representation or one of context_bow, topic_ids, topic_mixture, not both")
-            c_doc = _rows(topic_representation.to(device), b, "topic_representation", cfg.document_topic_size)
-            z_k = None if topic_embeddings is None else _rows(topic_embeddings.to(device), b, "topic_embeddings")
-            h, posterior = (c_doc[:, -cfg.num_topics:] if cfg.uses_ltr else None), None
-        else:
-            extra = None
-            if cfg.uses_etr and cfg.etr_mask_includes_current_sentence and context_bow is not None \
-                    and input_ids is not None:
-                extra = self._window_topic_words(input_ids, attention_mask, window_excludes_last)
-            c_doc, h, z_k, posterior = self.model.document_topics(b, device, context_bow, topic_ids, topic_mixture,
-                                                                  sample=sample, extra_present=extra)
+        # the document part c_doc (b, Cd) and, for ETR, the topic vectors z_k; the sentence part c_sent (b, s, Cd)
+        # and the running sum to carry. None of it in the LM pre-training phase (c = 0).
+        c_doc = h = z_k = posterior = c_sent = new_carry = None
         need_z = cfg.sentence_topics and cfg.uses_etr
-        if need_z and z_k is None:
-            raise ValueError("topic_embeddings are needed with topic_representation for ETR sentence topics")
-
-        # the sentence part c_sent (b, s, Cd) and the running sum to carry
-        c_sent, new_carry = None, None
-        if cfg.sentence_topics:
-            if labels is not None and cfg.sdt_mode == "prefix" and sentence_prefix_bow is None and carried is None:
-                first = input_ids[torch.arange(b, device=input_ids.device),
-                                  (attention_mask.long().argmax(1) if attention_mask is not None else 0)]
-                if not bool((first == cfg.bos_token_id).all()):
-                    raise ValueError("NCLM's sentence topics need the words of the sentence before a chunk that does "
-                                     "not start with <bos>: build the collator with TopicContextCollator(..., "
-                                     "sentence_prefix=True) (it adds sentence_prefix_bow)")
-            pre, new_carry = self.model.sentence_pre_activations(input_ids, attention_mask, carried,
-                                                                 sentence_prefix_bow, window_excludes_last)
-            if logits_to_keep and labels is None:
-                pre = pre[:, -logits_to_keep:]
-            c_sent = self.model.sentence_topics(pre, z_k, sample)
+        if topics_on:
+            c_doc, h, z_k, posterior = self._document_part(b, device, input_ids, attention_mask, labels is not None,
+                                                           context_bow, topic_ids, topic_mixture,
+                                                           topic_representation, topic_embeddings)
+            if cfg.sentence_topics:
+                c_sent, new_carry = self._sentence_part(input_ids, attention_mask, labels, carried,
+                                                        sentence_prefix_bow, z_k, logits_to_keep)
 
         if logits_to_keep and labels is None:
             o = o[:, -logits_to_keep:]
@@ -653,20 +612,15 @@ class NCLMForCausalLM(NCLMPreTrainedModel, TopicGenerationMixin, GenerationMixin
             lm_loss = causal_lm_loss(logits, labels)
             loss = lm_loss
             if compute_ntm and posterior is not None:
-                mean, log_sigma, samples = posterior
-                bow = normalize_topic_kwargs(cfg.num_topics, cfg.topic_vocab_size, b,
-                                             context_bow=context_bow)["context_bow"].to(device)
-                rows = (bow.sum(-1) > 0).float()  # an empty context has nothing to reconstruct
+                reconstruction, kl = self.model.topic_model.row_losses(*posterior[:3], h, posterior[3])
                 tokens = (labels[:, 1:] != -100).sum().clamp_min(1).to(device)
-                h_rows = h if samples is None else None
-                bow_loss = (self.model.topic_model.reconstruction(bow, h_rows, samples) * rows).sum() / tokens
-                kl_loss = (self.model.topic_model.kl(mean, log_sigma) * rows).sum() / tokens
+                bow_loss, kl_loss = reconstruction.sum() / tokens, kl.sum() / tokens
                 loss = (1.0 - cfg.alpha) * lm_loss + cfg.alpha * (bow_loss + kl_loss)
 
         new_state = None
         if base.state is not None:
             new_state = tuple(base.state)
-            if cfg.sentence_topics:
+            if new_carry is not None:
                 new_state = new_state + (new_carry.unsqueeze(1),)
         topic_mixture_out = h.float() if h is not None else None
         out = NCLMOutput(loss=loss, logits=logits, state=new_state, hidden_states=base.hidden_states,
@@ -674,6 +628,45 @@ class NCLMForCausalLM(NCLMPreTrainedModel, TopicGenerationMixin, GenerationMixin
                          topic_mixture=topic_mixture_out, topic_representation=c_doc,
                          topic_embeddings=z_k if need_z else None)
         return out if return_dict is not False else out.to_tuple()
+
+    def _document_part(self, b, device, input_ids, attention_mask, window_excludes_last, context_bow, topic_ids,
+                       topic_mixture, topic_representation, topic_embeddings):
+        """(c_doc, h, z_k, posterior) from the conditioning, or as given by an earlier call (generation)."""
+        cfg = self.config
+        if topic_representation is None:
+            extra = None
+            if cfg.uses_etr and cfg.etr_mask_includes_current_sentence and context_bow is not None \
+                    and input_ids is not None:
+                extra = self._window_topic_words(input_ids, attention_mask, window_excludes_last)
+            return self.model.document_topics(b, device, context_bow, topic_ids, topic_mixture, sample=self.training,
+                                              extra_present=extra)
+        if any(v is not None for v in (context_bow, topic_ids, topic_mixture)):
+            raise ValueError("Give topic_representation or one of context_bow, topic_ids, topic_mixture, not both")
+        if topic_representation.dim() != 2 or topic_representation.shape[-1] != cfg.document_topic_size:
+            raise ValueError(f"topic_representation must have shape (b, {cfg.document_topic_size}), got "
+                             f"{tuple(topic_representation.shape)}")
+        c_doc = _broadcast_rows(topic_representation.to(device), b, "topic_representation")
+        z_k = None if topic_embeddings is None else _broadcast_rows(topic_embeddings.to(device), b, "topic_embeddings")
+        if cfg.sentence_topics and cfg.uses_etr and z_k is None:
+            raise ValueError("topic_embeddings are needed with topic_representation for ETR sentence topics")
+        return c_doc, (c_doc[:, -cfg.num_topics:] if cfg.uses_ltr else None), z_k, None
+
+    def _sentence_part(self, input_ids, attention_mask, labels, carried, sentence_prefix_bow, z_k, logits_to_keep):
+        """(c_sent (b, s, Cd), the running sum to carry (b, H_tm))."""
+        cfg = self.config
+        b = input_ids.shape[0]
+        if labels is not None and cfg.sdt_mode == "prefix" and sentence_prefix_bow is None and carried is None:
+            first = input_ids[torch.arange(b, device=input_ids.device),
+                              (attention_mask.long().argmax(1) if attention_mask is not None else 0)]
+            if not bool((first == cfg.bos_token_id).all()):
+                raise ValueError("NCLM's sentence topics need the words of the sentence before a chunk that does not "
+                                 "start with <bos>: build the collator with TopicContextCollator(..., "
+                                 "sentence_prefix=True) (it adds sentence_prefix_bow)")
+        pre, carry = self.model.sentence_pre_activations(input_ids, attention_mask, carried, sentence_prefix_bow,
+                                                         labels is not None)
+        if logits_to_keep and labels is None:
+            pre = pre[:, -logits_to_keep:]
+        return self.model.sentence_topics(pre, z_k, self.training), carry
 
     def _window_topic_words(self, input_ids, attention_mask, excludes_last: bool) -> torch.Tensor:
         """(b, V_c) bool: the topic words among the chunk's inputs (without each row's last real one when
@@ -686,16 +679,6 @@ class NCLMForCausalLM(NCLMPreTrainedModel, TopicGenerationMixin, GenerationMixin
         present = torch.zeros(b, self.config.topic_vocab_size + 1, dtype=torch.bool, device=input_ids.device)
         present.scatter_(1, tm + 1, True)
         return present[:, 1:]
-
-
-def _rows(x: torch.Tensor, batch_size: int, name: str, width: Optional[int] = None) -> torch.Tensor:
-    if width is not None and (x.dim() != 2 or x.shape[-1] != width):
-        raise ValueError(f"{name} must have shape (b, {width}), got {tuple(x.shape)}")
-    if x.shape[0] == batch_size:
-        return x
-    if batch_size % x.shape[0] == 0:
-        return x.repeat_interleave(batch_size // x.shape[0], dim=0)
-    raise ValueError(f"{name} has {x.shape[0]} rows but the batch has {batch_size}")
 
 
 def _detach(x):
