@@ -184,3 +184,14 @@ def test_a_checkpoint_that_lacks_weights_of_the_model_is_an_error(apnews, tmp_pa
     loaded, info = AutoModelForCausalLM.from_pretrained(tmp_path / "tied", output_loading_info=True)
     assert info["missing_keys"] == set()
     torch.testing.assert_close(loaded.lm_head.weight, tied.lm_head.weight)
+
+
+@pytest.mark.parametrize("config_cls, bad", [
+    ("LSTMLMConfig", {"hidden_size": True}), ("TCNLMConfig", {"kl_annealing_steps": 2.5}),
+    ("TopicRNNConfig", {"inference_num_layers": True}), ("NCLMConfig", {"num_topic_samples": -1})])
+def test_every_config_checks_its_integer_sizes_the_same_way(config_cls, bad):
+    import topic_lm_hf
+
+    name, value = next(iter(bad.items()))
+    with pytest.raises(ValueError, match=rf"{name} must be a (positive|non-negative) integer, got {value!r}"):
+        getattr(topic_lm_hf, config_cls)(**bad)
