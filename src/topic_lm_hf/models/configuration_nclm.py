@@ -2,7 +2,7 @@
 
 from transformers import PretrainedConfig
 
-from .modeling_common import check_integers, config_kwargs_from_tokenizers, topic_word_ids_from_tokenizers
+from .modeling_common import TopicConfigMixin, check_integers
 
 VARIANTS = ("lta", "eta", "leta")
 SDT_MODES = ("prefix", "minus_target")
@@ -12,7 +12,7 @@ ETR_EMBEDDINGS = ("lm", "frozen", "decoder")
 ENCODER_ACTIVATIONS = ("sigmoid", "relu", "tanh")
 
 
-class NCLMConfig(PretrainedConfig):
+class NCLMConfig(TopicConfigMixin, PretrainedConfig):
     r"""Configuration of :class:`NCLMModel` and :class:`NCLMForCausalLM`.
 
     The defaults are the paper's and its official code's (``../shared/docs/nclm.md`` §1): an NVDM
@@ -179,14 +179,3 @@ class NCLMConfig(PretrainedConfig):
         if self.uses_etr and self.etr_mask_includes_current_sentence:
             leaky.append("etr_mask_includes_current_sentence")
         return leaky
-
-    @staticmethod
-    def topic_word_ids_from_tokenizers(tokenizer, topic_tokenizer) -> list[int]:
-        """The LM id of every topic-tokenizer entry (-1 for its ``<unk>`` and for words the LM lacks)."""
-        return topic_word_ids_from_tokenizers(tokenizer, topic_tokenizer)
-
-    @classmethod
-    def from_tokenizers(cls, tokenizer, topic_tokenizer, **kwargs) -> "NCLMConfig":
-        """A config sized to an LM tokenizer and a topic tokenizer (vocabulary sizes, special-token ids,
-        ``topic_word_ids``); other arguments are passed on."""
-        return cls(**config_kwargs_from_tokenizers(tokenizer, topic_tokenizer, **kwargs))

@@ -2,7 +2,7 @@
 
 from transformers import PretrainedConfig
 
-from .modeling_common import check_integers, config_kwargs_from_tokenizers, topic_word_ids_from_tokenizers
+from .modeling_common import TopicConfigMixin, check_integers
 
 LM_TYPES = ("tcnlm", "naive_moe")
 TOPIC_LOSS_NORMALIZATIONS = ("context_tokens", "lm_tokens")
@@ -10,7 +10,7 @@ LM_TOPIC_INPUTS = ("mixture", "gumbel")
 TOPIC_OUTPUT_BIASES = (None, "learned", "beta")
 
 
-class TCNLMConfig(PretrainedConfig):
+class TCNLMConfig(TopicConfigMixin, PretrainedConfig):
     r"""Configuration of :class:`TCNLMModel` and :class:`TCNLMForCausalLM`.
 
     The paper's settings (section 5): a 2-layer 256-unit ReLU encoder, lambda = 0.1, dropout 0.4,
@@ -145,14 +145,3 @@ class TCNLMConfig(PretrainedConfig):
         self.use_cache = use_cache
         super().__init__(pad_token_id=pad_token_id, bos_token_id=bos_token_id, eos_token_id=eos_token_id,
                          unk_token_id=unk_token_id, **kwargs)
-
-    @staticmethod
-    def topic_word_ids_from_tokenizers(tokenizer, topic_tokenizer) -> list[int]:
-        """The LM id of every topic-tokenizer entry (-1 for its ``<unk>`` and for words the LM lacks)."""
-        return topic_word_ids_from_tokenizers(tokenizer, topic_tokenizer)
-
-    @classmethod
-    def from_tokenizers(cls, tokenizer, topic_tokenizer, **kwargs) -> "TCNLMConfig":
-        """A config sized to an LM tokenizer and a topic tokenizer (vocabulary sizes, special-token ids,
-        ``topic_word_ids``); other arguments are passed on."""
-        return cls(**config_kwargs_from_tokenizers(tokenizer, topic_tokenizer, **kwargs))

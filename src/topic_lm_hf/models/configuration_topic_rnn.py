@@ -6,13 +6,13 @@ from typing import Optional, Sequence
 
 from transformers import PretrainedConfig
 
-from .modeling_common import check_integers, config_kwargs_from_tokenizers, topic_word_ids_from_tokenizers
+from .modeling_common import TopicConfigMixin, check_integers
 
 CELLS = ("rnn", "lstm", "gru")
 CLASSIFIER_ACTIVATIONS = ("sigmoid", "tanh", "relu")
 
 
-class TopicRNNConfig(PretrainedConfig):
+class TopicRNNConfig(TopicConfigMixin, PretrainedConfig):
     r"""Configuration of :class:`TopicRNNForCausalLM` and :class:`TopicRNNForSequenceClassification`.
 
     Args:
@@ -153,14 +153,3 @@ class TopicRNNConfig(PretrainedConfig):
             raise ValueError("topic_word_ids maps two topic words to the same LM id")
         if not real:
             raise ValueError("topic_word_ids has no topic word: every target would be a stop word")
-
-    @staticmethod
-    def topic_word_ids_from_tokenizers(tokenizer, topic_tokenizer) -> list[int]:
-        """The LM id of every topic-tokenizer entry (-1 for its ``<unk>`` and for words the LM lacks)."""
-        return topic_word_ids_from_tokenizers(tokenizer, topic_tokenizer)
-
-    @classmethod
-    def from_tokenizers(cls, tokenizer, topic_tokenizer, **kwargs) -> "TopicRNNConfig":
-        """A config sized to an LM tokenizer and a topic tokenizer (vocabulary sizes, special-token
-        ids and ``topic_word_ids``); other arguments are passed on."""
-        return cls(**config_kwargs_from_tokenizers(tokenizer, topic_tokenizer, **kwargs))

@@ -728,6 +728,19 @@ def config_kwargs_from_tokenizers(tokenizer, topic_tokenizer, **kwargs) -> dict:
             "topic_word_ids": topic_word_ids_from_tokenizers(tokenizer, topic_tokenizer), **kwargs}
 
 
+class TopicConfigMixin:
+    """What every topic model's config has: sizing to an LM tokenizer and a topic tokenizer. Put it before
+    ``PretrainedConfig`` in the bases."""
+
+    topic_word_ids_from_tokenizers = staticmethod(topic_word_ids_from_tokenizers)
+
+    @classmethod
+    def from_tokenizers(cls, tokenizer, topic_tokenizer, **kwargs):
+        """A config sized to an LM tokenizer and a topic tokenizer (vocabulary sizes, special-token ids,
+        ``topic_word_ids``); other arguments are passed on."""
+        return cls(**config_kwargs_from_tokenizers(tokenizer, topic_tokenizer, **kwargs))
+
+
 def last_token_positions(attention_mask: Optional[torch.Tensor], seq_len: int, batch_size: int,
                          device) -> torch.Tensor:
     """Index of each row's last real token (left or right padding)."""
