@@ -1,6 +1,7 @@
 """topic-lm-hf: topic-guided neural language models as Hugging Face transformers models."""
 
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification
+from transformers import AutoModelForTokenClassification
 
 from .collator import TopicContextCollator, make_bow
 from .data import (build_vocabularies, check_vocabularies, documents_from_lists, load_documents,
@@ -35,6 +36,14 @@ for _cls, _auto in ((LSTMLMConfig, "AutoConfig"), (TCNLMConfig, "AutoConfig"), (
                     (TopicRNNForSequenceClassification, "AutoModelForSequenceClassification")):
     _cls.register_for_auto_class(_auto)
 
+# The word sense tagger (tasks/wsd_tagger.py trains and applies it).
+from .models import SenseTaggerConfig, SenseTaggerForTokenClassification  # noqa: E402
+
+AutoConfig.register(SenseTaggerConfig.model_type, SenseTaggerConfig, exist_ok=True)
+AutoModelForTokenClassification.register(SenseTaggerConfig, SenseTaggerForTokenClassification, exist_ok=True)
+SenseTaggerConfig.register_for_auto_class("AutoConfig")
+SenseTaggerForTokenClassification.register_for_auto_class("AutoModelForTokenClassification")
+
 __all__ = [
     "TopicContextCollator", "make_bow", "build_vocabularies", "check_vocabularies", "documents_from_lists",
     "load_documents", "load_vocabularies", "record_vocabularies", "save_vocabularies", "synthetic_documents",
@@ -44,4 +53,5 @@ __all__ = [
     "TopicRNNConfig", "TopicRNNModel", "TopicRNNForCausalLM", "TopicRNNForSequenceClassification", "TopicLMTrainer",
     "NCLMConfig", "NCLMModel", "NCLMForCausalLM",
     "pretrain_topic_model",
+    "SenseTaggerConfig", "SenseTaggerForTokenClassification",
 ]
