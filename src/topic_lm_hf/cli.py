@@ -32,6 +32,7 @@ from . import data as data_lib
 from .collator import TopicContextCollator, make_bow
 from .evaluation import evaluate_perplexity
 from .demo import DemoArguments, run_demo
+from .tasks.wsd_cli import WSDEvaluateArguments, WSDTrainArguments, run_wsd_evaluate, run_wsd_train
 from .trainer import TopicLMTrainer
 
 logger = logging.getLogger("topic_lm_hf")
@@ -476,6 +477,17 @@ COMMANDS: dict[str, Command] = {
         (DemoArguments,), run_demo,
         help="Uses ../shared/data/apnews when it exists, --train_file when given, else a synthetic corpus (the "
              "output says SYNTHETIC). About 3 minutes on 2 CPU cores."),
+    # two-word commands: "topic-lm wsd train ..." (main joins the words)
+    "wsd train": Command(
+        "Train a BiLSTM word sense tagger (optionally with a frozen topic model's document topics) and save it.",
+        (WSDTrainArguments, TrainingArguments), run_wsd_train,
+        help="Every TrainingArguments flag works; defaults that differ from TrainingArguments: --learning_rate 1e-3 "
+             "and --per_device_train_batch_size 32 (the paper's), --num_train_epochs 5, --logging_steps 100.",
+        defaults={"learning_rate": 1e-3, "per_device_train_batch_size": 32, "num_train_epochs": 5,
+                  "logging_steps": 100, "report_to": "none"}),
+    "wsd evaluate": Command(
+        "Tag a WSD set with a trained sense tagger, write the key file(s) and print P / R / F1 per output mode.",
+        (WSDEvaluateArguments,), run_wsd_evaluate),
 }
 
 
@@ -513,6 +525,8 @@ def main(argv: Optional[list[str]] = None) -> None:
         print(usage(), file=sys.stdout if argv else sys.stderr)
         sys.exit(0 if argv else 2)
     name, argv = argv[0], argv[1:]
+    if argv and f"{name} {argv[0]}" in COMMANDS:  # a two-word command: topic-lm wsd train ...
+        name, argv = f"{name} {argv[0]}", argv[1:]
     if name not in COMMANDS:
         print(usage(), file=sys.stderr)
         sys.exit(f"topic-lm: error: unknown command {name!r} (choose from {', '.join(COMMANDS)})")

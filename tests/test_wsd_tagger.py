@@ -1,0 +1,235 @@
+"""The BiLSTM sense tagger (docs/nclm.md §5 and §6 item 17): the HF model, training on a SemCor slice,
+candidate restriction and back-off, document topics from a real topic model of the package, and
+the ``topic-lm wsd`` commands."""
+
+import pytest
+import torch
+from transformers import AutoModelForTokenClassification, TrainingArguments
+
+from conftest import DATA, requires_data, tiny_model
+from topic_lm_hf import SenseTaggerConfig, SenseTaggerForTokenClassification
+from topic_lm_hf.tasks import load_sense_inventory, load_wsd_corpus, read_key_file, score_wsd, wsd_gold
+from topic_lm_hf.tasks.wsd_tagger import (SenseTaggingCollator, build_sense_vocabulary, disambiguate,
+                                          document_topic_representations, encode_corpus, load_frozen_topic_model,
+                                          train_sense_tagger)
+
+WSD = DATA / "wsd"
+SENSES = DATA / "wordnet" / "senses.tsv.gz"
+SLICE_DOCUMENTS = 25  # SemCor documents d000..d024: ~2,600 sentences
+
+
+def tiny_tagger(topic_size=0, **kwargs):
+    config = SenseTaggerConfig(word_vocabulary=["<pad>", "<unk>", "the", "bank", "river", "money"],
+                               id2label={0: "bank%1:14:00::", 1: "bank%1:17:01::", 2: "river%1:17:00::"},
+                               embedding_size=8, hidden_size=6, dropout=0.0, topic_representation_size=topic_size,
+                               topic_model_name_or_path="some/topic-model" if topic_size else None, **kwargs)
+    torch.manual_seed(0)
+    return SenseTaggerForTokenClassification(config)
+
+
+def training_args(tmp_path, **overrides):
+    kwargs = dict(output_dir=str(tmp_path), learning_rate=1e-3, per_device_train_batch_size=32, num_train_epochs=1,
+                  save_strategy="no", report_to="none", use_cpu=True, logging_steps=1000, disable_tqdm=True,
+                  dataloader_pin_memory=False, seed=0)
+    return TrainingArguments(**{**kwargs, **overrides})
+
+
+# ----------------------------------------------------------------------------------------------
+# the model (no data needed)
+# ----------------------------------------------------------------------------------------------
+
+
+def test_auto_round_trip_gives_identical_logits(tmp_path):
+    model = tiny_tagger(topic_size=3).eval()
+    ids = torch.tensor([[2, 3, 4, 0], [5, 3, 1, 2]])
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]])
+    c = torch.randn(2, 3)
+    before = model(input_ids=ids, attention_mask=mask, topic_representation=c).logits
+    assert before.shape == (2, 4, 3)
+    model.save_pretrained(tmp_path)
+    loaded = AutoModelForTokenClassification.from_pretrained(tmp_path)
+    assert type(loaded) is SenseTaggerForTokenClassification
+    assert loaded.config.id2label == model.config.id2label and loaded.config.word_vocabulary == model.config.word_vocabulary
+    torch.testing.assert_close(loaded(input_ids=ids, attention_mask=mask, topic_representation=c).logits, before,
+                               rtol=0, atol=0)
+    # the tagger sees the word itself: changing only the target word changes its scores
+    changed = ids.clone()
+    changed[0, 1] = 4
+    assert not torch.equal(loaded(input_ids=changed, attention_mask=mask, topic_representation=c).logits[0, 1],
+                           before[0, 1])
+
+
+def test_training_loss_is_on_instances_only():
+    model = tiny_tagger()
+    ids = torch.tensor([[2, 3, 4]])
+    labels = torch.tensor([[-100, 1, -100]])
+    out = model.eval()(input_ids=ids, labels=labels)
+    expected = torch.nn.functional.cross_entropy(out.logits[0, 1:2], labels[0, 1:2])
+    torch.testing.assert_close(out.loss, expected)
+    train_out = model.train()(input_ids=ids, labels=labels)  # dropout 0: the same loss, logits skipped
+    assert train_out.logits is None
+    torch.testing.assert_close(train_out.loss, expected)
+
+
+def test_bad_input_gets_a_clear_error(tmp_path):
+    model = tiny_tagger(topic_size=3)
+    with pytest.raises(ValueError, match="empty sentence"):
+        model(input_ids=torch.zeros((1, 0), dtype=torch.long), topic_representation=torch.zeros(1, 3))
+    with pytest.raises(ValueError, match="mismatched vocabulary"):
+        model(input_ids=torch.tensor([[2, 17]]), topic_representation=torch.zeros(1, 3))
+    with pytest.raises(ValueError, match="needs the document topic representation"):
+        model(input_ids=torch.tensor([[2, 3]]))
+    with pytest.raises(ValueError, match=r"shape \(1, 3\)"):
+        model(input_ids=torch.tensor([[2, 3]]), topic_representation=torch.zeros(1, 5))
+    with pytest.raises(ValueError, match="has no topics"):
+        tiny_tagger()(input_ids=torch.tensor([[2, 3]]), topic_representation=torch.zeros(1, 3))
+    with pytest.raises(ValueError, match="empty sentence"):
+        SenseTaggingCollator()([{"input_ids": [], "labels": []}])
+    with pytest.raises(ValueError, match="output_mode"):
+        SenseTaggerConfig(output_mode="mfs")
+    with pytest.raises(ValueError, match="needs topic_model_name_or_path"):
+        SenseTaggerConfig(topic_representation_size=4)
+    with pytest.raises(ValueError, match="must start with '<pad>', '<unk>'"):
+        SenseTaggerConfig(word_vocabulary=["bank", "river"])
+    with pytest.raises(FileNotFoundError, match="topic model folder .*missing-model does not exist"):
+        load_frozen_topic_model(tmp_path / "missing-model")
+
+
+# ----------------------------------------------------------------------------------------------
+# on SemCor (skipped without ../shared/data)
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def data():
+    for path in (WSD / "semcor", WSD / "semeval2007", SENSES):
+        if not path.exists():
+            pytest.skip(f"{path} is absent; set TOPIC_LM_DATA to the shared data folder")
+    semcor = load_wsd_corpus(WSD / "semcor")
+    documents = list(dict.fromkeys(semcor["document_id"]))[:SLICE_DOCUMENTS]
+    train = semcor.filter(lambda d: d in set(documents), input_columns="document_id")
+    se07 = load_wsd_corpus(WSD / "semeval2007")
+    return {"semcor": semcor, "train": train, "se07": se07,
+            "inventory": load_sense_inventory(SENSES, training=train)}
+
+
+@pytest.fixture(scope="module")
+def trained(data, tmp_path_factory):
+    out = tmp_path_factory.mktemp("tagger")
+    model = train_sense_tagger(data["train"], out / "trained", training_args=training_args(out, num_train_epochs=3, learning_rate=1e-2),
+                               sense_inventory=SENSES, embedding_size=32, hidden_size=32)
+    torch.manual_seed(0)
+    untrained = SenseTaggerForTokenClassification(model.config)  # the same tagger at its initialisation
+    return {"model": model, "untrained": untrained, "folder": out / "trained"}
+
+
+def test_the_full_semcor_has_35399_training_senses(data):
+    assert len(build_sense_vocabulary(data["semcor"])) == 35_399
+
+
+def test_all_senses_mode_scores_every_training_sense_of_the_slice(data, trained):
+    model = trained["model"]
+    senses = build_sense_vocabulary(data["train"])
+    assert model.config.num_labels == len(senses) and list(model.config.id2label.values()) == senses
+    rows = encode_corpus(data["se07"], model.config, labels=False)
+    batch = SenseTaggingCollator()([rows[i] for i in range(4)])
+    assert model.eval()(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.shape[-1] \
+        == len(senses)
+    predictions = disambiguate(model, data["se07"], mode="all_senses")
+    assert len(predictions) == 455 and set(predictions.values()) <= set(senses)  # no back-off: training senses only
+
+
+def test_candidates_are_the_lemmas_own_and_unseen_lemmas_back_off(data, trained):
+    inventory = data["inventory"]
+    predictions = disambiguate(trained["model"], data["se07"], mode="candidates", inventory=inventory)
+    unseen = 0
+    for instance in (i for row in data["se07"]["instances"] for i in row):
+        key = predictions.get(instance["id"])
+        candidates = inventory.candidates(instance["lemma"], instance["pos"])
+        if not candidates:
+            assert key is None  # abstention: nothing to choose from
+            continue
+        assert key in candidates  # never a sense of another lemma
+        if inventory.training_count(instance["lemma"], instance["pos"]) == 0:
+            unseen += 1
+            assert key == inventory.first_sense(instance["lemma"], instance["pos"])
+    assert unseen > 50  # the slice leaves many SE07 lemmas unseen: the back-off is exercised
+
+
+def test_a_short_training_run_beats_the_untrained_tagger(data, trained):
+    gold = wsd_gold(data["se07"])
+    f1 = {name: score_wsd(disambiguate(trained[name], data["se07"], inventory=data["inventory"]), gold).f1
+          for name in ("model", "untrained")}
+    assert f1["model"] > f1["untrained"] + 0.05, f1
+    # and on sentences of the slice (all senses): it has started to learn the training senses
+    # (F1 is NaN at P = R = 0, as in Scorer.java, so recall is compared)
+    sample = data["train"].select(range(300))
+    recall = {name: score_wsd(disambiguate(trained[name], sample, mode="all_senses"), wsd_gold(sample)).recall
+              for name in ("model", "untrained")}
+    assert recall["model"] > recall["untrained"] + 0.08, recall
+
+
+def test_a_real_topic_model_gives_each_document_its_own_c(data, apnews, tmp_path):
+    from topic_lm_hf import save_vocabularies
+
+    topic_folder = tmp_path / "tcnlm"
+    topic_model = tiny_model("tcnlm", apnews["tok"], apnews["topic_tok"])
+    topic_model.save_pretrained(topic_folder)
+    save_vocabularies(apnews["tok"], apnews["topic_tok"], topic_folder)
+    train = data["train"].select(range(400))  # 4 documents
+    model = train_sense_tagger(train, tmp_path / "tagger", topic_model=str(topic_folder),
+                               training_args=training_args(tmp_path, max_steps=3), sense_inventory=SENSES,
+                               embedding_size=16, hidden_size=16)
+    config = model.config
+    assert config.topic_model_name_or_path == str(topic_folder) and config.topic_model_type == "tcnlm"
+    assert config.topic_representation_size == topic_model.config.num_topics
+    c = document_topic_representations(data["se07"], load_frozen_topic_model(topic_folder), apnews["topic_tok"])
+    assert len(c) == 3 and not torch.allclose(c["d000"], c["d001"])
+    # the same sentences with another document's c get other sense scores
+    rows = encode_corpus(data["se07"].select(range(5)), config, c, labels=False)
+    batch = SenseTaggingCollator()([rows[i] for i in range(len(rows))])
+    other = {**c, "d000": c["d001"]}
+    rows_other = encode_corpus(data["se07"].select(range(5)), config, other, labels=False)
+    batch_other = SenseTaggingCollator()([rows_other[i] for i in range(len(rows_other))])
+    model.eval()
+    own = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                topic_representation=batch["topic_representation"]).logits
+    swapped = model(input_ids=batch_other["input_ids"], attention_mask=batch_other["attention_mask"],
+                    topic_representation=batch_other["topic_representation"]).logits
+    assert not torch.allclose(own, swapped)
+    # reloaded by the Auto class, the tagger finds its topic model and topic tokenizer by itself
+    loaded = AutoModelForTokenClassification.from_pretrained(tmp_path / "tagger")
+    assert disambiguate(loaded, data["se07"], mode="all_senses") == disambiguate(model, data["se07"],
+                                                                                 mode="all_senses",
+                                                                                 topic_representations=c)
+    # a topic tokenizer of another vocabulary is refused
+    with pytest.raises(ValueError, match="mismatched vocabularies"):
+        document_topic_representations(data["se07"], topic_model, apnews["tok"])
+
+
+# ----------------------------------------------------------------------------------------------
+# the command line
+# ----------------------------------------------------------------------------------------------
+
+
+@requires_data("wsd", "semeval2007")
+@requires_data("wordnet", "senses.tsv.gz")
+def test_wsd_train_and_evaluate_commands(tmp_path, capsys):
+    from topic_lm_hf.cli import main
+
+    out = tmp_path / "tagger"
+    se07 = str(WSD / "semeval2007")
+    main(["wsd", "train", "--train", se07, "--output_dir", str(out), "--num_train_epochs", "1",
+          "--embedding_size", "16", "--hidden_size", "16", "--use_cpu", "--disable_tqdm", "true"])
+    assert "saved to" in capsys.readouterr().out
+    main(["wsd", "evaluate", "--model_name_or_path", str(out), "--dataset", se07])
+    text = capsys.readouterr().out
+    for mode in ("candidates", "all_senses"):
+        key_file = out / f"semeval2007.{mode}.key.txt"
+        assert f"| {mode} | " in text and key_file.exists()
+        f1 = text.split(f"| {mode} | ")[1].split(" | ")[2]
+        assert f1 == score_wsd(key_file, WSD / "semeval2007" / "semeval2007.gold.key.txt").formatted()["F1"]
+        assert len(read_key_file(key_file)) > 400
+    with pytest.raises(SystemExit, match="topic model folder .* does not exist"):
+        main(["wsd", "train", "--train", se07, "--output_dir", str(tmp_path / "x"), "--topic_model",
+              str(tmp_path / "nowhere")])
