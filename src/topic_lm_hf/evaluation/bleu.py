@@ -35,7 +35,7 @@ exact (a sentence owning the maximum is clipped by the second-largest count, whi
 maximum when another sentence ties), and one copy of the hypothesis' own length is left out of
 the lengths. Arithmetic follows NLTK's order of operations, so each sentence score is bit-equal
 to NLTK's; means are summed in hypothesis order, as Texygen does. On 300 APNEWS hypotheses against
-800 references (BLEU-2..4) this takes well under a second where NLTK takes seconds
+800 references (BLEU-2..4) this takes about 0.07 s where the NLTK loop takes 20-30 s
 (``tests/test_bleu.py`` prints both).
 
 **Tokens.** Sentences are token lists, or strings split on whitespace. Texygen tokenised each line
