@@ -417,10 +417,17 @@ class TCNLMModel(DocumentRepresentationMixin, TCNLMPreTrainedModel):
         return self.infer_topics(context_bow)
 
     def _document_token_states(self, input_ids, attention_mask, context_bow):
-        # The LSTM's weights depend on t: the document's own topics (the posterior mean in eval mode).
+        # The LSTM's weights depend on t: the document's own topics (the posterior mean in eval mode). The naive
+        # mixture of experts has one LSTM per topic: o_m is their outputs weighted by t, sum_k t_k h_m^(k).
         out = self(input_ids=input_ids, attention_mask=attention_mask, context_bow=context_bow, use_cache=True,
                    return_dict=True)
-        return out.last_hidden_state, out.state[0][:, -1]
+        if self.config.lm_type != "naive_moe":
+            return out.last_hidden_state, out.state[0][:, -1]
+        t = out.topic_mixture.to(out.last_hidden_state.dtype)  # (b, T)
+        states = (out.last_hidden_state * t[:, None, :, None]).sum(2)  # (b, s, H)
+        b, _, hidden = out.state[0].shape
+        top = out.state[0].view(b, self.config.num_topics, self.config.num_hidden_layers, hidden)[:, :, -1]
+        return states, (top * t.unsqueeze(-1)).sum(1)
 
     @torch.no_grad()
     def get_topics(self, top_n: int = 10, topic_tokenizer=None) -> list[list[str]]:
