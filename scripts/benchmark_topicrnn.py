@@ -47,9 +47,9 @@ from transformers import TrainingArguments, set_seed  # noqa: E402
 
 from topic_lm_hf import (LSTMLMConfig, LSTMLMForCausalLM, TopicContextCollator, TopicLMTrainer,  # noqa: E402
                          build_vocabularies, load_documents, save_vocabularies)
-from topic_lm_hf.classification import (DocumentClassificationCollator, FeatureCollator,  # noqa: E402
-                                        add_document_features, bow_logistic_regression, classification_accuracy,
-                                        load_imdb_splits, majority_accuracy, train_classifier)
+from topic_lm_hf.tasks.classification import (FeatureCollator, add_document_features,  # noqa: E402
+                                              bow_logistic_regression, classification_accuracy, load_imdb_splits,
+                                              majority_accuracy, train_classifier)
 from topic_lm_hf.evaluation import evaluate_perplexity  # noqa: E402
 from topic_lm_hf.evaluation.sliding_window import evaluate_perplexity_sliding_window  # noqa: E402
 from topic_lm_hf.models.configuration_topic_rnn import TopicRNNConfig  # noqa: E402
@@ -217,7 +217,8 @@ def sentiment(args) -> list[dict]:
     results.append({"method": "bag-of-words logistic regression", "features": f"{bow['features']:,} "
                     f"({bow['settings']})", "accuracy": bow["accuracy"]})
 
-    doc_collator = DocumentClassificationCollator(tok, topic_tok, max_length=args.max_length)
+    doc_collator = TopicContextCollator(tok, topic_tok, context="document", layout="sequence",
+                                        max_document_length=args.max_length, label_column="label")
     train_doc_rows, test_doc_rows = doc_collator.prepare(train_docs), doc_collator.prepare(test_docs)
     collator = TopicContextCollator(tok, topic_tok, context=args.imdb_context)
     lm_docs = train_docs.select(range(min(args.imdb_lm_docs, len(train_docs))))

@@ -106,8 +106,7 @@ def test_a_fully_padded_row_in_eval_and_generate(apnews, family):
     for s, s_alone in zip(out.state, alone.state):
         assert s[0].abs().sum() == 0  # no token: the (zero) initial state
         torch.testing.assert_close(s[1], s_alone[0])
-    if hasattr(model, "document_features"):
-        assert torch.isfinite(model.document_features(input_ids=ids, attention_mask=mask)).all()
+    assert torch.isfinite(model.document_representation(input_ids=ids, attention_mask=mask)).all()
 
     left_ids, left_mask = _left_aligned(ids, mask)
     kwargs = dict(max_new_tokens=4, do_sample=False, pad_token_id=tok.pad_token_id)

@@ -502,10 +502,9 @@ def test_saved_folder_loads_with_remote_code_in_a_process_without_the_package(ap
 
 
 def test_document_representation_is_last_output_and_document_topics(apnews):
-    from topic_lm_hf.classification import DocumentClassificationCollator
-
     model = make(apnews, "leta")
-    collator = DocumentClassificationCollator(apnews["tok"], apnews["topic_tok"])  # unlabelled documents too
+    collator = TopicContextCollator(apnews["tok"], apnews["topic_tok"], context="document", layout="sequence",
+                                    label_column="label")  # unlabelled documents too
     batch = collator(list(collator.prepare(apnews["valid"].select([0, 1]))))
     assert "labels" not in batch
     reps = model.document_representation(batch)
@@ -519,8 +518,9 @@ def test_document_representation_is_last_output_and_document_topics(apnews):
     torch.testing.assert_close(one[:, :model.config.hidden_size], o)
     c, _, _, _ = model.model.document_topics(1, "cpu", context_bow=batch["context_bow"][1:])
     torch.testing.assert_close(one[:, model.config.hidden_size:], c)
+    torch.testing.assert_close(model.document_topic_representation(batch["context_bow"][1:]), c)
     documents_layout = TopicContextCollator(apnews["tok"], apnews["topic_tok"], context="document", layout="documents")
-    with pytest.raises(ValueError, match=r"one sequence per document.*DocumentClassificationCollator"):
+    with pytest.raises(ValueError, match=r"one sequence per document.*layout='sequence'"):
         model.document_representation(documents_layout(list(documents_layout.prepare(apnews["valid"].select([0])))))
 
 

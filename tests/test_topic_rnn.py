@@ -15,9 +15,9 @@ from transformers import (AutoConfig, AutoModel, AutoModelForCausalLM, AutoModel
 import reference_topic_rnn as ref
 from conftest import DATA, requires_data, run_without_package
 from topic_lm_hf import TopicContextCollator, TopicLMTrainer, build_vocabularies, documents_from_lists
-from topic_lm_hf.classification import (DocumentClassificationCollator, FeatureCollator, add_document_features,
-                                        bow_logistic_regression, classification_accuracy, load_imdb_splits,
-                                        majority_accuracy, train_classifier)
+from topic_lm_hf.tasks.classification import (FeatureCollator, add_document_features, bow_logistic_regression,
+                                              classification_accuracy, load_imdb_splits, majority_accuracy,
+                                              train_classifier)
 from topic_lm_hf.evaluation import PROTOCOLS, evaluate_perplexity
 from topic_lm_hf.evaluation.sliding_window import evaluate_perplexity_sliding_window
 from topic_lm_hf.models.configuration_topic_rnn import TopicRNNConfig
@@ -362,7 +362,7 @@ def test_save_load_through_auto_classes(toy, tmp_path, cell):
     for (name, p), (_, q) in zip(clf.model.named_parameters(), model.model.named_parameters()):
         assert torch.equal(p, q), name
         assert not p.requires_grad, name  # frozen features by default (the paper's recipe)
-    assert torch.allclose(clf.model.document_features(batch), model.document_features(batch))
+    assert torch.allclose(clf.model.document_representation(batch), model.document_representation(batch))
 
 
 @param("cell", CELLS)
@@ -551,7 +551,8 @@ def test_classifier_learns_imdb_above_majority(tmp_path):
                                             num_topics=16, inference_hidden_size=32, inference_input="log1p",
                                             freeze_backbone=False, num_labels=2)
     model = TopicRNNForSequenceClassification(config)
-    collator = DocumentClassificationCollator(tok, topic_tok, max_length=200)
+    collator = TopicContextCollator(tok, topic_tok, context="document", layout="sequence", max_document_length=200,
+                                    label_column="label")
     train_rows, test_rows = collator.prepare(train), collator.prepare(test)
     train_classifier(model, train_rows, collator, str(tmp_path), epochs=4, learning_rate=3e-3, batch_size=25)
     accuracy = classification_accuracy(model, test_rows, collator)
@@ -567,12 +568,13 @@ def test_frozen_feature_classifier_trains_only_the_head(toy, tmp_path):
     lm.save_pretrained(tmp_path / "lm")
     clf = AutoModelForSequenceClassification.from_pretrained(tmp_path / "lm", num_labels=2)
     docs = documents_from_lists(CORPUS * 4, label=[0, 1, 0] * 4)
-    collator = DocumentClassificationCollator(tok, topic_tok, max_length=12)
+    collator = TopicContextCollator(tok, topic_tok, context="document", layout="sequence", max_document_length=12,
+                                    label_column="label")
     rows = collator.prepare(docs)
     batch = collator([rows[i] for i in range(4)])
     assert batch["input_ids"].shape[1] <= 12 and batch["labels"].tolist() == [0, 1, 0, 0]
     features = add_document_features(clf, rows, collator)
-    assert len(features[0]["document_features"]) == 2 * 3 + 5  # mu, log sigma, h
+    assert len(features[0]["document_features"]) == 5 + 2 * 3  # h, mu, log sigma
     body = {k: v.clone() for k, v in clf.model.state_dict().items()}
     head = clf.classifier.dense.weight.clone()
     train_classifier(clf, features, FeatureCollator(), str(tmp_path / "clf"), epochs=3, learning_rate=1e-2,

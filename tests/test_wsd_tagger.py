@@ -182,7 +182,7 @@ def test_a_real_topic_model_gives_each_document_its_own_c(data, apnews, tmp_path
                                embedding_size=16, hidden_size=16)
     config = model.config
     assert config.topic_model_name_or_path == str(topic_folder) and config.topic_model_type == "tcnlm"
-    assert config.topic_representation_size == topic_model.config.num_topics
+    assert config.topic_representation_size == topic_model.document_topic_size == topic_model.config.num_topics
     c = document_topic_representations(data["se07"], load_frozen_topic_model(topic_folder), apnews["topic_tok"])
     assert len(c) == 3 and not torch.allclose(c["d000"], c["d001"])
     # the same sentences with another document's c get other sense scores

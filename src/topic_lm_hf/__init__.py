@@ -9,9 +9,12 @@ from .data import (build_vocabularies, check_vocabularies, documents_from_lists,
 from .evaluation import (PROTOCOLS, evaluate_perplexity, evaluate_steering, fit_lda_judge, topic_coherence,
                          topic_diversity)
 from .evaluation.topic_eval import evaluate_topics
-from .models import (LSTMLMConfig, LSTMLMForCausalLM, LSTMLMModel, NCLMConfig, NCLMForCausalLM, NCLMModel,
-                     TCNLMConfig, TCNLMForCausalLM, TCNLMModel, TopicRNNConfig, TopicRNNForCausalLM, TopicRNNForSequenceClassification, TopicRNNModel)
+from .models import (LSTMLMConfig, LSTMLMForCausalLM, LSTMLMForSequenceClassification, LSTMLMModel, NCLMConfig,
+                     NCLMForCausalLM, NCLMForSequenceClassification, NCLMModel, TCNLMConfig, TCNLMForCausalLM,
+                     TCNLMForSequenceClassification, TCNLMModel, TopicRNNConfig, TopicRNNForCausalLM,
+                     TopicRNNForSequenceClassification, TopicRNNModel)
 from .pretraining import pretrain_topic_model
+from .tasks import evaluate_retrieval, extract_document_features
 from .trainer import TopicLMTrainer
 
 __version__ = "0.1.0"
@@ -22,7 +25,9 @@ for _config, _base, _lm in ((LSTMLMConfig, LSTMLMModel, LSTMLMForCausalLM), (TCN
     AutoConfig.register(_config.model_type, _config, exist_ok=True)
     AutoModel.register(_config, _base, exist_ok=True)
     AutoModelForCausalLM.register(_config, _lm, exist_ok=True)
-AutoModelForSequenceClassification.register(TopicRNNConfig, TopicRNNForSequenceClassification, exist_ok=True)
+for _config, _classifier in ((LSTMLMConfig, LSTMLMForSequenceClassification), (TCNLMConfig, TCNLMForSequenceClassification),
+                             (TopicRNNConfig, TopicRNNForSequenceClassification), (NCLMConfig, NCLMForSequenceClassification)):
+    AutoModelForSequenceClassification.register(_config, _classifier, exist_ok=True)
 
 # Every save_pretrained (Trainer checkpoints included) also writes the model's flat code files and an
 # ``auto_map`` into config.json. The folder then loads with ``trust_remote_code=True`` where this package is not
@@ -33,7 +38,10 @@ for _cls, _auto in ((LSTMLMConfig, "AutoConfig"), (TCNLMConfig, "AutoConfig"), (
                     (TopicRNNModel, "AutoModel"), (NCLMModel, "AutoModel"), (LSTMLMForCausalLM, "AutoModelForCausalLM"),
                     (TCNLMForCausalLM, "AutoModelForCausalLM"), (TopicRNNForCausalLM, "AutoModelForCausalLM"),
                     (NCLMForCausalLM, "AutoModelForCausalLM"),
-                    (TopicRNNForSequenceClassification, "AutoModelForSequenceClassification")):
+                    (LSTMLMForSequenceClassification, "AutoModelForSequenceClassification"),
+                    (TCNLMForSequenceClassification, "AutoModelForSequenceClassification"),
+                    (TopicRNNForSequenceClassification, "AutoModelForSequenceClassification"),
+                    (NCLMForSequenceClassification, "AutoModelForSequenceClassification")):
     _cls.register_for_auto_class(_auto)
 
 # The word sense tagger (tasks/wsd_tagger.py trains and applies it).
@@ -51,7 +59,8 @@ __all__ = [
     "topic_diversity", "evaluate_topics",
     "LSTMLMConfig", "LSTMLMForCausalLM", "LSTMLMModel", "TCNLMConfig", "TCNLMModel", "TCNLMForCausalLM",
     "TopicRNNConfig", "TopicRNNModel", "TopicRNNForCausalLM", "TopicRNNForSequenceClassification", "TopicLMTrainer",
-    "NCLMConfig", "NCLMModel", "NCLMForCausalLM",
-    "pretrain_topic_model",
+    "NCLMConfig", "NCLMModel", "NCLMForCausalLM", "LSTMLMForSequenceClassification", "TCNLMForSequenceClassification",
+    "NCLMForSequenceClassification",
+    "pretrain_topic_model", "evaluate_retrieval", "extract_document_features",
     "SenseTaggerConfig", "SenseTaggerForTokenClassification",
 ]

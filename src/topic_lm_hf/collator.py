@@ -42,7 +42,7 @@ import torch
 from .data import BOS, EOS, PAD, STREAM_BATCH_SIZE, UNK, check_vocabularies, dataset_columns
 
 CONTEXT_MODES = ("others", "preceding", "document", "none")
-LAYOUTS = ("sentences", "documents")
+LAYOUTS = ("sentences", "documents", "sequence")
 
 
 @dataclass
@@ -57,7 +57,15 @@ class TopicContextCollator:
         max_context_tokens: topic tokens kept in a context (300 in the papers); ``None`` keeps all.
         layout: ``"sentences"`` gives one row per chunk; ``"documents"`` gives one row per
             document with all its chunks (``input_ids`` of shape (b, c, l), ``context_bow`` of
-            shape (b, c, V_c), ``chunk_mask`` (b, c)), for models with a recurrence over sentences.
+            shape (b, c, V_c), ``chunk_mask`` (b, c)), for models with a recurrence over sentences;
+            ``"sequence"`` gives one row per document as ONE sequence, its sentences as ``<bos> w_1 .. w_n <eos>``
+            one after the other, cut at ``max_document_length`` tokens, with the bag of words of the whole
+            document (``context="document"`` or ``"none"`` only): the input of the downstream tasks
+            (``document_representation``, the ``*ForSequenceClassification`` models, retrieval).
+        max_document_length: tokens kept per document in the ``"sequence"`` layout.
+        label_column: in the ``"sequence"`` layout, the documents' column returned as ``labels`` (class ids for
+            a sequence classifier); without it ``labels`` are the LM labels. Documents without the column (a
+            corpus to featurise) give batches without ``labels``.
         keep_columns: columns of the documents dataset copied to every prepared row (e.g. ``label``).
         sentence_prefix: also give each chunk ``sentence_prefix_bow``, the topic words of its sentence
             *before* the chunk (all-zero for a sentence's first chunk), for models with sentence-level
@@ -73,12 +81,24 @@ class TopicContextCollator:
     layout: str = "sentences"
     keep_columns: Sequence[str] = field(default_factory=tuple)
     sentence_prefix: bool = False
+    max_document_length: int = 400
+    label_column: str | None = None
 
     def __post_init__(self):
         if self.context not in CONTEXT_MODES:
             raise ValueError(f"context must be one of {CONTEXT_MODES}, got {self.context!r}")
         if self.layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
+        if self.layout == "sequence" and self.context not in ("document", "none"):
+            raise ValueError(f"layout='sequence' (one sequence per document) takes context='document' or 'none', got "
+                             f"context={self.context!r}: the other modes are per sentence")
+        if self.layout == "sequence" and self.sentence_prefix:
+            raise ValueError("sentence_prefix is a per-chunk option; layout='sequence' has no chunks")
+        if self.label_column is not None and self.layout != "sequence":
+            raise ValueError("label_column is an option of layout='sequence' (document classification); with "
+                             "the other layouts copy the column with keep_columns")
+        if self.max_document_length < 2:
+            raise ValueError(f"max_document_length must be >= 2, got {self.max_document_length}")
         if self.max_sentence_length < 1:
             raise ValueError(f"max_sentence_length must be >= 1, got {self.max_sentence_length}")
         if self.max_context_tokens is not None and self.max_context_tokens < 1:
@@ -162,18 +182,34 @@ class TopicContextCollator:
                     rows["prefix_ids"].append(before[before >= 0].tolist())
         return rows
 
+    def encode_sequence(self, sentences: Sequence[Sequence[str]], doc_index: int = -1) -> dict[str, list]:
+        """One document as one sequence (``input_ids``, cut at ``max_document_length``) and the topic ids of its
+        bag of words (``context_ids``: the first ``max_context_tokens`` of the whole document)."""
+        sentences = [s for s in sentences if len(s) > 0]
+        if not sentences:
+            raise ValueError(f"Document {doc_index} is empty (no tokens): remove it, or load documents "
+                             "with load_documents(..., on_empty='skip')")
+        ids = [self.encode_sentence(s) for s in sentences]
+        tokens = [t for s in ids for t in (self.bos_id, *s, self.eos_id)][:self.max_document_length]
+        context = self.contexts(ids, mode="document")[0].tolist() if self.context != "none" else []
+        return {"input_ids": tokens, "context_ids": context}
+
     def prepare(self, documents, num_proc: int | None = None):
         """Turn a documents dataset (column ``sentences``) into rows for this collator.
 
         ``layout="sentences"``: one row per chunk with ``input_ids``, ``context_ids``,
         ``doc_index``, ``sentence_index``, ``chunk_index`` (+ ``keep_columns``).
         ``layout="documents"``: one row per document whose columns are lists over its chunks.
+        ``layout="sequence"``: one row per document with ``input_ids``, ``context_ids``, ``doc_index``
+        (+ ``keep_columns``, + ``labels`` from ``label_column``).
 
         ``documents`` may be a ``datasets.IterableDataset`` (e.g. ``load_documents(...,
         streaming=True)``): the rows are then an ``IterableDataset`` too, made as the stream is read,
         for ``Trainer`` with ``max_steps``.
         """
         columns = dataset_columns(documents)
+        if self.layout == "sequence":
+            return self._prepare_sequences(documents, columns, num_proc)
         missing = [c for c in ["sentences", *self.keep_columns] if c not in columns]
         if missing:
             raise ValueError(f"The documents dataset lacks column(s) {missing} (has {columns})")
@@ -207,6 +243,24 @@ class TopicContextCollator:
                                  batch_size=STREAM_BATCH_SIZE)
         return documents.map(encode, batched=True, with_indices=True, remove_columns=columns,
                              num_proc=num_proc, desc=f"preparing {self.layout} ({self.context} context)")
+
+    def _prepare_sequences(self, documents, columns, num_proc):
+        missing = [c for c in ["sentences", *self.keep_columns] if c not in columns]
+        if missing:
+            raise ValueError(f"The documents dataset lacks column(s) {missing} (has {columns})")
+        labelled = self.label_column is not None and self.label_column in columns
+
+        def encode(batch, indices):
+            rows = [self.encode_sequence(doc, index) for doc, index in zip(batch["sentences"], indices)]
+            out = {"input_ids": [r["input_ids"] for r in rows], "context_ids": [r["context_ids"] for r in rows],
+                   "doc_index": list(indices), **{c: batch[c] for c in self.keep_columns}}
+            if labelled:
+                out["labels"] = batch[self.label_column]
+            return out
+
+        kwargs = ({"batch_size": STREAM_BATCH_SIZE} if isinstance(documents, datasets.IterableDataset)
+                  else {"num_proc": num_proc, "desc": f"preparing sequences ({self.context} context)"})
+        return documents.map(encode, batched=True, with_indices=True, remove_columns=columns, **kwargs)
 
     # ------------------------------------------------------------------------------------------
     # batching
@@ -242,9 +296,29 @@ class TopicContextCollator:
             out[c] = torch.as_tensor(values) if isinstance(values[0], (int, float, bool)) else values
         return out
 
+    def _sequence_batch(self, features: list[dict[str, Any]]) -> dict[str, Any]:
+        """layout="sequence": raw documents (``sentences``) or prepared rows -> (b, n) batches."""
+        if "input_ids" not in features[0]:
+            label = self.label_column
+            features = [{**self.encode_sequence(f["sentences"], f.get("doc_index", i)),
+                         **{c: f[c] for c in self.keep_columns},
+                         **({"labels": f[label]} if label is not None and label in f else {})}
+                        for i, f in enumerate(features)]
+        batch = self._lm_batch([f["input_ids"] for f in features])
+        if self.context != "none":
+            batch["context_bow"] = self.bag_of_words([f["context_ids"] for f in features])
+        if self.label_column is not None:
+            del batch["labels"]  # the LM labels: this batch is for a classifier / feature extraction
+            if "labels" in features[0]:
+                batch["labels"] = torch.as_tensor([f["labels"] for f in features])
+        batch.update(self._extra(features))
+        return batch
+
     def __call__(self, features: list[dict[str, Any]]) -> dict[str, Any]:
         if not features:
             raise ValueError("Empty batch")
+        if self.layout == "sequence":
+            return self._sequence_batch(features)
         if "sentences" in features[0] and "input_ids" not in features[0]:
             # Raw documents: encode them here (convenient for small data; prepare() is faster).
             encoded = []

@@ -1,5 +1,7 @@
-"""Evaluation: perplexity under explicit context protocols, and topic quality (NPMI, diversity)."""
+"""Evaluation: perplexity under explicit context protocols, topic quality (NPMI, diversity), and
+generation quality and diversity (Texygen BLEU and self-BLEU)."""
 
+from .bleu import BleuResult, texygen_bleu, texygen_self_bleu
 from .perplexity import PROTOCOLS, evaluate_perplexity
 from .sliding_window import evaluate_perplexity_sliding_window
 from .steering import LDAJudge, distinct_n, evaluate_steering, fit_lda_judge, format_steering_table
@@ -7,4 +9,4 @@ from .topics import CoherenceResult, ReferenceCorpus, load_reference_corpus, top
 
 __all__ = ["PROTOCOLS", "evaluate_perplexity", "evaluate_perplexity_sliding_window", "CoherenceResult", "ReferenceCorpus", "load_reference_corpus",
            "topic_coherence", "topic_diversity", "LDAJudge", "distinct_n", "evaluate_steering", "fit_lda_judge",
-           "format_steering_table"]
+           "format_steering_table", "BleuResult", "texygen_bleu", "texygen_self_bleu"]

@@ -6,13 +6,14 @@ from .configuration_nclm import NCLMConfig
 from .configuration_sense_tagger import SenseTaggerConfig
 from .configuration_tcnlm import TCNLMConfig
 from .configuration_topic_rnn import TopicRNNConfig
-from .modeling_lstm_lm import LSTMLMForCausalLM, LSTMLMModel
-from .modeling_nclm import NCLMForCausalLM, NCLMModel
+from .modeling_lstm_lm import LSTMLMForCausalLM, LSTMLMForSequenceClassification, LSTMLMModel
+from .modeling_nclm import NCLMForCausalLM, NCLMForSequenceClassification, NCLMModel
 from .modeling_sense_tagger import SenseTaggerForTokenClassification
-from .modeling_tcnlm import TCNLMForCausalLM, TCNLMModel
+from .modeling_tcnlm import TCNLMForCausalLM, TCNLMForSequenceClassification, TCNLMModel
 from .modeling_topic_rnn import TopicRNNForCausalLM, TopicRNNForSequenceClassification, TopicRNNModel
 
 __all__ = ["LSTMLMConfig", "LSTMLMModel", "LSTMLMForCausalLM", "TCNLMConfig", "TCNLMModel", "TCNLMForCausalLM",
            "TopicRNNConfig", "TopicRNNModel", "TopicRNNForCausalLM", "TopicRNNForSequenceClassification",
            "NCLMConfig", "NCLMModel", "NCLMForCausalLM",
+           "LSTMLMForSequenceClassification", "TCNLMForSequenceClassification", "NCLMForSequenceClassification",
            "SenseTaggerConfig", "SenseTaggerForTokenClassification"]

@@ -2,10 +2,10 @@
 
 from transformers import PretrainedConfig
 
-from .modeling_common import check_integers
+from .modeling_common import ClassifierConfigMixin, check_integers
 
 
-class LSTMLMConfig(PretrainedConfig):
+class LSTMLMConfig(ClassifierConfigMixin, PretrainedConfig):
     r"""Configuration of :class:`LSTMLMForCausalLM`.
 
     Args:
@@ -17,6 +17,9 @@ class LSTMLMConfig(PretrainedConfig):
         tie_word_embeddings: share the input embedding and the output matrix; when E != H a
             linear projection H -> E is inserted before the softmax.
         initializer_range: weights are initialised uniformly in [-r, r].
+        classifier_*, freeze_backbone: the head of the ``*ForSequenceClassification`` model
+            (:class:`~topic_lm_hf.models.modeling_common.ClassifierConfigMixin`: an MLP on [o_N; c] by
+            default, ``classifier_head="cnn"`` for the NCLM paper's CNN over [o_m; c]).
 
     Example:
         >>> from topic_lm_hf import LSTMLMConfig, LSTMLMForCausalLM
@@ -42,5 +45,6 @@ class LSTMLMConfig(PretrainedConfig):
         self.tie_word_embeddings = tie_word_embeddings
         self.initializer_range = initializer_range
         self.use_cache = use_cache
+        kwargs = self._pop_classifier_settings(kwargs)
         super().__init__(pad_token_id=pad_token_id, bos_token_id=bos_token_id, eos_token_id=eos_token_id,
                          unk_token_id=unk_token_id, **kwargs)

@@ -2,7 +2,7 @@
 
 from transformers import PretrainedConfig
 
-from .modeling_common import TopicConfigMixin, check_integers
+from .modeling_common import ClassifierConfigMixin, TopicConfigMixin, check_integers
 
 VARIANTS = ("lta", "eta", "leta")
 SDT_MODES = ("prefix", "minus_target")
@@ -12,7 +12,7 @@ ETR_EMBEDDINGS = ("lm", "frozen", "decoder")
 ENCODER_ACTIVATIONS = ("sigmoid", "relu", "tanh")
 
 
-class NCLMConfig(TopicConfigMixin, PretrainedConfig):
+class NCLMConfig(TopicConfigMixin, ClassifierConfigMixin, PretrainedConfig):
     r"""Configuration of :class:`NCLMModel` and :class:`NCLMForCausalLM`.
 
     The defaults are the paper's and its official code's (``../shared/docs/nclm.md`` §1): an NVDM
@@ -69,6 +69,9 @@ class NCLMConfig(TopicConfigMixin, PretrainedConfig):
             :meth:`from_tokenizers`. Needed by ``etr_embedding="lm"`` and by the sentence topics.
         initializer_range: scale r of the uniform initialisation U(-r, r) of the LM.
         tie_word_embeddings: share the input embeddings and the output matrix (needs E == H).
+        classifier_*, freeze_backbone: the head of the ``*ForSequenceClassification`` model
+            (:class:`~topic_lm_hf.models.modeling_common.ClassifierConfigMixin`: an MLP on [o_N; c] by
+            default, ``classifier_head="cnn"`` for the NCLM paper's CNN over [o_m; c]).
 
     Example:
         >>> from topic_lm_hf import NCLMConfig, NCLMForCausalLM
@@ -142,6 +145,7 @@ class NCLMConfig(TopicConfigMixin, PretrainedConfig):
         self.initializer_range = initializer_range
         self.tie_word_embeddings = tie_word_embeddings
         self.use_cache = use_cache
+        kwargs = self._pop_classifier_settings(kwargs)
         super().__init__(pad_token_id=pad_token_id, bos_token_id=bos_token_id, eos_token_id=eos_token_id,
                          unk_token_id=unk_token_id, **kwargs)
 

@@ -2,7 +2,7 @@
 
 from transformers import PretrainedConfig
 
-from .modeling_common import TopicConfigMixin, check_integers
+from .modeling_common import ClassifierConfigMixin, TopicConfigMixin, check_integers
 
 LM_TYPES = ("tcnlm", "naive_moe")
 TOPIC_LOSS_NORMALIZATIONS = ("context_tokens", "lm_tokens")
@@ -10,7 +10,7 @@ LM_TOPIC_INPUTS = ("mixture", "gumbel")
 TOPIC_OUTPUT_BIASES = (None, "learned", "beta")
 
 
-class TCNLMConfig(TopicConfigMixin, PretrainedConfig):
+class TCNLMConfig(TopicConfigMixin, ClassifierConfigMixin, PretrainedConfig):
     r"""Configuration of :class:`TCNLMModel` and :class:`TCNLMForCausalLM`.
 
     The paper's settings (section 5): a 2-layer 256-unit ReLU encoder, lambda = 0.1, dropout 0.4,
@@ -64,6 +64,9 @@ class TCNLMConfig(TopicConfigMixin, PretrainedConfig):
             from the paper's model; 1: from the plain product of the LM and a pre-trained topic model).
         topic_word_ids: the LM id of every topic-vocabulary entry (-1 for the topic ``<unk>``), as in
             :class:`TopicRNNConfig`; set by :meth:`from_tokenizers` (needed by ``topic_output_bias="beta"``).
+        classifier_*, freeze_backbone: the head of the ``*ForSequenceClassification`` model
+            (:class:`~topic_lm_hf.models.modeling_common.ClassifierConfigMixin`: an MLP on [o_N; c] by
+            default, ``classifier_head="cnn"`` for the NCLM paper's CNN over [o_m; c]).
 
     Example:
         >>> from topic_lm_hf import TCNLMConfig, TCNLMForCausalLM
@@ -143,5 +146,6 @@ class TCNLMConfig(TopicConfigMixin, PretrainedConfig):
             raise ValueError(f"topic_word_ids has {len(self.topic_word_ids)} entries but topic_vocab_size is "
                              f"{topic_vocab_size}: mismatched vocabularies")
         self.use_cache = use_cache
+        kwargs = self._pop_classifier_settings(kwargs)
         super().__init__(pad_token_id=pad_token_id, bos_token_id=bos_token_id, eos_token_id=eos_token_id,
                          unk_token_id=unk_token_id, **kwargs)

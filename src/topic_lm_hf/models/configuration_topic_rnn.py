@@ -6,13 +6,12 @@ from typing import Optional, Sequence
 
 from transformers import PretrainedConfig
 
-from .modeling_common import TopicConfigMixin, check_integers
+from .modeling_common import ClassifierConfigMixin, TopicConfigMixin, check_integers
 
 CELLS = ("rnn", "lstm", "gru")
-CLASSIFIER_ACTIVATIONS = ("sigmoid", "tanh", "relu")
 
 
-class TopicRNNConfig(TopicConfigMixin, PretrainedConfig):
+class TopicRNNConfig(TopicConfigMixin, ClassifierConfigMixin, PretrainedConfig):
     r"""Configuration of :class:`TopicRNNForCausalLM` and :class:`TopicRNNForSequenceClassification`.
 
     Args:
@@ -45,12 +44,11 @@ class TopicRNNConfig(TopicConfigMixin, PretrainedConfig):
             gains nothing by collapsing a dimension below it. 0 = the exact ELBO (the paper).
         dropout: dropout on embeddings, between recurrent layers and before the output layers
             (the paper uses none).
-        classifier_hidden_size: hidden units of the sequence-classification MLP (50 in the paper).
-        classifier_activation: its activation (``"sigmoid"`` in the paper, after Le & Mikolov 2014).
-        classifier_dropout: dropout before the classifier's layers.
-        freeze_backbone: the sequence classifier trains only its MLP on frozen document features
-            (the paper's recipe); ``False`` fine-tunes the whole network.
-        feature_log_sigma: document features include log sigma of q(theta) next to its mean.
+        feature_log_sigma: the document topic representation (``document_topic_representation``, the
+            classifier's c) is [mean; log sigma] of q(theta) rather than the mean alone.
+        classifier_*, freeze_backbone: :class:`TopicRNNForSequenceClassification`'s head
+            (:class:`~topic_lm_hf.models.modeling_common.ClassifierConfigMixin`); the defaults are the
+            paper's MLP with 50 sigmoid units (after Le & Mikolov 2014) on frozen features.
         initializer_range: weights are initialised uniformly in [-r, r].
         steering_scale: what ``topic_ids`` mean for the real-valued theta: ``topic_ids=[k]`` is
             theta = ``steering_scale`` * e_k, and a set S of topics is
@@ -75,25 +73,18 @@ class TopicRNNConfig(TopicConfigMixin, PretrainedConfig):
                  inference_num_layers: int = 2, inference_input: str = "counts", max_log_sigma: float = 10.0,
                  kl_weight: float = 1.0, kl_annealing_steps: int = 0, kl_free_bits: float = 0.0,
                  dropout: float = 0.0,
-                 classifier_hidden_size: int = 50,
-                 classifier_activation: str = "sigmoid", classifier_dropout: float = 0.0,
-                 freeze_backbone: bool = True, feature_log_sigma: bool = True, initializer_range: float = 0.1,
+                 feature_log_sigma: bool = True, initializer_range: float = 0.1,
                  use_cache: bool = True, pad_token_id: int = 0, bos_token_id: int = 2, eos_token_id: int = 3,
                  unk_token_id: int = 1, steering_scale: float = 3.0, **kwargs):
         if cell not in CELLS:
             raise ValueError(f"cell must be one of {CELLS}, got {cell!r}")
         check_integers(1, vocab_size=vocab_size, topic_vocab_size=topic_vocab_size, embedding_size=embedding_size,
                        hidden_size=hidden_size, num_hidden_layers=num_hidden_layers, num_topics=num_topics,
-                       inference_hidden_size=inference_hidden_size, classifier_hidden_size=classifier_hidden_size,
-                       inference_num_layers=inference_num_layers)
+                       inference_hidden_size=inference_hidden_size, inference_num_layers=inference_num_layers)
         if inference_input not in ("counts", "log1p", "frequencies"):
             raise ValueError(f"inference_input must be 'counts', 'log1p' or 'frequencies', got {inference_input!r}")
-        if classifier_activation not in CLASSIFIER_ACTIVATIONS:
-            raise ValueError(f"classifier_activation must be one of {CLASSIFIER_ACTIVATIONS}, "
-                             f"got {classifier_activation!r}")
-        for name, value in (("dropout", dropout), ("classifier_dropout", classifier_dropout)):
-            if not 0.0 <= value < 1.0:
-                raise ValueError(f"{name} must be in [0, 1), got {value}")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
         if not max_log_sigma > 0:
             raise ValueError(f"max_log_sigma must be positive, got {max_log_sigma}")
         if not steering_scale > 0:
@@ -119,14 +110,11 @@ class TopicRNNConfig(TopicConfigMixin, PretrainedConfig):
         self.kl_annealing_steps = kl_annealing_steps
         self.kl_free_bits = float(kl_free_bits)
         self.dropout = dropout
-        self.classifier_hidden_size = classifier_hidden_size
-        self.classifier_activation = classifier_activation
-        self.classifier_dropout = classifier_dropout
-        self.freeze_backbone = freeze_backbone
         self.feature_log_sigma = feature_log_sigma
         self.initializer_range = initializer_range
         self.steering_scale = float(steering_scale)
         self.use_cache = use_cache
+        kwargs = self._pop_classifier_settings(kwargs)
         kwargs.pop("tie_word_embeddings", None)
         super().__init__(pad_token_id=pad_token_id, bos_token_id=bos_token_id, eos_token_id=eos_token_id,
                          unk_token_id=unk_token_id,

@@ -12,7 +12,8 @@ from torch import nn
 from transformers import GenerationMixin
 
 from .configuration_lstm_lm import LSTMLMConfig
-from .modeling_common import RecurrentBodyMixin, RecurrentPreTrainedModel, TopicLMOutput, causal_lm_loss
+from .modeling_common import (DocumentClassifierMixin, DocumentRepresentationDelegate, DocumentRepresentationMixin,
+                             RecurrentBodyMixin, RecurrentPreTrainedModel, TopicLMOutput, causal_lm_loss)
 
 
 class LSTMLMPreTrainedModel(RecurrentPreTrainedModel):
@@ -20,9 +21,10 @@ class LSTMLMPreTrainedModel(RecurrentPreTrainedModel):
     _no_split_modules = ["LSTMLMModel"]
 
 
-class LSTMLMModel(RecurrentBodyMixin, LSTMLMPreTrainedModel):
+class LSTMLMModel(DocumentRepresentationMixin, RecurrentBodyMixin, LSTMLMPreTrainedModel):
     """Embeddings and a stack of LSTM layers; returns a :class:`RecurrentModelOutput` whose
-    ``last_hidden_state`` holds the top layer's outputs (b, s, H)."""
+    ``last_hidden_state`` holds the top layer's outputs (b, s, H). Its document representation is o_N alone
+    (no topic part: the papers' "same-size LSTM features" baseline)."""
 
     _keys_to_ignore_on_load_unexpected = [r"^(lm_head|proj)\."]  # a causal LM's output layer: not in the body
 
@@ -36,7 +38,7 @@ class LSTMLMModel(RecurrentBodyMixin, LSTMLMPreTrainedModel):
         self.post_init()
 
 
-class LSTMLMForCausalLM(LSTMLMPreTrainedModel, GenerationMixin):
+class LSTMLMForCausalLM(DocumentRepresentationDelegate, LSTMLMPreTrainedModel, GenerationMixin):
     """LSTM LM with a softmax output layer, cached-state generation and Trainer support."""
 
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
@@ -88,3 +90,13 @@ class LSTMLMForCausalLM(LSTMLMPreTrainedModel, GenerationMixin):
         out = TopicLMOutput(loss=loss, logits=logits, state=state, lm_loss=loss.detach() if loss is not None else None,
                             hidden_states=base.hidden_states)
         return out if return_dict is not False else out.to_tuple()
+
+
+class LSTMLMForSequenceClassification(DocumentClassifierMixin, LSTMLMPreTrainedModel):
+    """Document classifier on the LSTM LM's features o_N (or o_m with the CNN head): the papers' CNN-LSTM /
+    "LSTM features" baseline. Loads the body of a saved :class:`LSTMLMForCausalLM` folder (see
+    :class:`~.modeling_common.DocumentClassifierMixin`)."""
+
+    def __init__(self, config: LSTMLMConfig):
+        super().__init__(config)
+        self._init_classifier(LSTMLMModel(config))

@@ -63,7 +63,8 @@ from torch.nn import functional as F
 from transformers import GenerationMixin
 
 from .configuration_nclm import NCLMConfig
-from .modeling_common import (RecurrentBodyMixin, RecurrentPreTrainedModel, TopicGenerationMixin, TopicLMOutput,
+from .modeling_common import (DocumentClassifierMixin, DocumentRepresentationDelegate, DocumentRepresentationMixin,
+                              RecurrentBodyMixin, RecurrentPreTrainedModel, TopicGenerationMixin, TopicLMOutput,
                               _broadcast_rows, causal_lm_loss, last_token_positions, lm_to_topic_index,
                               normalize_topic_kwargs, topic_ids_to_mixture, topic_vocabulary)
 
@@ -171,7 +172,7 @@ class NCLMPreTrainedModel(RecurrentPreTrainedModel):
             module.etr_word_embeddings.zero_()  # set with set_etr_embeddings (or loaded with the weights)
 
 
-class NCLMModel(RecurrentBodyMixin, NCLMPreTrainedModel):
+class NCLMModel(DocumentRepresentationMixin, RecurrentBodyMixin, NCLMPreTrainedModel):
     """Embeddings, the LSTM and the NVDM (no composition, no output layer).
 
     ``forward`` returns the LSTM outputs o (b, s, H) as ``last_hidden_state`` (zero at padding) and the
@@ -388,6 +389,18 @@ class NCLMModel(RecurrentBodyMixin, NCLMPreTrainedModel):
         h, _ = self.topic_model.proportions(mean, log_sigma, sample)
         return self.compose_representation(h, z_k)
 
+    @property
+    def document_topic_size(self) -> int:
+        return self.config.document_topic_size
+
+    def document_topic_representation(self, context_bow) -> torch.Tensor:
+        """c (b, |c_doc|): the document topic representation of ``config.variant`` (h, z or [z; h]) from the
+        NVDM's softmax(mu) (no sampling), ETR over the words present in ``context_bow``."""
+        bow = torch.as_tensor(context_bow)
+        b = bow.shape[0] if bow.dim() > 1 else 1
+        c, _, _, _ = self.document_topics(b, self.device, context_bow=bow, sample=False)
+        return c
+
     def infer_topics(self, context_bow) -> torch.Tensor:
         """Topic proportions h = softmax(mu) (b, K) of documents given as bags of words (b, V_c)."""
         given = normalize_topic_kwargs(self.config.num_topics, self.config.topic_vocab_size, context_bow=context_bow)
@@ -406,7 +419,7 @@ class NCLMModel(RecurrentBodyMixin, NCLMPreTrainedModel):
         return [[words[i] for i in row] for row in top.tolist()]
 
 
-class NCLMForCausalLM(NCLMPreTrainedModel, TopicGenerationMixin, GenerationMixin):
+class NCLMForCausalLM(DocumentRepresentationDelegate, NCLMPreTrainedModel, TopicGenerationMixin, GenerationMixin):
     """NCLM with the composition sigmoid([o; c] W_p + b_p), the output softmax, the joint loss and
     topic-steered generation.
 
@@ -506,33 +519,6 @@ class NCLMForCausalLM(NCLMPreTrainedModel, TopicGenerationMixin, GenerationMixin
         """The options in use that let the model read the words it predicts (see :class:`NCLMConfig`)."""
         return self.config.leaky_modes()
 
-    def document_representation(self, batch: Optional[dict] = None, *, input_ids=None, attention_mask=None,
-                                context_bow=None) -> torch.Tensor:
-        """[o_N; c] (b, H + |c_doc|): the top LSTM output after each document's last token, and the document
-        topic representation c of ``context_bow`` (h, z or [z; h]; softmax(mu), no sampling).
-
-        ``batch``: one sequence per document with its bag of words, as
-        :class:`~topic_lm_hf.classification.DocumentClassificationCollator` makes them (extra keys such as
-        ``labels`` are ignored), or the tensors by name. A missing ``context_bow`` is an empty one."""
-        if batch is not None:
-            input_ids = batch.get("input_ids", input_ids)
-            attention_mask = batch.get("attention_mask", attention_mask)
-            context_bow = batch.get("context_bow", context_bow)
-        if input_ids is None or input_ids.dim() != 2:
-            raise ValueError("document_representation takes one sequence per document, input_ids of shape (b, n) "
-                             "(DocumentClassificationCollator makes them)")
-        device = self.device
-        b = input_ids.shape[0]
-        if context_bow is None:
-            context_bow = torch.zeros(b, self.config.topic_vocab_size, device=device)
-        base = self.model(input_ids=input_ids.to(device),
-                          attention_mask=None if attention_mask is None else attention_mask.to(device),
-                          use_cache=True, return_dict=True)
-        last = base.state[0][:, -1]  # (b, H): the top layer's h after the last real token
-        c, _, _, _ = self.model.document_topics(b, device, context_bow=context_bow, sample=False)
-        return torch.cat([last, c.to(last.dtype)], dim=-1)
-
-    document_features = document_representation  # the name the classification heads read
 
     # -- forward -----------------------------------------------------------------------------------
 
@@ -683,3 +669,14 @@ class NCLMForCausalLM(NCLMPreTrainedModel, TopicGenerationMixin, GenerationMixin
 
 def _detach(x):
     return x.detach() if x is not None else None
+class NCLMForSequenceClassification(DocumentClassifierMixin, NCLMPreTrainedModel):
+    """Document classifier on NCLM features: [o_N; c] with the MLP head, or the paper's CNN over [o_m; c]
+    (``classifier_head="cnn"``), c = h, z or [z; h] of the whole document by ``config.variant`` (no sentence
+    topics: no word is predicted). Loads the body of a saved :class:`NCLMForCausalLM` folder (see
+    :class:`~.modeling_common.DocumentClassifierMixin`)."""
+
+    def __init__(self, config: NCLMConfig):
+        super().__init__(config)
+        self._init_classifier(NCLMModel(config))
+
+

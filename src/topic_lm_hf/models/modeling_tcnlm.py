@@ -72,7 +72,8 @@ from transformers import GenerationMixin
 from transformers.utils import ModelOutput
 
 from .configuration_tcnlm import TCNLMConfig
-from .modeling_common import (RecurrentPreTrainedModel, TopicGenerationMixin, TopicLMOutput, causal_lm_loss,
+from .modeling_common import (DocumentClassifierMixin, DocumentRepresentationDelegate, DocumentRepresentationMixin,
+                             RecurrentPreTrainedModel, TopicGenerationMixin, TopicLMOutput, causal_lm_loss,
                               lm_to_topic_index, normalize_topic_kwargs, run_rnn, run_rnn_layers, topic_ids_to_mixture,
                               topic_scores_to_vocab, topic_vocabulary)
 
@@ -343,7 +344,7 @@ def _run_layer(layer: TCNLMLSTMLayer, x, t, mask, *state):
     return out, h, c  # flat: a reentrant checkpoint only sees top-level tensors
 
 
-class TCNLMModel(TCNLMPreTrainedModel):
+class TCNLMModel(DocumentRepresentationMixin, TCNLMPreTrainedModel):
     """Embeddings, the neural topic model and the topic-conditioned recurrent LM (no output layer)."""
 
     _keys_to_ignore_on_load_unexpected = [r"^(lm_head|proj)\.", r"^kl_annealing_step$"]  # causal LM only
@@ -406,6 +407,27 @@ class TCNLMModel(TCNLMPreTrainedModel):
         given = normalize_topic_kwargs(self.config.num_topics, self.config.topic_vocab_size, context_bow=context_bow)
         mean, _ = self.topic_model.posterior(given["context_bow"].to(self.device, self.dtype))
         return _float_simplex(self.topic_model.proportions(mean))
+
+    @property
+    def document_topic_size(self) -> int:
+        return self.config.num_topics
+
+    def document_topic_representation(self, context_bow) -> torch.Tensor:
+        """c (b, T) = the topic proportions t of the posterior mean (:meth:`infer_topics`)."""
+        return self.infer_topics(context_bow)
+
+    def _document_token_states(self, input_ids, attention_mask, context_bow):
+        # The LSTM's weights depend on t: the document's own topics (the posterior mean in eval mode). The naive
+        # mixture of experts has one LSTM per topic: o_m is their outputs weighted by t, sum_k t_k h_m^(k).
+        out = self(input_ids=input_ids, attention_mask=attention_mask, context_bow=context_bow, use_cache=True,
+                   return_dict=True)
+        if self.config.lm_type != "naive_moe":
+            return out.last_hidden_state, out.state[0][:, -1]
+        t = out.topic_mixture.to(out.last_hidden_state.dtype)  # (b, T)
+        states = (out.last_hidden_state * t[:, None, :, None]).sum(2)  # (b, s, H)
+        b, _, hidden = out.state[0].shape
+        top = out.state[0].view(b, self.config.num_topics, self.config.num_hidden_layers, hidden)[:, :, -1]
+        return states, (top * t.unsqueeze(-1)).sum(1)
 
     @torch.no_grad()
     def get_topics(self, top_n: int = 10, topic_tokenizer=None) -> list[list[str]]:
@@ -474,7 +496,7 @@ class TCNLMModel(TCNLMPreTrainedModel):
         return out if return_dict is not False else out.to_tuple()
 
 
-class TCNLMForCausalLM(TCNLMPreTrainedModel, TopicGenerationMixin, GenerationMixin):
+class TCNLMForCausalLM(DocumentRepresentationDelegate, TCNLMPreTrainedModel, TopicGenerationMixin, GenerationMixin):
     """TCNLM with its output softmax, the ELBO training loss, and topic-steered generation.
 
     Conditioning (``forward`` and ``generate``; give at most one):
@@ -666,3 +688,13 @@ class TCNLMForCausalLM(TCNLMPreTrainedModel, TopicGenerationMixin, GenerationMix
 
 def _detach(x):
     return x.detach() if x is not None else None
+class TCNLMForSequenceClassification(DocumentClassifierMixin, TCNLMPreTrainedModel):
+    """Document classifier on TCNLM features [o_N; t] (o_m with the CNN head): the LSTM runs with the document's
+    own topic proportions t. Loads the body of a saved :class:`TCNLMForCausalLM` folder (see
+    :class:`~.modeling_common.DocumentClassifierMixin`)."""
+
+    def __init__(self, config: TCNLMConfig):
+        super().__init__(config)
+        self._init_classifier(TCNLMModel(config))
+
+

@@ -52,7 +52,7 @@ Usage::
     model.generate(**prompt, context_bow=bow)     # theta = E[q(theta | bow)], inferred once
     model.generate(topic_mixture=theta)           # any theta in R^K
     model.generate(topic_ids=[3])                 # theta = config.steering_scale * e_3
-    features = model.document_features(batch)     # concat(mu, log sigma, last state)
+    features = model.document_representation(batch)   # [last state; mu; log sigma]
     clf = AutoModelForSequenceClassification.from_pretrained(folder, num_labels=2)
 """
 
@@ -65,11 +65,11 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 from transformers import GenerationMixin
-from transformers.modeling_outputs import SequenceClassifierOutput
 from transformers.utils import ModelOutput
 
 from .configuration_topic_rnn import TopicRNNConfig
-from .modeling_common import (RecurrentPreTrainedModel, TopicGenerationMixin, TopicLMOutput, normalize_topic_kwargs,
+from .modeling_common import (DocumentClassifierMixin, DocumentRepresentationDelegate, DocumentRepresentationMixin,
+                             RecurrentPreTrainedModel, TopicGenerationMixin, TopicLMOutput, normalize_topic_kwargs,
                               lm_to_topic_index, run_token_rnn, topic_ids_to_mixture,
                               topic_scores_to_vocab, topic_vocabulary)
 
@@ -142,7 +142,7 @@ class TopicRNNInferenceNetwork(nn.Module):
         return self.mean(x), log_sigma
 
 
-class TopicRNNModel(TopicRNNPreTrainedModel):
+class TopicRNNModel(DocumentRepresentationMixin, TopicRNNPreTrainedModel):
     """The shared body: word embeddings, the recurrent cell and the inference network."""
 
     _keys_to_ignore_on_load_unexpected = [r"^(lm_head|stop_head|topic_head|classifier)\.", r"^kl_annealing_step$"]
@@ -189,35 +189,21 @@ class TopicRNNModel(TopicRNNPreTrainedModel):
                                   topic_mean=mean, topic_log_sigma=log_sigma, hidden_states=all_hidden)
         return out if return_dict is not False else out.to_tuple()
 
-    def document_features(self, batch: Optional[dict] = None, *, input_ids=None, attention_mask=None,
-                          inputs_embeds=None, context_bow=None) -> torch.Tensor:
-        """concat(mu [, log sigma] of q(theta | context_bow), top-layer h after the last real token).
+    @property
+    def document_topic_size(self) -> int:
+        return self.config.num_topics * (2 if self.config.feature_log_sigma else 1)
 
-        Shape (b, K + H), or (b, 2K + H) with ``config.feature_log_sigma``. A missing
-        ``context_bow`` is an empty bag of words. ``batch`` may be a collator batch (extra keys
-        such as ``labels`` are ignored).
-        """
-        if batch is not None:
-            input_ids = batch.get("input_ids", input_ids)
-            attention_mask = batch.get("attention_mask", attention_mask)
-            inputs_embeds = batch.get("inputs_embeds", inputs_embeds)
-            context_bow = batch.get("context_bow", context_bow)
-        device = self.embed_tokens.weight.device
-        to = (lambda x: x.to(device) if isinstance(x, torch.Tensor) else x)
-        input_ids, attention_mask, inputs_embeds = to(input_ids), to(attention_mask), to(inputs_embeds)
-        _, state, _ = self.run_tokens(input_ids, attention_mask, inputs_embeds, need_state=True)
-        last = state[0][:, -1]  # (b, H): the top layer's h
-        b = last.shape[0]
-        if context_bow is None:
-            context_bow = torch.zeros(b, self.config.topic_vocab_size, device=device)
-        context_bow = normalize_topic_kwargs(self.config.num_topics, self.config.topic_vocab_size, b,
-                                             context_bow=context_bow)["context_bow"].to(device)
-        mean, log_sigma = self.inference_net(context_bow)
-        parts = [mean, log_sigma, last] if self.config.feature_log_sigma else [mean, last]
-        return torch.cat(parts, dim=-1)
+    def document_topic_representation(self, context_bow) -> torch.Tensor:
+        """c (b, K) = the mean of q(theta | context_bow), or (b, 2K) = [mean; log sigma] with
+        ``config.feature_log_sigma`` (the paper's classifier reads both)."""
+        bow = normalize_topic_kwargs(self.config.num_topics, self.config.topic_vocab_size,
+                                     context_bow=context_bow)["context_bow"].to(self.embed_tokens.weight.device)
+        mean, log_sigma = self.inference_net(bow)
+        return torch.cat([mean, log_sigma], dim=-1) if self.config.feature_log_sigma else mean
 
 
-class TopicRNNForCausalLM(TopicRNNPreTrainedModel, TopicGenerationMixin, GenerationMixin):
+class TopicRNNForCausalLM(DocumentRepresentationDelegate, TopicRNNPreTrainedModel, TopicGenerationMixin,
+                          GenerationMixin):
     """TopicRNN language model: ELBO training, marginal-likelihood evaluation, topic-steered generation.
 
     Conditioning (at most one; ``generate()`` takes the same names):
@@ -430,99 +416,19 @@ class TopicRNNForCausalLM(TopicRNNPreTrainedModel, TopicGenerationMixin, Generat
         mean, _ = self.model.inference_net(bow)
         return mean
 
-    def document_features(self, batch: Optional[dict] = None, **kwargs) -> torch.Tensor:
-        """See :meth:`TopicRNNModel.document_features`."""
-        return self.model.document_features(batch, **kwargs)
 
 
-class TopicRNNClassificationHead(nn.Module):
-    """The paper's classifier: one hidden layer of 50 units (sigmoid), then the label scores."""
+class TopicRNNForSequenceClassification(DocumentClassifierMixin, TopicRNNPreTrainedModel):
+    """Document classifier on TopicRNN features (see :class:`~.modeling_common.DocumentClassifierMixin`).
 
-    def __init__(self, config: TopicRNNConfig, in_features: int):
-        super().__init__()
-        self.dropout = nn.Dropout(config.classifier_dropout)
-        self.dense = nn.Linear(in_features, config.classifier_hidden_size)
-        self.activation = {"sigmoid": nn.Sigmoid(), "tanh": nn.Tanh(), "relu": nn.ReLU()}[config.classifier_activation]
-        self.out_proj = nn.Linear(config.classifier_hidden_size, config.num_labels)
-
-    def forward(self, features: torch.Tensor) -> torch.Tensor:
-        x = self.activation(self.dense(self.dropout(features)))  # (b, 50)
-        return self.out_proj(self.dropout(x))  # (b, num_labels)
-
-
-class TopicRNNForSequenceClassification(TopicRNNPreTrainedModel):
-    """Document classifier on TopicRNN features: concat(q(theta) output, last RNN state) -> MLP.
-
-    With ``config.freeze_backbone`` (the default, the paper's recipe) only the MLP is trained: the
-    body stays in eval mode and receives no gradient, and precomputed ``document_features`` can be
-    passed instead of tokens. With ``freeze_backbone=False`` everything is fine-tuned.
-    ``AutoModelForSequenceClassification.from_pretrained(<a TopicRNNForCausalLM folder>, num_labels=2)``
-    loads the body (``model.*``) and initialises the head.
+    The paper's recipe is the default: [last RNN state; mu; log sigma of q(theta)] -> MLP with 50 sigmoid units,
+    trained on frozen features. ``AutoModelForSequenceClassification.from_pretrained(<a TopicRNNForCausalLM
+    folder>, num_labels=2)`` loads the body (``model.*``) and initialises the head.
     """
 
     def __init__(self, config: TopicRNNConfig):
         super().__init__(config)
-        self.num_labels = config.num_labels
-        self.model = TopicRNNModel(config)
-        n_features = config.num_topics * (2 if config.feature_log_sigma else 1) + config.hidden_size
-        self.classifier = TopicRNNClassificationHead(config, n_features)
-        self.post_init()
-        self.set_backbone_frozen(config.freeze_backbone)
-
-    @classmethod
-    def from_pretrained(cls, *args, **kwargs):
-        model = super().from_pretrained(*args, **kwargs)
-        # Loading replaces the parameters, so the body's requires_grad flags are set again here.
-        model.set_backbone_frozen(model.config.freeze_backbone)
-        return model
-
-    def set_backbone_frozen(self, frozen: bool = True) -> None:
-        """Train only the MLP on frozen features (``True``) or fine-tune everything (``False``)."""
-        self.config.freeze_backbone = bool(frozen)
-        self.model.requires_grad_(not frozen)
-        self.train(self.training)
-
-    def train(self, mode: bool = True):
-        super().train(mode)
-        if self.config.freeze_backbone:
-            self.model.eval()  # frozen features: no dropout in the body
-        return self
-
-    def get_input_embeddings(self):
-        return self.model.embed_tokens
-
-    def document_features(self, batch: Optional[dict] = None, **kwargs) -> torch.Tensor:
-        """See :meth:`TopicRNNModel.document_features`."""
-        return self.model.document_features(batch, **kwargs)
-
-    def forward(self, input_ids: Optional[torch.LongTensor] = None, attention_mask: Optional[torch.Tensor] = None,
-                inputs_embeds: Optional[torch.Tensor] = None, context_bow: Optional[torch.Tensor] = None,
-                document_features: Optional[torch.Tensor] = None, labels: Optional[torch.Tensor] = None,
-                output_hidden_states: Optional[bool] = None, return_dict: Optional[bool] = None,
-                **kwargs) -> SequenceClassifierOutput:
-        r"""
-        Args:
-            input_ids: (b, s) the document's tokens (left- or right-padded).
-            context_bow: (b, V_c) the document's bag of topic words.
-            document_features: (b, F) precomputed :meth:`TopicRNNModel.document_features`
-                (frozen-feature training); replaces ``input_ids``/``context_bow``.
-            labels: (b,) class ids, or floats for regression / multi-label (``config.problem_type``).
-        """
-        if document_features is None:
-            frozen = self.config.freeze_backbone
-            with torch.set_grad_enabled(torch.is_grad_enabled() and not frozen):
-                document_features = self.model.document_features(input_ids=input_ids, attention_mask=attention_mask,
-                                                                  inputs_embeds=inputs_embeds,
-                                                                  context_bow=context_bow)
-        weight = self.classifier.dense.weight
-        features = document_features.to(weight.device, weight.dtype)
-        logits = self.classifier(features)
-        loss = None
-        if labels is not None:
-            loss = self.loss_function(labels=labels.to(logits.device), pooled_logits=logits, config=self.config)
-        out = SequenceClassifierOutput(loss=loss, logits=logits,
-                                       hidden_states=(features,) if output_hidden_states else None)
-        return out if return_dict is not False else out.to_tuple()
+        self._init_classifier(TopicRNNModel(config))
 
 
 __all__ = ["TopicRNNModel", "TopicRNNForCausalLM", "TopicRNNForSequenceClassification", "TopicRNNPreTrainedModel",

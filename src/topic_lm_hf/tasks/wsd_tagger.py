@@ -80,8 +80,10 @@ UNK, PAD = "<unk>", "<pad>"
 def document_topic_representation(topic_model, context_bow: torch.Tensor) -> torch.Tensor:
     """c (b, |c|) of documents given as bags of words (b, V_c): the frozen topic model's deterministic
     document representation (eval mode, no sampling). The one place that asks a topic model for c."""
+    if topic_model.training:
+        raise ValueError("the topic model must be in eval mode (a deterministic c): call topic_model.eval()")
     with torch.no_grad():
-        return topic_model.infer_topics(context_bow).float()
+        return topic_model.document_topic_representation(context_bow).float()
 
 
 def load_frozen_topic_model(name_or_path: PathLike):
@@ -92,7 +94,7 @@ def load_frozen_topic_model(name_or_path: PathLike):
         raise FileNotFoundError(f"topic model folder {path} does not exist (pass the folder of a trained topic "
                                 "model of the package: NCLM, TCNLM or TopicRNN)")
     model = AutoModelForCausalLM.from_pretrained(path)
-    if not hasattr(model, "infer_topics"):
+    if getattr(model, "document_topic_size", 0) == 0:
         raise ValueError(f"{path} holds a {type(model).__name__}, which is not a topic model (it has no document "
                          "topic representation)")
     model.eval().requires_grad_(False)

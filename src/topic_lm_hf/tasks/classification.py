@@ -1,0 +1,301 @@
+"""Document classification with the features of any model of the package, and its baselines.
+
+Every family's base model gives :meth:`document_representation` (``modeling_common.DocumentRepresentationMixin``):
+[o_N; c] per document, or [o_m; c] per token, o the top recurrent layer's output and c the document topic vector
+of its bag of words (none for the LSTM LM). Every family has a ``*ForSequenceClassification`` registered with
+``AutoModelForSequenceClassification``, which loads the body of a saved causal LM folder. Two recipes, both
+through ``Trainer``:
+
+* **frozen features + a small head** (the papers'): TopicRNN's MLP with 50 sigmoid units on [o_N; c]
+  (``classifier_head="mlp"``, the default) or NCLM's Kim-style CNN over [o_m; c] (``classifier_head="cnn"``).
+  For the MLP, :func:`add_document_features` computes the features once and :class:`FeatureCollator` feeds them
+  (an epoch then costs only the MLP); the CNN reads the tokens and runs the frozen body under ``no_grad``.
+* **fine-tuning** (``freeze_backbone=False``): the same models, every weight trained.
+
+Documents reach the models through ``TopicContextCollator(tok, topic_tok, context="document",
+layout="sequence", label_column="label")``: each document as ONE sequence (its sentences as
+``<bos> .. <eos>`` one after the other, cut at ``max_document_length`` tokens) with the bag of words of the
+whole document (the first ``max_context_tokens`` topic words).
+
+Data (:func:`load_classification_splits`): the JSON-lines corpora of ``../shared/data`` (``text``, ``label``).
+Their test splits are held back, so the training file is split with ``Dataset.train_test_split``
+(stratified by label, fixed seed). 20 Newsgroups posts are cleaned with scikit-learn's own functions for
+``fetch_20newsgroups(remove=("headers", "footers", "quotes"))`` (``clean="newsgroups"``): the header block
+(From, Subject, Organization, Lines, ...; From and Organization name the group), the signature after the last
+``--`` line, and quoted lines (``>``, ``|``, "... writes:"). IMDB keeps the seeded permutation of
+:func:`load_imdb_splits` (TopicRNN's benchmark).
+
+Baselines, computed by scikit-learn: :func:`majority_accuracy` and :func:`bow_logistic_regression` (tf-idf
+uni+bigrams, logistic regression).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Optional, Sequence
+
+import datasets
+import numpy as np
+import torch
+
+from ..collator import TopicContextCollator
+from ..data import load_documents
+
+logger = logging.getLogger(__name__)
+
+CLEANING = (None, "newsgroups")
+
+
+# ----------------------------------------------------------------------------------------------
+# data
+# ----------------------------------------------------------------------------------------------
+
+
+def clean_newsgroups_post(text: str) -> str:
+    """A 20 Newsgroups post without its headers, signature and quoted lines: scikit-learn's
+    ``strip_newsgroup_header``, ``strip_newsgroup_footer`` and ``strip_newsgroup_quoting`` (what
+    ``fetch_20newsgroups(remove=("headers", "footers", "quotes"))`` applies)."""
+    try:
+        from sklearn.datasets._twenty_newsgroups import (strip_newsgroup_footer, strip_newsgroup_header,
+                                                         strip_newsgroup_quoting)
+    except ImportError as error:  # the helpers live in a private module of scikit-learn
+        raise ImportError("clean='newsgroups' uses scikit-learn's 20 Newsgroups cleaning functions "
+                          f"(sklearn.datasets._twenty_newsgroups), which this scikit-learn lacks: {error}") from error
+    return strip_newsgroup_quoting(strip_newsgroup_footer(strip_newsgroup_header(text)))
+
+
+def load_classification_splits(path: str | os.PathLike, test_fraction: float = 0.2, seed: int = 0,
+                               clean: Optional[str] = None, max_train_documents: Optional[int] = None,
+                               max_test_documents: Optional[int] = None, num_proc: Optional[int] = None
+                               ) -> tuple[datasets.Dataset, datasets.Dataset]:
+    """Train and held-out documents (``sentences``, ``label``, ``id``) of a JSON-lines file with ``text`` and
+    ``label``: ``Dataset.train_test_split(test_size=test_fraction, seed=seed, stratify_by_column="label")``.
+
+    ``clean="newsgroups"`` applies :func:`clean_newsgroups_post` first. Documents left without a token are
+    dropped after the split (logged), so no document is in both splits and the split does not depend on the
+    cleaning. ``max_*_documents`` keep the first N of each split (a small split is a subset of the full one).
+    """
+    if not 0.0 < test_fraction < 1.0:
+        raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
+    if clean not in CLEANING:
+        raise ValueError(f"clean must be one of {CLEANING}, got {clean!r}")
+    raw = datasets.load_dataset("json", data_files=str(path), split="train")
+    if "label" not in raw.column_names or "text" not in raw.column_names:
+        raise ValueError(f"{path} needs 'text' and 'label' columns (has {raw.column_names})")
+    if "id" not in raw.column_names:
+        raw = raw.add_column("id", [str(i) for i in range(len(raw))])
+    raw = raw.select_columns(["id", "text", "label"])
+    if not isinstance(raw.features["label"], datasets.ClassLabel):
+        raw = raw.class_encode_column("label") if raw.features["label"].dtype == "string" else raw.cast_column(
+            "label", datasets.ClassLabel(num_classes=int(max(raw["label"])) + 1))
+    split = raw.train_test_split(test_size=test_fraction, seed=seed, stratify_by_column="label")
+    train, test = split["train"], split["test"]
+    if max_train_documents is not None:
+        train = train.select(range(min(max_train_documents, len(train))))
+    if max_test_documents is not None:
+        test = test.select(range(min(max_test_documents, len(test))))
+    if clean == "newsgroups":
+        train = train.map(lambda row: {"text": clean_newsgroups_post(row["text"])}, num_proc=num_proc)
+        test = test.map(lambda row: {"text": clean_newsgroups_post(row["text"])}, num_proc=num_proc)
+    out = []
+    for name, part in (("train", train), ("test", test)):
+        docs = load_documents(part, text_column="text", on_empty="skip", num_proc=num_proc).remove_columns("text")
+        if len(docs) < len(part):
+            logger.info("%s: %d of %d %s documents have no token left and were dropped", path,
+                        len(part) - len(docs), len(part), name)
+        out.append(docs.cast_column("label", datasets.Value("int64")))
+    return out[0], out[1]
+
+
+def load_imdb_splits(path: str | os.PathLike, test_fraction: float = 0.2, seed: int = 0,
+                     max_train_documents: Optional[int] = None, max_test_documents: Optional[int] = None,
+                     num_proc: Optional[int] = None) -> tuple[datasets.Dataset, datasets.Dataset]:
+    """Train and held-out test documents (``sentences``, ``label``) of an IMDB-style JSON-lines file, as
+    TopicRNN's benchmark splits them: the rows are permuted once with ``seed``, the first ``test_fraction`` of
+    the permutation is the test split and the rest the training split. ``max_*_documents`` take the first N of
+    each split (so a small test split is always a subset of the full one).
+    """
+    if not 0.0 < test_fraction < 1.0:
+        raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
+    raw = datasets.load_dataset("json", data_files=str(path), split="train")
+    if "label" not in raw.column_names or "text" not in raw.column_names:
+        raise ValueError(f"{path} needs 'text' and 'label' columns (has {raw.column_names})")
+    order = np.random.default_rng(seed).permutation(len(raw))
+    n_test = int(round(test_fraction * len(raw)))
+    test_idx, train_idx = order[:n_test], order[n_test:]
+    if max_train_documents is not None:
+        train_idx = train_idx[:max_train_documents]
+    if max_test_documents is not None:
+        test_idx = test_idx[:max_test_documents]
+    keep = [c for c in raw.column_names if c not in ("text", "label")]
+
+    def load(idx):
+        subset = raw.select(idx.tolist()).remove_columns(keep)
+        return load_documents(subset, text_column="text", num_proc=num_proc).remove_columns("text")
+
+    return load(train_idx), load(test_idx)
+
+
+# ----------------------------------------------------------------------------------------------
+# features
+# ----------------------------------------------------------------------------------------------
+
+
+def document_collator(model, tokenizer=None, topic_tokenizer=None, max_document_length: int = 400,
+                      max_context_tokens: Optional[int] = 300, label_column: Optional[str] = "label"
+                      ) -> TopicContextCollator:
+    """The ``layout="sequence"`` collator of ``model``: its tokenizers are read from the model's folder
+    (``model.name_or_path``) when not given. A model without a topic part (the LSTM LM) gets
+    ``context="none"``."""
+    from ..data import load_vocabularies
+
+    topical = model.document_topic_size > 0
+    if tokenizer is None:
+        from transformers import AutoTokenizer
+
+        source = getattr(model, "name_or_path", "") or ""
+        if not source:
+            raise ValueError("Give the tokenizer (and topic_tokenizer): the model was not loaded from a folder")
+        if topical:
+            tokenizer, loaded_topic = load_vocabularies(source)
+            topic_tokenizer = topic_tokenizer or loaded_topic
+        else:
+            tokenizer = AutoTokenizer.from_pretrained(source)
+    if topical and topic_tokenizer is None:
+        raise ValueError(f"{type(model).__name__} reads a bag of topic words: give topic_tokenizer")
+    return TopicContextCollator(tokenizer, topic_tokenizer if topical else None,
+                                context="document" if topical else "none", layout="sequence",
+                                max_document_length=max_document_length, max_context_tokens=max_context_tokens,
+                                label_column=label_column)
+
+
+@torch.no_grad()
+def extract_document_features(model, documents: datasets.Dataset, collator: Optional[TopicContextCollator] = None,
+                              batch_size: int = 64, tokenizer=None, topic_tokenizer=None,
+                              **collator_kwargs) -> tuple[np.ndarray, Optional[np.ndarray]]:
+    """Frozen document features (n, H + |c|) = ``model.document_representation`` (eval mode) and the labels
+    (n,) (``None`` for unlabelled documents).
+
+    ``documents``: raw documents (``sentences`` [+ ``label``]) or rows prepared by the collator. ``collator``
+    defaults to :func:`document_collator` (the model's own tokenizers)."""
+    if collator is None:
+        collator = document_collator(model, tokenizer, topic_tokenizer, **collator_kwargs)
+    if collator.layout != "sequence":
+        raise ValueError("extract_document_features needs a layout='sequence' collator (one sequence per document)")
+    if len(documents) == 0:
+        raise ValueError("No documents to featurise")
+    was_training = model.training
+    model.eval()
+    feats, labels = [], []
+    try:
+        for start in range(0, len(documents), batch_size):
+            batch = collator([documents[i] for i in range(start, min(start + batch_size, len(documents)))])
+            feats.append(model.document_representation(batch).float().cpu().numpy())
+            if collator.label_column is not None and "labels" in batch:  # class labels, not the LM's
+                labels.append(batch["labels"].numpy())
+    finally:
+        model.train(was_training)
+    return np.concatenate(feats), (np.concatenate(labels) if labels else None)
+
+
+def add_document_features(model, documents: datasets.Dataset, collator: Optional[TopicContextCollator] = None,
+                          batch_size: int = 64, **kwargs) -> datasets.Dataset:
+    """A dataset of ``document_features`` (and ``labels``) for :class:`FeatureCollator`."""
+    features, labels = extract_document_features(model, documents, collator, batch_size, **kwargs)
+    columns = {"document_features": features.tolist()}
+    if labels is not None:
+        columns["labels"] = labels.tolist()
+    return datasets.Dataset.from_dict(columns)
+
+
+class FeatureCollator:
+    """Batches of precomputed ``document_features`` (b, F) and ``labels`` (b,)."""
+
+    def __call__(self, features: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        batch = {"document_features": torch.as_tensor([f["document_features"] for f in features], dtype=torch.float32)}
+        if "labels" in features[0]:
+            batch["labels"] = torch.as_tensor([f["labels"] for f in features])
+        return batch
+
+
+# ----------------------------------------------------------------------------------------------
+# training and scoring
+# ----------------------------------------------------------------------------------------------
+
+
+def train_classifier(model, train_rows: datasets.Dataset, collator, output_dir: str, *, epochs: float = 3,
+                     learning_rate: float = 1e-3, batch_size: int = 32, seed: int = 0, max_steps: int = -1,
+                     **training_kwargs):
+    """Train a sequence classifier with ``Trainer`` (no checkpoints written); returns the trainer."""
+    from transformers import TrainingArguments
+
+    from ..trainer import TopicLMTrainer
+
+    args = TrainingArguments(output_dir=output_dir, num_train_epochs=epochs, max_steps=max_steps,
+                             learning_rate=learning_rate, per_device_train_batch_size=batch_size,
+                             per_device_eval_batch_size=batch_size, save_strategy="no", report_to=[],
+                             seed=seed, use_cpu=not torch.cuda.is_available(), remove_unused_columns=False,
+                             disable_tqdm=True, **{"logging_steps": 50, **training_kwargs})
+    trainer = TopicLMTrainer(model=model, args=args, train_dataset=train_rows, data_collator=collator)
+    trainer.train()
+    return trainer
+
+
+@torch.no_grad()
+def predict_labels(model, rows: datasets.Dataset, collator, batch_size: int = 64) -> tuple[np.ndarray, np.ndarray]:
+    """(predicted, gold) labels of a single-label classifier on rows (documents or precomputed features)."""
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    predicted, gold = [], []
+    try:
+        for start in range(0, len(rows), batch_size):
+            batch = collator([rows[i] for i in range(start, min(start + batch_size, len(rows)))])
+            labels = batch.pop("labels")
+            logits = model(**{k: v.to(device) for k, v in batch.items() if isinstance(v, torch.Tensor)}).logits
+            predicted.append(logits.argmax(-1).cpu().numpy())
+            gold.append(labels.numpy())
+    finally:
+        model.train(was_training)
+    return np.concatenate(predicted), np.concatenate(gold)
+
+
+def classification_accuracy(model, rows: datasets.Dataset, collator, batch_size: int = 64) -> float:
+    """Accuracy of a single-label classifier on rows (documents or precomputed features) with labels."""
+    predicted, gold = predict_labels(model, rows, collator, batch_size)
+    return float(np.mean(predicted == gold))
+
+
+def majority_accuracy(train_labels: Sequence[int], test_labels: Sequence[int]) -> float:
+    """Accuracy of always predicting the most frequent training label."""
+    values, counts = np.unique(np.asarray(train_labels), return_counts=True)
+    return float(np.mean(np.asarray(test_labels) == values[counts.argmax()]))
+
+
+def document_texts(documents: datasets.Dataset) -> list[str]:
+    """Each document's tokens joined by spaces (the input of the scikit-learn baselines)."""
+    return [" ".join(w for s in d for w in s) for d in documents["sentences"]]
+
+
+def bow_logistic_regression(train_docs: datasets.Dataset, test_docs: datasets.Dataset, label_column: str = "label",
+                            ngram_range: tuple[int, int] = (1, 2), min_df: int = 2, C: float = 4.0,
+                            max_iter: int = 1000) -> dict[str, Any]:
+    """Bag-of-words baseline: tf-idf (sublinear tf) n-grams + logistic regression (scikit-learn).
+
+    Returns ``{"accuracy", "train_documents", "test_documents", "features", "settings"}``.
+    """
+    from sklearn.feature_extraction.text import TfidfVectorizer
+    from sklearn.linear_model import LogisticRegression
+
+    vectorizer = TfidfVectorizer(tokenizer=str.split, token_pattern=None, lowercase=False, ngram_range=ngram_range,
+                                 min_df=min_df, sublinear_tf=True)
+    x_train = vectorizer.fit_transform(document_texts(train_docs))
+    x_test = vectorizer.transform(document_texts(test_docs))
+    clf = LogisticRegression(C=C, max_iter=max_iter)
+    clf.fit(x_train, train_docs[label_column])
+    accuracy = float(np.mean(clf.predict(x_test) == np.asarray(test_docs[label_column])))
+    return {"accuracy": accuracy, "train_documents": len(train_docs), "test_documents": len(test_docs),
+            "features": x_train.shape[1],
+            "settings": f"tf-idf (sublinear) {ngram_range[0]}-{ngram_range[1]}-grams, min_df={min_df}, "
+                        f"LogisticRegression(C={C})"}
