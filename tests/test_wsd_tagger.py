@@ -59,6 +59,24 @@ def test_auto_round_trip_gives_identical_logits(tmp_path):
                            before[0, 1])
 
 
+def test_a_saved_tagger_loads_as_remote_code_without_the_package(tmp_path):
+    from conftest import run_without_package
+
+    model = tiny_tagger(topic_size=3).eval()
+    model.save_pretrained(tmp_path / "tagger")
+    ids, c = [[2, 3, 4]], [[0.5, -1.0, 2.0]]
+    expected = model(input_ids=torch.tensor(ids), topic_representation=torch.tensor(c)).logits
+    result = run_without_package(f"""
+        import torch
+        from transformers import AutoModelForTokenClassification
+        model = AutoModelForTokenClassification.from_pretrained("{tmp_path / 'tagger'}", trust_remote_code=True).eval()
+        logits = model(input_ids=torch.tensor({ids}), topic_representation=torch.tensor({c})).logits
+        print(json.dumps({{"cls": type(model).__name__, "logits": logits.tolist()}}))
+    """, tmp_path)
+    assert result["cls"] == "SenseTaggerForTokenClassification"
+    torch.testing.assert_close(torch.tensor(result["logits"]), expected)
+
+
 def test_training_loss_is_on_instances_only():
     model = tiny_tagger()
     ids = torch.tensor([[2, 3, 4]])
