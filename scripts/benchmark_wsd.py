@@ -22,6 +22,8 @@ exists is skipped; the log goes to ``<output_dir>/benchmark.log`` and the table 
 
     python scripts/benchmark_wsd.py --output_dir out/wsd                                  # the full table
     python scripts/benchmark_wsd.py --output_dir out/wsd-smoke --max_train_documents 20 --epochs 1   # a quick check
+    python scripts/benchmark_wsd.py --output_dir out/wsd --only bilstm nclm-lta nclm-eta &    # two cores:
+    python scripts/benchmark_wsd.py --output_dir out/wsd --only nclm-leta tcnlm               # share the runs
 """
 
 from __future__ import annotations
@@ -140,6 +142,7 @@ def format_table(baselines: dict, runs: dict) -> str:
         label = "BiLSTM (no topics)" if result["topic_model"] is None else \
             f"BiLSTM + {name} (\\|c\\| = {result['topic_representation_size']})"
         for mode, text in (("candidates", "candidates + WN-1st back-off"), ("all_senses", "all training senses")):
+            # (F1 is NaN where P = R = 0, as Scorer.java prints it)
             lines.append(f"| {label} | {text} | {cells(result[mode])} |")
     return "\n".join(lines)
 
@@ -150,6 +153,9 @@ def main() -> None:
     parser.add_argument("--topic_models", nargs="*", default=None, metavar="NAME=PATH",
                         help=f"topic models for c (default: those of {sorted(TOPIC_MODELS)} that exist)")
     parser.add_argument("--no_topic_models", action="store_true", help="only the baselines and the plain BiLSTM")
+    parser.add_argument("--only", nargs="+", default=None, metavar="NAME",
+                        help="train only these runs (bilstm and/or topic model names); the table still shows every "
+                             "finished run of --output_dir, so two processes can share the work on two cores")
     parser.add_argument("--epochs", type=int, default=5, help="training epochs over SemCor (best SE07 epoch kept)")
     parser.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate (the paper's 1e-3)")
     parser.add_argument("--batch_size", type=int, default=32, help="sentences per batch (the paper's 32)")
@@ -211,12 +217,16 @@ def main() -> None:
             runs[name] = json.loads(result_file.read_text())
             logger.info("%s: finished earlier, read from %s", name, result_file)
             continue
+        if args.only is not None and name not in args.only:
+            continue
         logger.info("%s: training (topic model: %s) ...", name, path or "none")
         result = run_tagger(name, path, args, corpora, golds, inventory, out)
         result_file.write_text(json.dumps(result, indent=1))
         runs[name] = result
         logger.info("%s: done in %.0f s: SE07 F1 %.1f (candidates)", name, result["train_seconds"],
                     100 * result["candidates"]["semeval2007"])
+    for result_file in sorted((out / "runs").glob("*.json")):  # runs finished by another process
+        runs.setdefault(result_file.stem, json.loads(result_file.read_text()))
     table = format_table(baselines, runs)
     (out / "table.md").write_text(table + "\n")
     print("\nsettings: " + json.dumps(settings) + "\n")
