@@ -467,8 +467,10 @@ def train_sense_tagger(train: Union[datasets.Dataset, PathLike], output_dir: Pat
     training_args.remove_unused_columns = False  # the collator keeps what the model needs
     callbacks = []
     if dev is not None:
-        inventory = _cached_inventory(str(sense_inventory), config.training_corpus) if config.training_corpus \
-            else load_sense_inventory(sense_inventory, training=train)
+        if sense_inventory is None or not os.path.exists(str(sense_inventory)):
+            raise FileNotFoundError(f"scoring the development set needs the sense inventory (senses.tsv.gz), got "
+                                    f"{sense_inventory!r}: pass sense_inventory=")
+        inventory = load_sense_inventory(sense_inventory, training=train)  # counts of the sentences trained on
         callbacks.append(DevSelectionCallback(dev, inventory, c_dev))
     trainer = Trainer(model=model, args=training_args, train_dataset=rows,
                       data_collator=SenseTaggingCollator(config.pad_token_id), callbacks=callbacks)
