@@ -37,20 +37,20 @@ import logging
 import os
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Mapping, Optional, Union
 
 import datasets
 import torch
-from transformers import (AutoModelForCausalLM, Trainer, TrainerCallback, TrainingArguments)
+from transformers import AutoModelForCausalLM, Trainer, TrainerCallback, TrainingArguments
 
 from ..models.configuration_sense_tagger import OUTPUT_MODES, SenseTaggerConfig
 from ..models.modeling_common import TOPIC_TOKENIZER_SUBFOLDER, load_topic_tokenizer
 from ..models.modeling_sense_tagger import SenseTaggerForTokenClassification
 from .wsd import (PathLike, SenseInventory, WSDScore, _as_corpus, iter_wsd_instances, load_sense_inventory,
-                  score_wsd, wordnet_pos, wsd_gold, write_key_file)
+                  score_wsd, wsd_gold, write_key_file)
 
 logger = logging.getLogger(__name__)
 
