@@ -1,4 +1,4 @@
-"""The `topic-lm` command: train, evaluate, generate, topics and demo.
+"""The `topic-lm` command: train, evaluate, generate, topics, steer, classify, retrieve and demo.
 
 Arguments are dataclasses parsed by `HfArgumentParser`, as in transformers' `run_clm.py`: every
 `TrainingArguments` flag works with `topic-lm train`. Each subcommand is one entry of `COMMANDS`
@@ -32,6 +32,7 @@ from . import data as data_lib
 from .collator import TopicContextCollator, make_bow
 from .evaluation import evaluate_perplexity
 from .demo import DemoArguments, run_demo
+from .tasks.commands import ClassifyArguments, RetrieveArguments, TaskDataArguments, run_classify, run_retrieve
 from .trainer import TopicLMTrainer
 
 logger = logging.getLogger("topic_lm_hf")
@@ -471,6 +472,17 @@ COMMANDS: dict[str, Command] = {
         (SteerArguments,), run_steer,
         help="The protocol of topic_lm_hf.evaluate_steering (PPLM-style, judged by the model's own encoder and by an "
              "LDA fitted on --judge_corpus)."),
+    "classify": Command(
+        "Document classification with a saved model's features: train a head (or fine-tune) and report accuracy.",
+        (TaskDataArguments, ClassifyArguments), run_classify,
+        help="Splits --dataset (stratified, seeded), loads the model folder with AutoModelForSequenceClassification "
+             "and trains through Trainer; prints accuracy next to the majority class and tf-idf + logistic "
+             "regression."),
+    "retrieve": Command(
+        "Document retrieval with a saved model's [o_N; c]: precision@k of cosine search, labels as relevance.",
+        (TaskDataArguments, RetrieveArguments), run_retrieve,
+        help="Queries = the held-out documents of --dataset, corpus = the rest; prints precision next to tf-idf "
+             "and LDA cosine retrieval."),
     "demo": Command(
         "The first thing to run: train a TCNLM and the same-size LSTM, show topics, steered text and perplexity.",
         (DemoArguments,), run_demo,
