@@ -298,3 +298,36 @@ def test_classifier_from_a_saved_lm_learns_r8_above_the_majority_class(tmp_path)
     accuracy = classification_accuracy(clf, test_rows, collator)
     majority = majority_accuracy(train["label"], test["label"])
     assert accuracy > majority + 0.1, (accuracy, majority)
+
+
+def test_every_classifier_loads_as_remote_code_without_the_package(toy, tmp_path):
+    import json
+
+    from conftest import run_without_package
+    from topic_lm_hf.hub import save_for_hub
+
+    tok, topic_tok = toy
+    batch = _batch(tok, topic_tok)
+    expected, repos = {}, {}
+    for family in ("lstm_lm", "tcnlm", "topic_rnn-gru", "nclm-leta-sdt"):
+        model = tiny_model(family, tok, topic_tok).eval()
+        repos[family] = str(tmp_path / family)
+        save_for_hub(model, repos[family], tok, topic_tok)
+        auto_map = json.loads((tmp_path / family / "config.json").read_text())["auto_map"]
+        assert auto_map["AutoModelForSequenceClassification"].endswith("ForSequenceClassification")
+        expected[family] = model.document_representation(batch).tolist()
+    inputs = {k: batch[k].tolist() for k in ("input_ids", "attention_mask", "context_bow")}
+    result = run_without_package(f"""
+        import torch
+        from transformers import AutoModelForSequenceClassification
+        batch = {{k: torch.tensor(v) for k, v in {inputs!r}.items()}}
+        out = {{}}
+        for family, repo in {repos!r}.items():
+            clf = AutoModelForSequenceClassification.from_pretrained(repo, num_labels=3, trust_remote_code=True).eval()
+            out[family] = [type(clf).__name__, clf.document_representation(batch).tolist(),
+                           list(clf(**batch).logits.shape)]
+        print(json.dumps(out))
+    """, tmp_path)
+    for family, (name, reps, shape) in result.items():
+        assert name.endswith("ForSequenceClassification") and shape == [4, 3]
+        torch.testing.assert_close(torch.tensor(reps), torch.tensor(expected[family]), atol=1e-5, rtol=0)
