@@ -10,6 +10,7 @@ from .evaluation import (PROTOCOLS, evaluate_perplexity, evaluate_steering, fit_
 from .evaluation.topic_eval import evaluate_topics
 from .models import (LSTMLMConfig, LSTMLMForCausalLM, LSTMLMModel, NCLMConfig, NCLMForCausalLM, NCLMModel,
                      TCNLMConfig, TCNLMForCausalLM, TCNLMModel, TopicRNNConfig, TopicRNNForCausalLM, TopicRNNForSequenceClassification, TopicRNNModel)
+from .models import RGBNRNNConfig, RGBNRNNForCausalLM, RGBNRNNModel
 from .pretraining import pretrain_topic_model
 from .trainer import TopicLMTrainer
 
@@ -35,6 +36,13 @@ for _cls, _auto in ((LSTMLMConfig, "AutoConfig"), (TCNLMConfig, "AutoConfig"), (
                     (TopicRNNForSequenceClassification, "AutoModelForSequenceClassification")):
     _cls.register_for_auto_class(_auto)
 
+# GBN-RNN / rGBN-RNN
+AutoConfig.register(RGBNRNNConfig.model_type, RGBNRNNConfig, exist_ok=True)
+AutoModel.register(RGBNRNNConfig, RGBNRNNModel, exist_ok=True)
+AutoModelForCausalLM.register(RGBNRNNConfig, RGBNRNNForCausalLM, exist_ok=True)
+for _cls, _auto in ((RGBNRNNConfig, "AutoConfig"), (RGBNRNNModel, "AutoModel"), (RGBNRNNForCausalLM, "AutoModelForCausalLM")):
+    _cls.register_for_auto_class(_auto)
+
 __all__ = [
     "TopicContextCollator", "make_bow", "build_vocabularies", "check_vocabularies", "documents_from_lists",
     "load_documents", "load_vocabularies", "record_vocabularies", "save_vocabularies", "synthetic_documents",
@@ -45,3 +53,4 @@ __all__ = [
     "NCLMConfig", "NCLMModel", "NCLMForCausalLM",
     "pretrain_topic_model",
 ]
+__all__ += ["RGBNRNNConfig", "RGBNRNNModel", "RGBNRNNForCausalLM"]

@@ -3,13 +3,16 @@ that Hub remote code can copy them together with ``modeling_common.py``)."""
 
 from .configuration_lstm_lm import LSTMLMConfig
 from .configuration_nclm import NCLMConfig
+from .configuration_rgbn_rnn import RGBNRNNConfig
 from .configuration_tcnlm import TCNLMConfig
 from .configuration_topic_rnn import TopicRNNConfig
 from .modeling_lstm_lm import LSTMLMForCausalLM, LSTMLMModel
 from .modeling_nclm import NCLMForCausalLM, NCLMModel
+from .modeling_rgbn_rnn import RGBNRNNForCausalLM, RGBNRNNModel
 from .modeling_tcnlm import TCNLMForCausalLM, TCNLMModel
 from .modeling_topic_rnn import TopicRNNForCausalLM, TopicRNNForSequenceClassification, TopicRNNModel
 
 __all__ = ["LSTMLMConfig", "LSTMLMModel", "LSTMLMForCausalLM", "TCNLMConfig", "TCNLMModel", "TCNLMForCausalLM",
            "TopicRNNConfig", "TopicRNNModel", "TopicRNNForCausalLM", "TopicRNNForSequenceClassification",
            "NCLMConfig", "NCLMModel", "NCLMForCausalLM"]
+__all__ += ["RGBNRNNConfig", "RGBNRNNModel", "RGBNRNNForCausalLM"]
