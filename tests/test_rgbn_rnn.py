@@ -536,3 +536,75 @@ def test_trainer_on_real_apnews_lowers_the_loss_and_evaluates_under_every_protoc
     # here: the whole-document evaluation is deterministic (posterior mean)
     again = evaluate_perplexity(model, docs, "causal", **kw)
     assert again["nll"] == pytest.approx(results["causal"]["nll"], rel=1e-9)
+
+
+def test_gradient_checkpointing_gives_the_same_gradients(apnews, monkeypatch):
+    from topic_lm_hf.models import modeling_rgbn_rnn
+
+    model = make(apnews, dropout=0.2).train()
+    _, batch = documents_batch(apnews, split="train", docs=(0, 1))
+
+    def loss_and_grads():
+        model.zero_grad()
+        torch.manual_seed(1)  # the same dropout masks and theta samples
+        loss = model(**batch).loss
+        loss.backward()
+        model.model._tlasgr_pending = None
+        return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    loss, grads = loss_and_grads()
+    model.activation_checkpointing_enable()
+    calls = []
+    original = modeling_rgbn_rnn._run_gated_layer
+    monkeypatch.setattr(modeling_rgbn_rnn, "_run_gated_layer", lambda *a: calls.append(1) or original(*a))
+    loss_ckpt, grads_ckpt = loss_and_grads()
+    assert len(calls) == 2 * 3  # every gated layer ran again in the backward pass
+    torch.testing.assert_close(loss_ckpt, loss)
+    for name in grads:
+        torch.testing.assert_close(grads_ckpt[name], grads[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_remote_code_loads_without_the_package(apnews, tmp_path):
+    from conftest import run_without_package
+
+    model = make(apnews)
+    model.save_pretrained(tmp_path / "ckpt")
+    bos = model.config.bos_token_id
+    with torch.no_grad():
+        expected = model.generate(input_ids=torch.tensor([[bos]]), topic_ids=[1], topic_layer=2, max_new_tokens=5,
+                                  do_sample=False)[0].tolist()
+    got = run_without_package(f"""
+        import torch
+        from transformers import AutoModelForCausalLM
+        model = AutoModelForCausalLM.from_pretrained({str(tmp_path / 'ckpt')!r}, trust_remote_code=True).eval()
+        out = model.generate(input_ids=torch.tensor([[{bos}]]), topic_ids=[1], topic_layer=2, max_new_tokens=5,
+                             do_sample=False)
+        print(json.dumps({{"ids": out[0].tolist(), "cls": type(model).__module__}}))
+    """, tmp_path)
+    assert got["ids"] == expected and "transformers_modules" in got["cls"]
+
+
+@pytest.mark.parametrize("size, topics, hidden", [("small", [50, 30, 20], [256, 192, 128]),
+                                                  ("paper", [100, 80, 50], [600, 512, 256])])
+def test_hub_configs_build_with_the_cli(size, topics, hidden):
+    from pathlib import Path
+
+    from topic_lm_hf.cli import ModelArguments, make_config
+
+    path = Path(__file__).resolve().parents[1] / "hub_configs" / f"rgbn-rnn-apnews-{size}.json"
+    config = make_config(ModelArguments(config_file=str(path)))
+    assert isinstance(config, RGBNRNNConfig) and config.recurrent and config.topic_learning == "tlasgr"
+    assert (config.topic_sizes, config.hidden_sizes) == (topics, hidden)
+
+
+def test_the_steering_evaluation_runs_on_first_layer_topics(apnews):
+    from topic_lm_hf import evaluate_steering
+
+    model = make(apnews)
+    bows = documents_batch(apnews, docs=(0, 1))[1]["context_bow"][:, 1]
+    proportions = model.infer_topics(bows)
+    assert proportions.shape == (2, 8) and torch.allclose(proportions.sum(-1), torch.ones(2))
+    assert model.infer_topics(bows, layer=3).shape == (2, 4)
+    result = evaluate_steering(model, topics=[0, 3], num_samples=2, max_new_tokens=4, tokenizer=apnews["tok"],
+                               topic_tokenizer=apnews["topic_tok"])
+    assert 0.0 <= result["accuracy_own"] <= 1.0 and len(result["per_topic"]) == 2

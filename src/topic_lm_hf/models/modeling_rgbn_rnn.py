@@ -368,6 +368,16 @@ class RGBNRNNGate(nn.Module):
         return (1 - z) * candidate + z * h
 
 
+def _run_gated_layer(lstm, gate, x, attention_mask, theta, need_state, *state):
+    """One LSTM layer and its topic gate: (a (n, s, H) zero at padding, h, c) (flat, for checkpointing)."""
+    lstm.flatten_parameters()
+    h, new = run_rnn(lstm, x, attention_mask, state or None, need_state=need_state)
+    a = gate(h, theta)
+    if attention_mask is not None:
+        a = a * attention_mask.unsqueeze(-1).to(a.dtype)
+    return (a, *new)
+
+
 class RGBNRNNPreTrainedModel(RecurrentPreTrainedModel):
     config_class = RGBNRNNConfig
     _no_split_modules = ["RGBNRNNModel"]
@@ -614,12 +624,12 @@ class RGBNRNNModel(RGBNRNNPreTrainedModel):
         gate_thetas = self.gate_inputs(thetas)
         x = self.dropout(inputs_embeds)
         outputs, states, hidden = [], [], [x]
+        checkpoint_fn = self.checkpoint_function()  # gradient checkpointing: every gated layer is a checkpoint
         for i, (lstm, gate) in enumerate(zip(self.lstms, self.gates)):
-            state_i = None if lstm_state is None else lstm_state[i]
-            h, new = run_rnn(lstm, x, attention_mask, state_i, need_state=need_state)
-            a = gate(h, gate_thetas[self.config.topic_layer_of_lstm(i)])
-            if attention_mask is not None:
-                a = a * attention_mask.unsqueeze(-1).to(a.dtype)
+            state_i = () if lstm_state is None else tuple(lstm_state[i])
+            args = (lstm, gate, x, attention_mask, gate_thetas[self.config.topic_layer_of_lstm(i)], need_state,
+                    *state_i)
+            a, *new = _run_gated_layer(*args) if checkpoint_fn is None else checkpoint_fn(_run_gated_layer, *args)
             hidden.append(a)
             x = self.dropout(a)
             outputs.append(x)
@@ -1025,6 +1035,17 @@ class RGBNRNNForCausalLM(RGBNRNNPreTrainedModel, TopicGenerationMixin, Generatio
                 for i in range(current.shape[0])]
 
     # -- topics ------------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def infer_topics(self, context_bow, layer: int = 1) -> torch.Tensor:
+        """Topic proportions (b, K_layer) of bags of words (b, V_c), each read as a document's first sentence:
+        the encoder's posterior mean of theta^layer, normalised to sum 1."""
+        layer = self.model.check_layer(layer)
+        bow = normalize_topic_kwargs(self.config.num_topics, self.config.topic_vocab_size,
+                                     context_bow=context_bow)["context_bow"].to(self.device)
+        shapes, scales, _ = self.model.encoder.step(bow, None)
+        theta = weibull_mean(shapes[layer - 1], scales[layer - 1]).float()
+        return theta / theta.sum(-1, keepdim=True)
 
     @torch.no_grad()
     def topic_word_distributions(self, layer: int = 1) -> torch.Tensor:
