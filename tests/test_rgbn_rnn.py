@@ -608,3 +608,29 @@ def test_the_steering_evaluation_runs_on_first_layer_topics(apnews):
     result = evaluate_steering(model, topics=[0, 3], num_samples=2, max_new_tokens=4, tokenizer=apnews["tok"],
                                topic_tokenizer=apnews["topic_tok"])
     assert 0.0 <= result["accuracy_own"] <= 1.0 and len(result["per_topic"]) == 2
+
+
+def test_two_process_ddp_training_keeps_the_same_phi_and_pi_on_every_process(tmp_path):
+    import json
+    import os
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    torchrun = Path(sys.executable).parent / "torchrun"
+    torchrun = str(torchrun) if torchrun.exists() else shutil.which("torchrun")
+    if torchrun is None:
+        pytest.skip("torchrun is not installed")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([torchrun, "--nproc_per_node", "2", "--master_port", "29531",
+                           str(Path(__file__).parent / "ddp_train_rgbn.py"), str(tmp_path)],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert ranks[0]["world_size"] == 2
+    assert ranks[0]["buffers"]["model.tlasgr_step_count"] == 3
+    start = RGBNRNNModel(RGBNRNNConfig(vocab_size=10, topic_vocab_size=len(ranks[0]["buffers"]["model.phi_1"]),
+                                       topic_sizes=[6, 4], hidden_sizes=[16, 8], embedding_size=8))
+    assert ranks[0]["buffers"]["model.phi_1"] != start.phi_1.tolist()  # the sampler moved
+    assert ranks[0]["buffers"] == ranks[1]["buffers"]  # statistics summed over processes, the same noise
