@@ -348,6 +348,31 @@ def test_gbn_without_recurrence_reads_each_sentence_alone(apnews):
         assert torch.allclose(alone[0], full[0, k], atol=1e-5)
 
 
+@pytest.mark.parametrize("coupling, gate", [("same", "paper"), ("reversed", "official")])
+def test_coupling_pairs_layers_and_the_gate_reads_max_normalised_theta(apnews, coupling, gate):
+    model = make(apnews, coupling=coupling, gate=gate)
+    K = model.config.topic_sizes
+    expected = K if coupling == "same" else K[::-1]
+    assert [g.theta_proj.in_features for g in model.model.gates] == expected
+    assert [g.candidate_proj.in_features for g in model.model.gates] == model.config.hidden_sizes
+    theta = torch.rand(2, sum(K)) * 7
+    tilde = model.model.gate_inputs(model.model.split_theta(theta))
+    assert all(torch.allclose(t.amax(-1), torch.ones(2)) for t in tilde)
+    # theta = 0: a finite output that depends on h only; at initialisation about 73 % of h passes the gate
+    gate_module, h = model.model.gates[0], torch.randn(2, 3, model.config.hidden_sizes[0])
+    zero = gate_module(h, torch.zeros(2, expected[0]))
+    assert torch.isfinite(zero).all() and torch.allclose(zero[0], gate_module(h[:1], torch.zeros(1, expected[0]))[0])
+    bias = gate_module.bias[:h.shape[-1]]
+    assert torch.allclose(torch.sigmoid(bias if gate == "official" else -bias), torch.full_like(bias, 0.7311),
+                          atol=1e-4)
+    lstm = model.model.lstms[0]
+    H = lstm.hidden_size
+    assert (lstm.bias_ih_l0[H:2 * H] == 1).all() and (lstm.bias_ih_l0[:H] == 0).all()  # forget-gate bias 1
+    bos = torch.tensor([[model.config.bos_token_id]])
+    with torch.no_grad():
+        assert torch.isfinite(model(input_ids=bos, theta=torch.zeros(1, sum(K))).logits).all()
+
+
 def test_bad_inputs_are_clear_errors(apnews):
     model = make(apnews)
     _, batch = documents_batch(apnews, docs=(0,))

@@ -352,14 +352,15 @@ class RGBNRNNGate(nn.Module):
 
     def __init__(self, num_topics: int, hidden_size: int, kind: str):
         super().__init__()
-        self.theta_proj = nn.Linear(num_topics, 3 * hidden_size)  # W_z, W_r, W_h and the biases
+        self.theta_proj = nn.Linear(num_topics, 3 * hidden_size, bias=False)  # W_z, W_r, W_h
+        self.bias = nn.Parameter(torch.zeros(3 * hidden_size))  # b_z, b_r, b_h (initialised by the model)
         self.hidden_proj = nn.Linear(hidden_size, 2 * hidden_size, bias=False)  # U_z, U_r
         self.candidate_proj = nn.Linear(hidden_size, hidden_size, bias=False)  # U_h
         self.kind = kind
 
     def forward(self, h: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
         # h (n, s, H), theta (n, K): the theta side is computed once per row
-        tz, tr, th = self.theta_proj(theta.to(h.dtype)).unsqueeze(1).chunk(3, dim=-1)
+        tz, tr, th = (self.theta_proj(theta.to(h.dtype)) + self.bias).unsqueeze(1).chunk(3, dim=-1)
         uz, ur = self.hidden_proj(h).chunk(2, dim=-1)
         z, r = torch.sigmoid(tz + uz), torch.sigmoid(tr + ur)
         candidate = torch.tanh(th + self.candidate_proj(r * h))
@@ -393,7 +394,7 @@ class RGBNRNNPreTrainedModel(RecurrentPreTrainedModel):
         elif isinstance(module, RGBNRNNGate):
             with torch.no_grad():
                 H = module.candidate_proj.weight.shape[0]
-                bias = module.theta_proj.bias
+                bias = module.bias
                 bias.zero_()
                 # both gate forms pass sigmoid(1) = 73 % of h at the start, as the code's bias of 1 does
                 bias[:H].fill_(-1.0 if module.kind == "paper" else 1.0)
