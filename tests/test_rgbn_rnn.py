@@ -436,7 +436,8 @@ def test_topics_of_any_layer_steer_the_next_word(apnews):
     theta = model.model.theta_from_topics([1], 3)
     t1, t2, t3 = model.model.split_theta(theta)
     assert t3.tolist() == [[0.0, 1.0, 0.0, 0.0]]
-    assert torch.allclose(t2, t3 @ model.model.phi(3).float().T) and torch.allclose(t1, t2 @ model.model.phi(2).float().T)
+    assert torch.allclose(t2, t3 @ model.model.phi(3).float().T)
+    assert torch.allclose(t1, t2 @ model.model.phi(2).float().T)
     chain = model.model.theta_from_topics([1], 3, mode="chain")
     assert [int(x.sum()) for x in model.model.split_theta(chain)] == [1, 1, 1]
 

@@ -40,7 +40,8 @@ for _cls, _auto in ((LSTMLMConfig, "AutoConfig"), (TCNLMConfig, "AutoConfig"), (
 AutoConfig.register(RGBNRNNConfig.model_type, RGBNRNNConfig, exist_ok=True)
 AutoModel.register(RGBNRNNConfig, RGBNRNNModel, exist_ok=True)
 AutoModelForCausalLM.register(RGBNRNNConfig, RGBNRNNForCausalLM, exist_ok=True)
-for _cls, _auto in ((RGBNRNNConfig, "AutoConfig"), (RGBNRNNModel, "AutoModel"), (RGBNRNNForCausalLM, "AutoModelForCausalLM")):
+for _cls, _auto in ((RGBNRNNConfig, "AutoConfig"), (RGBNRNNModel, "AutoModel"),
+                    (RGBNRNNForCausalLM, "AutoModelForCausalLM")):
     _cls.register_for_auto_class(_auto)
 
 __all__ = [

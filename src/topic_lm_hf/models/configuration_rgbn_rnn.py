@@ -46,8 +46,8 @@ class RGBNRNNConfig(TopicConfigMixin, PretrainedConfig):
             trained by the loss's gradient).
         tau0: the gamma rate (and shape scale) tau0 (1).
         eta_phi, eta_pi: Dirichlet prior pseudo-counts of the columns of Phi (0.1) and Pi (1).
-        tlasgr_step_tau, tlasgr_step_kappa, tlasgr_step_epsilon: step size eps_t = epsilon ((tau + t + 1) / (tau + 1))^-kappa
-            (20, 0.7, 1).
+        tlasgr_step_tau, tlasgr_step_kappa, tlasgr_step_epsilon: the step size
+            eps_t = epsilon ((tau + t + 1) / (tau + 1))^-kappa (20, 0.7, 1).
         tlasgr_fisher_kappa: the Fisher estimate M is averaged with rho_t = (t + 1)^-kappa (0.9).
         tlasgr_corpus_size: rows (documents) of the training set; the statistics of a minibatch of n rows are scaled
             by corpus_size / n. ``TopicLMTrainer`` sets it from the training set; ``None`` scales by 1.
@@ -83,7 +83,8 @@ class RGBNRNNConfig(TopicConfigMixin, PretrainedConfig):
         if not 1 <= len(topic_sizes) <= 3:
             raise ValueError(f"topic_sizes must have 1 to 3 layers, got {topic_sizes}")
         if len(hidden_sizes) != len(topic_sizes):
-            raise ValueError(f"hidden_sizes needs one LSTM size per topic layer ({len(topic_sizes)}), got {hidden_sizes}")
+            raise ValueError(f"hidden_sizes needs one LSTM size per topic layer ({len(topic_sizes)}), got "
+                             f"{hidden_sizes}")
         for i, (k, h) in enumerate(zip(topic_sizes, hidden_sizes)):
             check_integers(1, **{f"topic_sizes[{i}]": k, f"hidden_sizes[{i}]": h})
         if any(a < b for a, b in zip(topic_sizes, topic_sizes[1:])):

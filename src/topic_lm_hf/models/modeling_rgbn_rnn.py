@@ -48,7 +48,6 @@ sentence (the encoder advances); another one continues the current sentence's th
 
 from __future__ import annotations
 
-import math
 import weakref
 from dataclasses import dataclass
 from typing import Optional
@@ -93,7 +92,8 @@ def weibull_mean(k: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
 def kl_weibull_gamma(k: torch.Tensor, lam: torch.Tensor, alpha: torch.Tensor, beta) -> torch.Tensor:
     """KL(Weibull(k, lambda) || Gamma(alpha, rate beta)), elementwise (rgbn.md §2):
 
-    gamma alpha / k - alpha ln lambda + ln k + beta lambda Gamma(1 + 1/k) - gamma - 1 - alpha ln beta + ln Gamma(alpha)."""
+    gamma alpha / k - alpha ln lambda + ln k + beta lambda Gamma(1 + 1/k) - gamma - 1 - alpha ln beta
+    + ln Gamma(alpha)."""
     beta = torch.as_tensor(beta, dtype=lam.dtype, device=lam.device)
     return (EULER_GAMMA * alpha / k - alpha * torch.log(lam) + torch.log(k) + beta * weibull_mean(k, lam)
             - EULER_GAMMA - 1 - alpha * torch.log(beta) + torch.lgamma(alpha))
@@ -720,7 +720,7 @@ class RGBNRNNModel(RGBNRNNPreTrainedModel):
 
     def _run(self, input_ids=None, attention_mask=None, inputs_embeds=None, state=None, use_cache=None,
              context_bow=None, theta=None, topic_ids=None, topic_layer=None, chunk_mask=None, sentence_index=None,
-             output_hidden_states=False, logits_to_keep=0, compute_topic_terms=False):
+             output_hidden_states=False):
         """The forward pass shared by the base and the causal LM (see the module docstring).
 
         Returns (features, state or None, hidden states, _TopicPass or None, theta out, documents layout info)."""
@@ -733,12 +733,13 @@ class RGBNRNNModel(RGBNRNNPreTrainedModel):
         sample = self.training or cfg.eval_theta == "sample"
         if documents:
             return self._run_documents(input_ids, attention_mask, inputs_embeds, context_bow, chunk_mask,
-                                       sentence_index, sample, compute_topic_terms)
+                                       sentence_index, sample)
         if chunk_mask is not None or sentence_index is not None:
             raise ValueError("chunk_mask and sentence_index go with documents-shaped input_ids (b, chunks, tokens)")
         b = tokens.shape[0]
         device = self.embed_tokens.weight.device
-        given = [n for n, v in (("context_bow", context_bow), ("theta", theta), ("topic_ids", topic_ids)) if v is not None]
+        given = [n for n, v in (("context_bow", context_bow), ("theta", theta), ("topic_ids", topic_ids))
+                 if v is not None]
         if len(given) > 1:
             raise ValueError(f"Give at most one of context_bow, theta, topic_ids (got {given})")
         if topic_layer is not None and topic_ids is None:
@@ -793,7 +794,7 @@ class RGBNRNNModel(RGBNRNNPreTrainedModel):
         return features, new_state, hidden_states, tp, torch.cat(thetas, -1), None
 
     def _run_documents(self, input_ids, attention_mask, inputs_embeds, context_bow, chunk_mask, sentence_index,
-                       sample, compute_topic_terms):
+                       sample):
         cfg = self.config
         tokens = input_ids if input_ids is not None else inputs_embeds
         b, c, s = tokens.shape[:3]
@@ -824,7 +825,7 @@ class RGBNRNNModel(RGBNRNNPreTrainedModel):
         slot_mask.scatter_(1, torch.where(chunk_mask, slot, torch.zeros_like(slot)), chunk_mask)
         bows = torch.zeros(b, J, cfg.topic_vocab_size, device=device)
         if context_bow is not None:
-            if context_bow.dim() != 3 or context_bow.shape[:2] != (b, c) or context_bow.shape[-1] != cfg.topic_vocab_size:
+            if context_bow.dim() != 3 or tuple(context_bow.shape) != (b, c, cfg.topic_vocab_size):
                 raise ValueError(f"context_bow of a documents batch must have shape ({b}, {c}, "
                                  f"{cfg.topic_vocab_size}), got {tuple(context_bow.shape)}")
             context_bow = context_bow.to(device)
@@ -922,10 +923,9 @@ class RGBNRNNForCausalLM(RGBNRNNPreTrainedModel, TopicGenerationMixin, Generatio
         """
         cfg = self.config
         use_cache = use_cache if use_cache is not None else (cfg.use_cache and not self.training)
-        train_topics = labels is not None
         features, new_state, hidden, tp, theta_out, doc = self.model._run(
             input_ids, attention_mask, inputs_embeds, state, use_cache, context_bow, theta, topic_ids, topic_layer,
-            chunk_mask, sentence_index, bool(output_hidden_states), compute_topic_terms=train_topics)
+            chunk_mask, sentence_index, bool(output_hidden_states))
         if logits_to_keep and labels is None and doc is None:
             features = features[:, -logits_to_keep:]
         logits = self.lm_head(features)
