@@ -56,6 +56,8 @@ def documents_batch(apnews, docs=(0, 1, 2), context="preceding", max_sentence_le
     (dict(tau0=0), "tau0 must be a positive number"),
     (dict(k_min=2.0, k_max=1.0), "k_max must exceed k_min"),
     (dict(tie_word_embeddings=True), "tie_word_embeddings is not supported"),
+    (dict(hidden_size=600), "no hidden_size .*give hidden_sizes"),
+    (dict(num_topics=50), "no num_topics .*give topic_sizes"),
 ])
 def test_config_rejects_bad_values_naming_them(bad, match):
     kw = {"vocab_size": 50, "topic_vocab_size": 20, "topic_sizes": [5, 4], "hidden_sizes": [8, 6], **bad}

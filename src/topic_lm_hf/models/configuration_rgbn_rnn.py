@@ -77,6 +77,11 @@ class RGBNRNNConfig(TopicConfigMixin, PretrainedConfig):
                  tlasgr_corpus_size=None, tlasgr_seed=0, loss_preset="elbo", k_min=0.1, k_max=10.0, eval_theta="mean",
                  topic_word_ids=None, initializer_range=0.05, tie_word_embeddings=False, use_cache=True,
                  pad_token_id=0, bos_token_id=2, eos_token_id=3, unk_token_id=1, **kwargs):
+        for name, instead in (("num_topics", "topic_sizes"), ("hidden_size", "hidden_sizes"),
+                              ("num_hidden_layers", "len(topic_sizes)")):
+            if name in kwargs:  # the other families' names: a per-layer list here, not one number
+                raise ValueError(f"RGBNRNNConfig has no {name} (got {kwargs[name]!r}); give {instead} (one entry per "
+                                 "layer, bottom first)")
         topic_sizes, hidden_sizes = list(topic_sizes), list(hidden_sizes)
         check_integers(1, vocab_size=vocab_size, topic_vocab_size=topic_vocab_size, embedding_size=embedding_size)
         check_integers(0, tlasgr_seed=tlasgr_seed)
