@@ -460,6 +460,17 @@ def test_generate_paragraph_links_sentences_by_the_recurrence(apnews):
     assert torch.allclose(top, expected, atol=0.08)
     with pytest.raises(ValueError, match="num_sentences must be a positive integer"):
         model.generate_paragraph(0)
+    # conditioned on a given paragraph: sentence j is decoded from the encoder's theta_j
+    bows = documents_batch(apnews, docs=(0,))[1]["context_bow"][0, :2]
+    calls = []
+    original = model.generate
+    model.generate = lambda **kw: calls.append(kw["theta"]) or original(**kw)
+    model.generate_paragraph(3, context_bow=bows, max_new_tokens=2)
+    del model.generate
+    thetas = model.model.encode_documents(bows.unsqueeze(0), torch.ones(1, 2, dtype=torch.bool), sample=False).thetas
+    expected = torch.cat(thetas, -1)[0]
+    assert torch.allclose(calls[0][0], expected[0]) and torch.allclose(calls[1][0], expected[1])
+    assert len(calls) == 3 and calls[2].shape == (1, 18)
 
 
 def test_get_topics_of_every_layer_and_the_topic_tree(apnews):

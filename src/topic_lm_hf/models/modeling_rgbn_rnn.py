@@ -1004,19 +1004,36 @@ class RGBNRNNForCausalLM(RGBNRNNPreTrainedModel, TopicGenerationMixin, Generatio
 
     @torch.no_grad()
     def generate_paragraph(self, num_sentences: int, topic_ids=None, topic_layer: Optional[int] = None, theta=None,
-                           num_paragraphs: int = 1, tokenizer=None, topic_mode: str = "propagate",
+                           context_bow=None, num_paragraphs: int = 1, tokenizer=None, topic_mode: str = "propagate",
                            **generate_kwargs):
         """Sentences linked by the recurrence over sentences (rgbn.md §8): theta_1 from the topics of
         ``topic_ids`` / ``theta`` / the prior, then theta_{j+1} ~ p(theta_{j+1} | theta_j) (eq. 2; GBN-RNN draws
         each sentence's theta from the prior); every sentence is decoded from ``<bos>`` and a zero LSTM state.
+        ``context_bow`` (J, V_c) or (b, J, V_c), the bags of words of a given paragraph's sentences (the paper's
+        conditioned paragraphs): theta_1..theta_J from the recurrent encoder (posterior mean), one sentence each;
+        sentences after the J-th continue with the recurrence.
 
         Returns a list of ``num_sentences`` (b, len) id tensors (b = rows of the conditioning, else
         ``num_paragraphs``), or with ``tokenizer`` a list of b paragraphs, each a list of sentences (strings)."""
         if isinstance(num_sentences, bool) or not isinstance(num_sentences, int) or num_sentences < 1:
             raise ValueError(f"num_sentences must be a positive integer, got {num_sentences!r}")
-        if topic_ids is not None and theta is not None:
-            raise ValueError("Give at most one of topic_ids and theta")
-        if topic_ids is not None:
+        given = [n for n, v in (("topic_ids", topic_ids), ("theta", theta), ("context_bow", context_bow))
+                 if v is not None]
+        if len(given) > 1:
+            raise ValueError(f"Give at most one of topic_ids, theta, context_bow (got {given})")
+        encoded = None
+        if context_bow is not None:
+            bows = torch.as_tensor(context_bow, dtype=torch.float32).to(self.device)
+            bows = bows.unsqueeze(0) if bows.dim() == 2 else bows
+            if bows.dim() != 3 or bows.shape[-1] != self.config.topic_vocab_size or bows.shape[1] == 0:
+                raise ValueError(f"context_bow must have shape (J, {self.config.topic_vocab_size}) or (b, J, "
+                                 f"{self.config.topic_vocab_size}) with J >= 1, got {tuple(bows.shape)}")
+            if not bool(torch.isfinite(bows).all()) or bool((bows < 0).any()):
+                raise ValueError("context_bow must hold finite, non-negative counts")
+            mask = torch.ones(bows.shape[:2], dtype=torch.bool, device=self.device)
+            encoded = torch.cat(self.model.encode_documents(bows, mask, sample=False).thetas, -1)  # (b, J, sum K)
+            current = encoded[:, 0]
+        elif topic_ids is not None:
             current = self.model.theta_from_topics(topic_ids, 1 if topic_layer is None else topic_layer, topic_mode)
         elif theta is not None:
             current = self.model.check_theta(theta, None).to(self.device)
@@ -1026,7 +1043,9 @@ class RGBNRNNForCausalLM(RGBNRNNPreTrainedModel, TopicGenerationMixin, Generatio
             current = self.model.sample_prior_theta(num_paragraphs)
         sentences = []
         for j in range(num_sentences):
-            if j > 0:
+            if j > 0 and encoded is not None and j < encoded.shape[1]:
+                current = encoded[:, j]
+            elif j > 0:
                 current = self.model.sample_prior_theta(previous=current) if self.config.recurrent else \
                     self.model.sample_prior_theta(current.shape[0])
             sentences.append(self.generate(theta=current, **generate_kwargs))
