@@ -48,6 +48,7 @@ sentence (the encoder advances); another one continues the current sentence's th
 
 from __future__ import annotations
 
+import logging
 import weakref
 from dataclasses import dataclass
 from typing import Optional
@@ -60,6 +61,8 @@ from transformers import GenerationMixin
 from .configuration_rgbn_rnn import RGBNRNNConfig
 from .modeling_common import (RecurrentModelOutput, RecurrentPreTrainedModel, TopicGenerationMixin, TopicLMOutput,
                               causal_lm_loss, normalize_topic_ids, normalize_topic_kwargs, run_rnn, topic_vocabulary)
+
+logger = logging.getLogger(__name__)
 
 EULER_GAMMA = 0.5772156649015329
 _EPS_UNIFORM = 1e-6  # Weibull noise in [eps, 1 - eps]
@@ -521,6 +524,11 @@ class RGBNRNNModel(RGBNRNNPreTrainedModel):
                 start += s.numel()
             stats = out
         corpus = self.config.tlasgr_corpus_size
+        if corpus is None and not getattr(self, "_warned_corpus_size", False):
+            logger.warning("config.tlasgr_corpus_size is not set: TLASGR-MCMC treats each minibatch as the whole corpus "
+                           "(the Dirichlet priors then weigh far more). TopicLMTrainer sets it; with another loop, call "
+                           "model.set_training_corpus_size(len(train_dataset)).")
+            self._warned_corpus_size = True
         scale = (corpus / max(rows, 1.0)) if corpus else 1.0
         step = int(self.tlasgr_step_count)
         device = self.phi_1.device
