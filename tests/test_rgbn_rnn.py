@@ -708,3 +708,29 @@ def test_two_process_ddp_training_keeps_the_same_phi_and_pi_on_every_process(tmp
                                        topic_sizes=[6, 4], hidden_sizes=[16, 8], embedding_size=8))
     assert ranks[0]["buffers"]["model.phi_1"] != start.phi_1.tolist()  # the sampler moved
     assert ranks[0]["buffers"] == ranks[1]["buffers"]  # statistics summed over processes, the same noise
+
+
+def test_bfloat16_loading_keeps_the_sampler_in_float64_and_resizing_the_vocabulary(apnews, tmp_path):
+    import copy
+
+    model = make(apnews)
+    model.save_pretrained(tmp_path / "m")
+    half = AutoModelForCausalLM.from_pretrained(tmp_path / "m", dtype=torch.bfloat16).eval()
+    assert all(p.dtype == torch.bfloat16 for p in half.parameters()) and half.model.phi_1.dtype == torch.float64
+    _, batch = documents_batch(apnews, docs=(0,))
+    inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "context_bow", "chunk_mask", "sentence_index")}
+    with torch.no_grad():
+        ref, got = (torch.log_softmax(m(**inputs).logits.float(), -1) for m in (model, half))
+    real = batch["attention_mask"].bool()
+    assert (got - ref)[real].abs().max() < 0.15
+    assert half.generate(topic_ids=[0], topic_layer=3, max_new_tokens=3, min_new_tokens=3).shape == (1, 4)
+    tok = copy.deepcopy(apnews["tok"])
+    old = len(tok)
+    with torch.no_grad():
+        before = model(**inputs).logits
+    tok.add_tokens(["zzyzx"])
+    model.resize_token_embeddings(len(tok))
+    with torch.no_grad():
+        after = model(**inputs).logits
+    assert after.shape[-1] == old + 1 and torch.isfinite(after).all()
+    torch.testing.assert_close(after[..., :old], before)  # a plain softmax layer: the old words' scores stay
