@@ -80,7 +80,7 @@ class DataArguments:
 @dataclass
 class ModelArguments:
     model_type: str = field(default="lstm_lm", metadata={
-        "help": "The model to train: lstm_lm, tcnlm, topic_rnn or nclm (any registered model_type)."})
+        "help": "The model to train: lstm_lm, tcnlm, topic_rnn, nclm or rgbn_rnn (any registered model_type)."})
     model_name_or_path: Optional[str] = field(default=None, metadata={
         "help": "A saved model folder or Hub id to continue training (its vocabularies are reused)."})
     config_file: Optional[str] = field(default=None, metadata={
@@ -308,7 +308,8 @@ def train(data_args: DataArguments, model_args: ModelArguments, training_args: T
     collator = TopicContextCollator(tok, topic_tok, context=data_args.context if uses_context else "none",
                                     max_sentence_length=data_args.max_sentence_length,
                                     max_context_tokens=data_args.max_context_tokens,
-                                    sentence_prefix=_accepts(model, "sentence_prefix_bow"))
+                                    sentence_prefix=_accepts(model, "sentence_prefix_bow"),
+                                    layout="documents" if _accepts(model, "chunk_mask") else "sentences")
     train_rows = collator.prepare(train_docs)
     eval_rows = collator.prepare(valid_docs) if valid_docs is not None and training_args.eval_strategy != "no" else None
     trainer = TopicLMTrainer(model=model, args=training_args, train_dataset=train_rows, eval_dataset=eval_rows,

@@ -3,14 +3,17 @@ that Hub remote code can copy them together with ``modeling_common.py``)."""
 
 from .configuration_lstm_lm import LSTMLMConfig
 from .configuration_nclm import NCLMConfig
+from .configuration_rgbn_rnn import RGBNRNNConfig
 from .configuration_tcnlm import TCNLMConfig
 from .configuration_topic_rnn import TopicRNNConfig
 from .modeling_lstm_lm import LSTMLMForCausalLM, LSTMLMForSequenceClassification, LSTMLMModel
 from .modeling_nclm import NCLMForCausalLM, NCLMForSequenceClassification, NCLMModel
+from .modeling_rgbn_rnn import RGBNRNNForCausalLM, RGBNRNNModel
 from .modeling_tcnlm import TCNLMForCausalLM, TCNLMForSequenceClassification, TCNLMModel
 from .modeling_topic_rnn import TopicRNNForCausalLM, TopicRNNForSequenceClassification, TopicRNNModel
 
 __all__ = ["LSTMLMConfig", "LSTMLMModel", "LSTMLMForCausalLM", "TCNLMConfig", "TCNLMModel", "TCNLMForCausalLM",
            "TopicRNNConfig", "TopicRNNModel", "TopicRNNForCausalLM", "TopicRNNForSequenceClassification",
            "NCLMConfig", "NCLMModel", "NCLMForCausalLM",
-           "LSTMLMForSequenceClassification", "TCNLMForSequenceClassification", "NCLMForSequenceClassification"]
+           "LSTMLMForSequenceClassification", "TCNLMForSequenceClassification", "NCLMForSequenceClassification",
+           "RGBNRNNConfig", "RGBNRNNModel", "RGBNRNNForCausalLM"]
