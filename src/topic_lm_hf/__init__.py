@@ -10,7 +10,7 @@ from .evaluation import (PROTOCOLS, evaluate_perplexity, evaluate_steering, fit_
 from .evaluation.topic_eval import evaluate_topics
 from .models import (LSTMLMConfig, LSTMLMForCausalLM, LSTMLMForSequenceClassification, LSTMLMModel, NCLMConfig,
                      NCLMForCausalLM, NCLMForSequenceClassification, NCLMModel, RGBNRNNConfig, RGBNRNNForCausalLM,
-                     RGBNRNNModel, TCNLMConfig, TCNLMForCausalLM, TCNLMForSequenceClassification, TCNLMModel,
+                     RGBNRNNForSequenceClassification, RGBNRNNModel, TCNLMConfig, TCNLMForCausalLM, TCNLMForSequenceClassification, TCNLMModel,
                      TopicRNNConfig, TopicRNNForCausalLM, TopicRNNForSequenceClassification, TopicRNNModel)
 from .pretraining import pretrain_topic_model
 from .tasks import evaluate_retrieval, extract_document_features
@@ -24,7 +24,7 @@ FAMILIES = ((LSTMLMConfig, LSTMLMModel, LSTMLMForCausalLM, LSTMLMForSequenceClas
             (TCNLMConfig, TCNLMModel, TCNLMForCausalLM, TCNLMForSequenceClassification),
             (TopicRNNConfig, TopicRNNModel, TopicRNNForCausalLM, TopicRNNForSequenceClassification),
             (NCLMConfig, NCLMModel, NCLMForCausalLM, NCLMForSequenceClassification),
-            (RGBNRNNConfig, RGBNRNNModel, RGBNRNNForCausalLM, None))
+            (RGBNRNNConfig, RGBNRNNModel, RGBNRNNForCausalLM, RGBNRNNForSequenceClassification))
 # Every save_pretrained (Trainer checkpoints included) also writes the model's flat code files and an
 # ``auto_map`` into config.json. The folder then loads with ``trust_remote_code=True`` where this package is not
 # imported, and transformers' error there asks for exactly that instead of suggesting to upgrade transformers.
@@ -49,6 +49,6 @@ __all__ = [
     "TopicRNNConfig", "TopicRNNModel", "TopicRNNForCausalLM", "TopicRNNForSequenceClassification", "TopicLMTrainer",
     "NCLMConfig", "NCLMModel", "NCLMForCausalLM", "LSTMLMForSequenceClassification", "TCNLMForSequenceClassification",
     "NCLMForSequenceClassification",
-    "RGBNRNNConfig", "RGBNRNNModel", "RGBNRNNForCausalLM",
+    "RGBNRNNConfig", "RGBNRNNModel", "RGBNRNNForCausalLM", "RGBNRNNForSequenceClassification",
     "pretrain_topic_model", "evaluate_retrieval", "extract_document_features",
 ]

@@ -8,7 +8,7 @@ from .configuration_tcnlm import TCNLMConfig
 from .configuration_topic_rnn import TopicRNNConfig
 from .modeling_lstm_lm import LSTMLMForCausalLM, LSTMLMForSequenceClassification, LSTMLMModel
 from .modeling_nclm import NCLMForCausalLM, NCLMForSequenceClassification, NCLMModel
-from .modeling_rgbn_rnn import RGBNRNNForCausalLM, RGBNRNNModel
+from .modeling_rgbn_rnn import RGBNRNNForCausalLM, RGBNRNNForSequenceClassification, RGBNRNNModel
 from .modeling_tcnlm import TCNLMForCausalLM, TCNLMForSequenceClassification, TCNLMModel
 from .modeling_topic_rnn import TopicRNNForCausalLM, TopicRNNForSequenceClassification, TopicRNNModel
 
@@ -16,4 +16,4 @@ __all__ = ["LSTMLMConfig", "LSTMLMModel", "LSTMLMForCausalLM", "TCNLMConfig", "T
            "TopicRNNConfig", "TopicRNNModel", "TopicRNNForCausalLM", "TopicRNNForSequenceClassification",
            "NCLMConfig", "NCLMModel", "NCLMForCausalLM",
            "LSTMLMForSequenceClassification", "TCNLMForSequenceClassification", "NCLMForSequenceClassification",
-           "RGBNRNNConfig", "RGBNRNNModel", "RGBNRNNForCausalLM"]
+           "RGBNRNNConfig", "RGBNRNNModel", "RGBNRNNForCausalLM", "RGBNRNNForSequenceClassification"]

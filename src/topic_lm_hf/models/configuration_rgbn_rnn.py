@@ -2,7 +2,7 @@
 
 from transformers import PretrainedConfig
 
-from .modeling_common import TopicConfigMixin, check_integers
+from .modeling_common import ClassifierConfigMixin, TopicConfigMixin, check_integers
 
 COUPLINGS = ("same", "reversed")
 GATES = ("paper", "official")
@@ -17,7 +17,7 @@ LOSS_PRESETS = {
 EVAL_THETAS = ("mean", "sample")
 
 
-class RGBNRNNConfig(TopicConfigMixin, PretrainedConfig):
+class RGBNRNNConfig(TopicConfigMixin, ClassifierConfigMixin, PretrainedConfig):
     r"""Configuration of :class:`RGBNRNNModel` and :class:`RGBNRNNForCausalLM`.
 
     ``../shared/docs/rgbn.md`` is the implementation note this follows (paper = the ICLR text, "code" =
@@ -59,6 +59,8 @@ class RGBNRNNConfig(TopicConfigMixin, PretrainedConfig):
             (one Weibull draw, as the code).
         initializer_range: r of the uniform initialisation U(-r, r) of the LM and gate weights (0.05, the code's).
         tie_word_embeddings: not supported (the output layer reads sum_l H_l features).
+        classifier_*, freeze_backbone: the head of :class:`RGBNRNNForSequenceClassification`
+            (:class:`~topic_lm_hf.models.modeling_common.ClassifierConfigMixin`).
 
     Example:
         >>> config = RGBNRNNConfig(vocab_size=1000, topic_vocab_size=300, topic_sizes=[10, 6],
@@ -152,6 +154,7 @@ class RGBNRNNConfig(TopicConfigMixin, PretrainedConfig):
         self.initializer_range = float(initializer_range)
         self.tie_word_embeddings = False
         self.use_cache = use_cache
+        kwargs = self._pop_classifier_settings(kwargs)
         super().__init__(pad_token_id=pad_token_id, bos_token_id=bos_token_id, eos_token_id=eos_token_id,
                          unk_token_id=unk_token_id, **kwargs)
 

@@ -59,7 +59,8 @@ from torch.nn import functional as F
 from transformers import GenerationMixin
 
 from .configuration_rgbn_rnn import RGBNRNNConfig
-from .modeling_common import (RecurrentModelOutput, RecurrentPreTrainedModel, TopicGenerationMixin, TopicLMOutput,
+from .modeling_common import (DocumentClassifierMixin, DocumentRepresentationDelegate, DocumentRepresentationMixin,
+                              RecurrentModelOutput, last_token_positions, RecurrentPreTrainedModel, TopicGenerationMixin, TopicLMOutput,
                               causal_lm_loss, normalize_topic_ids, normalize_topic_kwargs, run_rnn, topic_vocabulary)
 
 logger = logging.getLogger(__name__)
@@ -404,7 +405,7 @@ class RGBNRNNPreTrainedModel(RecurrentPreTrainedModel):
                 bias[H:2 * H].fill_(1.0)
 
 
-class RGBNRNNModel(RGBNRNNPreTrainedModel):
+class RGBNRNNModel(DocumentRepresentationMixin, RGBNRNNPreTrainedModel):
     """Embeddings, the stacked LSTM with its topic gates, the Weibull encoder and the topic matrices Phi^l, Pi^l.
 
     ``forward`` returns the concatenated gated outputs [a^1; ...; a^L] (b, s, sum H) as ``last_hidden_state``.
@@ -851,6 +852,32 @@ class RGBNRNNModel(RGBNRNNPreTrainedModel):
         features, _, _ = self.lm_features(ids, attention_mask[rows, cols], embeds, thetas)
         return features, None, None, tp, torch.cat(tp.thetas, -1), (rows, cols, b, c)
 
+    # -- downstream: the document as one sequence, its bag of words as one sentence ---------------------
+
+    @property
+    def document_representation_sizes(self) -> tuple[int, int]:
+        return sum(self.config.hidden_sizes), self.document_topic_size
+
+    @property
+    def document_topic_size(self) -> int:
+        return sum(self.config.topic_sizes)
+
+    def document_topic_representation(self, context_bow) -> torch.Tensor:
+        """c (b, sum K) = [theta^1; ...; theta^L], the encoder's posterior mean (lambda Gamma(1 + 1/k)) for the
+        bag of words read as a document's first sentence (raw weights, not normalised)."""
+        bow = normalize_topic_kwargs(self.config.num_topics, self.config.topic_vocab_size,
+                                     context_bow=context_bow)["context_bow"].to(self.embed_tokens.weight.device)
+        shapes, scales, _ = self.encoder.step(bow, None)
+        return torch.cat([weibull_mean(k, lam) for k, lam in zip(shapes, scales)], dim=-1)
+
+    def _document_token_states(self, input_ids, attention_mask, context_bow):
+        # o_m = [a^1_m; ...; a^L_m], the gated outputs the softmax reads, with the document's own theta
+        out = self(input_ids=input_ids, attention_mask=attention_mask, context_bow=context_bow, use_cache=False,
+                   return_dict=True)
+        states = out.last_hidden_state
+        last = last_token_positions(attention_mask, states.shape[1], states.shape[0], states.device)
+        return states, states[torch.arange(states.shape[0], device=states.device), last]
+
     def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, state=None, use_cache=None,
                 context_bow=None, theta=None, topic_ids=None, topic_layer=None, chunk_mask=None, sentence_index=None,
                 output_hidden_states=None, return_dict=None, **kwargs) -> RecurrentModelOutput:
@@ -869,7 +896,7 @@ class RGBNRNNModel(RGBNRNNPreTrainedModel):
         return out if return_dict is not False else out.to_tuple()
 
 
-class RGBNRNNForCausalLM(RGBNRNNPreTrainedModel, TopicGenerationMixin, GenerationMixin):
+class RGBNRNNForCausalLM(DocumentRepresentationDelegate, RGBNRNNPreTrainedModel, TopicGenerationMixin, GenerationMixin):
     """GBN-RNN / rGBN-RNN with the output softmax over [a^1; ...; a^L], the joint loss, TLASGR-MCMC and generation.
 
     Conditioning of a chunk batch (at most one): ``context_bow`` (b, V_c), encoded as the next sentence of the
@@ -1117,6 +1144,16 @@ class RGBNRNNForCausalLM(RGBNRNNPreTrainedModel, TopicGenerationMixin, Generatio
             return {"layer": layer, "topic": k, "weight": weight, "words": topics[layer][k], "children": children}
 
         return [node(L, k, None) for k in range(self.config.topic_sizes[-1])]
+
+
+class RGBNRNNForSequenceClassification(DocumentClassifierMixin, RGBNRNNPreTrainedModel):
+    """Document classifier on rGBN-RNN / GBN-RNN features [o_N; theta^1; ...; theta^L], o_N the gated outputs of
+    every layer after the document's last token. Loads the body of a saved :class:`RGBNRNNForCausalLM` folder (see
+    :class:`~.modeling_common.DocumentClassifierMixin`)."""
+
+    def __init__(self, config: RGBNRNNConfig):
+        super().__init__(config)
+        self._init_classifier(RGBNRNNModel(config))
 
 
 def format_topic_tree(tree: list[dict], indent: str = "  ") -> str:
