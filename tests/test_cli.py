@@ -242,3 +242,28 @@ def test_train_an_nclm_with_a_topic_model_phase_then_evaluate_and_generate_from_
     assert len([l for l in capsys.readouterr().out.splitlines() if l.strip()]) >= 6
     with pytest.raises(ValueError, match="phase:steps"):
         main(["train", "--model_type", "nclm", "--pretraining_phases", "topic_model", "--output_dir", str(tmp_path)])
+
+
+@requires_data("r8", "train.jsonl.gz")
+def test_classify_and_retrieve_commands_on_r8(tmp_path, capsys):
+    lm_dir = tmp_path / "nclm"
+    main(["train", "--train_file", str(DATA / "r8" / "train.jsonl.gz"), "--text_column", "text",
+          "--max_train_documents", "200", "--min_freq", "3", "--model_type", "nclm", "--context", "document",
+          "--config_overrides", "embedding_size=16,hidden_size=16,num_topics=4,encoder_hidden_size=16,"
+          "num_topic_samples=1,variant=lta", "--output_dir", str(lm_dir), "--max_steps", "5",
+          "--per_device_train_batch_size", "16", "--report_to", "none", "--use_cpu", "--disable_tqdm", "true"])
+    common = ["--model_name_or_path", str(lm_dir), "--dataset", str(DATA / "r8" / "train.jsonl.gz"),
+              "--max_train_documents", "120", "--max_test_documents", "40", "--max_document_length", "60"]
+    main(["classify", *common, "--epochs", "1", "--output_dir", str(tmp_path / "clf")])
+    out = capsys.readouterr().out
+    assert "120 training / 40 held-out documents (stratified 80%/20% split, seed 0)" in out
+    assert re.search(r"\| NCLMForSequenceClassification \[o_N; c\] \(mlp head, frozen features, 1 epochs\) \| "
+                     r"0\.\d{4} \|", out)
+    assert re.search(r"\| majority class \| 0\.\d{4} \|", out) and "tf-idf + logistic regression" in out
+    assert (tmp_path / "clf" / "model.safetensors").exists() and (tmp_path / "clf" / "topic_tokenizer").exists()
+    main(["retrieve", *common, "--k", "1,5", "--fractions", "0.02", "--baselines", "false"])
+    out = capsys.readouterr().out
+    assert re.search(r"\| NCLMForCausalLM: \[o_N; c\] \(raw\) \| [01]\.\d{4} \| [01]\.\d{4} \| [01]\.\d{4} \|", out), out
+    assert "| precision@1 | precision@5 | precision@fraction=0.02 |" in out
+    with pytest.raises(ValueError, match="normalize must be one of"):
+        main(["retrieve", *common, "--normalize", "l2"])

@@ -54,7 +54,7 @@ def test_every_readme_command_parses_and_uses_a_model_the_readme_trains():
 
 @pytest.mark.slow
 @pytest.mark.skipif(not all((DATA / p).exists() for p in ("apnews/train.txt", "apnews/valid.txt",
-                                                          "imdb/train.jsonl.gz", "wiki/articles.jsonl.gz",
+                                                          "imdb/train.jsonl.gz", "wiki/articles.jsonl.gz", "r8/train.jsonl.gz",
                                                           "stopwords/mallet_en.txt")),
                     reason=f"the README's snippets read the real corpora in {DATA} (../shared/data), which are "
                            "absent; set TOPIC_LM_DATA to their folder")

@@ -67,6 +67,39 @@ def test_document_representation_shapes_determinism_and_parts(toy, family):
         model.document_representation(input_ids=batch["input_ids"].unsqueeze(1))
 
 
+def tiny_rgbn(tok, topic_tok, **kw):
+    from topic_lm_hf import RGBNRNNConfig, RGBNRNNForCausalLM
+
+    torch.manual_seed(0)
+    config = RGBNRNNConfig.from_tokenizers(tok, topic_tok, topic_sizes=[4, 3], hidden_sizes=[12, 8],
+                                           embedding_size=8, dropout=0.0, **kw)
+    return RGBNRNNForCausalLM(config).eval()
+
+
+@pytest.mark.parametrize("recurrent", [True, False])
+def test_rgbn_document_representation_is_every_layers_output_and_theta(toy, tmp_path, recurrent):
+    tok, topic_tok = toy
+    model = tiny_rgbn(tok, topic_tok, recurrent=recurrent)
+    batch = _batch(tok, topic_tok)
+    assert model.document_representation_sizes == (12 + 8, 4 + 3)
+    reps = model.document_representation(batch)
+    assert reps.shape == (4, 27) and torch.equal(reps, model.document_representation(batch))
+    n = int(batch["attention_mask"][3].sum())
+    with torch.no_grad():
+        out = model.model(input_ids=batch["input_ids"][3:, :n], context_bow=batch["context_bow"][3:])
+    torch.testing.assert_close(reps[3, :20], out.last_hidden_state[0, -1])  # [a^1; a^2] after the last token
+    torch.testing.assert_close(reps[:, 20:], model.document_topic_representation(batch["context_bow"]))
+    per_token = model.document_representation(batch, per_token=True)
+    torch.testing.assert_close(per_token[3, n - 1], reps[3])
+    model.save_pretrained(tmp_path / "lm")
+    clf = AutoModelForSequenceClassification.from_pretrained(tmp_path / "lm", num_labels=2, classifier_head="cnn")
+    assert type(clf).__name__ == "RGBNRNNForSequenceClassification"
+    assert clf.classifier.convs[0].in_channels == 27
+    out = clf(**{k: v for k, v in batch.items() if k != "labels"}, labels=torch.tensor([0, 1, 0, 1]))
+    out.loss.backward()
+    assert all(p.grad is None for p in clf.model.parameters()) and clf.classifier.out_proj.weight.grad is not None
+
+
 def test_the_document_topics_change_c_and_not_the_lstm_for_nclm(toy):
     tok, topic_tok = toy
     model = tiny_model("nclm-leta-sdt", tok, topic_tok).eval()
@@ -298,3 +331,36 @@ def test_classifier_from_a_saved_lm_learns_r8_above_the_majority_class(tmp_path)
     accuracy = classification_accuracy(clf, test_rows, collator)
     majority = majority_accuracy(train["label"], test["label"])
     assert accuracy > majority + 0.1, (accuracy, majority)
+
+
+def test_every_classifier_loads_as_remote_code_without_the_package(toy, tmp_path):
+    import json
+
+    from conftest import run_without_package
+    from topic_lm_hf.hub import save_for_hub
+
+    tok, topic_tok = toy
+    batch = _batch(tok, topic_tok)
+    expected, repos = {}, {}
+    for family in ("lstm_lm", "tcnlm", "topic_rnn-gru", "nclm-leta-sdt", "rgbn"):
+        model = tiny_rgbn(tok, topic_tok) if family == "rgbn" else tiny_model(family, tok, topic_tok).eval()
+        repos[family] = str(tmp_path / family)
+        save_for_hub(model, repos[family], tok, topic_tok)
+        auto_map = json.loads((tmp_path / family / "config.json").read_text())["auto_map"]
+        assert auto_map["AutoModelForSequenceClassification"].endswith("ForSequenceClassification")
+        expected[family] = model.document_representation(batch).tolist()
+    inputs = {k: batch[k].tolist() for k in ("input_ids", "attention_mask", "context_bow")}
+    result = run_without_package(f"""
+        import torch
+        from transformers import AutoModelForSequenceClassification
+        batch = {{k: torch.tensor(v) for k, v in {inputs!r}.items()}}
+        out = {{}}
+        for family, repo in {repos!r}.items():
+            clf = AutoModelForSequenceClassification.from_pretrained(repo, num_labels=3, trust_remote_code=True).eval()
+            out[family] = [type(clf).__name__, clf.document_representation(batch).tolist(),
+                           list(clf(**batch).logits.shape)]
+        print(json.dumps(out))
+    """, tmp_path)
+    for family, (name, reps, shape) in result.items():
+        assert name.endswith("ForSequenceClassification") and shape == [4, 3]
+        torch.testing.assert_close(torch.tensor(reps), torch.tensor(expected[family]), atol=1e-5, rtol=0)

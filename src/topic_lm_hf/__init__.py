@@ -10,9 +10,9 @@ from .evaluation import (PROTOCOLS, evaluate_perplexity, evaluate_steering, fit_
                          topic_diversity)
 from .evaluation.topic_eval import evaluate_topics
 from .models import (LSTMLMConfig, LSTMLMForCausalLM, LSTMLMForSequenceClassification, LSTMLMModel, NCLMConfig,
-                     NCLMForCausalLM, NCLMForSequenceClassification, NCLMModel, TCNLMConfig, TCNLMForCausalLM,
-                     TCNLMForSequenceClassification, TCNLMModel, TopicRNNConfig, TopicRNNForCausalLM,
-                     TopicRNNForSequenceClassification, TopicRNNModel)
+                     NCLMForCausalLM, NCLMForSequenceClassification, NCLMModel, RGBNRNNConfig, RGBNRNNForCausalLM,
+                     RGBNRNNForSequenceClassification, RGBNRNNModel, TCNLMConfig, TCNLMForCausalLM, TCNLMForSequenceClassification, TCNLMModel,
+                     TopicRNNConfig, TopicRNNForCausalLM, TopicRNNForSequenceClassification, TopicRNNModel)
 from .pretraining import pretrain_topic_model
 from .tasks import evaluate_retrieval, extract_document_features
 from .trainer import TopicLMTrainer
@@ -20,29 +20,26 @@ from .trainer import TopicLMTrainer
 __version__ = "0.1.0"
 
 # Auto-class registration: importing the package makes every model loadable with the Auto classes.
-for _config, _base, _lm in ((LSTMLMConfig, LSTMLMModel, LSTMLMForCausalLM), (TCNLMConfig, TCNLMModel, TCNLMForCausalLM),
-                            (TopicRNNConfig, TopicRNNModel, TopicRNNForCausalLM), (NCLMConfig, NCLMModel, NCLMForCausalLM)):
-    AutoConfig.register(_config.model_type, _config, exist_ok=True)
-    AutoModel.register(_config, _base, exist_ok=True)
-    AutoModelForCausalLM.register(_config, _lm, exist_ok=True)
-for _config, _classifier in ((LSTMLMConfig, LSTMLMForSequenceClassification), (TCNLMConfig, TCNLMForSequenceClassification),
-                             (TopicRNNConfig, TopicRNNForSequenceClassification), (NCLMConfig, NCLMForSequenceClassification)):
-    AutoModelForSequenceClassification.register(_config, _classifier, exist_ok=True)
-
+# (config, base model, causal LM, sequence classifier or None) per family.
+FAMILIES = ((LSTMLMConfig, LSTMLMModel, LSTMLMForCausalLM, LSTMLMForSequenceClassification),
+            (TCNLMConfig, TCNLMModel, TCNLMForCausalLM, TCNLMForSequenceClassification),
+            (TopicRNNConfig, TopicRNNModel, TopicRNNForCausalLM, TopicRNNForSequenceClassification),
+            (NCLMConfig, NCLMModel, NCLMForCausalLM, NCLMForSequenceClassification),
+            (RGBNRNNConfig, RGBNRNNModel, RGBNRNNForCausalLM, RGBNRNNForSequenceClassification))
 # Every save_pretrained (Trainer checkpoints included) also writes the model's flat code files and an
 # ``auto_map`` into config.json. The folder then loads with ``trust_remote_code=True`` where this package is not
 # imported, and transformers' error there asks for exactly that instead of suggesting to upgrade transformers.
 # Where the package is imported, its registered classes are used (transformers prefers them to remote code).
-for _cls, _auto in ((LSTMLMConfig, "AutoConfig"), (TCNLMConfig, "AutoConfig"), (TopicRNNConfig, "AutoConfig"),
-                    (NCLMConfig, "AutoConfig"), (LSTMLMModel, "AutoModel"), (TCNLMModel, "AutoModel"),
-                    (TopicRNNModel, "AutoModel"), (NCLMModel, "AutoModel"), (LSTMLMForCausalLM, "AutoModelForCausalLM"),
-                    (TCNLMForCausalLM, "AutoModelForCausalLM"), (TopicRNNForCausalLM, "AutoModelForCausalLM"),
-                    (NCLMForCausalLM, "AutoModelForCausalLM"),
-                    (LSTMLMForSequenceClassification, "AutoModelForSequenceClassification"),
-                    (TCNLMForSequenceClassification, "AutoModelForSequenceClassification"),
-                    (TopicRNNForSequenceClassification, "AutoModelForSequenceClassification"),
-                    (NCLMForSequenceClassification, "AutoModelForSequenceClassification")):
-    _cls.register_for_auto_class(_auto)
+for _config, _base, _lm, _classifier in FAMILIES:
+    AutoConfig.register(_config.model_type, _config, exist_ok=True)
+    AutoModel.register(_config, _base, exist_ok=True)
+    AutoModelForCausalLM.register(_config, _lm, exist_ok=True)
+    for _cls, _auto in ((_config, "AutoConfig"), (_base, "AutoModel"), (_lm, "AutoModelForCausalLM"),
+                        (_classifier, "AutoModelForSequenceClassification")):
+        if _cls is not None:
+            _cls.register_for_auto_class(_auto)
+    if _classifier is not None:
+        AutoModelForSequenceClassification.register(_config, _classifier, exist_ok=True)
 
 # The word sense tagger (tasks/wsd_tagger.py trains and applies it).
 from .models import SenseTaggerConfig, SenseTaggerForTokenClassification  # noqa: E402
@@ -61,6 +58,7 @@ __all__ = [
     "TopicRNNConfig", "TopicRNNModel", "TopicRNNForCausalLM", "TopicRNNForSequenceClassification", "TopicLMTrainer",
     "NCLMConfig", "NCLMModel", "NCLMForCausalLM", "LSTMLMForSequenceClassification", "TCNLMForSequenceClassification",
     "NCLMForSequenceClassification",
+    "RGBNRNNConfig", "RGBNRNNModel", "RGBNRNNForCausalLM", "RGBNRNNForSequenceClassification",
     "pretrain_topic_model", "evaluate_retrieval", "extract_document_features",
     "SenseTaggerConfig", "SenseTaggerForTokenClassification",
 ]

@@ -1,4 +1,4 @@
-"""The `topic-lm` command: train, evaluate, generate, topics and demo.
+"""The `topic-lm` command: train, evaluate, generate, topics, steer, classify, retrieve and demo.
 
 Arguments are dataclasses parsed by `HfArgumentParser`, as in transformers' `run_clm.py`: every
 `TrainingArguments` flag works with `topic-lm train`. Each subcommand is one entry of `COMMANDS`
@@ -32,6 +32,7 @@ from . import data as data_lib
 from .collator import TopicContextCollator, make_bow
 from .evaluation import evaluate_perplexity
 from .demo import DemoArguments, run_demo
+from .tasks.commands import ClassifyArguments, RetrieveArguments, TaskDataArguments, run_classify, run_retrieve
 from .tasks.wsd_cli import WSDEvaluateArguments, WSDTrainArguments, run_wsd_evaluate, run_wsd_train
 from .trainer import TopicLMTrainer
 
@@ -80,7 +81,7 @@ class DataArguments:
 @dataclass
 class ModelArguments:
     model_type: str = field(default="lstm_lm", metadata={
-        "help": "The model to train: lstm_lm, tcnlm, topic_rnn or nclm (any registered model_type)."})
+        "help": "The model to train: lstm_lm, tcnlm, topic_rnn, nclm or rgbn_rnn (any registered model_type)."})
     model_name_or_path: Optional[str] = field(default=None, metadata={
         "help": "A saved model folder or Hub id to continue training (its vocabularies are reused)."})
     config_file: Optional[str] = field(default=None, metadata={
@@ -308,7 +309,8 @@ def train(data_args: DataArguments, model_args: ModelArguments, training_args: T
     collator = TopicContextCollator(tok, topic_tok, context=data_args.context if uses_context else "none",
                                     max_sentence_length=data_args.max_sentence_length,
                                     max_context_tokens=data_args.max_context_tokens,
-                                    sentence_prefix=_accepts(model, "sentence_prefix_bow"))
+                                    sentence_prefix=_accepts(model, "sentence_prefix_bow"),
+                                    layout="documents" if _accepts(model, "chunk_mask") else "sentences")
     train_rows = collator.prepare(train_docs)
     eval_rows = collator.prepare(valid_docs) if valid_docs is not None and training_args.eval_strategy != "no" else None
     trainer = TopicLMTrainer(model=model, args=training_args, train_dataset=train_rows, eval_dataset=eval_rows,
@@ -472,6 +474,17 @@ COMMANDS: dict[str, Command] = {
         (SteerArguments,), run_steer,
         help="The protocol of topic_lm_hf.evaluate_steering (PPLM-style, judged by the model's own encoder and by an "
              "LDA fitted on --judge_corpus)."),
+    "classify": Command(
+        "Document classification with a saved model's features: train a head (or fine-tune) and report accuracy.",
+        (TaskDataArguments, ClassifyArguments), run_classify,
+        help="Splits --dataset (stratified, seeded), loads the model folder with AutoModelForSequenceClassification "
+             "and trains through Trainer; prints accuracy next to the majority class and tf-idf + logistic "
+             "regression."),
+    "retrieve": Command(
+        "Document retrieval with a saved model's [o_N; c]: precision@k of cosine search, labels as relevance.",
+        (TaskDataArguments, RetrieveArguments), run_retrieve,
+        help="Queries = the held-out documents of --dataset, corpus = the rest; prints precision next to tf-idf "
+             "and LDA cosine retrieval."),
     "demo": Command(
         "The first thing to run: train a TCNLM and the same-size LSTM, show topics, steered text and perplexity.",
         (DemoArguments,), run_demo,

@@ -94,6 +94,8 @@ class TopicLMTrainer(Trainer):
       done), and every checkpoint stays finite. Resume from the last checkpoint with a lower
       learning rate or stronger clipping. (Mixed precision with a gradient scaler skips such
       steps itself and is left to it.)
+    * Tells a model with ``set_training_corpus_size`` the number of training rows (rGBN-RNN's sampler scales
+      its minibatch statistics by it).
     * ``pretraining_phases``: training phases before the joint objective, as ``[(phase, steps), ...]``
       in order, e.g. NCLM's ``[("lm", 2000), ("topic_model", 500)]`` (the paper's LM pre-training, then
       the topic model's). The phase of an optimizer step follows from ``global_step``, so a resumed run
@@ -117,6 +119,10 @@ class TopicLMTrainer(Trainer):
         self.pretraining_phases = self._check_phases(pretraining_phases)
         self._loss_terms: dict[str, list[torch.Tensor]] = defaultdict(list)
         self._eval_sums: dict[str, torch.Tensor] | None = None  # while evaluating: token-weighted sums
+        set_corpus_size = getattr(self.model, "set_training_corpus_size", None)
+        if set_corpus_size is not None and self.train_dataset is not None and hasattr(self.train_dataset, "__len__"):
+            # Models whose sampler scales minibatch statistics to the corpus (rGBN-RNN's TLASGR-MCMC).
+            set_corpus_size(len(self.train_dataset))
         collator = self.data_collator
         if isinstance(collator, TopicContextCollator) and getattr(self.model.config, "vocab_size", None) is not None:
             # The config (saved in every checkpoint) records which vocabularies the model is trained on.

@@ -14,6 +14,11 @@ protocol           context bag of words of sentence j      LSTM state           
 sentences that come after the one being predicted, so it is not a language-model perplexity in
 the strict sense. ``causal`` and ``causal-carry`` follow Zheng, Vafa & Blei (TMLR 2023).
 
+A model with a recurrence over the sentences of a document (``chunk_mask`` in ``forward``: rGBN-RNN) reads
+whole documents under ``paper`` and ``causal`` (one call per batch of documents, the token state restarting at
+every chunk, the sentence recurrence carried inside the model), and chunk by chunk with the carried ``state``
+under ``causal-carry`` (the state then also carries the sentence recurrence).
+
 Every predicted token counts, ``<eos>`` and ``<unk>`` included, ``<bos>`` never (it is only an
 input). Perplexity is ``exp(total NLL / tokens)`` with natural logarithms.
 """
@@ -50,6 +55,34 @@ def _chunk_nll(model, input_ids, attention_mask, context_bow, state, use_cache, 
     log_probs = torch.log_softmax(out.logits.double(), dim=-1)
     nll = -log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     return nll[target_mask].sum().item(), int(target_mask.sum()), out.state
+
+
+def _document_nll(model, batch, device, context_bow):
+    """NLL sum and count of a documents batch (b, c, l) read by a model with a recurrence over sentences
+    (``chunk_mask`` in ``forward``): one call, every chunk from a fresh token state, as in training."""
+    input_ids, attention_mask = batch["input_ids"].to(device), batch["attention_mask"].to(device)
+    inputs, targets = input_ids[..., :-1], input_ids[..., 1:]
+    chunk_mask = batch["chunk_mask"].to(device).bool()
+    target_mask = attention_mask[..., 1:].bool() & chunk_mask.unsqueeze(-1)
+    kwargs = {"context_bow": context_bow} if context_bow is not None else {}
+    out = model(input_ids=inputs, attention_mask=target_mask.long(), chunk_mask=chunk_mask.long(),
+                sentence_index=batch["sentence_index"].to(device), use_cache=False, return_dict=True, **kwargs)
+    log_probs = torch.log_softmax(out.logits.double(), dim=-1)
+    nll = -log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    return nll[target_mask].sum().item(), int(target_mask.sum())
+
+
+def _chunk_budget_batches(order, n_chunks, chunks_per_batch):
+    """Consecutive documents of ``order`` in groups of about ``chunks_per_batch`` chunks (at least one document)."""
+    group, size = [], 0
+    for i in order:
+        if group and size + n_chunks[i] > chunks_per_batch:
+            yield group
+            group, size = [], 0
+        group.append(i)
+        size += n_chunks[i]
+    if group:
+        yield group
 
 
 def _maybe_mismatch(context_bow: torch.Tensor, mismatched: bool) -> torch.Tensor:
@@ -126,17 +159,29 @@ def evaluate_perplexity(model, documents: datasets.Dataset | Sequence, protocol:
                                                                              topic_tokenizer)
     context_mode, carry = PROTOCOLS[protocol]
     sentence_prefix = _accepts(model, "sentence_prefix_bow")
+    # A model with a recurrence over sentences (rGBN-RNN) reads whole documents (b, chunks, tokens) at once.
+    reads_documents = _accepts(model, "chunk_mask")
     collator = TopicContextCollator(tokenizer, topic_tokenizer if (uses_context or sentence_prefix) else None,
                                     context=context_mode if uses_context else "none",
                                     max_sentence_length=max_sentence_length, max_context_tokens=max_context_tokens,
-                                    layout="documents" if carry else "sentences", sentence_prefix=sentence_prefix)
+                                    layout="documents" if (carry or reads_documents) else "sentences",
+                                    sentence_prefix=sentence_prefix)
     rows = collator.prepare(documents)
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
     total_nll, total_tokens = 0.0, 0
     try:
-        if not carry:
+        if not carry and reads_documents:
+            # Whole documents, about batch_size chunks per call; the token state restarts at every chunk.
+            n_chunks = [len(x) for x in rows["input_ids"]]
+            for group in _chunk_budget_batches(range(len(rows)), n_chunks, batch_size):
+                batch = collator([rows[i] for i in group])
+                bow = _maybe_mismatch(batch["context_bow"].to(device), mismatched_context) if uses_context else None
+                nll, n = _document_nll(model, batch, device, bow)
+                total_nll += nll
+                total_tokens += n
+        elif not carry:
             # Sort chunks by length so that batches carry little padding; the sum does not depend on order.
             lengths = [len(x) for x in rows["input_ids"]]
             order = sorted(range(len(rows)), key=lambda i: lengths[i])

@@ -3,11 +3,13 @@ that Hub remote code can copy them together with ``modeling_common.py``)."""
 
 from .configuration_lstm_lm import LSTMLMConfig
 from .configuration_nclm import NCLMConfig
+from .configuration_rgbn_rnn import RGBNRNNConfig
 from .configuration_sense_tagger import SenseTaggerConfig
 from .configuration_tcnlm import TCNLMConfig
 from .configuration_topic_rnn import TopicRNNConfig
 from .modeling_lstm_lm import LSTMLMForCausalLM, LSTMLMForSequenceClassification, LSTMLMModel
 from .modeling_nclm import NCLMForCausalLM, NCLMForSequenceClassification, NCLMModel
+from .modeling_rgbn_rnn import RGBNRNNForCausalLM, RGBNRNNForSequenceClassification, RGBNRNNModel
 from .modeling_sense_tagger import SenseTaggerForTokenClassification
 from .modeling_tcnlm import TCNLMForCausalLM, TCNLMForSequenceClassification, TCNLMModel
 from .modeling_topic_rnn import TopicRNNForCausalLM, TopicRNNForSequenceClassification, TopicRNNModel
@@ -16,4 +18,5 @@ __all__ = ["LSTMLMConfig", "LSTMLMModel", "LSTMLMForCausalLM", "TCNLMConfig", "T
            "TopicRNNConfig", "TopicRNNModel", "TopicRNNForCausalLM", "TopicRNNForSequenceClassification",
            "NCLMConfig", "NCLMModel", "NCLMForCausalLM",
            "LSTMLMForSequenceClassification", "TCNLMForSequenceClassification", "NCLMForSequenceClassification",
+           "RGBNRNNConfig", "RGBNRNNModel", "RGBNRNNForCausalLM", "RGBNRNNForSequenceClassification",
            "SenseTaggerConfig", "SenseTaggerForTokenClassification"]

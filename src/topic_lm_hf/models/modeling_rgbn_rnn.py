@@ -1,0 +1,1175 @@
+"""GBN-RNN and rGBN-RNN: deep (recurrent) gamma belief networks guiding a stacked LSTM (Guo et al., ICML 2020).
+
+Notation: b batch (documents), c chunks of a document, s tokens, J sentence slots of a document, L layers,
+K_l topics of layer l (bottom l = 1), H_l LSTM size of layer l, V vocabulary, V_c topic vocabulary.
+``../shared/docs/rgbn.md`` is the implementation note followed here (equation numbers: the ICLR text).
+
+Generative model (eq. 2), tau0 the gamma rate, Gam(shape, rate):
+
+    theta^L_j ~ Gam(tau0 Pi^L theta^L_{j-1}, tau0)                       (Gam(1, tau0) at j = 1)
+    theta^l_j ~ Gam(tau0 (Phi^{l+1} theta^{l+1}_j + Pi^l theta^l_{j-1}), tau0)   (theta_0 = 0)
+    d_j       ~ Pois(Phi^1 theta^1_j)
+
+d_j is sentence j's context bag of words (the collator's ``context``: ``"preceding"`` for the causal model).
+GBN-RNN (``recurrent=False``) is the same with Pi = 0 and Gam(1, tau0) at the top for every sentence.
+
+* Encoder (eq. 7-8): per layer a tanh RNN cell over the sentences of a document, h_{j,l} = RNN_l(h_{j-1,l},
+  h_{j,l-1}), h_{j,0} = ln(1 + d_j); q(theta^l_j) = Weibull(k, lambda) with one shape k per (sentence, layer)
+  and a scale per topic. Samples are reparameterised; the KL to the gamma prior is closed-form, with the
+  prior's shape built from the *sampled* theta of the layer above and of the previous sentence.
+* LM (eq. 3-4, App. B): LSTM layer l reads the gated output a^{l-1} of the layer below; a^l = g(h^l_t, theta~)
+  with a GRU-like gate; the softmax reads [a^1; ...; a^L]. theta~ is theta / max_k theta_k (``theta_normalization``).
+  Every chunk starts from a zero LSTM state (the paper); with ``state`` (causal-carry evaluation, generation)
+  the state is carried.
+* Phi, Pi: ``topic_learning="tlasgr"``: float64 buffers on the simplex learned by TLASGR-MCMC (App. C). A
+  training forward augments the latent counts (multinomial and CRT, vectorised, under ``no_grad``) with the
+  same theta samples it used, and adds them to pending sufficient statistics; the first optimizer step that
+  updates this model's parameters then applies one TLASGR update (a global optimizer step post-hook; see
+  :meth:`RGBNRNNModel.tlasgr_step`), so plain ``Trainer``, Accelerate and gradient accumulation (statistics of
+  the micro-batches add up to one minibatch) all work. Under ``torch.distributed`` the statistics are summed
+  over processes and the Langevin noise is seeded by the step counter, so every process holds the same Phi, Pi.
+  ``"gradient"``: softmax-parameterised columns trained by the loss (an alternative, labelled as such).
+
+Loss, divided by the number N of predicted tokens (so the LM part is the usual mean NLL per token):
+
+    loss = lm_loss + (w_P * sum_sentences PoissonNLL(d_j) + sum_l w_l sum_sentences KL^l_j) / N
+
+``bow_loss`` and ``kl_loss`` report the unweighted sums / N. ``loss_preset="elbo"``: all weights 1 (eq. 6);
+``"official"``: the official code's 1e-3 and 1e-4 / 1e-5 / 1e-6. Each sentence counts once (at its first
+chunk; padding slots never).
+
+Inputs: a documents batch (``input_ids`` (b, c, s), ``context_bow`` (b, c, V_c), ``chunk_mask`` (b, c),
+``sentence_index`` (b, c): ``TopicContextCollator(layout="documents")``) runs the sentence recurrence over each
+document; a chunk batch (b, s) treats each row as the first sentence of a document unless ``state`` carries
+the recurrence. State (batch-first, per layer): LSTM h and c (b, 1, H_l), the encoder's hidden (b, 1, K_l) and
+the raw theta of the current sentence (b, 1, K_l) — 4 L tensors. A chunk that starts with ``<bos>`` starts a new
+sentence (the encoder advances); another one continues the current sentence's theta.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+from transformers import GenerationMixin
+
+from .configuration_rgbn_rnn import RGBNRNNConfig
+from .modeling_common import (DocumentClassifierMixin, DocumentRepresentationDelegate, DocumentRepresentationMixin,
+                              RecurrentModelOutput, last_token_positions, RecurrentPreTrainedModel, TopicGenerationMixin, TopicLMOutput,
+                              causal_lm_loss, normalize_topic_ids, normalize_topic_kwargs, run_rnn, topic_vocabulary)
+
+logger = logging.getLogger(__name__)
+
+EULER_GAMMA = 0.5772156649015329
+_EPS_UNIFORM = 1e-6  # Weibull noise in [eps, 1 - eps]
+_LAMBDA_MIN = 1e-6
+_ALPHA_MIN = 1e-10  # gamma prior shapes (a sampled theta can underflow to 0)
+_RATE_MIN = 1e-10  # Poisson rates
+_SIMPLEX_MIN = 1e-10  # entries of Phi, Pi after the TLASGR projection
+CRT_EXACT_LIMIT = 2000  # CRT: exact Bernoulli draws up to this many, a Poisson for the rest
+
+
+# ----------------------------------------------------------------------------------------------
+# Weibull posterior and its KL to a gamma prior
+# ----------------------------------------------------------------------------------------------
+
+
+def weibull_sample(k: torch.Tensor, lam: torch.Tensor, uniform: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Reparameterised Weibull(k, lambda) draw: lambda (-ln(1 - u))^(1/k), computed as exp(ln(-log1p(-u)) / k)
+    so that it stays finite for small k."""
+    if uniform is None:
+        uniform = torch.rand_like(lam)
+    uniform = uniform.clamp(_EPS_UNIFORM, 1 - _EPS_UNIFORM)
+    return lam * torch.exp(torch.log(-torch.log1p(-uniform)) / k)
+
+
+def weibull_mean(k: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
+    """E[theta] = lambda Gamma(1 + 1/k)."""
+    return lam * torch.exp(torch.lgamma(1 + 1 / k))
+
+
+def kl_weibull_gamma(k: torch.Tensor, lam: torch.Tensor, alpha: torch.Tensor, beta) -> torch.Tensor:
+    """KL(Weibull(k, lambda) || Gamma(alpha, rate beta)), elementwise (rgbn.md §2):
+
+    gamma alpha / k - alpha ln lambda + ln k + beta lambda Gamma(1 + 1/k) - gamma - 1 - alpha ln beta
+    + ln Gamma(alpha)."""
+    beta = torch.as_tensor(beta, dtype=lam.dtype, device=lam.device)
+    return (EULER_GAMMA * alpha / k - alpha * torch.log(lam) + torch.log(k) + beta * weibull_mean(k, lam)
+            - EULER_GAMMA - 1 - alpha * torch.log(beta) + torch.lgamma(alpha))
+
+
+# ----------------------------------------------------------------------------------------------
+# count augmentation: CRT and multinomial splits (exact, vectorised)
+# ----------------------------------------------------------------------------------------------
+
+
+def sample_crt(counts: torch.Tensor, concentration: torch.Tensor, exact_limit: int = CRT_EXACT_LIMIT) -> torch.Tensor:
+    """Chinese restaurant table counts l ~ CRT(n, r) = sum_{i<n} Bernoulli(r / (r + i)), elementwise.
+
+    Exact Bernoulli draws for i < ``exact_limit`` (one uniform per customer, expanded with
+    ``repeat_interleave``); beyond it, the remaining tables are Poisson with mean r [psi(r + n) - psi(r + n0)]
+    (float64), clamped to the customers left. n = 0 gives 0; n >= 1 gives >= 1 (the first customer always
+    opens a table, even when r underflows). Returns float counts of ``counts``' shape."""
+    n = counts.round().clamp_min(0).long().reshape(-1)
+    r = concentration.to(torch.float64).reshape(-1).clamp_min(1e-30)
+    out = torch.zeros(n.shape, dtype=torch.float64, device=n.device)
+    cells = (n > 0).nonzero().squeeze(1)
+    if cells.numel() == 0:
+        return out.view(counts.shape).to(counts.dtype if counts.is_floating_point() else torch.float64)
+    nc, rc = n[cells], r[cells]
+    exact = nc.clamp(max=exact_limit)
+    owner = torch.repeat_interleave(torch.arange(cells.numel(), device=n.device), exact)  # (customers,)
+    starts = torch.cumsum(exact, 0) - exact
+    i = torch.arange(owner.numel(), device=n.device) - starts[owner]  # index of the customer within its cell
+    r_tok = rc[owner]
+    opens = (torch.rand(owner.numel(), dtype=torch.float64, device=n.device) * (r_tok + i) < r_tok) | (i == 0)
+    tables = torch.zeros(cells.numel(), dtype=torch.float64, device=n.device).index_add_(0, owner, opens.double())
+    big = nc > exact_limit
+    if bool(big.any()):
+        rb, nb = rc[big], nc[big].double()
+        mu = rb * (torch.digamma(rb + nb) - torch.digamma(rb + exact_limit))
+        tables[big] += torch.poisson(mu).clamp(max=nb - exact_limit)
+    out[cells] = tables
+    return out.view(counts.shape).to(counts.dtype if counts.is_floating_point() else torch.float64)
+
+
+def multinomial_split(counts: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Split each cell's integer count over K categories: row i ~ Mult(counts[i]; weights[i] / sum weights[i]).
+
+    counts (n,), weights (n, K) non-negative -> (n, K) float64 counts whose rows sum to ``counts`` exactly.
+    One uniform per unit, inverse-CDF by ``searchsorted``; a row of zero weights is split uniformly."""
+    n = counts.round().clamp_min(0).long()
+    K = weights.shape[-1]
+    out = torch.zeros(n.shape[0], K, dtype=torch.float64, device=weights.device)
+    cells = (n > 0).nonzero().squeeze(1)
+    if cells.numel() == 0:
+        return out
+    w = weights[cells].to(torch.float64).clamp_min(0) + 1e-300
+    cdf = torch.cumsum(w, -1)
+    cdf = cdf / cdf[:, -1:]
+    owner = torch.repeat_interleave(torch.arange(cells.numel(), device=n.device), n[cells])
+    u = torch.rand(owner.numel(), 1, dtype=torch.float64, device=n.device)
+    topic = torch.searchsorted(cdf[owner], u).squeeze(1).clamp(max=K - 1)
+    flat = torch.zeros(cells.numel() * K, dtype=torch.float64, device=n.device)
+    flat.index_add_(0, owner * K + topic, torch.ones_like(topic, dtype=torch.float64))
+    out[cells] = flat.view(-1, K)
+    return out
+
+
+@dataclass
+class AugmentedCounts:
+    """Sufficient statistics of one augmentation: ``phi[l]`` (rows_l, K_l), ``pi[l]`` (K_l, K_l) [destination,
+    source] (``None`` for GBN), and with ``details`` the per-layer latent counts (each (b, J, K_l)):
+    ``a`` (from below), ``n`` (a + counts routed back from the next sentence), ``ell`` (CRT tables),
+    ``ell_pi``, ``ell_phi`` (their split), ``z`` (counts routed to theta_{j-1})."""
+
+    phi: list
+    pi: Optional[list]
+    details: Optional[list] = None
+
+
+def augment_counts(counts: torch.Tensor, thetas: list, phis: list, pis: Optional[list], tau0: float,
+                   details: bool = False) -> AugmentedCounts:
+    """The latent-count augmentation of rGBN (eqs. 13-16): upward in l, backward in j.
+
+    Args:
+        counts: (b, J, V_c) integer-valued word counts d_j (zero rows for padding slots and empty contexts).
+        thetas: per layer (b, J, K_l) the raw theta samples the model used (float64 recommended).
+        phis: per layer Phi^l, (V_c, K_1) then (K_{l-1}, K_l).
+        pis: per layer Pi^l (K_l, K_l), or ``None`` (GBN: no transitions).
+        tau0: the gamma rate.
+    """
+    L = len(phis)
+    b, J, _ = counts.shape
+    dtype = torch.float64
+    thetas = [t.to(dtype) for t in thetas]
+    phi_stats, pi_stats, info = [], ([] if pis is not None else None), []
+    below = counts.to(dtype)  # (b, J, R): counts over the units of the layer below
+    for l in range(L):
+        phi, theta = phis[l].to(dtype), thetas[l]
+        R, K = phi.shape
+        # split every count of unit r at (b, j) over topics k, in proportion to phi[r, k] theta[b, j, k];
+        # only the non-zero cells are expanded (a dense (bJ, V_c, K) tensor would not fit)
+        flat = below.reshape(b * J, R)
+        bj, r = flat.nonzero(as_tuple=True)
+        split = multinomial_split(flat[bj, r], phi[r] * theta.reshape(b * J, K)[bj])  # (cells, K)
+        phi_stats.append(torch.zeros(R, K, dtype=dtype, device=phi.device).index_add_(0, r, split))
+        a = torch.zeros(b * J, K, dtype=dtype, device=phi.device).index_add_(0, bj, split).view(b, J, K)
+        record = {"a": a}
+        if l == L - 1 and pis is None:
+            info.append(record)
+            break
+        pi = pis[l].to(dtype) if pis is not None else None
+        up = thetas[l + 1] @ phis[l + 1].to(dtype).T * tau0 if l < L - 1 else None  # (b, J, K)
+        n_all, ell_all, ell_pi_all, ell_phi_all, z_all = (torch.zeros_like(a) for _ in range(5))
+        pi_stat = torch.zeros(K, K, dtype=dtype, device=a.device) if pi is not None else None
+        z_next = torch.zeros(b, K, dtype=dtype, device=a.device)
+        for j in range(J - 1, -1, -1):
+            n = a[:, j] + z_next
+            n_all[:, j] = n
+            q1 = tau0 * theta[:, j - 1] @ pi.T if (pi is not None and j > 0) else torch.zeros_like(n)
+            q2 = up[:, j] if up is not None else torch.zeros_like(n)
+            if up is None and j == 0:  # top layer, first sentence: its prior shape is fixed
+                z_next = torch.zeros_like(n)
+                continue
+            ell = sample_crt(n, q1 + q2)
+            share = (q1 / (q1 + q2).clamp_min(1e-300)).clamp(0, 1)
+            ell_pi = torch.binomial(ell, share) if pi is not None and j > 0 else torch.zeros_like(ell)
+            ell_phi = ell - ell_pi
+            if pi is not None and j > 0:
+                # route each of the ell_pi[b, k] counts to a source topic k' of sentence j - 1: pi[k, k'] theta[k']
+                route = pi.unsqueeze(0) * theta[:, j - 1].unsqueeze(1)  # (b, K, K')
+                Z = multinomial_split(ell_pi.reshape(-1), route.reshape(-1, K)).view(b, K, K)
+                pi_stat += Z.sum(0)
+                z_next = Z.sum(1)
+            else:
+                z_next = torch.zeros_like(n)
+            ell_all[:, j], ell_pi_all[:, j], ell_phi_all[:, j], z_all[:, j] = ell, ell_pi, ell_phi, z_next
+        if pi_stat is not None:
+            pi_stats.append(pi_stat)
+        record.update(n=n_all, ell=ell_all, ell_pi=ell_pi_all, ell_phi=ell_phi_all, z=z_all)
+        info.append(record)
+        below = ell_phi_all
+        if l == L - 1:
+            break
+    return AugmentedCounts(phi_stats, pi_stats, info if details else None)
+
+
+def tlasgr_update(matrix: torch.Tensor, stats: torch.Tensor, fisher: torch.Tensor, step: int, eta: float,
+                  config: RGBNRNNConfig, generator: Optional[torch.Generator] = None):
+    """One TLASGR-MCMC step (eqs. 17-18) for a matrix whose columns lie on the simplex.
+
+    ``stats`` are the minibatch statistics already scaled to the corpus. Returns (new matrix, new Fisher
+    estimate M). The step is eps_t / M_k per column with M_k floored at rows * eta (a dead topic then relaxes
+    to the prior mean instead of taking a huge step); the noise is N(0, (2 eps_t / M_k)(diag phi_k - phi_k
+    phi_k^T)), exact and zero-sum; the projection keeps every column on the simplex (entries >= 1e-10)."""
+    phi = matrix.to(torch.float64)
+    stats = stats.to(torch.float64)
+    R = phi.shape[0]
+    colsum = stats.sum(0)
+    if step == 0:
+        fisher = colsum
+    else:
+        rho = (step + 1.0) ** (-config.tlasgr_fisher_kappa)
+        fisher = (1 - rho) * fisher.to(torch.float64) + rho * colsum
+    epsilon = config.tlasgr_step_epsilon * ((config.tlasgr_step_tau + step + 1) / (config.tlasgr_step_tau + 1)) \
+        ** (-config.tlasgr_step_kappa)
+    scale = epsilon / fisher.clamp_min(R * eta)  # (K,)
+    G = stats + eta
+    drift = scale * (G - G.sum(0) * phi)
+    xi = torch.randn(phi.shape, dtype=torch.float64, device=phi.device, generator=generator)
+    u = phi.sqrt() * xi
+    noise = torch.sqrt(2 * scale) * (u - phi * u.sum(0))
+    new = phi + drift + noise
+    new = new - (new.sum(0) - 1) * phi
+    new = new.clamp_min(_SIMPLEX_MIN)
+    return new / new.sum(0), fisher
+
+
+# Models with pending TLASGR statistics are updated after the optimizer step that updates their parameters.
+_TLASGR_MODELS: "weakref.WeakSet" = weakref.WeakSet()
+_TLASGR_HOOK = None
+
+
+def _after_optimizer_step(optimizer, args, kwargs):
+    if not len(_TLASGR_MODELS):
+        return
+    ids = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    for model in list(_TLASGR_MODELS):
+        if model._tlasgr_pending is not None and any(id(p) in ids for p in model.parameters()):
+            model.tlasgr_step()
+
+
+def _register_for_tlasgr(model) -> None:
+    global _TLASGR_HOOK
+    _TLASGR_MODELS.add(model)
+    if _TLASGR_HOOK is None:
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        _TLASGR_HOOK = register_optimizer_step_post_hook(_after_optimizer_step)
+
+
+# ----------------------------------------------------------------------------------------------
+# modules
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class RGBNRNNOutput(TopicLMOutput):
+    """:class:`TopicLMOutput` plus ``theta``: the raw theta of every layer, concatenated (..., sum_l K_l), that
+    the LM was conditioned on: (b, sum K) for a chunk batch, (b, J, sum K) per sentence slot for documents.
+    ``topic_mixture`` is theta^1 normalised to sum 1."""
+
+    theta: Optional[torch.Tensor] = None
+
+
+@dataclass
+class _TopicPass:
+    """What the topic side of one forward produced (internal)."""
+
+    thetas: list  # per layer, per row or (b, J, K)
+    shapes: Optional[list] = None  # Weibull k
+    scales: Optional[list] = None  # Weibull lambda
+    prev: Optional[list] = None  # theta of the previous sentence, per layer (zeros where none)
+    has_prev: Optional[torch.Tensor] = None  # bool, rows / slots whose sentence has a predecessor
+    counts: Optional[torch.Tensor] = None  # the bags of words encoded
+    rows: Optional[torch.Tensor] = None  # bool, rows / slots that count in the topic model's loss
+    hidden: Optional[list] = None  # encoder hidden after this sentence, per layer
+
+
+class RGBNRNNEncoder(nn.Module):
+    """The Weibull encoder: per layer l an RNN cell of size K_l over sentences, k (one per sentence and layer) and
+    lambda (per topic) from its output (eq. 7-8)."""
+
+    def __init__(self, config: RGBNRNNConfig):
+        super().__init__()
+        sizes = [config.topic_vocab_size, *config.topic_sizes]
+        self.cells = nn.ModuleList(nn.RNNCell(sizes[l], sizes[l + 1]) for l in range(config.num_layers))
+        self.shape = nn.ModuleList(nn.Linear(k, 1) for k in config.topic_sizes)
+        self.scale = nn.ModuleList(nn.Linear(k, k) for k in config.topic_sizes)
+        self.recurrent = config.recurrent_encoder
+        self.k_min, self.k_max = config.k_min, config.k_max
+
+    def step(self, bow: torch.Tensor, hidden: Optional[list]):
+        """One sentence: bow (n, V_c), hidden per layer (n, K_l) or None -> (k list (n, 1), lambda list (n, K_l),
+        new hidden list)."""
+        x = torch.log1p(bow)
+        shapes, scales, new_hidden = [], [], []
+        for l, cell in enumerate(self.cells):
+            h_prev = hidden[l] if (hidden is not None and self.recurrent) else None
+            x = cell(x.to(cell.weight_ih.dtype), h_prev)
+            new_hidden.append(x)
+            shapes.append(F.softplus(self.shape[l](x)).clamp(self.k_min, self.k_max))
+            scales.append(F.softplus(self.scale[l](x)) + _LAMBDA_MIN)
+        return shapes, scales, new_hidden
+
+
+class RGBNRNNGate(nn.Module):
+    """The GRU-like coupling of theta (K) and the LSTM output h (H), App. B:
+    z = s(W_z theta + U_z h + b_z), r = s(W_r theta + U_r h + b_r), h~ = tanh(W_h theta + U_h (r h) + b_h);
+    ``"paper"``: a = (1 - z) h + z h~; ``"official"``: a = (1 - z) h~ + z h."""
+
+    def __init__(self, num_topics: int, hidden_size: int, kind: str):
+        super().__init__()
+        self.theta_proj = nn.Linear(num_topics, 3 * hidden_size, bias=False)  # W_z, W_r, W_h
+        self.bias = nn.Parameter(torch.zeros(3 * hidden_size))  # b_z, b_r, b_h (initialised by the model)
+        self.hidden_proj = nn.Linear(hidden_size, 2 * hidden_size, bias=False)  # U_z, U_r
+        self.candidate_proj = nn.Linear(hidden_size, hidden_size, bias=False)  # U_h
+        self.kind = kind
+
+    def forward(self, h: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
+        # h (n, s, H), theta (n, K): the theta side is computed once per row
+        tz, tr, th = (self.theta_proj(theta.to(h.dtype)) + self.bias).unsqueeze(1).chunk(3, dim=-1)
+        uz, ur = self.hidden_proj(h).chunk(2, dim=-1)
+        z, r = torch.sigmoid(tz + uz), torch.sigmoid(tr + ur)
+        candidate = torch.tanh(th + self.candidate_proj(r * h))
+        if self.kind == "paper":
+            return (1 - z) * h + z * candidate
+        return (1 - z) * candidate + z * h
+
+
+def _run_gated_layer(lstm, gate, x, attention_mask, theta, need_state, *state):
+    """One LSTM layer and its topic gate: (a (n, s, H) zero at padding, h, c) (flat, for checkpointing)."""
+    lstm.flatten_parameters()
+    h, new = run_rnn(lstm, x, attention_mask, state or None, need_state=need_state)
+    a = gate(h, theta)
+    if attention_mask is not None:
+        a = a * attention_mask.unsqueeze(-1).to(a.dtype)
+    return (a, *new)
+
+
+class RGBNRNNPreTrainedModel(RecurrentPreTrainedModel):
+    config_class = RGBNRNNConfig
+    _no_split_modules = ["RGBNRNNModel"]
+
+    def _init_weights(self, module):
+        super()._init_weights(module)  # embeddings, linear layers, LSTMs: U(-r, r), zero biases
+        if isinstance(module, nn.LSTM):
+            with torch.no_grad():
+                H = module.hidden_size
+                for name, param in module.named_parameters():
+                    if name.startswith("bias_ih"):
+                        param[H:2 * H].fill_(1.0)  # forget-gate bias 1 (the code's BasicLSTMCell)
+        elif isinstance(module, RGBNRNNGate):
+            with torch.no_grad():
+                H = module.candidate_proj.weight.shape[0]
+                bias = module.bias
+                bias.zero_()
+                # both gate forms pass sigmoid(1) = 73 % of h at the start, as the code's bias of 1 does
+                bias[:H].fill_(-1.0 if module.kind == "paper" else 1.0)
+                bias[H:2 * H].fill_(1.0)
+
+
+class RGBNRNNModel(DocumentRepresentationMixin, RGBNRNNPreTrainedModel):
+    """Embeddings, the stacked LSTM with its topic gates, the Weibull encoder and the topic matrices Phi^l, Pi^l.
+
+    ``forward`` returns the concatenated gated outputs [a^1; ...; a^L] (b, s, sum H) as ``last_hidden_state``.
+    """
+
+    _keys_to_ignore_on_load_unexpected = [r"^lm_head\."]
+
+    def __init__(self, config: RGBNRNNConfig):
+        super().__init__(config)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.embedding_size, padding_idx=config.pad_token_id)
+        self.dropout = nn.Dropout(config.dropout)
+        inputs = [config.embedding_size, *config.hidden_sizes[:-1]]
+        self.lstms = nn.ModuleList(nn.LSTM(i, h, batch_first=True) for i, h in zip(inputs, config.hidden_sizes))
+        self.gates = nn.ModuleList(RGBNRNNGate(config.topic_sizes[config.topic_layer_of_lstm(i)], h, config.gate)
+                                   for i, h in enumerate(config.hidden_sizes))
+        self.encoder = RGBNRNNEncoder(config)
+        rows = [config.topic_vocab_size, *config.topic_sizes[:-1]]
+        # Seeded CPU draws (explicit device: from_pretrained builds the model under a meta-device context and
+        # then loads the saved values over these).
+        generator = torch.Generator().manual_seed(config.tlasgr_seed)
+        for l, (R, K) in enumerate(zip(rows, config.topic_sizes), start=1):
+            # the code: U(0, 1) columns, normalised
+            phi = torch.rand(R, K, dtype=torch.float64, generator=generator, device="cpu")
+            phi = phi / phi.sum(0)
+            pi = None
+            if config.recurrent:
+                # Pi: Dir(1) columns, normalised Exp(1) draws (rgbn.md §1: the code's identity is nearly absorbing)
+                pi = -torch.log1p(-torch.rand(K, K, dtype=torch.float64, generator=generator, device="cpu"))
+                pi = pi / pi.sum(0)
+            if config.topic_learning == "tlasgr":
+                self.register_buffer(f"phi_{l}", phi)
+                self.register_buffer(f"phi_fisher_{l}", torch.zeros(K, dtype=torch.float64))
+                if pi is not None:
+                    self.register_buffer(f"pi_{l}", pi)
+                    self.register_buffer(f"pi_fisher_{l}", torch.zeros(K, dtype=torch.float64))
+            else:
+                self.register_parameter(f"phi_logits_{l}", nn.Parameter(phi.log().float()))
+                if pi is not None:
+                    self.register_parameter(f"pi_logits_{l}", nn.Parameter(pi.log().float()))
+        if config.topic_learning == "tlasgr":
+            self.register_buffer("tlasgr_step_count", torch.zeros((), dtype=torch.long))
+        self._tlasgr_pending = None
+        self.gradient_checkpointing = False
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.embed_tokens
+
+    def set_input_embeddings(self, value):
+        self.embed_tokens = value
+
+    # -- topic matrices ----------------------------------------------------------------------------
+
+    def phi(self, layer: int) -> torch.Tensor:
+        """Phi^layer (1-based): (V_c, K_1) or (K_{l-1}, K_l), columns on the simplex."""
+        if self.config.topic_learning == "tlasgr":
+            return getattr(self, f"phi_{layer}")
+        return torch.softmax(getattr(self, f"phi_logits_{layer}"), dim=0)
+
+    def pi(self, layer: int) -> Optional[torch.Tensor]:
+        """Pi^layer (K_l, K_l), column k' the transitions out of topic k'; ``None`` for GBN-RNN."""
+        if not self.config.recurrent:
+            return None
+        if self.config.topic_learning == "tlasgr":
+            return getattr(self, f"pi_{layer}")
+        return torch.softmax(getattr(self, f"pi_logits_{layer}"), dim=0)
+
+    def _matrices(self, dtype):
+        L = self.config.num_layers
+        phis = [self.phi(l).to(dtype) for l in range(1, L + 1)]
+        pis = [self.pi(l).to(dtype) for l in range(1, L + 1)] if self.config.recurrent else None
+        return phis, pis
+
+    # -- TLASGR ------------------------------------------------------------------------------------
+
+    def set_training_corpus_size(self, rows: int) -> None:
+        """The number of rows (documents) of the training set, which scales the minibatch statistics
+        (``TopicLMTrainer`` calls it)."""
+        self.config.tlasgr_corpus_size = int(rows)
+
+    @torch.no_grad()
+    def accumulate_tlasgr_statistics(self, counts: torch.Tensor, thetas: list, rows: int) -> None:
+        """Augment the counts (b, J, V_c) with the raw theta samples (per layer (b, J, K_l)) and add the sufficient
+        statistics to the pending ones (applied by :meth:`tlasgr_step`); ``rows``: the minibatch rows they cover."""
+        phis, pis = self._matrices(torch.float64)
+        aug = augment_counts(counts, [t.detach() for t in thetas], phis, pis, self.config.tau0)
+        stats = aug.phi + (aug.pi or [])
+        if self._tlasgr_pending is None:
+            self._tlasgr_pending = [stats, float(rows)]
+        else:
+            self._tlasgr_pending = [[a + b for a, b in zip(self._tlasgr_pending[0], stats)],
+                                    self._tlasgr_pending[1] + rows]
+        _register_for_tlasgr(self)
+
+    @torch.no_grad()
+    def tlasgr_step(self) -> bool:
+        """Apply one TLASGR-MCMC update of every Phi^l and Pi^l from the pending statistics, then clear them.
+
+        Called automatically after every optimizer step that updates this model's parameters (a global
+        ``torch.optim`` step post-hook), so gradient accumulation gives one update per optimizer step from the
+        statistics of all its micro-batches. Under ``torch.distributed`` the statistics (and row counts) are
+        summed over processes first, and the noise of step t is seeded by (``tlasgr_seed``, t): every process
+        computes the same update. Returns False when nothing was pending."""
+        if self.config.topic_learning != "tlasgr" or self._tlasgr_pending is None:
+            return False
+        stats, rows = self._tlasgr_pending
+        self._tlasgr_pending = None
+        if torch.distributed.is_available() and torch.distributed.is_initialized() \
+                and torch.distributed.get_world_size() > 1:
+            flat = torch.cat([s.reshape(-1) for s in stats] + [torch.tensor([rows], dtype=torch.float64,
+                                                                            device=stats[0].device)])
+            torch.distributed.all_reduce(flat)
+            rows = float(flat[-1])
+            out, start = [], 0
+            for s in stats:
+                out.append(flat[start:start + s.numel()].view_as(s))
+                start += s.numel()
+            stats = out
+        corpus = self.config.tlasgr_corpus_size
+        if corpus is None and not getattr(self, "_warned_corpus_size", False):
+            logger.warning("config.tlasgr_corpus_size is not set: TLASGR-MCMC treats each minibatch as the whole corpus "
+                           "(the Dirichlet priors then weigh far more). TopicLMTrainer sets it; with another loop, call "
+                           "model.set_training_corpus_size(len(train_dataset)).")
+            self._warned_corpus_size = True
+        scale = (corpus / max(rows, 1.0)) if corpus else 1.0
+        step = int(self.tlasgr_step_count)
+        device = self.phi_1.device
+        generator = torch.Generator(device=device).manual_seed(self.config.tlasgr_seed * 1_000_003 + step)
+        L = self.config.num_layers
+        names = [(f"phi_{l}", f"phi_fisher_{l}", self.config.eta_phi) for l in range(1, L + 1)]
+        if self.config.recurrent:
+            names += [(f"pi_{l}", f"pi_fisher_{l}", self.config.eta_pi) for l in range(1, L + 1)]
+        for (name, fisher_name, eta), stat in zip(names, stats):
+            matrix, fisher = getattr(self, name), getattr(self, fisher_name)
+            new, new_fisher = tlasgr_update(matrix, stat * scale, fisher, step, eta, self.config, generator)
+            matrix.copy_(new.to(matrix.dtype))
+            fisher.copy_(new_fisher.to(fisher.dtype))
+        self.tlasgr_step_count += 1
+        return True
+
+    # -- topic side --------------------------------------------------------------------------------
+
+    def _theta_from_posterior(self, shapes, scales, sample: bool) -> list:
+        if sample:
+            return [weibull_sample(k, lam) for k, lam in zip(shapes, scales)]
+        return [weibull_mean(k, lam) for k, lam in zip(shapes, scales)]
+
+    def encode_documents(self, context_bow: torch.Tensor, slot_mask: torch.Tensor, sample: bool) -> _TopicPass:
+        """The sentence recurrence over documents: context_bow (b, J, V_c) per sentence slot, slot_mask (b, J)
+        -> theta per layer (b, J, K_l) (samples when ``sample``, else the posterior mean) with k, lambda."""
+        b, J, _ = context_bow.shape
+        hidden = None
+        shapes, scales, thetas = [[] for _ in self.config.topic_sizes], [[] for _ in self.config.topic_sizes], \
+            [[] for _ in self.config.topic_sizes]
+        for j in range(J):
+            k, lam, hidden = self.encoder.step(context_bow[:, j], hidden)
+            theta = self._theta_from_posterior(k, lam, sample)
+            for l in range(len(k)):
+                shapes[l].append(k[l])
+                scales[l].append(lam[l])
+                thetas[l].append(theta[l])
+        stack = lambda xs: [torch.stack(x, dim=1) for x in xs]  # noqa: E731
+        thetas = stack(thetas)
+        prev = [F.pad(t[:, :-1], (0, 0, 1, 0)) for t in thetas]  # theta_{j-1}, zero at j = 1
+        has_prev = torch.zeros(b, J, dtype=torch.bool, device=context_bow.device)
+        has_prev[:, 1:] = True
+        return _TopicPass(thetas, stack(shapes), stack(scales), prev, has_prev, context_bow, slot_mask.bool(), hidden)
+
+    def prior_shapes(self, thetas: list, prev: list, has_prev: torch.Tensor) -> list:
+        """The gamma prior shape alpha^l of every theta^l (same leading shape as the thetas):
+        tau0 (Phi^{l+1} theta^{l+1} + Pi^l theta^l_{j-1}); at the top tau0 Pi^L theta^L_{j-1}, or 1 for a first
+        sentence and for GBN-RNN."""
+        cfg = self.config
+        L = cfg.num_layers
+        dtype = thetas[0].dtype
+        phis, pis = self._matrices(dtype)
+        alphas = []
+        for l in range(L):
+            alpha = torch.zeros_like(thetas[l])
+            if l < L - 1:
+                alpha = alpha + thetas[l + 1] @ phis[l + 1].T
+            if pis is not None:
+                alpha = alpha + prev[l] * has_prev.unsqueeze(-1).to(dtype) @ pis[l].T
+            alpha = cfg.tau0 * alpha
+            if l == L - 1:
+                first = ~has_prev if pis is not None else torch.ones_like(has_prev)
+                alpha = torch.where(first.unsqueeze(-1), torch.ones_like(alpha), alpha)
+            alphas.append(alpha.clamp_min(_ALPHA_MIN))
+        return alphas
+
+    def topic_terms(self, tp: _TopicPass):
+        """(Poisson NLL summed over counted rows, KL per layer summed over counted rows)."""
+        rows = tp.rows.to(tp.thetas[0].dtype)
+        alphas = self.prior_shapes(tp.thetas, tp.prev, tp.has_prev)
+        kls = [(kl_weibull_gamma(k, lam, alpha, self.config.tau0).sum(-1) * rows).sum()
+               for k, lam, alpha in zip(tp.shapes, tp.scales, alphas)]
+        phi1 = self.phi(1).to(tp.thetas[0].dtype)
+        rate = (tp.thetas[0] @ phi1.T).clamp_min(_RATE_MIN)  # (..., V_c)
+        d = tp.counts.to(rate.dtype)
+        poisson = -(d * torch.log(rate) - rate - torch.lgamma(d + 1)).sum(-1)
+        return (poisson * rows).sum(), kls
+
+    # -- language model ----------------------------------------------------------------------------
+
+    def gate_inputs(self, thetas: list) -> list:
+        """theta~ per topic layer: theta / max_k theta_k (``theta_normalization="max"``) or theta."""
+        if self.config.theta_normalization == "none":
+            return thetas
+        return [t / t.amax(-1, keepdim=True).clamp_min(1e-20) for t in thetas]
+
+    def lm_features(self, input_ids, attention_mask, inputs_embeds, thetas: list, lstm_state=None,
+                    need_state: bool = False, output_hidden_states: bool = False):
+        """Run the stacked LSTM with its gates on (n, s) tokens conditioned on raw theta per topic layer (n, K_l).
+
+        Returns ([a^1; ...; a^L] (n, s, sum H) zero at padding, new LSTM state [(h, c) per layer] or None,
+        hidden states tuple or None)."""
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("Give exactly one of input_ids and inputs_embeds")
+        if inputs_embeds is None:
+            if bool((input_ids >= self.config.vocab_size).any()) or bool((input_ids < 0).any()):
+                raise ValueError(f"input_ids must be in [0, {self.config.vocab_size}): mismatched tokenizer?")
+            inputs_embeds = self.embed_tokens(input_ids)
+        s = inputs_embeds.shape[1]
+        if attention_mask is not None and attention_mask.shape[1] != s:
+            attention_mask = attention_mask[:, -s:]  # generate() passes the mask of the whole sequence
+        gate_thetas = self.gate_inputs(thetas)
+        x = self.dropout(inputs_embeds)
+        outputs, states, hidden = [], [], [x]
+        checkpoint_fn = self.checkpoint_function()  # gradient checkpointing: every gated layer is a checkpoint
+        for i, (lstm, gate) in enumerate(zip(self.lstms, self.gates)):
+            state_i = () if lstm_state is None else tuple(lstm_state[i])
+            args = (lstm, gate, x, attention_mask, gate_thetas[self.config.topic_layer_of_lstm(i)], need_state,
+                    *state_i)
+            a, *new = _run_gated_layer(*args) if checkpoint_fn is None else checkpoint_fn(_run_gated_layer, *args)
+            hidden.append(a)
+            x = self.dropout(a)
+            outputs.append(x)
+            states.append(new)
+        return torch.cat(outputs, -1), (states if need_state else None), (tuple(hidden) if output_hidden_states
+                                                                          else None)
+
+    # -- conditioning ------------------------------------------------------------------------------
+
+    def split_theta(self, theta: torch.Tensor) -> list:
+        """(..., sum K) -> per layer (..., K_l)."""
+        return list(theta.split(self.config.topic_sizes, dim=-1))
+
+    def check_theta(self, theta, batch_size: Optional[int]) -> torch.Tensor:
+        total = sum(self.config.topic_sizes)
+        theta = torch.as_tensor(theta, dtype=torch.float32) if not isinstance(theta, torch.Tensor) else theta
+        if theta.dim() == 1:
+            theta = theta.unsqueeze(0)
+        if theta.dim() != 2 or theta.shape[-1] != total:
+            raise ValueError(f"theta must have shape (b, {total}) (every layer's topics, bottom first), got "
+                             f"{tuple(theta.shape)}")
+        if not bool(torch.isfinite(theta).all()) or bool((theta < 0).any()):
+            raise ValueError("theta must be finite and non-negative")
+        if batch_size is not None and theta.shape[0] != batch_size:
+            if theta.shape[0] == 1:
+                theta = theta.expand(batch_size, -1)
+            elif batch_size % theta.shape[0] == 0:
+                theta = theta.repeat_interleave(batch_size // theta.shape[0], dim=0)
+            else:
+                raise ValueError(f"theta has {theta.shape[0]} rows but the batch has {batch_size}")
+        return theta
+
+    def check_layer(self, topic_layer) -> int:
+        L = self.config.num_layers
+        if isinstance(topic_layer, bool) or not isinstance(topic_layer, int) or not 1 <= topic_layer <= L:
+            raise ValueError(f"topic_layer must be an integer in [1, {L}] (1 = the bottom layer), got {topic_layer!r}")
+        return topic_layer
+
+    @torch.no_grad()
+    def theta_from_topics(self, topic_ids, topic_layer: int = 1, mode: str = "propagate",
+                          batch_size: Optional[int] = None) -> torch.Tensor:
+        """theta (b, sum K) for topics of one layer: theta^layer = the one-hot sum of the topics; the layers below
+        get ``"propagate"``: theta^{l-1} = Phi^l theta^l (the prior mean), or ``"chain"`` (the official
+        ``generate_on_topic``): one-hot at each parent's argmax_k' Phi^l[k', k]; the layers above are 0."""
+        layer = self.check_layer(topic_layer)
+        if mode not in ("propagate", "chain"):
+            raise ValueError(f"topic_mode must be 'propagate' or 'chain', got {mode!r}")
+        K = self.config.topic_sizes
+        ids = normalize_topic_ids(topic_ids, K[layer - 1], batch_size).to(self.device)
+        thetas = [torch.zeros(ids.shape[0], k, device=self.device) for k in K]
+        onehot = torch.zeros(ids.shape[0], K[layer - 1] + 1, device=self.device)
+        onehot.scatter_(1, ids.clamp(min=-1) % (K[layer - 1] + 1), 1.0)
+        thetas[layer - 1] = onehot[:, :-1]
+        for l in range(layer - 1, 0, -1):  # 0-based index of the layer below: l - 1
+            phi = self.phi(l + 1).float()  # (K_l, K_{l+1})
+            if mode == "propagate":
+                thetas[l - 1] = thetas[l] @ phi.T
+            else:
+                best = F.one_hot(phi.argmax(0), phi.shape[0]).float()  # (K_{l+1}, K_l): each parent's top child
+                thetas[l - 1] = ((thetas[l] > 0).float() @ best > 0).float()
+        return torch.cat(thetas, -1)
+
+    @torch.no_grad()
+    def sample_prior_theta(self, batch_size: int = 1, previous: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """theta (b, sum K) drawn from the generative model, top-down: the first sentence's prior, or with
+        ``previous`` (b, sum K) the next sentence's (eq. 2; GBN-RNN ignores it)."""
+        cfg = self.config
+        L = cfg.num_layers
+        phis, pis = self._matrices(torch.float32)
+        prev = self.split_theta(previous.float().to(self.device)) if previous is not None else None
+        if prev is not None:
+            batch_size = prev[0].shape[0]
+        thetas = [None] * L
+        for l in range(L - 1, -1, -1):
+            if l == L - 1:
+                shape = (cfg.tau0 * prev[l] @ pis[l].T if (pis is not None and prev is not None)
+                         else torch.ones(batch_size, cfg.topic_sizes[l], device=self.device))
+            else:
+                shape = thetas[l + 1] @ phis[l + 1].T
+                if pis is not None and prev is not None:
+                    shape = shape + prev[l] @ pis[l].T
+                shape = cfg.tau0 * shape
+            thetas[l] = torch.distributions.Gamma(shape.clamp_min(_ALPHA_MIN), cfg.tau0).sample()
+        return torch.cat(thetas, -1)
+
+    # -- forward -----------------------------------------------------------------------------------
+
+    def _run(self, input_ids=None, attention_mask=None, inputs_embeds=None, state=None, use_cache=None,
+             context_bow=None, theta=None, topic_ids=None, topic_layer=None, chunk_mask=None, sentence_index=None,
+             output_hidden_states=False):
+        """The forward pass shared by the base and the causal LM (see the module docstring).
+
+        Returns (features, state or None, hidden states, _TopicPass or None, theta out, documents layout info)."""
+        cfg = self.config
+        tokens = input_ids if input_ids is not None else inputs_embeds
+        if tokens is None:
+            raise ValueError("Give exactly one of input_ids and inputs_embeds")
+        documents = (input_ids is not None and input_ids.dim() == 3) or \
+            (inputs_embeds is not None and inputs_embeds.dim() == 4)
+        sample = self.training or cfg.eval_theta == "sample"
+        if documents:
+            return self._run_documents(input_ids, attention_mask, inputs_embeds, context_bow, chunk_mask,
+                                       sentence_index, sample)
+        if chunk_mask is not None or sentence_index is not None:
+            raise ValueError("chunk_mask and sentence_index go with documents-shaped input_ids (b, chunks, tokens)")
+        b = tokens.shape[0]
+        device = self.embed_tokens.weight.device
+        given = [n for n, v in (("context_bow", context_bow), ("theta", theta), ("topic_ids", topic_ids))
+                 if v is not None]
+        if len(given) > 1:
+            raise ValueError(f"Give at most one of context_bow, theta, topic_ids (got {given})")
+        if topic_layer is not None and topic_ids is None:
+            raise ValueError("topic_layer goes with topic_ids")
+        L = cfg.num_layers
+        lstm_state = enc_hidden = prev = None
+        if state is not None:
+            if len(state) != 4 * L:
+                raise ValueError(f"state must hold {4 * L} tensors (LSTM h, c, encoder hidden, theta per layer), got "
+                                 f"{len(state)}")
+            lstm_state = [(state[2 * i], state[2 * i + 1]) for i in range(L)]
+            enc_hidden = [s.squeeze(1) for s in state[2 * L:3 * L]]
+            prev = [s.squeeze(1) for s in state[3 * L:]]
+        tp = None
+        if theta is not None:
+            thetas = self.split_theta(self.check_theta(theta, b).to(device))
+        elif topic_ids is not None:
+            thetas = self.split_theta(self.theta_from_topics(topic_ids, 1 if topic_layer is None else topic_layer,
+                                                             batch_size=b))
+        else:
+            if context_bow is None:
+                bow = torch.zeros(b, cfg.topic_vocab_size, device=device)
+            else:
+                bow = normalize_topic_kwargs(cfg.num_topics, cfg.topic_vocab_size, b,
+                                             context_bow=context_bow)["context_bow"].to(device)
+            # a chunk that starts with <bos> starts a new sentence; without a state every chunk does
+            if state is None or input_ids is None:
+                new_sentence = torch.ones(b, dtype=torch.bool, device=device)
+            else:
+                first = (attention_mask[:, -input_ids.shape[1]:].long().argmax(1) if attention_mask is not None
+                         else torch.zeros(b, dtype=torch.long, device=device))
+                new_sentence = input_ids.gather(1, first.unsqueeze(1)).squeeze(1) == cfg.bos_token_id
+            shapes, scales, hidden = self.encoder.step(bow, enc_hidden)
+            fresh = self._theta_from_posterior(shapes, scales, sample)
+            keep = new_sentence.unsqueeze(-1)
+            thetas = [torch.where(keep, t, p.to(t.dtype)) if prev is not None else t for t, p in
+                      zip(fresh, prev or fresh)]
+            hidden = [torch.where(keep, h, e.to(h.dtype)) if enc_hidden is not None else h
+                      for h, e in zip(hidden, enc_hidden or hidden)]
+            has_prev = torch.full((b,), prev is not None, dtype=torch.bool, device=device)
+            zeros = [torch.zeros_like(t) for t in fresh]
+            tp = _TopicPass(fresh, shapes, scales, prev if prev is not None else zeros, has_prev, bow,
+                            new_sentence, hidden)
+        need_state = bool(use_cache) or state is not None
+        features, new_lstm, hidden_states = self.lm_features(input_ids, attention_mask, inputs_embeds, thetas,
+                                                             lstm_state, need_state, output_hidden_states)
+        new_state = None
+        if need_state:
+            enc = tp.hidden if tp is not None else (enc_hidden or [torch.zeros_like(t) for t in thetas])
+            new_state = tuple(x for h, c in new_lstm for x in (h, c)) + tuple(e.unsqueeze(1) for e in enc) + \
+                tuple(t.unsqueeze(1).to(features.dtype) for t in thetas)
+        return features, new_state, hidden_states, tp, torch.cat(thetas, -1), None
+
+    def _run_documents(self, input_ids, attention_mask, inputs_embeds, context_bow, chunk_mask, sentence_index,
+                       sample):
+        cfg = self.config
+        tokens = input_ids if input_ids is not None else inputs_embeds
+        b, c, s = tokens.shape[:3]
+        device = self.embed_tokens.weight.device
+        if attention_mask is None:
+            attention_mask = torch.ones(b, c, s, dtype=torch.long, device=device)
+        if chunk_mask is None:
+            chunk_mask = attention_mask.any(-1)
+        chunk_mask = chunk_mask.bool().to(device)
+        if not bool(chunk_mask.any(1).all()):
+            raise ValueError("Every document of a documents batch needs at least one chunk (an empty document?)")
+        if not bool(chunk_mask[:, 0].all()) or bool((chunk_mask[:, 1:] & ~chunk_mask[:, :-1]).any()):
+            raise ValueError("chunk_mask must mark each document's chunks first, padding chunks after them")
+        # sentence slot of every chunk: a new slot where the sentence index changes (or at <bos>)
+        if sentence_index is not None:
+            sentence_index = sentence_index.to(device)
+            starts = torch.ones(b, c, dtype=torch.bool, device=device)
+            starts[:, 1:] = sentence_index[:, 1:] != sentence_index[:, :-1]
+        elif input_ids is not None:
+            starts = input_ids[:, :, 0] == cfg.bos_token_id
+            starts[:, 0] = True
+        else:
+            raise ValueError("Documents given as inputs_embeds need sentence_index")
+        starts = starts & chunk_mask
+        slot = starts.long().cumsum(1) - 1  # (b, c)
+        J = int(slot.max()) + 1
+        slot_mask = torch.zeros(b, J, dtype=torch.bool, device=device)
+        slot_mask.scatter_(1, torch.where(chunk_mask, slot, torch.zeros_like(slot)), chunk_mask)
+        bows = torch.zeros(b, J, cfg.topic_vocab_size, device=device)
+        if context_bow is not None:
+            if context_bow.dim() != 3 or tuple(context_bow.shape) != (b, c, cfg.topic_vocab_size):
+                raise ValueError(f"context_bow of a documents batch must have shape ({b}, {c}, "
+                                 f"{cfg.topic_vocab_size}), got {tuple(context_bow.shape)}")
+            context_bow = context_bow.to(device)
+            if not bool(torch.isfinite(context_bow).all()) or bool((context_bow < 0).any()):
+                raise ValueError("context_bow must hold finite, non-negative counts")
+            rows, cols = starts.nonzero(as_tuple=True)
+            bows[rows, slot[rows, cols]] = context_bow[rows, cols].float()
+        tp = self.encode_documents(bows, slot_mask, sample)
+        # the LM over the real chunks, each from a zero state, with its sentence's theta
+        rows, cols = chunk_mask.nonzero(as_tuple=True)
+        chunk_slot = slot[rows, cols]
+        thetas = [t[rows, chunk_slot] for t in tp.thetas]
+        ids = input_ids[rows, cols] if input_ids is not None else None
+        embeds = inputs_embeds[rows, cols] if inputs_embeds is not None else None
+        features, _, _ = self.lm_features(ids, attention_mask[rows, cols], embeds, thetas)
+        return features, None, None, tp, torch.cat(tp.thetas, -1), (rows, cols, b, c)
+
+    # -- downstream: the document as one sequence, its bag of words as one sentence ---------------------
+
+    @property
+    def document_representation_sizes(self) -> tuple[int, int]:
+        return sum(self.config.hidden_sizes), self.document_topic_size
+
+    @property
+    def document_topic_size(self) -> int:
+        return sum(self.config.topic_sizes)
+
+    def document_topic_representation(self, context_bow) -> torch.Tensor:
+        """c (b, sum K) = [theta^1; ...; theta^L], the encoder's posterior mean (lambda Gamma(1 + 1/k)) for the
+        bag of words read as a document's first sentence (raw weights, not normalised)."""
+        bow = normalize_topic_kwargs(self.config.num_topics, self.config.topic_vocab_size,
+                                     context_bow=context_bow)["context_bow"].to(self.embed_tokens.weight.device)
+        shapes, scales, _ = self.encoder.step(bow, None)
+        return torch.cat([weibull_mean(k, lam) for k, lam in zip(shapes, scales)], dim=-1)
+
+    def _document_token_states(self, input_ids, attention_mask, context_bow):
+        # o_m = [a^1_m; ...; a^L_m], the gated outputs the softmax reads, with the document's own theta
+        out = self(input_ids=input_ids, attention_mask=attention_mask, context_bow=context_bow, use_cache=False,
+                   return_dict=True)
+        states = out.last_hidden_state
+        last = last_token_positions(attention_mask, states.shape[1], states.shape[0], states.device)
+        return states, states[torch.arange(states.shape[0], device=states.device), last]
+
+    def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, state=None, use_cache=None,
+                context_bow=None, theta=None, topic_ids=None, topic_layer=None, chunk_mask=None, sentence_index=None,
+                output_hidden_states=None, return_dict=None, **kwargs) -> RecurrentModelOutput:
+        """[a^1; ...; a^L] (b, s, sum H) for a chunk batch (the conditioning as in :class:`RGBNRNNForCausalLM`)."""
+        use_cache = use_cache if use_cache is not None else (self.config.use_cache and not self.training)
+        features, new_state, hidden, _, _, doc = self._run(
+            input_ids, attention_mask, inputs_embeds, state, use_cache, context_bow, theta, topic_ids, topic_layer,
+            chunk_mask, sentence_index, bool(output_hidden_states))
+        if doc is not None:
+            rows, cols, b, c = doc
+            full = features.new_zeros(b, c, *features.shape[1:])
+            full[rows, cols] = features
+            features = full
+        out = RecurrentModelOutput(last_hidden_state=features, state=new_state if use_cache else None,
+                                   hidden_states=hidden)
+        return out if return_dict is not False else out.to_tuple()
+
+
+class RGBNRNNForCausalLM(DocumentRepresentationDelegate, RGBNRNNPreTrainedModel, TopicGenerationMixin, GenerationMixin):
+    """GBN-RNN / rGBN-RNN with the output softmax over [a^1; ...; a^L], the joint loss, TLASGR-MCMC and generation.
+
+    Conditioning of a chunk batch (at most one): ``context_bow`` (b, V_c), encoded as the next sentence of the
+    ``state``'s document (as a first sentence without state); ``theta`` (b, sum K) raw topic weights of every
+    layer, bottom first; ``topic_ids`` with ``topic_layer`` (1 = bottom): :meth:`RGBNRNNModel.theta_from_topics`;
+    nothing: an empty context. ``generate()`` without conditioning samples theta from the prior.
+    """
+
+    _cached_conditioning = ("theta",)
+
+    def __init__(self, config: RGBNRNNConfig):
+        super().__init__(config)
+        self.model = RGBNRNNModel(config)
+        self.lm_head = nn.Linear(sum(config.hidden_sizes), config.vocab_size)
+        self.post_init()
+
+    def _init_weights(self, module):
+        super()._init_weights(module)
+        if module is getattr(self, "lm_head", None):
+            nn.init.xavier_uniform_(module.weight)  # the code: Glorot-uniform softmax weights, zero bias
+            nn.init.zeros_(module.bias)
+
+    def get_input_embeddings(self):
+        return self.model.embed_tokens
+
+    def get_output_embeddings(self):
+        return self.lm_head
+
+    def set_output_embeddings(self, value):
+        self.lm_head = value
+
+    def tlasgr_step(self) -> bool:
+        """See :meth:`RGBNRNNModel.tlasgr_step` (called automatically after optimizer steps)."""
+        return self.model.tlasgr_step()
+
+    def set_training_corpus_size(self, rows: int) -> None:
+        self.model.set_training_corpus_size(rows)
+
+    def forward(self, input_ids: Optional[torch.LongTensor] = None, attention_mask: Optional[torch.Tensor] = None,
+                inputs_embeds: Optional[torch.Tensor] = None, state: Optional[tuple] = None,
+                labels: Optional[torch.LongTensor] = None, use_cache: Optional[bool] = None,
+                context_bow: Optional[torch.Tensor] = None, theta: Optional[torch.Tensor] = None, topic_ids=None,
+                topic_layer: Optional[int] = None, chunk_mask: Optional[torch.Tensor] = None,
+                sentence_index: Optional[torch.Tensor] = None, output_hidden_states: Optional[bool] = None,
+                return_dict: Optional[bool] = None, logits_to_keep: int = 0, **kwargs) -> RGBNRNNOutput:
+        r"""
+        Args:
+            input_ids: (b, s) chunks, or (b, c, s) documents (``TopicContextCollator(layout="documents")``).
+            attention_mask: (b, s) or (b, c, s), 1 for real tokens.
+            state: the 4 L batch-first tensors of the module docstring (chunk batches).
+            labels: ``input_ids`` with -100 at ignored positions (shifted inside).
+            context_bow: (b, V_c) per chunk, or (b, c, V_c) per chunk of each document.
+            theta, topic_ids, topic_layer: explicit conditioning (chunk batches; see the class doc).
+            chunk_mask, sentence_index: (b, c) of a documents batch (the collator gives them).
+            logits_to_keep: logits for the last N positions only (0 = all; chunk batches).
+
+        Returns:
+            :class:`RGBNRNNOutput`; for documents ``logits`` are (b, c, s, V) (zero for padding chunks).
+        """
+        cfg = self.config
+        use_cache = use_cache if use_cache is not None else (cfg.use_cache and not self.training)
+        features, new_state, hidden, tp, theta_out, doc = self.model._run(
+            input_ids, attention_mask, inputs_embeds, state, use_cache, context_bow, theta, topic_ids, topic_layer,
+            chunk_mask, sentence_index, bool(output_hidden_states))
+        if logits_to_keep and labels is None and doc is None:
+            features = features[:, -logits_to_keep:]
+        logits = self.lm_head(features)
+        loss = lm_loss = kl_loss = bow_loss = None
+        if doc is not None:
+            rows, cols, b, c = doc
+            if labels is not None:
+                lm_loss = causal_lm_loss(logits, labels.to(logits.device)[rows, cols])
+                tokens = (labels[rows, cols][:, 1:] != -100).sum()
+            full = logits.new_zeros(b, c, *logits.shape[1:])
+            full[rows, cols] = logits
+            logits = full
+        elif labels is not None:
+            lm_loss = causal_lm_loss(logits, labels)
+            tokens = (labels[:, 1:] != -100).sum()
+        if labels is not None:
+            loss = lm_loss
+            if tp is not None:
+                poisson, kls = self.model.topic_terms(tp)
+                n = tokens.clamp_min(1).to(logits.device).float()
+                w_poisson, w_kl = cfg.loss_weights
+                loss = lm_loss + (w_poisson * poisson + sum(w * kl for w, kl in zip(w_kl, kls))) / n
+                bow_loss, kl_loss = (poisson / n).detach(), (sum(kls) / n).detach()
+                if self.training and torch.is_grad_enabled() and cfg.topic_learning == "tlasgr":
+                    counts, thetas = tp.counts, tp.thetas
+                    if counts.dim() == 2:  # chunk rows: each a one-sentence document; only sentence starts count
+                        counts = counts * tp.rows.unsqueeze(-1).to(counts.dtype)
+                        counts, thetas = counts.unsqueeze(1), [t.unsqueeze(1) for t in thetas]
+                    else:
+                        counts = counts * tp.rows.unsqueeze(-1).to(counts.dtype)
+                    self.model.accumulate_tlasgr_statistics(counts, thetas, rows=counts.shape[0])
+        theta1 = self.model.split_theta(theta_out)[0].float()
+        mixture = theta1 / theta1.sum(-1, keepdim=True).clamp_min(1e-20)
+        out = RGBNRNNOutput(loss=loss, logits=logits, state=new_state if use_cache or state is not None else None,
+                            hidden_states=hidden, lm_loss=_detach(lm_loss), kl_loss=kl_loss, bow_loss=bow_loss,
+                            topic_mixture=mixture, theta=theta_out)
+        return out if return_dict is not False else out.to_tuple()
+
+    # -- generation --------------------------------------------------------------------------------
+
+    def generate(self, inputs=None, generation_config=None, topic_ids=None, topic_layer=None, context_bow=None,
+                 theta=None, topic_mode: str = "propagate", **kwargs):
+        """``GenerationMixin.generate`` with rGBN conditioning (at most one):
+
+        * ``topic_ids`` (an int, a list, a list of lists or a (b, k) tensor) of layer ``topic_layer`` (1 = bottom,
+          default 1): theta by :meth:`RGBNRNNModel.theta_from_topics` (``topic_mode`` "propagate" or "chain");
+        * ``context_bow`` (b, V_c): encoded as a first sentence (posterior mean in eval mode);
+        * ``theta`` (b, sum K): given directly;
+        * nothing: theta sampled from the prior, top-down (rgbn.md §8).
+
+        theta is resolved once per row, before transformers expands the batch for beams / return sequences."""
+        prompt = inputs if inputs is not None else kwargs.get("input_ids", kwargs.get("inputs_embeds"))
+        batch_size = prompt.shape[0] if isinstance(prompt, torch.Tensor) else None
+        given = [n for n, v in (("topic_ids", topic_ids), ("context_bow", context_bow), ("theta", theta))
+                 if v is not None]
+        if len(given) > 1:
+            raise ValueError(f"Give at most one of topic_ids, context_bow, theta (got {given})")
+        if topic_layer is not None and topic_ids is None:
+            raise ValueError("topic_layer goes with topic_ids")
+        if "topic_mixture" in kwargs:
+            raise ValueError("RGBNRNNForCausalLM does not take topic_mixture; it is conditioned by topic_ids (with "
+                             "topic_layer), context_bow or theta")
+        conditioning = {}
+        if topic_ids is not None:
+            conditioning["theta"] = self.model.theta_from_topics(topic_ids, 1 if topic_layer is None else topic_layer,
+                                                                 topic_mode, batch_size)
+        elif context_bow is not None:
+            conditioning = normalize_topic_kwargs(self.config.num_topics, self.config.topic_vocab_size, batch_size,
+                                                  context_bow=context_bow)
+        elif theta is not None:
+            conditioning["theta"] = self.model.check_theta(theta, batch_size)
+        else:
+            conditioning["theta"] = self.model.sample_prior_theta(batch_size or 1)
+        conditioning = {k: v.to(self.device).contiguous() for k, v in conditioning.items()}
+        return GenerationMixin.generate(self, inputs, generation_config, **conditioning, **kwargs)
+
+    @torch.no_grad()
+    def generate_paragraph(self, num_sentences: int, topic_ids=None, topic_layer: Optional[int] = None, theta=None,
+                           context_bow=None, num_paragraphs: int = 1, tokenizer=None, topic_mode: str = "propagate",
+                           **generate_kwargs):
+        """Sentences linked by the recurrence over sentences (rgbn.md §8): theta_1 from the topics of
+        ``topic_ids`` / ``theta`` / the prior, then theta_{j+1} ~ p(theta_{j+1} | theta_j) (eq. 2; GBN-RNN draws
+        each sentence's theta from the prior); every sentence is decoded from ``<bos>`` and a zero LSTM state.
+        ``context_bow`` (J, V_c) or (b, J, V_c), the bags of words of a given paragraph's sentences (the paper's
+        conditioned paragraphs): theta_1..theta_J from the recurrent encoder (posterior mean), one sentence each;
+        sentences after the J-th continue with the recurrence.
+
+        Returns a list of ``num_sentences`` (b, len) id tensors (b = rows of the conditioning, else
+        ``num_paragraphs``), or with ``tokenizer`` a list of b paragraphs, each a list of sentences (strings)."""
+        if isinstance(num_sentences, bool) or not isinstance(num_sentences, int) or num_sentences < 1:
+            raise ValueError(f"num_sentences must be a positive integer, got {num_sentences!r}")
+        given = [n for n, v in (("topic_ids", topic_ids), ("theta", theta), ("context_bow", context_bow))
+                 if v is not None]
+        if len(given) > 1:
+            raise ValueError(f"Give at most one of topic_ids, theta, context_bow (got {given})")
+        encoded = None
+        if context_bow is not None:
+            bows = torch.as_tensor(context_bow, dtype=torch.float32).to(self.device)
+            bows = bows.unsqueeze(0) if bows.dim() == 2 else bows
+            if bows.dim() != 3 or bows.shape[-1] != self.config.topic_vocab_size or bows.shape[1] == 0:
+                raise ValueError(f"context_bow must have shape (J, {self.config.topic_vocab_size}) or (b, J, "
+                                 f"{self.config.topic_vocab_size}) with J >= 1, got {tuple(bows.shape)}")
+            if not bool(torch.isfinite(bows).all()) or bool((bows < 0).any()):
+                raise ValueError("context_bow must hold finite, non-negative counts")
+            mask = torch.ones(bows.shape[:2], dtype=torch.bool, device=self.device)
+            encoded = torch.cat(self.model.encode_documents(bows, mask, sample=False).thetas, -1)  # (b, J, sum K)
+            current = encoded[:, 0]
+        elif topic_ids is not None:
+            current = self.model.theta_from_topics(topic_ids, 1 if topic_layer is None else topic_layer, topic_mode)
+        elif theta is not None:
+            current = self.model.check_theta(theta, None).to(self.device)
+        else:
+            if topic_layer is not None:
+                raise ValueError("topic_layer goes with topic_ids")
+            current = self.model.sample_prior_theta(num_paragraphs)
+        sentences = []
+        for j in range(num_sentences):
+            if j > 0 and encoded is not None and j < encoded.shape[1]:
+                current = encoded[:, j]
+            elif j > 0:
+                current = self.model.sample_prior_theta(previous=current) if self.config.recurrent else \
+                    self.model.sample_prior_theta(current.shape[0])
+            sentences.append(self.generate(theta=current, **generate_kwargs))
+        if tokenizer is None:
+            return sentences
+        return [[tokenizer.decode(s[i], skip_special_tokens=True).strip() for s in sentences]
+                for i in range(current.shape[0])]
+
+    # -- topics ------------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def infer_topics(self, context_bow, layer: int = 1) -> torch.Tensor:
+        """Topic proportions (b, K_layer) of bags of words (b, V_c), each read as a document's first sentence:
+        the encoder's posterior mean of theta^layer, normalised to sum 1."""
+        layer = self.model.check_layer(layer)
+        bow = normalize_topic_kwargs(self.config.num_topics, self.config.topic_vocab_size,
+                                     context_bow=context_bow)["context_bow"].to(self.device)
+        shapes, scales, _ = self.model.encoder.step(bow, None)
+        theta = weibull_mean(shapes[layer - 1], scales[layer - 1]).float()
+        return theta / theta.sum(-1, keepdim=True)
+
+    @torch.no_grad()
+    def topic_word_distributions(self, layer: int = 1) -> torch.Tensor:
+        """(K_layer, V_c): each topic of ``layer`` projected down to words, Phi^1 Phi^2 ... Phi^layer (columns)."""
+        layer = self.model.check_layer(layer)
+        matrix = self.model.phi(1).double()
+        for l in range(2, layer + 1):
+            matrix = matrix @ self.model.phi(l).double()
+        return matrix.T.float()
+
+    @torch.no_grad()
+    def get_topics(self, layer: int = 1, top_n: int = 10, topic_tokenizer=None) -> list[list[str]]:
+        """The ``top_n`` words of every topic of ``layer`` (1 = bottom), projected down through Phi; never ``<unk>``.
+        Words come from ``topic_tokenizer`` or the ``topic_tokenizer/`` folder saved with the model."""
+        if isinstance(top_n, bool) or not isinstance(top_n, int) or top_n < 1:
+            raise ValueError(f"top_n must be a positive integer, got {top_n!r}")
+        words = topic_vocabulary(self, topic_tokenizer)
+        dist = self.topic_word_distributions(layer).clone()
+        dist[:, 0] = -1.0  # the topic <unk> is never a word
+        top = dist.topk(min(top_n, dist.shape[1] - 1), dim=-1).indices
+        return [[words[i] for i in row] for row in top.tolist()]
+
+    @torch.no_grad()
+    def topic_tree(self, top_n: int = 5, num_children: int = 3, topic_tokenizer=None) -> list[dict]:
+        """The hierarchy from the top layer down: every top topic with its words and the ``num_children``
+        lower-layer topics it puts most weight on (the largest entries of its column of Phi^l), recursively.
+
+        Returns a list of ``{"layer", "topic", "weight", "words", "children"}`` dicts (``weight``: the parent's
+        Phi entry, None at the top)."""
+        if isinstance(num_children, bool) or not isinstance(num_children, int) or num_children < 1:
+            raise ValueError(f"num_children must be a positive integer, got {num_children!r}")
+        L = self.config.num_layers
+        topics = {l: self.get_topics(l, top_n, topic_tokenizer) for l in range(1, L + 1)}
+
+        def node(layer, k, weight):
+            children = []
+            if layer > 1:
+                column = self.model.phi(layer)[:, k].float()
+                values, idx = column.topk(min(num_children, column.numel()))
+                children = [node(layer - 1, int(i), float(v)) for v, i in zip(values, idx)]
+            return {"layer": layer, "topic": k, "weight": weight, "words": topics[layer][k], "children": children}
+
+        return [node(L, k, None) for k in range(self.config.topic_sizes[-1])]
+
+
+class RGBNRNNForSequenceClassification(DocumentClassifierMixin, RGBNRNNPreTrainedModel):
+    """Document classifier on rGBN-RNN / GBN-RNN features [o_N; theta^1; ...; theta^L], o_N the gated outputs of
+    every layer after the document's last token. Loads the body of a saved :class:`RGBNRNNForCausalLM` folder (see
+    :class:`~.modeling_common.DocumentClassifierMixin`)."""
+
+    def __init__(self, config: RGBNRNNConfig):
+        super().__init__(config)
+        self._init_classifier(RGBNRNNModel(config))
+
+
+def format_topic_tree(tree: list[dict], indent: str = "  ") -> str:
+    """The tree of :meth:`RGBNRNNForCausalLM.topic_tree` as indented text."""
+    lines = []
+
+    def walk(n, depth):
+        weight = "" if n["weight"] is None else f" ({n['weight']:.2f})"
+        lines.append(f"{indent * depth}L{n['layer']}-{n['topic']}{weight}: {' '.join(n['words'])}")
+        for child in n["children"]:
+            walk(child, depth + 1)
+
+    for root in tree:
+        walk(root, 0)
+    return "\n".join(lines)
+
+
+def _detach(x):
+    return x.detach() if x is not None else None
