@@ -353,9 +353,14 @@ def pretrain_topic_model_phase(name: str, model, train_docs, args, mdir: Path, t
     return stats
 
 
-def train(name: str, model, rows, collator, args, mdir: Path, tok, topic_tok, train_docs=None) -> dict:
-    """Train one model (resuming from its last complete checkpoint), save it, return its training statistics."""
-    nclm = MODELS[name]["family"] == "nclm"
+def train(name: str, model, rows, collator, args, mdir: Path, tok, topic_tok, train_docs=None, spec=None) -> dict:
+    """Train one model (resuming from its last complete checkpoint), save it, return its training statistics.
+
+    ``spec`` (default ``MODELS[name]``) gives ``family`` (``"lstm"``: no topic vocabulary; ``"nclm"``: the
+    topic-model phase first) and ``context`` (recorded); other benchmarks (``benchmark_rgbn.py``) pass theirs."""
+    spec = spec or MODELS[name]
+    nclm = spec["family"] == "nclm"
+    topics = spec["family"] != "lstm"
     topic_phase = pretrain_topic_model_phase(name, model, train_docs, args, mdir, tok, topic_tok) \
         if nclm and args.topic_model_steps else {}
     pre = 0  # the topic-model phase ran above, on its own data; the joint run is the LSTM's run
@@ -378,7 +383,7 @@ def train(name: str, model, rows, collator, args, mdir: Path, tok, topic_tok, tr
                               save_strategy="steps", save_steps=args.save_steps, save_total_limit=2,
                               eval_strategy="no", report_to=[], use_cpu=True, disable_tqdm=True, seed=args.seed,
                               dataloader_num_workers=0)
-    record_vocabularies(model.config, tok, topic_tok if nclm else None)  # the counting wrapper hides the collator
+    record_vocabularies(model.config, tok, topic_tok if topics else None)  # the counting wrapper hides the collator
     trainer = BenchmarkTrainer(model=model, args=targs, train_dataset=rows, data_collator=counting,
                                pretraining_phases=[("topic_model", pre)] if pre else None, order=order,
                                topic_model_steps=pre)
@@ -390,7 +395,7 @@ def train(name: str, model, rows, collator, args, mdir: Path, tok, topic_tok, tr
     seconds_this_session = time.perf_counter() - start
     model.eval()
     trainer.save_model(str(mdir / "model"))
-    save_vocabularies(tok, topic_tok if nclm else None, mdir / "model")
+    save_vocabularies(tok, topic_tok if topics else None, mdir / "model")
 
     records = [json.loads(line) for line in steps_path.read_text().splitlines() if line]
     joint = [r for r in records if r["phase"] == "joint"]
@@ -405,7 +410,7 @@ def train(name: str, model, rows, collator, args, mdir: Path, tok, topic_tok, tr
         **{k: v for k, v in topic_phase.items() if k != "topic_model_seconds"},
         "steps_timed": len(records), "resumed_from_step": done, "seconds_last_session": seconds_this_session,
         "first_log": logs[0] if logs else {}, "first_joint_log": first_joint, "final_log": logs[-1] if logs else {},
-        "training_context": MODELS[name]["context"], "code": CODE_VERSION,
+        "training_context": spec["context"], "code": CODE_VERSION,
     }
     stats["tokens_per_s"] = stats["joint_tokens"] / max(stats["joint_seconds"], 1e-9)
     if len(records) != total:

@@ -99,12 +99,13 @@ def build(name: str, args, tok, topic_tok):
     return TopicRNNForCausalLM(config)
 
 
-def cached_lda_judge(path: Path, train_docs, topic_tok, num_topics: int, seed: int):
-    """The LDA judge fitted on ``train_docs``, pickled at ``path`` (read back when it is there: fitting takes minutes)."""
+def cached_lda_judge(path: Path, train_docs, topic_tok, num_topics: int, seed: int, **lda_settings):
+    """The LDA judge fitted on ``train_docs``, pickled at ``path`` (read back when it is there: fitting takes minutes);
+    ``lda_settings`` (e.g. ``max_iter``) go to ``fit_lda_judge``."""
     if path.exists():
         return pickle.loads(path.read_bytes())
     start = time.perf_counter()
-    judge = fit_lda_judge(train_docs, topic_tok, num_topics=num_topics, seed=seed)
+    judge = fit_lda_judge(train_docs, topic_tok, num_topics=num_topics, seed=seed, **lda_settings)
     path.write_bytes(pickle.dumps(judge))
     print(f"LDA judge: {judge.description} ({time.perf_counter() - start:.0f} s)", flush=True)
     return judge

@@ -59,7 +59,8 @@ PROTOCOLS = ("paper", "causal", "causal-carry")
 
 
 class CountingCollator:
-    """Wraps a collator and counts the predicted tokens of every training batch it builds."""
+    """Wraps a collator and counts the predicted tokens of every training batch it builds (sentence batches (b, l)
+    and documents batches (b, c, l) alike: the first position of every chunk is never predicted)."""
 
     def __init__(self, collator):
         self.collator = collator
@@ -67,7 +68,7 @@ class CountingCollator:
 
     def __call__(self, features):
         batch = self.collator(features)
-        self.tokens += int((batch["labels"][:, 1:] != -100).sum())
+        self.tokens += int((batch["labels"][..., 1:] != -100).sum())
         return batch
 
 
@@ -120,7 +121,7 @@ def interleaved_step_times(models: dict, collators: dict, rows: dict, args, repe
             optimizers[name].step()
             optimizers[name].zero_grad(set_to_none=True)
             if r >= 2:  # two warm-up rounds
-                times[name].append((time.perf_counter() - start, int((batch["labels"][:, 1:] != -100).sum())))
+                times[name].append((time.perf_counter() - start, int((batch["labels"][..., 1:] != -100).sum())))
     model_times = {}
     for name, values in times.items():
         model_times[name] = {"step_s": statistics.median(t for t, _ in values),

@@ -14,7 +14,8 @@ from .topics import PRESETS, load_reference_corpus, topic_coherence, topic_diver
 
 def evaluate_topics(model, reference: Any, top_n: Optional[int | Sequence[int]] = None, topic_tokenizer=None,
                     preset: str = "lau2014", diversity_k: int = 25, diversity_variant: str = "unique",
-                    max_documents: Optional[int] = None, **coherence_settings) -> dict[str, Any]:
+                    max_documents: Optional[int] = None, layer: Optional[int] = None,
+                    **coherence_settings) -> dict[str, Any]:
     """NPMI coherence (against ``reference``) and diversity of a model's topics.
 
     Args:
@@ -29,6 +30,8 @@ def evaluate_topics(model, reference: Any, top_n: Optional[int | Sequence[int]] 
         diversity_k: topic diversity is the fraction of unique words among all topics' top-k.
         diversity_variant: ``"unique"`` (ETM) or ``"exclusive"`` (TopMost).
         max_documents: use only the first N documents of the reference (quick checks; recorded).
+        layer: for a model with a topic hierarchy (rGBN-RNN), the layer whose topics are scored
+            (``get_topics(layer=...)``: projected down to words); ``None`` leaves it to the model (its bottom layer).
         **coherence_settings: ``window``, ``unseen_pair``, ``edge_windows`` overrides (see
             :func:`~topic_lm_hf.evaluation.topics.topic_coherence`).
 
@@ -49,7 +52,8 @@ def evaluate_topics(model, reference: Any, top_n: Optional[int | Sequence[int]] 
     if effective_top_n is None:
         raise ValueError(f"preset={preset!r} needs top_n")
     largest_n = max(effective_top_n) if isinstance(effective_top_n, (list, tuple)) else int(effective_top_n)
-    topics = model.get_topics(top_n=max(largest_n, diversity_k, 10), topic_tokenizer=topic_tokenizer)
+    layer_kwargs = {} if layer is None else {"layer": layer}
+    topics = model.get_topics(top_n=max(largest_n, diversity_k, 10), topic_tokenizer=topic_tokenizer, **layer_kwargs)
     reference = load_reference_corpus(reference, max_documents=max_documents)  # a ReferenceCorpus comes back as is
     coherence = topic_coherence(topics, reference, preset=preset, **coherence_settings)
     # A topic vocabulary smaller than diversity_k + 1 words cannot fill k slots per topic.
@@ -62,6 +66,7 @@ def evaluate_topics(model, reference: Any, top_n: Optional[int | Sequence[int]] 
         "diversity_k": k,
         "diversity_variant": diversity_variant,
         "num_topics": len(topics),
+        "layer": layer,
         "top_words": [words[:10] for words in topics],
         "coherence": coherence.as_dict(),
     }
