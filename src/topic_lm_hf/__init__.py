@@ -1,7 +1,7 @@
 """topic-lm-hf: topic-guided neural language models as Hugging Face transformers models."""
 
-from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification
-from transformers import AutoModelForTokenClassification
+from transformers import (AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification,
+                          AutoModelForTokenClassification)
 
 from .collator import TopicContextCollator, make_bow
 from .data import (build_vocabularies, check_vocabularies, documents_from_lists, load_documents,
@@ -11,8 +11,9 @@ from .evaluation import (PROTOCOLS, evaluate_perplexity, evaluate_steering, fit_
 from .evaluation.topic_eval import evaluate_topics
 from .models import (LSTMLMConfig, LSTMLMForCausalLM, LSTMLMForSequenceClassification, LSTMLMModel, NCLMConfig,
                      NCLMForCausalLM, NCLMForSequenceClassification, NCLMModel, RGBNRNNConfig, RGBNRNNForCausalLM,
-                     RGBNRNNForSequenceClassification, RGBNRNNModel, TCNLMConfig, TCNLMForCausalLM, TCNLMForSequenceClassification, TCNLMModel,
-                     TopicRNNConfig, TopicRNNForCausalLM, TopicRNNForSequenceClassification, TopicRNNModel)
+                     RGBNRNNForSequenceClassification, RGBNRNNModel, SenseTaggerConfig, SenseTaggerForTokenClassification,
+                     TCNLMConfig, TCNLMForCausalLM, TCNLMForSequenceClassification, TCNLMModel, TopicRNNConfig,
+                     TopicRNNForCausalLM, TopicRNNForSequenceClassification, TopicRNNModel)
 from .pretraining import pretrain_topic_model
 from .tasks import evaluate_retrieval, extract_document_features
 from .trainer import TopicLMTrainer
@@ -42,8 +43,6 @@ for _config, _base, _lm, _classifier in FAMILIES:
         AutoModelForSequenceClassification.register(_config, _classifier, exist_ok=True)
 
 # The word sense tagger (tasks/wsd_tagger.py trains and applies it).
-from .models import SenseTaggerConfig, SenseTaggerForTokenClassification  # noqa: E402
-
 AutoConfig.register(SenseTaggerConfig.model_type, SenseTaggerConfig, exist_ok=True)
 AutoModelForTokenClassification.register(SenseTaggerConfig, SenseTaggerForTokenClassification, exist_ok=True)
 SenseTaggerConfig.register_for_auto_class("AutoConfig")
