@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from conftest import DATA
+from topic_lm_hf.cli import COMMANDS
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
@@ -28,6 +29,8 @@ def _commands() -> list[list[str]]:
         for line in code.replace("\\\n", " ").splitlines():
             words = shlex.split(line, comments=True)
             if words and words[0] == "topic-lm":
+                if len(words) > 2 and f"{words[1]} {words[2]}" in COMMANDS:  # two-word commands: wsd train
+                    words = [words[0], f"{words[1]} {words[2]}", *words[3:]]
                 commands.append(words[1:])
     return commands
 
@@ -45,6 +48,9 @@ def test_every_readme_command_parses_and_uses_a_model_the_readme_trains():
         flags = dict(zip(argv, argv[1:]))
         if name == "train":
             trained.add(parsed[2].output_dir)
+        elif name == "wsd train":
+            trained.add(parsed[1].output_dir)
+            assert flags.get("--topic_model") in (None, *trained), flags["--topic_model"]
             if "--config_file" in flags:
                 assert (ROOT / flags["--config_file"]).exists(), flags["--config_file"]
         elif "--model_name_or_path" in flags:
