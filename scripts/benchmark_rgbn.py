@@ -19,6 +19,13 @@ paragraph written for the README.
         --max-train-docs 24 --max-valid-docs 6 --npmi-max-documents 100 --bleu-samples 40 --steer-topics 2 \\
         --steer-samples 3 --speed-repeats 2 --lda-max-iter 2 --out out/rgbn-smoke  # the smoke configuration (minutes)
 
+Time (measured on the 2-core machine of this project, one thread, while another benchmark kept the load average
+at about 4): one training step of every model, interleaved on the same batches at the default sizes, 0.40 / 0.44 /
+0.49 s (LSTM 1 / 2 / 3 layers), 0.52 / 0.78 / 1.03 s (GBN-RNN), 0.54 / 0.79 / 1.08 / 1.09 s (rGBN-RNN, official
+loss), 7.2 s for all ten, so the 300 default steps take about 36 min; the measurements take about 45 min more
+(perplexity under four protocols about 3 min per topic model, NPMI, BLEU, steering, the LDA judge): about 80 min
+in all, less on an idle machine (``--steps 200``: about 1 h).
+
 Models (``--only`` names; L = 1, 2, 3):
 
 * ``lstm-L``: the stacked LSTM LM with L layers of H units (``LSTMLMForCausalLM``), the baseline of the L-layer
