@@ -16,7 +16,9 @@ all from the same splits in one run:
   and seed. The context of a training chunk is its whole document (``context="document"``), the context the
   features are computed with; R8 documents are single sentences, so a context without the chunk's own
   sentence would be empty. No perplexity is reported from these models (that context would leak). NCLM first
-  trains its NVDM alone for ``--topic-model-steps`` steps (``pretraining_phases``), as the paper pre-trains it.
+  trains its NVDM alone for ``--topic-model-steps`` steps on whole documents with its own Adam at
+  ``--topic-model-lr`` (``benchmark_nclm.pretrain_topic_model_phase``), as the paper pre-trains it; in the joint
+  run at the LM's learning rate its posterior collapsed (measured on R8: KL 0.002 nats per document, c constant).
   Models: ``lstm`` (the same-size LSTM LM: the papers' baseline features), ``tcnlm``, ``nclm-lta``,
   ``nclm-leta`` by default; ``topiclstm`` (TopicRNN with an LSTM cell) and ``nclm-eta`` with ``--models``.
 * **Features.** ``document_representation``: [o_N; c], o_N the LSTM output after the document's last token
@@ -100,15 +102,22 @@ def train_lm(name, model, train_docs, tok, topic_tok, args, out: Path) -> dict:
     collator = TopicContextCollator(tok, topic_tok if name != "lstm" else None,
                                     context="none" if name == "lstm" else "document")
     rows = collator.prepare(train_docs)
-    phases = [("topic_model", args.topic_model_steps)] if name.startswith("nclm") and args.topic_model_steps else None
-    extra = phases[0][1] if phases else 0
-    targs = TrainingArguments(output_dir=str(out / "checkpoints"), max_steps=args.steps + extra,
+    extra = 0
+    if name.startswith("nclm") and args.topic_model_steps:
+        # the NVDM alone first, on whole documents, with its own Adam at --topic-model-lr (benchmark_nclm's phase:
+        # at the LM's 2e-3 inside the joint run its posterior collapsed here, KL 0.002 nats per document)
+        from benchmark_nclm import pretrain_topic_model_phase
+
+        phase_args = argparse.Namespace(batch_size=64, topic_model_steps=args.topic_model_steps,
+                                        topic_model_lr=args.topic_model_lr, seed=args.seed)
+        pretrain_topic_model_phase(name, model, train_docs, phase_args, out, tok, topic_tok)
+        extra = args.topic_model_steps
+    targs = TrainingArguments(output_dir=str(out / "checkpoints"), max_steps=args.steps,
                               per_device_train_batch_size=64, learning_rate=2e-3, max_grad_norm=0.5,
                               lr_scheduler_type="linear", warmup_steps=max(1, args.steps // 50),
                               logging_steps=max(1, args.steps // 5), save_strategy="steps", save_steps=200,
                               save_total_limit=1, report_to=[], use_cpu=True, disable_tqdm=True, seed=args.seed)
-    trainer = TopicLMTrainer(model=model, args=targs, train_dataset=rows, data_collator=collator,
-                             pretraining_phases=phases)
+    trainer = TopicLMTrainer(model=model, args=targs, train_dataset=rows, data_collator=collator)
     last = None
     checkpoints = sorted((out / "checkpoints").glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
     if checkpoints:
@@ -205,7 +214,8 @@ def main() -> None:
     parser.add_argument("--num-topics", type=int, default=50)
     parser.add_argument("--dropout", type=float, default=0.4)
     parser.add_argument("--steps", type=int, default=400)
-    parser.add_argument("--topic-model-steps", type=int, default=300)
+    parser.add_argument("--topic-model-steps", type=int, default=1000)
+    parser.add_argument("--topic-model-lr", type=float, default=1e-2)
     parser.add_argument("--min-freq", type=int, default=5)
     parser.add_argument("--max-vocab-size", type=int, default=10000)
     parser.add_argument("--max-document-length", type=int, default=400)
