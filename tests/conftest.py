@@ -21,6 +21,16 @@ def _seed():
     torch.manual_seed(0)
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """One torch thread for a test module (``pytestmark = pytest.mark.usefixtures("one_thread")``): recurrent
+    models run many small ops per time step, and with several threads on a shared CPU synchronisation dominates."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def apnews():
     """A small real APNEWS setup: 300 training documents, 40 validation documents and their

@@ -20,12 +20,7 @@ VARIANTS = [("lta", False), ("eta", False), ("leta", False), ("lta", True), ("et
 IDS = [f"{v}{'+sdt' if s else ''}" for v, s in VARIANTS]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def make(apnews, variant="leta", sentence_topics=False, seed=0, **kw):

@@ -16,12 +16,7 @@ from topic_lm_hf.models.modeling_rgbn_rnn import (EULER_GAMMA, augment_counts, f
                                                   weibull_sample)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def make(apnews, seed=0, **kw):

@@ -26,13 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 F32 = dict(rtol=1e-5, atol=1e-5)  # float32 precision for O(1) activations
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    # Many small ops per time step: with several threads on a shared CPU, synchronisation dominates.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
