@@ -160,6 +160,17 @@ def write_json(path: Path, data) -> None:
     os.replace(tmp, path)  # never a half-written result file
 
 
+def check_settings(out: Path, settings: dict) -> None:
+    """Record the run's settings in ``out/settings.json``; a rerun with other settings in the same folder is refused
+    (its results would mix with the earlier ones)."""
+    previous = read_json(out / "settings.json")
+    if previous is not None and previous != jsonable(settings):
+        now = jsonable(settings)
+        diff = {k: (previous.get(k), now.get(k)) for k in {**previous, **now} if previous.get(k) != now.get(k)}
+        sys.exit(f"{out} holds results of other settings (saved, now): {diff}; use another --out")
+    write_json(out / "settings.json", settings)
+
+
 def code_version() -> str:
     """The commit of the checkout, and a hash of the uncommitted changes under src/ if there are any."""
     import hashlib
@@ -516,12 +527,7 @@ def main() -> None:
     CODE_VERSION = code_version()  # read at start: the modules imported now are the ones that run
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    settings = {k: getattr(args, k) for k in SETTINGS}
-    previous = read_json(out / "settings.json")
-    if previous is not None and previous != settings:
-        diff = {k: (previous.get(k), settings[k]) for k in settings if previous.get(k) != settings[k]}
-        sys.exit(f"{out} holds results of other settings (saved, now): {diff}; use another --out")
-    write_json(out / "settings.json", settings)
+    check_settings(out, {k: getattr(args, k) for k in SETTINGS})
 
     train_docs = load_documents(DATA / "apnews" / "train.txt", max_documents=args.max_train_docs)
     valid_docs = load_documents(DATA / "apnews" / "valid.txt", max_documents=args.max_valid_docs)

@@ -108,7 +108,7 @@ sys.path.insert(0, str(SCRIPTS.parent / "src"))
 sys.path.insert(0, str(SCRIPTS))
 
 import benchmark_nclm  # noqa: E402
-from benchmark_nclm import code_version, fmt, read_json, write_json  # noqa: E402
+from benchmark_nclm import check_settings, code_version, fmt, read_json, write_json  # noqa: E402
 from benchmark_steering import cached_lda_judge, steer  # noqa: E402
 from benchmark_tcnlm import DATA, PROTOCOLS, interleaved_step_times  # noqa: E402
 from transformers.utils import logging as hf_logging  # noqa: E402
@@ -320,12 +320,7 @@ def main() -> None:
     datasets.disable_progress_bars()
     t_start = time.perf_counter()
     benchmark_nclm.CODE_VERSION = code_version()  # recorded by benchmark_nclm.train in train.json
-    settings = {k: getattr(args, k) for k in SETTINGS}
-    previous = read_json(out / "settings.json")
-    if previous is not None and previous != settings:
-        diff = {k: (previous.get(k), settings[k]) for k in settings if previous.get(k) != settings[k]}
-        sys.exit(f"{out} holds results of other settings (saved, now): {diff}; use another --out")
-    write_json(out / "settings.json", settings)
+    check_settings(out, {k: getattr(args, k) for k in SETTINGS})
 
     train_docs = load_documents(DATA / "apnews" / "train.txt", max_documents=args.max_train_docs)
     valid_docs = load_documents(DATA / "apnews" / "valid.txt", max_documents=args.max_valid_docs)

@@ -48,7 +48,6 @@ classification table and one retrieval table per dataset and writes them to ``<o
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -66,6 +65,7 @@ from transformers.utils import logging as hf_logging  # noqa: E402
 
 from topic_lm_hf import (LSTMLMConfig, NCLMConfig, TCNLMConfig, TopicContextCollator, TopicLMTrainer,  # noqa: E402
                          TopicRNNConfig, build_vocabularies, save_vocabularies)
+from benchmark_nclm import check_settings, read_json, write_json  # noqa: E402
 from topic_lm_hf.tasks import (FeatureCollator, bow_logistic_regression, classification_accuracy,  # noqa: E402
                                document_collator, extract_document_features, lda_retrieval,
                                load_classification_splits, majority_accuracy, normalize_blocks, retrieval_precision,
@@ -201,10 +201,6 @@ def retrieve(train_x, train_y, test_x, test_y, sizes) -> dict:
     return out
 
 
-def load_json(path: Path):
-    return json.loads(path.read_text()) if path.exists() else None
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=list(DATASETS))
@@ -236,12 +232,8 @@ def main() -> None:
 
     datasets.disable_progress_bars()
     args.out.mkdir(parents=True, exist_ok=True)
-    settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
-                if k not in ("datasets", "models", "threads", "out", "cnn", "cnn_epochs")}
-    saved = load_json(args.out / "settings.json")
-    if saved is not None and saved != settings:
-        raise SystemExit(f"{args.out} holds a run with other settings ({saved}); use another --out")
-    (args.out / "settings.json").write_text(json.dumps(settings, indent=1))
+    check_settings(args.out, {k: v for k, v in vars(args).items()
+                              if k not in ("datasets", "models", "threads", "out", "cnn", "cnn_epochs")})
     log(f"torch {torch.__version__}, {platform.processor() or platform.machine()}, {args.threads} threads")
     tables = []
     for dataset in args.datasets:
@@ -260,7 +252,7 @@ def main() -> None:
         tok, topic_tok = build_vocabularies(train_docs, min_freq=args.min_freq, stopwords=DATA / "stopwords" /
                                             "mallet_en.txt", max_vocab_size=args.max_vocab_size)
         log(f"  vocabularies: LM {len(tok)}, topic {len(topic_tok)}")
-        base = load_json(dout / "baselines.json")
+        base = read_json(dout / "baselines.json")
         if base is None:
             start = time.perf_counter()
             base = {"majority": majority_accuracy(train_y, test_y),
@@ -270,7 +262,7 @@ def main() -> None:
                                                    stop_words=[w.strip() for w in open(DATA / "stopwords" /
                                                                                        "mallet_en.txt")])}
             base["seconds"] = time.perf_counter() - start
-            (dout / "baselines.json").write_text(json.dumps(base, indent=1))
+            write_json(dout / "baselines.json", base)
         log(f"  baselines: majority {base['majority']:.4f}, tf-idf LR {base['tfidf_lr']['accuracy']:.4f}, "
             f"tf-idf P@10 {base['tfidf_retrieval']['precision@10']:.4f}, LDA P@10 "
             f"{base['lda_retrieval']['precision@10']:.4f}")
@@ -278,24 +270,24 @@ def main() -> None:
         for name in args.models:
             mout = dout / name
             mout.mkdir(exist_ok=True)
-            result = load_json(mout / "results.json") or {}
+            result = read_json(mout / "results.json") or {}
             if not (mout / "model" / "config.json").exists():
                 model = build(name, args, tok, topic_tok)
                 log(f"  {name}: training the LM ({sum(p.numel() for p in model.parameters()):,} parameters)")
                 result["train"] = train_lm(name, model, train_docs, tok, topic_tok, args, mout)
-                (mout / "results.json").write_text(json.dumps(result, indent=1))
+                write_json(mout / "results.json", result)
                 log(f"    {result['train']['seconds']:.0f} s, last log {result['train']['final_log']}")
             train_x, test_x, sizes = features(mout / "model", train_docs, test_docs, args, mout / "features.npz")
             if "classification" not in result:
                 result["classification"] = classify(mout / "model", n_labels, train_x, train_y, test_x, test_y, sizes,
                                                     args, mout / "head")
-                (mout / "results.json").write_text(json.dumps(result, indent=1))
+                write_json(mout / "results.json", result)
             if "retrieval" not in result:
                 result["retrieval"] = retrieve(train_x, train_y, test_x, test_y, sizes)
-                (mout / "results.json").write_text(json.dumps(result, indent=1))
+                write_json(mout / "results.json", result)
             if args.cnn and "cnn" not in result:
                 result["cnn"] = classify_cnn(mout / "model", n_labels, train_docs, test_docs, args, mout / "cnn")
-                (mout / "results.json").write_text(json.dumps(result, indent=1))
+                write_json(mout / "results.json", result)
             result["sizes"] = list(sizes)
             results[name] = result
             cls = result["classification"]
