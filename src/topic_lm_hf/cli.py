@@ -32,8 +32,8 @@ from . import data as data_lib
 from .collator import TopicContextCollator, make_bow
 from .evaluation import evaluate_perplexity
 from .demo import DemoArguments, run_demo
-from .tasks.commands import ClassifyArguments, RetrieveArguments, TaskDataArguments, run_classify, run_retrieve
-from .tasks.wsd_cli import WSDEvaluateArguments, WSDTrainArguments, run_wsd_evaluate, run_wsd_train
+from .tasks.commands import (ClassifyArguments, RetrieveArguments, TaskDataArguments, WSDEvaluateArguments,
+                             WSDTrainArguments, run_classify, run_retrieve, run_wsd_evaluate, run_wsd_train)
 from .trainer import TopicLMTrainer
 
 logger = logging.getLogger("topic_lm_hf")
