@@ -100,28 +100,31 @@ def run_tagger(name: str, topic_path, args, corpora, golds, inventory, out: Path
                                               train_sense_tagger)
 
     start = time.perf_counter()
+    folder = out / "models" / f"{name}.{args.training_objective}"
     topic_model = topic_tokenizer = None
     if topic_path is not None:
         topic_model = load_frozen_topic_model(topic_path)
         topic_tokenizer = topic_tokenizer_for(Path(topic_path))
     training_args = TrainingArguments(
-        output_dir=str(out / "models" / name), learning_rate=args.lr, per_device_train_batch_size=args.batch_size,
+        output_dir=str(folder), learning_rate=args.lr, per_device_train_batch_size=args.batch_size,
         num_train_epochs=args.epochs, save_strategy="no", report_to="none", use_cpu=True, logging_steps=100,
         disable_tqdm=True, dataloader_pin_memory=False, seed=args.seed)
-    model = train_sense_tagger(corpora["train"], out / "models" / name, topic_model=topic_model,
+    model = train_sense_tagger(corpora["train"], folder, topic_model=topic_model,
                                topic_tokenizer=topic_tokenizer, topic_model_name_or_path=topic_path,
                                dev=corpora["semeval2007"], sense_inventory=args.senses, training_args=training_args,
                                train_corpus_path=str(DATA / "wsd" / "semcor"), embedding_size=args.embedding_size,
-                               hidden_size=args.hidden_size, dropout=args.dropout)
+                               hidden_size=args.hidden_size, dropout=args.dropout,
+                               training_objective=args.training_objective)
     train_seconds = time.perf_counter() - start
     c = {}
     if topic_model is not None:
         for set_name in SETS:
             c[set_name] = document_topic_representations(corpora[set_name], topic_model, topic_tokenizer)
-    result = {"name": name, "topic_model": topic_path, "topic_representation_size":
-              model.config.topic_representation_size, "train_seconds": round(train_seconds, 1),
-              "dev_history": json.loads((out / "models" / name / "wsd_training.json").read_text())["dev_history"]}
-    for mode in ("candidates", "all_senses"):
+    result = {"name": name, "training_objective": args.training_objective, "topic_model": topic_path,
+              "topic_representation_size": model.config.topic_representation_size,
+              "train_seconds": round(train_seconds, 1),
+              "dev_history": json.loads((folder / "wsd_training.json").read_text())["dev_history"]}
+    for mode in ("candidates", "all_senses") if args.training_objective == "all_senses" else ("candidates",):
         predictions = {set_name: disambiguate(model, corpora[set_name], mode=mode, inventory=inventory,
                                               topic_representations=c.get(set_name)) for set_name in SETS}
         result[mode] = f1_row(predictions, golds)
@@ -129,21 +132,27 @@ def run_tagger(name: str, topic_path, args, corpora, golds, inventory, out: Path
 
 
 def format_table(baselines: dict, runs: dict) -> str:
-    lines = ["| system | output mode | SE07 (dev) | SE2 | SE3 | SE2+SE3 |", "|---|---|---|---|---|---|"]
+    lines = ["| system | training loss | output mode | SE07 (dev) | SE2 | SE3 | SE2+SE3 |",
+             "|---|---|---|---|---|---|---|"]
 
     def cells(row):
         return " | ".join("-" if row.get(c) is None else f"{100 * row[c]:.1f}" for c in COLUMNS)
 
-    lines.append(f"| WN first sense | - | {cells(baselines['wn_first_sense'])} |")
-    lines.append(f"| SemCor MFS (ours; WN-1st back-off) | - | {cells(baselines['semcor_mfs'])} |")
-    lines.append("| SemCor MFS (published, Raganato's SemCor) | - | "
+    lines.append(f"| WN first sense | - | - | {cells(baselines['wn_first_sense'])} |")
+    lines.append(f"| SemCor MFS (ours; WN-1st back-off) | - | - | {cells(baselines['semcor_mfs'])} |")
+    lines.append("| SemCor MFS (published, Raganato's SemCor) | - | - | "
                  + " | ".join(f"{PUBLISHED_MFS[c]:.1f}" if c in PUBLISHED_MFS else "-" for c in COLUMNS) + " |")
-    for name, result in runs.items():
+    objectives = {"all_senses": "all training senses (paper)", "candidates": "the lemma's candidates"}
+    for result in sorted(runs.values(), key=lambda r: (r["training_objective"] != "all_senses",
+                                                       r["topic_model"] is not None, r["name"])):
         label = "BiLSTM (no topics)" if result["topic_model"] is None else \
-            f"BiLSTM + {name} (\\|c\\| = {result['topic_representation_size']})"
-        for mode, text in (("candidates", "candidates + WN-1st back-off"), ("all_senses", "all training senses")):
+            f"BiLSTM + {result['name']} (\\|c\\| = {result['topic_representation_size']})"
+        modes = ("candidates", "all_senses") if result["training_objective"] == "all_senses" else ("candidates",)
+        for mode in modes:  # a softmax trained over candidates only is not scored over every sense
+            text = {"candidates": "candidates + WN-1st back-off", "all_senses": "all training senses"}[mode]
             # (F1 is NaN where P = R = 0, as Scorer.java prints it)
-            lines.append(f"| {label} | {text} | {cells(result[mode])} |")
+            lines.append(f"| {label} | {objectives[result['training_objective']]} | {text} | "
+                         f"{cells(result[mode])} |")
     return "\n".join(lines)
 
 
@@ -159,6 +168,9 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=5, help="training epochs over SemCor (best SE07 epoch kept)")
     parser.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate (the paper's 1e-3)")
     parser.add_argument("--batch_size", type=int, default=32, help="sentences per batch (the paper's 32)")
+    parser.add_argument("--training_objective", default="all_senses", choices=("all_senses", "candidates"),
+                        help="the tagger's loss: softmax over every training sense (the paper) or over the instance's "
+                             "own candidates (SenseTaggerConfig.training_objective)")
     parser.add_argument("--embedding_size", type=int, default=100)
     parser.add_argument("--hidden_size", type=int, default=100, help="BiLSTM units per direction (the paper's 100)")
     parser.add_argument("--dropout", type=float, default=0.2)
@@ -212,17 +224,18 @@ def main() -> None:
 
     runs = {}
     for name, path in [("bilstm", None), *topic_models.items()]:
-        result_file = out / "runs" / f"{name}.json"
+        result_file = out / "runs" / f"{name}.{args.training_objective}.json"
         if result_file.exists():
-            runs[name] = json.loads(result_file.read_text())
+            runs[result_file.stem] = json.loads(result_file.read_text())
             logger.info("%s: finished earlier, read from %s", name, result_file)
             continue
         if args.only is not None and name not in args.only:
             continue
         logger.info("%s: training (topic model: %s) ...", name, path or "none")
         result = run_tagger(name, path, args, corpora, golds, inventory, out)
+        result["settings"] = settings
         result_file.write_text(json.dumps(result, indent=1))
-        runs[name] = result
+        runs[result_file.stem] = result
         logger.info("%s: done in %.0f s: SE07 F1 %.1f (candidates)", name, result["train_seconds"],
                     100 * result["candidates"]["semeval2007"])
     for result_file in sorted((out / "runs").glob("*.json")):  # runs finished by another process

@@ -89,6 +89,36 @@ def test_training_loss_is_on_instances_only():
     torch.testing.assert_close(train_out.loss, expected)
 
 
+def test_candidate_loss_equals_a_softmax_over_each_instances_candidates():
+    """training_objective="candidates": the vectorised loss (gathered rows of U, -1 padding) against a naive
+    per-instance loop over the full logits; the collator's candidate rows follow the labelled positions."""
+    model = tiny_tagger(training_objective="candidates").eval()
+    rows = [{"input_ids": [2, 3, 4], "labels": [-100, 0, 2], "sense_candidates": [[0, 2], [2]]},
+            {"input_ids": [5, 3], "labels": [2, 0], "sense_candidates": [[2, 0], [0]]}]
+    batch = SenseTaggingCollator()(rows)
+    assert batch["sense_candidates"].tolist() == [[0, 2], [2, -1], [2, 0], [0, -1]]
+    out = model(**batch)
+    naive = []
+    for row, position, ids in [(0, 1, [0, 2]), (0, 2, [2]), (1, 0, [2, 0]), (1, 1, [0])]:
+        gold = int(batch["labels"][row, position])
+        naive.append(-torch.log_softmax(out.logits[row, position, ids].double(), 0)[ids.index(gold)])
+    torch.testing.assert_close(out.loss.double(), torch.stack(naive).mean())
+    full = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"]).loss
+    assert not torch.isclose(out.loss, full)  # not the softmax over every sense
+    train_out = model.train()(**batch)  # dropout 0: the same loss, logits skipped
+    assert train_out.logits is None
+    torch.testing.assert_close(train_out.loss, out.loss)
+    train_out.loss.backward()
+    touched = model.classifier.weight.grad.abs().sum(1) > 0
+    assert touched.tolist() == [True, False, True]  # sense 1 is no instance's candidate: no push-down
+    with pytest.raises(ValueError, match="not among its instance's sense_candidates"):
+        model(**{**batch, "sense_candidates": torch.tensor([[1, 2], [2, -1], [2, 0], [0, -1]])})
+    with pytest.raises(ValueError, match="one row per labelled position"):
+        model(**{**batch, "sense_candidates": batch["sense_candidates"][:3]})
+    with pytest.raises(ValueError, match="training_objective"):
+        SenseTaggerConfig(training_objective="mfs")
+
+
 def test_bad_input_gets_a_clear_error(tmp_path):
     model = tiny_tagger(topic_size=3)
     with pytest.raises(ValueError, match="empty sentence"):
@@ -185,6 +215,31 @@ def test_a_short_training_run_beats_the_untrained_tagger(data, trained):
     recall = {name: score_wsd(disambiguate(trained[name], sample, mode="all_senses"), wsd_gold(sample)).recall
               for name in ("model", "untrained")}
     assert recall["model"] > recall["untrained"] + 0.08, recall
+
+
+def test_the_candidates_objective_trains_on_the_lemmas_own_senses(data, trained, tmp_path):
+    """training_objective="candidates" on the SemCor slice: each instance's softmax runs over training
+    senses of its own lemma that hold the gold, and the trained tagger beats its initialisation."""
+    inventory = data["inventory"]
+    model = train_sense_tagger(data["train"], tmp_path / "tagger", training_objective="candidates",
+                               training_args=training_args(tmp_path, num_train_epochs=3, learning_rate=1e-2),
+                               sense_inventory=SENSES, embedding_size=32, hidden_size=32)
+    assert model.config.training_objective == "candidates"
+    rows = encode_corpus(data["train"].select(range(200)), model.config, inventory=inventory)
+    id2label = model.config.id2label
+    instances = [i for row in data["train"].select(range(200))["instances"]
+                 for i in sorted(row, key=lambda i: i["position"])]
+    lists = [ids for row in rows["sense_candidates"] for ids in row]
+    labels = [label for row in rows["labels"] for label in row if label != -100]
+    assert len(lists) == len(labels) == sum(1 for i in instances if i["gold"]) > 500
+    for ids, label, instance in zip(lists, labels, (i for i in instances if i["gold"])):
+        assert label in ids and id2label[label] == instance["gold"][0]
+        assert {id2label[i] for i in ids} <= set(inventory.candidates(instance["lemma"], instance["pos"]))
+    assert max(len(ids) for ids in lists) > 5 and min(len(ids) for ids in lists) == 1  # polysemous and not
+    gold = wsd_gold(data["se07"])
+    f1 = {name: score_wsd(disambiguate(m, data["se07"], inventory=inventory), gold).f1
+          for name, m in (("model", model), ("untrained", trained["untrained"]))}
+    assert f1["model"] > f1["untrained"] + 0.05, f1
 
 
 def test_a_real_topic_model_gives_each_document_its_own_c(data, apnews, tmp_path):

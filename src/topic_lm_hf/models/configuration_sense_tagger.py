@@ -5,6 +5,7 @@ from transformers import PretrainedConfig
 from .modeling_common import check_integers
 
 OUTPUT_MODES = ("all_senses", "candidates")
+TRAINING_OBJECTIVES = ("all_senses", "candidates")
 INPUT_FEATURES = ("lemma", "form")
 
 
@@ -38,6 +39,11 @@ class SenseTaggerConfig(PretrainedConfig):
             ``"candidates"`` (argmax among the candidates of the instance's (lemma, POS) that are
             training senses; WordNet first sense when there is none: lemma unseen in training) or
             ``"all_senses"`` (the paper, literally: argmax over every training sense, no back-off).
+        training_objective: the training loss: ``"all_senses"`` (the paper: cross-entropy of a softmax over
+            every training sense) or ``"candidates"`` (cross-entropy of a softmax over the instance's own
+            candidates, the training senses of its (lemma, POS) in the sense inventory: the output layer
+            is evaluated for those rows only, and nothing pushes down the senses of other lemmas, which
+            candidate restriction never predicts). Same network and parameters either way.
         sense_inventory: the ``senses.tsv[.gz]`` used for candidates and the first-sense back-off.
         training_corpus: the training set (SemCor) the label vocabulary and the inventory's
             counts come from.
@@ -56,7 +62,8 @@ class SenseTaggerConfig(PretrainedConfig):
 
     def __init__(self, word_vocabulary=None, input_feature="lemma", embedding_size=100, hidden_size=100, dropout=0.2,
                  topic_representation_size=0, topic_model_name_or_path=None, topic_model_type=None,
-                 max_context_tokens=None, output_mode="candidates", sense_inventory=None, training_corpus=None,
+                 max_context_tokens=None, output_mode="candidates", training_objective="all_senses",
+                 sense_inventory=None, training_corpus=None,
                  initializer_range=0.1, pad_token_id=0, unk_token_id=1, **kwargs):
         if word_vocabulary is None:
             word_vocabulary = ["<pad>", "<unk>"]
@@ -74,6 +81,8 @@ class SenseTaggerConfig(PretrainedConfig):
             raise ValueError(f"input_feature must be one of {INPUT_FEATURES}, got {input_feature!r}")
         if output_mode not in OUTPUT_MODES:
             raise ValueError(f"output_mode must be one of {OUTPUT_MODES}, got {output_mode!r}")
+        if training_objective not in TRAINING_OBJECTIVES:
+            raise ValueError(f"training_objective must be one of {TRAINING_OBJECTIVES}, got {training_objective!r}")
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout!r}")
         if not initializer_range > 0:
@@ -92,6 +101,7 @@ class SenseTaggerConfig(PretrainedConfig):
         self.topic_model_type = topic_model_type
         self.max_context_tokens = max_context_tokens
         self.output_mode = output_mode
+        self.training_objective = training_objective
         self.sense_inventory = None if sense_inventory is None else str(sense_inventory)
         self.training_corpus = None if training_corpus is None else str(training_corpus)
         self.initializer_range = initializer_range

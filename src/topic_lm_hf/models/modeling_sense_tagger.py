@@ -20,6 +20,8 @@ The input is the whole sentence *including* the target word, as a standard tagge
 Loss: cross-entropy at the instance positions only (labels -100 elsewhere). In training mode with
 labels, logits are computed at those positions only and ``logits`` is ``None``: the S-way output
 layer (35,399 senses on SemCor) at every token would cost about three times as much, for no loss term.
+With ``training_objective="candidates"`` the softmax of each instance is over its own candidate senses
+``sense_candidates`` (n, C) only (rows of U gathered; -1 pads), so only those rows are evaluated.
 """
 
 from __future__ import annotations
@@ -112,10 +114,33 @@ class SenseTaggerForTokenClassification(SenseTaggerPreTrainedModel):
             o = torch.cat([o, c], dim=-1)  # (b, s, 2H + |c|)
         return torch.sigmoid(self.topic_projection(o))  # (b, s, 2H)
 
+    def candidate_loss(self, hidden: torch.Tensor, labels: torch.LongTensor,
+                       sense_candidates: torch.LongTensor) -> torch.Tensor:
+        """Mean cross-entropy of a softmax over each instance's candidates: ``hidden`` (n, 2H) at the
+        instances, ``labels`` (n,), ``sense_candidates`` (n, C) sense ids padded with -1; each row holds its
+        label. Only the C gathered rows of the output layer are evaluated."""
+        if sense_candidates.dim() != 2 or sense_candidates.shape[0] != labels.shape[0]:
+            raise ValueError(f"sense_candidates must be (n, C) with one row per labelled position (n = "
+                             f"{labels.shape[0]}), got shape {tuple(sense_candidates.shape)}")
+        if labels.numel() == 0:
+            return hidden.sum() * 0.0  # no instance in the batch: a zero loss that still has a graph
+        real = sense_candidates >= 0
+        if bool((sense_candidates >= self.num_labels).any()):
+            raise ValueError(f"sense_candidates must be sense ids in [0, {self.num_labels}) or -1 (padding)")
+        hits = (sense_candidates == labels.unsqueeze(1)) & real  # (n, C)
+        if not bool(hits.any(1).all()):
+            raise ValueError("a label is not among its instance's sense_candidates: the candidates must hold the gold "
+                             "sense (built from another sense inventory?)")
+        ids = sense_candidates.clamp(min=0)
+        weight, bias = self.classifier.weight[ids], self.classifier.bias[ids]  # (n, C, 2H), (n, C)
+        scores = torch.einsum("nh,nch->nc", hidden, weight) + bias  # (n, C)
+        scores = scores.float().masked_fill(~real, float("-inf"))
+        return F.cross_entropy(scores, hits.float().argmax(1))
+
     def forward(self, input_ids: Optional[torch.LongTensor] = None, attention_mask: Optional[torch.Tensor] = None,
                 topic_representation: Optional[torch.Tensor] = None, labels: Optional[torch.LongTensor] = None,
-                output_hidden_states: Optional[bool] = None, return_dict: Optional[bool] = None,
-                **kwargs) -> TokenClassifierOutput:
+                sense_candidates: Optional[torch.LongTensor] = None, output_hidden_states: Optional[bool] = None,
+                return_dict: Optional[bool] = None, **kwargs) -> TokenClassifierOutput:
         r"""
         Args:
             input_ids: (b, s) word ids of the tagger's own vocabulary (right- or left-padded).
@@ -123,6 +148,9 @@ class SenseTaggerForTokenClassification(SenseTaggerPreTrainedModel):
             topic_representation: (b, |c|) the document topic representation of each sentence's document
                 (from the frozen topic model named in the config); omit it for a tagger without topics.
             labels: (b, s) sense ids at instance positions, -100 elsewhere.
+            sense_candidates: (n, C) the candidate sense ids of each labelled position (row-major order of
+                ``labels != -100``), -1 padded: the loss is then over the candidates
+                (``training_objective="candidates"``; the collator adds them for such a tagger).
 
         Returns:
             :class:`~transformers.modeling_outputs.TokenClassifierOutput`: ``loss`` (mean cross-entropy over
@@ -143,7 +171,11 @@ class SenseTaggerForTokenClassification(SenseTaggerPreTrainedModel):
             labelled = labels != -100
             if bool((labels[labelled] < 0).any()) or bool((labels[labelled] >= self.num_labels).any()):
                 raise ValueError(f"labels must be sense ids in [0, {self.num_labels}) or -100")
-            if self.training:
+            if sense_candidates is not None:
+                loss = self.candidate_loss(hidden[labelled], labels[labelled], sense_candidates.to(hidden.device))
+                if not self.training:
+                    logits = self.classifier(hidden)  # (b, s, S)
+            elif self.training:
                 instance_logits = self.classifier(hidden[labelled])  # (n, S): instances only
                 loss = F.cross_entropy(instance_logits.float(), labels[labelled], reduction="sum") \
                     / labelled.sum().clamp(min=1)

@@ -172,6 +172,9 @@ class WSDTrainArguments:
         "help": f"Default prediction mode recorded in the model, one of {OUTPUT_MODES}: 'candidates' (argmax among "
                 "the lemma's trained candidate senses, WordNet first sense for unseen lemmas) or 'all_senses' (the "
                 "paper: argmax over every training sense)."})
+    training_objective: str = field(default="all_senses", metadata={
+        "help": "Training loss: 'all_senses' (the paper: softmax over every training sense) or 'candidates' "
+                "(softmax over the instance's own candidate senses)."})
     input_feature: str = field(default="lemma", metadata={
         "help": f"What a word is looked up by, one of {INPUT_FEATURES} (lower-cased)."})
     min_word_freq: int = field(default=1, metadata={"help": "Word vocabulary: minimum frequency in the training set."})
@@ -220,7 +223,7 @@ def run_wsd_train(args: WSDTrainArguments, training_args: TrainingArguments) -> 
                                topic_tokenizer=topic_tokenizer, dev=dev, sense_inventory=args.sense_inventory,
                                training_args=training_args, min_word_freq=args.min_word_freq,
                                train_corpus_path=os.path.abspath(args.train), output_mode=args.output_mode,
-                               input_feature=args.input_feature, embedding_size=args.embedding_size,
+                               training_objective=args.training_objective, input_feature=args.input_feature, embedding_size=args.embedding_size,
                                hidden_size=args.hidden_size, dropout=args.dropout,
                                max_context_tokens=args.max_context_tokens)
     print(f"{model.config.num_labels} senses, {model.config.vocab_size} words, topics: "

@@ -65,6 +65,7 @@ __all__ = [
     "document_topic_representations",
     "encode_corpus",
     "evaluate_sense_tagger",
+    "sense_candidates",
     "load_frozen_topic_model",
     "train_sense_tagger",
 ]
@@ -171,17 +172,33 @@ def build_sense_vocabulary(corpus: datasets.Dataset) -> list[str]:
     return sorted({key for instance in iter_wsd_instances(corpus) for key in instance["gold"]})
 
 
+def sense_candidates(inventory: SenseInventory, config: SenseTaggerConfig, lemma: str, pos: str,
+                     gold_id: int) -> list[int]:
+    """The sense ids a ``training_objective="candidates"`` softmax runs over for one instance: the
+    candidates of its (lemma, POS) in the inventory that are training senses (as candidate restriction
+    predicts), plus the gold sense when the inventory lacks it."""
+    label2id = config.label2id
+    ids = [label2id[key] for key in inventory.candidates(lemma, pos) if key in label2id]
+    return ids if gold_id in ids else [*ids, gold_id]
+
+
 def encode_corpus(corpus: datasets.Dataset, config: SenseTaggerConfig, topic_representations: Optional[Mapping] = None,
-                  labels: bool = True) -> datasets.Dataset:
+                  labels: bool = True, inventory: Optional[SenseInventory] = None) -> datasets.Dataset:
     """Rows for the tagger, one per sentence that has instances: ``input_ids``, ``labels`` (the sense id
     of the first gold key at instance positions, -100 elsewhere and for keys outside the label
     vocabulary), ``topic_representation`` (the document's c; only for a tagger with topics),
-    ``positions`` and ``instance_ids``."""
+    ``positions`` and ``instance_ids``; with labels and ``config.training_objective="candidates"``,
+    ``sense_candidates`` too (the candidate ids of each labelled position, in position order), from
+    ``inventory``."""
     vocab = {w: i for i, w in enumerate(config.word_vocabulary)}
     label2id = config.label2id
     if config.uses_topics and topic_representations is None:
         raise ValueError("this tagger uses document topics: pass topic_representations (document id -> c)")
-    columns = {"input_ids": [], "labels": [], "positions": [], "instance_ids": [], "topic_representation": []}
+    with_candidates = labels and config.training_objective == "candidates"
+    if with_candidates and inventory is None:
+        raise ValueError("training_objective='candidates' needs the sense inventory: pass inventory=")
+    columns = {"input_ids": [], "labels": [], "positions": [], "instance_ids": [], "topic_representation": [],
+               "sense_candidates": []}
     for row in corpus.select_columns(["document_id", "tokens", "lemmas", "instances"]):
         if not row["instances"]:
             continue  # nothing to tag, no loss
@@ -189,10 +206,15 @@ def encode_corpus(corpus: datasets.Dataset, config: SenseTaggerConfig, topic_rep
             raise ValueError(f"an empty sentence with instances in document {row['document_id']}")
         ids = [vocab.get(w, 1) for w in _words(row["tokens"], row["lemmas"], config.input_feature)]
         tags = [-100] * len(ids)
+        candidates = {}
         if labels:
             for instance in row["instances"]:
                 if instance["gold"]:
-                    tags[instance["position"]] = label2id.get(instance["gold"][0], -100)
+                    tags[instance["position"]] = tag = label2id.get(instance["gold"][0], -100)
+                    if with_candidates and tag != -100:
+                        candidates[instance["position"]] = sense_candidates(inventory, config, instance["lemma"],
+                                                                            instance["pos"], tag)
+        columns["sense_candidates"].append([candidates[p] for p in sorted(candidates)])
         columns["input_ids"].append(ids)
         columns["labels"].append(tags)
         columns["positions"].append([i["position"] for i in row["instances"]])
@@ -204,14 +226,17 @@ def encode_corpus(corpus: datasets.Dataset, config: SenseTaggerConfig, topic_rep
             columns["topic_representation"].append([float(x) for x in c])
     if not config.uses_topics:
         del columns["topic_representation"]
+    if not with_candidates:
+        del columns["sense_candidates"]
     return datasets.Dataset.from_dict(columns)
 
 
 @dataclass
 class SenseTaggingCollator:
     """Pads encoded sentences (:func:`encode_corpus`) into a batch: ``input_ids`` and ``attention_mask``
-    (b, s), ``labels`` (b, s) with -100 at padding, and ``topic_representation`` (b, |c|) when the rows
-    have one. Other columns are dropped."""
+    (b, s), ``labels`` (b, s) with -100 at padding, ``topic_representation`` (b, |c|) when the rows
+    have one, and ``sense_candidates`` (n, C) (-1 padded, the rows' lists concatenated: the row-major
+    order of the labelled positions) when they have those. Other columns are dropped."""
 
     pad_token_id: int = 0
 
@@ -229,6 +254,12 @@ class SenseTaggingCollator:
             if "labels" in r:
                 labels[i, :n] = torch.as_tensor(r["labels"])
         batch = {"input_ids": input_ids, "attention_mask": mask, "labels": labels}
+        if "sense_candidates" in rows[0]:
+            lists = [ids for r in rows for ids in r["sense_candidates"]]
+            candidates = torch.full((len(lists), max((len(ids) for ids in lists), default=1)), -1, dtype=torch.long)
+            for i, ids in enumerate(lists):
+                candidates[i, :len(ids)] = torch.as_tensor(ids)
+            batch["sense_candidates"] = candidates
         if "topic_representation" in rows[0]:
             batch["topic_representation"] = torch.tensor([r["topic_representation"] for r in rows],
                                                          dtype=torch.float32)
@@ -459,7 +490,13 @@ def train_sense_tagger(train: Union[datasets.Dataset, PathLike], output_dir: Pat
                                training_corpus=None if train_corpus_path is None else str(train_corpus_path),
                                **config_kwargs)
     model = SenseTaggerForTokenClassification(config)
-    rows = encode_corpus(train, config, c_train)
+    inventory = None
+    if dev is not None or config.training_objective == "candidates":
+        if sense_inventory is None or not os.path.exists(str(sense_inventory)):
+            raise FileNotFoundError(f"scoring the development set and training_objective='candidates' need the sense "
+                                    f"inventory (senses.tsv.gz), got {sense_inventory!r}: pass sense_inventory=")
+        inventory = load_sense_inventory(sense_inventory, training=train)  # counts of the sentences trained on
+    rows = encode_corpus(train, config, c_train, inventory=inventory)
     if training_args is None:
         training_args = TrainingArguments(output_dir=str(output_dir), learning_rate=1e-3, per_device_train_batch_size=32,
                                           num_train_epochs=1, save_strategy="no", report_to="none", use_cpu=True,
@@ -467,10 +504,6 @@ def train_sense_tagger(train: Union[datasets.Dataset, PathLike], output_dir: Pat
     training_args.remove_unused_columns = False  # the collator keeps what the model needs
     callbacks = []
     if dev is not None:
-        if sense_inventory is None or not os.path.exists(str(sense_inventory)):
-            raise FileNotFoundError(f"scoring the development set needs the sense inventory (senses.tsv.gz), got "
-                                    f"{sense_inventory!r}: pass sense_inventory=")
-        inventory = load_sense_inventory(sense_inventory, training=train)  # counts of the sentences trained on
         callbacks.append(DevSelectionCallback(dev, inventory, c_dev))
     trainer = Trainer(model=model, args=training_args, train_dataset=rows,
                       data_collator=SenseTaggingCollator(config.pad_token_id), callbacks=callbacks)
