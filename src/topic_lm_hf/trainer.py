@@ -1,7 +1,11 @@
-"""A ``Trainer`` that logs every loss term and refuses to go on after a non-finite loss or gradient."""
+"""A ``Trainer`` that logs every loss term and refuses to go on after a non-finite loss or gradient.
+
+Shapes: b documents, c chunks of a document, l tokens of a chunk, V_c topic vocabulary.
+"""
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import math
@@ -17,11 +21,16 @@ from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGH
 
 from .collator import TopicContextCollator
 from .data import record_vocabularies, save_vocabularies
+from .models.modeling_common import TopicLMOutput
 
 logger = logging.getLogger(__name__)
 
 LOSS_TERMS = ("lm_loss", "kl_loss", "bow_loss", "aux_loss")
 WEIGHTS_FILES = (SAFE_WEIGHTS_NAME, SAFE_WEIGHTS_INDEX_NAME, WEIGHTS_NAME, WEIGHTS_INDEX_NAME)
+# Keys of a documents batch (TopicContextCollator(layout="documents")) that hold one entry per chunk (b, c, ...),
+# and the layout keys that the carried-state loop reads itself.
+CHUNK_KEYS = ("input_ids", "attention_mask", "labels", "context_bow", "sentence_prefix_bow")
+LAYOUT_KEYS = ("chunk_mask", "sentence_index")
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -69,6 +78,160 @@ def _incomplete_checkpoint(path: str) -> str | None:
     return None
 
 
+# ----------------------------------------------------------------------------------------------
+# training with the recurrent state carried across the chunks of a document
+# ----------------------------------------------------------------------------------------------
+
+
+def _unwrap(model):
+    """The model under DDP / DataParallel (``.module``) and ``torch.compile`` (``._orig_mod``) wrappers."""
+    while True:
+        inner = getattr(model, "module", None) or getattr(model, "_orig_mod", None)
+        if not isinstance(inner, torch.nn.Module):
+            return model
+        model = inner
+
+
+def check_carry_state_model(model) -> None:
+    """Raise ``ValueError`` unless ``model`` can be trained with its state carried across a document's chunks:
+    its ``forward`` takes ``state`` (and returns it with ``use_cache=True``), it does not read whole documents
+    itself (``chunk_mask``: rGBN-RNN runs its sentence recurrence inside one call; train it on its documents
+    batches as they are), and none of its options reads the words it predicts (``model.leaky_modes()``:
+    such a model cannot be evaluated under ``causal-carry``, the protocol this training is for)."""
+    model = _unwrap(model)
+    name = type(model).__name__
+    parameters = inspect.signature(model.forward).parameters
+    if "chunk_mask" in parameters:
+        raise ValueError(f"{name} reads whole documents (chunk_mask) and carries its recurrences itself: train it "
+                         "on its documents batches without carry_state")
+    if "state" not in parameters:
+        raise ValueError(f"{name}.forward takes no recurrent state (state): carry_state needs a model that "
+                         "continues from one")
+    leaky = list(getattr(model, "leaky_modes", lambda: [])())
+    if leaky:
+        raise ValueError(f"{name} reads words it predicts ({', '.join(leaky)}): carry_state trains for the "
+                         "causal-carry protocol, under which such a model is not evaluated; turn those options off")
+
+
+def check_documents_batch(batch) -> None:
+    """Raise ``ValueError`` unless ``batch`` is a documents batch of :class:`TopicContextCollator`
+    (``layout="documents"``): ``input_ids``, ``attention_mask``, ``labels`` (b, c, l) and ``chunk_mask`` (b, c)."""
+    ids = batch.get("input_ids")
+    if batch.get("chunk_mask") is None or ids is None or ids.dim() != 3:
+        shape = tuple(ids.shape) if isinstance(ids, torch.Tensor) else None
+        raise ValueError(f"carry_state needs documents batches (input_ids (b, c, l) and chunk_mask (b, c)), got "
+                         f"input_ids of shape {shape}{' without chunk_mask' if 'chunk_mask' not in batch else ''}: "
+                         "build the collator with TopicContextCollator(..., layout='documents', context='preceding')")
+    if batch.get("labels") is None or batch.get("attention_mask") is None:
+        raise ValueError("carry_state needs labels and attention_mask in a documents batch")
+    chunk_mask = batch["chunk_mask"].bool()
+    if bool((chunk_mask[:, 1:] & ~chunk_mask[:, :-1]).any()):
+        raise ValueError("chunk_mask must mark each document's chunks as a prefix (1 ... 1 0 ... 0)")
+
+
+def carried_state_loss(model, batch, bptt_chunks: int | None = None, chunk_callback=None) -> TopicLMOutput:
+    """The loss of a documents batch with the model's recurrent state carried from chunk to chunk.
+
+    Chunk k = 0 .. c-1 of every document is run in order, and the ``state`` the model returns after
+    chunk k is its initial state for chunk k + 1 of the same document. Rows are sorted by their number of
+    chunks (descending) first, so that the documents that still have a k-th chunk are the first rows:
+    each call runs only those rows, and the state is cut to them (as ``evaluate_perplexity``'s
+    ``causal-carry`` does), so padding chunks are never run.
+
+    The carried state must be the one ``causal-carry`` evaluation continues from. Consecutive chunks of a
+    sentence share a token (the last input of chunk k is the first of chunk k + 1, see the collator), and
+    evaluation feeds a chunk's tokens but its last; here the chunk is fed whole with ``labels`` (the model
+    computes its own loss terms, shifted inside), and the ``attention_mask`` given to the model is 1 only at
+    inputs whose next token is real: the last real token, which predicts nothing, then never enters the state.
+
+    Gradients flow through the carried state; with ``bptt_chunks`` the state is detached after every
+    ``bptt_chunks`` chunks (truncated back-propagation through the document). The graph of the whole batch is
+    kept until the backward pass either way: memory grows with the tokens of the batch, as for a sentences
+    batch of the same chunks.
+
+    The loss is ``sum_k n_k loss_k / sum_k n_k``, where ``loss_k`` is the model's loss on the batch of the
+    documents' k-th chunks (exactly as on a sentences batch of those chunks) and ``n_k`` its number of
+    predicted tokens: the same per-token objective as sentence training. For the terms a model normalises per
+    predicted token (``lm_loss``, and every term of TopicRNN, NCLM and TCNLM with
+    ``topic_loss_normalization="lm_tokens"``), it is the token-weighted mean of every document chunk's own
+    loss. ``lm_loss``, ``kl_loss``, ``bow_loss`` and ``aux_loss`` are weighted the same way. A model with a
+    KL-annealing counter (``kl_annealing_step``) counts a documents batch as one training forward pass, as a
+    sentences batch.
+
+    Args:
+        model: a causal LM with ``state`` in ``forward`` (see :func:`check_carry_state_model`).
+        batch: a documents batch of :class:`~topic_lm_hf.collator.TopicContextCollator`:
+            ``input_ids``, ``attention_mask``, ``labels`` (b, c, l), ``chunk_mask`` (b, c), and with a
+            context ``context_bow`` (b, c, V_c) (and ``sentence_prefix_bow`` (b, c, V_c)). Other tensors with
+            one entry per document (b, ...) are passed to every call, cut to its rows.
+        bptt_chunks: chunks between two detachments of the state (None: the whole document).
+        chunk_callback: called as ``chunk_callback(labels, output)`` after each chunk with that chunk's
+            labels (b_k, l) and the model's output (evaluation sums).
+
+    Returns:
+        :class:`~topic_lm_hf.models.modeling_common.TopicLMOutput` with ``loss`` and the weighted loss terms.
+    """
+    if bptt_chunks is not None and (isinstance(bptt_chunks, bool) or not isinstance(bptt_chunks, int)
+                                    or bptt_chunks < 1):
+        raise ValueError(f"bptt_chunks must be a positive integer or None (the whole document), got {bptt_chunks!r}")
+    check_carry_state_model(model)
+    check_documents_batch(batch)
+    chunk_mask = batch["chunk_mask"].bool()
+    b, c = chunk_mask.shape
+    order = torch.argsort(chunk_mask.sum(1), descending=True, stable=True).to(chunk_mask.device)
+    per_chunk, per_row = {}, {}
+    for key, value in batch.items():
+        if key in LAYOUT_KEYS or value is None:
+            continue
+        if not isinstance(value, torch.Tensor) or value.dim() == 0 or value.shape[0] != b:
+            raise ValueError(f"carry_state cannot cut {key!r} to a chunk's rows: a documents batch holds tensors "
+                             "with one entry per document")
+        value = value.index_select(0, order.to(value.device))
+        if key in CHUNK_KEYS:
+            per_chunk[key] = value
+        else:
+            per_row[key] = value
+    active = chunk_mask.index_select(0, order).sum(0).tolist()  # documents with a k-th chunk: a prefix
+    kl_step = getattr(_unwrap(model), "kl_annealing_step", None)
+    kl_step_before = kl_step.clone() if isinstance(kl_step, torch.Tensor) and model.training else None
+    total, sums, weights, state = None, {}, {}, None
+    for k in range(c):
+        rows = active[k]
+        if rows == 0:
+            break
+        chunk = {key: value[:rows, k] for key, value in per_chunk.items()}
+        mask = chunk["attention_mask"]
+        # 1 at inputs whose target is real (right padding): the last real token stays out of the state.
+        chunk["attention_mask"] = torch.cat([mask[:, 1:], mask.new_zeros(rows, 1)], dim=1)
+        if state is not None:
+            state = tuple(s[:rows] for s in state)
+        if kl_step_before is not None and k > 0:
+            kl_step.copy_(kl_step_before)  # each chunk's pass sees (and counts) the batch's one pass
+        out = model(**chunk, **{key: value[:rows] for key, value in per_row.items()}, state=state, use_cache=True,
+                    return_dict=True)
+        if chunk_callback is not None:
+            chunk_callback(chunk["labels"], out)
+        state = _output(out, "state")
+        if state is None and k + 1 < c and _output(out, "lm_loss") is not None:
+            raise ValueError(f"{type(_unwrap(model)).__name__} returned no state with use_cache=True: its state "
+                             "cannot be carried")
+        if state is not None and bptt_chunks is not None and (k + 1) % bptt_chunks == 0:
+            state = tuple(s.detach() for s in state)
+        tokens = (chunk["labels"][:, 1:] != -100).sum()
+        loss = _output(out, "loss")
+        if loss is None:
+            raise ValueError(f"{type(_unwrap(model)).__name__} returned no loss for a chunk with labels")
+        total = tokens * loss if total is None else total + tokens * loss
+        weights["loss"] = weights.get("loss", 0) + tokens
+        for key in LOSS_TERMS:
+            value = _output(out, key)
+            if value is not None:
+                sums[key] = sums.get(key, 0) + tokens * value.detach().float().mean()
+                weights[key] = weights.get(key, 0) + tokens
+    return TopicLMOutput(loss=total / weights["loss"].clamp_min(1),
+                         **{key: sums[key] / weights[key].clamp_min(1) for key in sums})
+
+
 class TopicLMTrainer(Trainer):
     """``transformers.Trainer`` for the package's models.
 
@@ -103,9 +266,26 @@ class TopicLMTrainer(Trainer):
       always of the full model. The model must list the phases in ``training_phases`` and switch with
       ``set_training_phase`` (a phase leaves some parameters without gradient: with DDP, set
       ``ddp_find_unused_parameters=True``).
+    * ``carry_state=True``: train with the recurrent state carried across the chunks and sentences of each
+      document (truncated back-propagation through the document), the training counterpart of
+      ``evaluate_perplexity(protocol="causal-carry")`` (Zheng, Vafa & Blei 2023). Batches come from
+      ``TopicContextCollator(layout="documents", context="preceding")`` (or ``context="none"`` for the LSTM
+      LM): each chunk's context then holds only earlier sentences. See :func:`carried_state_loss` for the
+      order of the chunks, the loss (the same per-token objective as sentence training) and
+      ``bptt_chunks`` (chunks between detachments of the state; None: the whole document). For models with
+      ``state`` in ``forward``: the LSTM LM, TCNLM, TopicRNN and NCLM; rGBN-RNN (which reads whole documents,
+      ``chunk_mask``), a model without ``state``, a leaky model (``leaky_modes()``), a sentences-layout
+      collator, label smoothing and ``compute_loss_func`` are refused with a ``ValueError``. Gradient
+      accumulation, checkpoints, resuming and the non-finite checks work as without it (a run resumes with
+      the same constructor arguments; nothing more is saved). Evaluation (``Trainer.evaluate``) reads the
+      documents batches the same way, in evaluation mode: ``eval_loss`` and ``eval_perplexity`` are then
+      those of the carried state (``eval_perplexity`` equals ``causal-carry``'s on the same rows), and no
+      predictions are gathered (``compute_metrics`` gets none). Multi-process (DDP) training calls the
+      wrapped model once per chunk before one backward pass; it is not tested.
     """
 
-    def __init__(self, *args, pretraining_phases=None, **kwargs):
+    def __init__(self, *args, pretraining_phases=None, carry_state: bool = False, bptt_chunks: int | None = None,
+                 **kwargs):
         args_ = kwargs.get("args") if "args" in kwargs else (args[1] if len(args) > 1 else None)
         if args_ is not None:
             if args_.remove_unused_columns:
@@ -123,6 +303,7 @@ class TopicLMTrainer(Trainer):
         if set_corpus_size is not None and self.train_dataset is not None and hasattr(self.train_dataset, "__len__"):
             # Models whose sampler scales minibatch statistics to the corpus (rGBN-RNN's TLASGR-MCMC).
             set_corpus_size(len(self.train_dataset))
+        self.carry_state, self.bptt_chunks = self._check_carry_state(carry_state, bptt_chunks)
         collator = self.data_collator
         if isinstance(collator, TopicContextCollator) and getattr(self.model.config, "vocab_size", None) is not None:
             # The config (saved in every checkpoint) records which vocabularies the model is trained on.
@@ -142,6 +323,29 @@ class TopicLMTrainer(Trainer):
                 raise ValueError(f"pretraining_phases must be (phase, steps) pairs with phase in "
                                  f"{[p for p in supported if p != 'joint']} and steps >= 0, got {phase!r}")
         return phases
+
+    def _check_carry_state(self, carry_state, bptt_chunks) -> tuple[bool, int | None]:
+        if bptt_chunks is not None and (isinstance(bptt_chunks, bool) or not isinstance(bptt_chunks, int)
+                                        or bptt_chunks < 1):
+            raise ValueError(f"bptt_chunks must be a positive integer or None (the whole document), got "
+                             f"{bptt_chunks!r}")
+        if not carry_state:
+            if bptt_chunks is not None:
+                raise ValueError("bptt_chunks is an option of carry_state=True")
+            return False, None
+        check_carry_state_model(self.model)
+        collator = self.data_collator
+        if isinstance(collator, TopicContextCollator):
+            if collator.layout != "documents":
+                raise ValueError(f"carry_state=True needs documents batches: build the collator with "
+                                 f"layout='documents' (got layout={collator.layout!r})")
+            if collator.context not in ("preceding", "none"):
+                raise ValueError(f"carry_state=True trains for the causal-carry protocol: use context='preceding' "
+                                 f"(or 'none'), got context={collator.context!r}")
+        if self.label_smoother is not None or self.compute_loss_func is not None:
+            raise ValueError("carry_state=True computes the loss with the model's own loss terms: label smoothing "
+                             "and compute_loss_func are not supported with it")
+        return True, bptt_chunks
 
     def train(self, *args, **kwargs):
         try:
@@ -164,7 +368,18 @@ class TopicLMTrainer(Trainer):
         if self.pretraining_phases:
             phase = self.training_phase(self.state.global_step) if model.training else "joint"
             self.accelerator.unwrap_model(model).set_training_phase(phase)
-        loss, outputs = super().compute_loss(model, inputs, return_outputs=True, num_items_in_batch=num_items_in_batch)
+        carried = self.carry_state and (model.training or "chunk_mask" in inputs)
+        if carried:
+            collect = self._add_eval_terms if not model.training and self._eval_sums is not None else None
+            outputs = carried_state_loss(model, inputs, self.bptt_chunks, chunk_callback=collect)
+            loss = outputs.loss
+        else:
+            if inputs.get("chunk_mask") is not None and "chunk_mask" not in inspect.signature(
+                    self.accelerator.unwrap_model(model).forward).parameters:
+                raise ValueError("A documents batch (chunk_mask) for a model that reads one sentence chunk at a time: "
+                                 "train it with TopicLMTrainer(..., carry_state=True), or use layout='sentences'")
+            loss, outputs = super().compute_loss(model, inputs, return_outputs=True,
+                                                 num_items_in_batch=num_items_in_batch)
         if model.training:
             if not bool(torch.isfinite(loss.detach()).all()):
                 self._stop_on_nonfinite(NonFiniteLossError, f"Training loss is {loss.item()}")
@@ -172,9 +387,18 @@ class TopicLMTrainer(Trainer):
                 value = _output(outputs, key)
                 if value is not None:
                     self._loss_terms[key].append(value.detach().float().mean())
-        elif self._eval_sums is not None:
+        elif self._eval_sums is not None and not carried:  # carried: summed chunk by chunk
             self._add_eval_terms(labels, outputs)
         return (loss, outputs) if return_outputs else loss
+
+    def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
+        if not (self.carry_state and "chunk_mask" in inputs):
+            return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys)
+        # A documents batch: the loss (and the evaluation sums, chunk by chunk); no predictions to gather.
+        inputs = self._prepare_inputs(inputs)
+        with torch.no_grad(), self.compute_loss_context_manager():
+            loss = self.compute_loss(model, inputs)
+        return loss.detach().mean(), None, None
 
     # -- evaluation -------------------------------------------------------------------------------
 
