@@ -17,7 +17,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 # The families with a recurrent `state` in forward that the per-document loop is checked on. TCNLM's topic terms
 # are per predicted token with topic_loss_normalization="lm_tokens", so each chunk's own loss is additive.
 LOOP_FAMILIES = {"lstm_lm": {}, "tcnlm": {"topic_loss_normalization": "lm_tokens", "kl_annealing_steps": 0},
-                 "topic_rnn-lstm": {}}
+                 "topic_rnn-lstm": {}, "nclm-leta-sdt": {}}
 
 
 def short_documents(apnews, sentences=(2, 5, 3)):
@@ -26,9 +26,10 @@ def short_documents(apnews, sentences=(2, 5, 3)):
     return documents_from_lists([doc[:n] for doc, n in zip(docs, sentences)])
 
 
-def documents_batch(apnews, context="preceding", max_sentence_length=8):
+def documents_batch(apnews, context="preceding", max_sentence_length=8, sentence_prefix=False):
     collator = TopicContextCollator(apnews["tok"], apnews["topic_tok"] if context != "none" else None,
-                                    context=context, layout="documents", max_sentence_length=max_sentence_length)
+                                    context=context, layout="documents", max_sentence_length=max_sentence_length,
+                                    sentence_prefix=sentence_prefix)
     return collator([{"sentences": s} for s in short_documents(apnews)["sentences"]])
 
 
@@ -42,7 +43,8 @@ def naive_loss(model, batch, bptt_chunks=None):
         for k in range(int(batch["chunk_mask"][i].sum())):
             length = int(batch["attention_mask"][i, k].sum())
             ids = batch["input_ids"][i, k, :length].unsqueeze(0)
-            bow = {"context_bow": batch["context_bow"][i, k].unsqueeze(0).double()} if "context_bow" in batch else {}
+            bow = {key: batch[key][i, k].unsqueeze(0).double() for key in ("context_bow", "sentence_prefix_bow")
+                   if key in batch}
             out = model(input_ids=ids, labels=ids, state=state, **bow)
             n = length - 1
             total = total + n * out.loss.double()
@@ -63,7 +65,8 @@ def gradients(model, loss):
 @pytest.mark.parametrize("bptt_chunks", [None, 1, 2])
 def test_carried_loss_and_gradients_equal_a_per_document_loop(apnews, family, bptt_chunks):
     context = "none" if family == "lstm_lm" else "preceding"
-    batch = documents_batch(apnews, context)
+    # NCLM's sentence topics: each chunk also gets the topic words of its sentence before it (as in evaluation).
+    batch = documents_batch(apnews, context, sentence_prefix=family.startswith("nclm"))
     assert batch["chunk_mask"].sum(1).unique().numel() == 3  # documents of different lengths: padding chunks
     # Evaluation mode (no dropout, no sampled topics: both computations see the same function); gradients still flow.
     model = tiny_model(family, apnews["tok"], apnews["topic_tok"], **LOOP_FAMILIES[family]).double().eval()
@@ -212,3 +215,23 @@ def test_bad_inputs_get_clear_errors(apnews, tmp_path):
     leaky = tiny_model("nclm-leta-sdt", apnews["tok"], apnews["topic_tok"], sdt_mode="minus_target")
     with pytest.raises(ValueError, match="reads words it predicts"):
         carried_state_loss(leaky, documents_batch(apnews))
+
+
+@pytest.mark.parametrize("family", ["tcnlm", "topic_rnn-lstm"])
+def test_a_documents_batch_counts_once_for_kl_annealing(apnews, family):
+    model = tiny_model(family, apnews["tok"], apnews["topic_tok"], kl_annealing_steps=100).train()
+    batch = documents_batch(apnews)
+    assert batch["chunk_mask"].shape[1] > 1
+    carried_state_loss(model, batch)
+    assert int(model.kl_annealing_step) == 1  # as one sentences batch, not once per chunk
+
+
+def test_resumed_carried_training_equals_the_uninterrupted_run(apnews, tmp_path):
+    kwargs = dict(context="none", sentences=4, carry_state=True, bptt_chunks=3, max_steps=4, save_strategy="steps",
+                  save_steps=2, per_device_train_batch_size=2, gradient_accumulation_steps=2)
+    whole = make_trainer(apnews, tmp_path / "whole", **kwargs)
+    whole.train()
+    resumed = make_trainer(apnews, tmp_path / "resumed", **kwargs)
+    resumed.train(resume_from_checkpoint=str(tmp_path / "whole" / "checkpoint-2"))
+    for (name, a), b in zip(whole.model.named_parameters(), resumed.model.parameters()):
+        torch.testing.assert_close(a, b, msg=name)
