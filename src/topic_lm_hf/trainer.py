@@ -86,7 +86,8 @@ def _incomplete_checkpoint(path: str) -> str | None:
 def _unwrap(model):
     """The model under DDP / DataParallel (``.module``) and ``torch.compile`` (``._orig_mod``) wrappers."""
     while True:
-        inner = getattr(model, "module", None) or getattr(model, "_orig_mod", None)
+        inner = getattr(model, "module", None)
+        inner = inner if isinstance(inner, torch.nn.Module) else getattr(model, "_orig_mod", None)
         if not isinstance(inner, torch.nn.Module):
             return model
         model = inner
