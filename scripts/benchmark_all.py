@@ -1,0 +1,853 @@
+"""Every model family at one size with one budget, on one corpus: perplexity, topics, steering, speed (issue 14).
+
+One command trains the LSTM LM and every topic-guided family of the package at one size, with one budget and
+early stopping on a development split carved from ``train.txt``, evaluates everything on ``valid.txt``, and
+writes ``results.json``, ``table.md`` (the table the README includes) and two figures. The pieces come from the
+other benchmark scripts (imported, not copied): the vocabularies of Lau et al. 2017 (``build_vocabularies``:
+LM words with frequency >= 10; topic words minus the MALLET stop list, the top 0.1 % and non-alphabetic tokens),
+30-token chunks and contexts capped at 300 topic tokens (``TopicContextCollator``), ``BenchmarkTrainer`` (fixed
+batch order, linear schedule), ``StepTimer`` (per-step time and the progress / ETA lines), NCLM's topic-model
+phase, ``check_settings`` / ``write_json`` / ``read_json`` / ``code_version``, ``evaluate_perplexity``,
+``evaluate_topics``, ``interleaved_step_times``, and ``benchmark_steering.steer`` / ``cached_lda_judge``.
+
+    python scripts/benchmark_all.py --corpus apnews                    # CPU size, every model, out/all/apnews-cpu
+    python scripts/benchmark_all.py --corpus brown                     # Brown (the BNC stand-in)
+    python scripts/benchmark_all.py --corpus imdb                      # IMDB as an LM corpus (capped, see below)
+    python scripts/benchmark_all.py --corpus apnews --size paper --device cuda --max-steps 20000   # GPU, to convergence
+    python scripts/benchmark_all.py --corpus apnews --only lstm lstm-carry    # a subset (others can be added later)
+    python scripts/benchmark_all.py --corpus apnews --max-steps 6 --eval-steps 3 --batch-size 2 --hidden 16 \\
+        --embedding 16 --topics 4 --max-train-docs 40 --max-valid-docs 6 --npmi-max-documents 50 --steer-topics 2 \\
+        --steer-samples 2 --speed-repeats 1 --lda-max-iter 2 --topic-model-steps 2 --only lstm lstm-carry tcnlm \\
+        --out out/all-smoke                                           # the smoke configuration (about a minute)
+
+Models (``--only`` names; every one 1 layer, so the same-size single-layer LSTM is every model's reference):
+
+* ``lstm``: the LSTM LM (``LSTMLMForCausalLM``), trained on sentence chunks, each from a zero state;
+* ``lstm-carry``: the same LSTM trained with its state carried across the chunks and sentences of each document
+  (``TopicLMTrainer(carry_state=True, bptt_chunks=None)``: back-propagation through the whole document, on
+  documents batches): the strongest honest baseline of Zheng, Vafa & Blei (TMLR 2023) for ``causal-carry``;
+* ``tcnlm``, ``tcnlm-carry``: TCNLM (Wang et al. 2018), KL annealed over ``--kl-annealing-steps`` (as
+  ``benchmark_tcnlm.py``);
+* ``topic-lstm``, ``topic-lstm-carry``: TopicRNN with an LSTM cell (Dieng et al. 2017), the ELBO;
+* ``nclm-lta``, ``nclm-leta``, ``nclm-leta-carry``: NCLM (Chaudhary et al. 2020) without sentence topics (SDT is
+  left to ``benchmark_nclm.py``), alpha ``--alpha``, after ``--topic-model-steps`` NVDM-only steps
+  (``benchmark_nclm.pretrain_topic_model_phase``: its own Adam at ``--topic-model-lr`` on whole documents, in
+  addition to the budget, as in ``benchmark_nclm.py``);
+* ``gbn``, ``rgbn``: GBN-RNN / rGBN-RNN (Guo et al. 2020) with one topic layer of K topics, TLASGR-MCMC for Phi
+  and Pi, ``loss_preset="elbo"`` (``benchmark_rgbn.build``).
+
+Decisions (the same for every run of this script):
+
+* Corpora (``--corpus``; one per invocation, results in ``out/all/<corpus>-<size>`` unless ``--out``). ``apnews``
+  and ``brown`` (the public stand-in for the papers' BNC): ``train.txt`` / ``valid.txt`` of ``../shared/data``
+  (``TOPIC_LM_DATA``). ``imdb``: ``imdb/train.jsonl.gz`` split as ``benchmark_topicrnn.py`` splits it
+  (``load_imdb_splits``: a fixed 20 % held out with seed 0 plays ``valid.txt``, the rest ``train.txt``), and
+  capped by default to the first 5,000 / 500 reviews of the two splits (``--max-train-docs`` / ``--max-valid-docs``
+  change it) to fit a CPU budget; raw text is sentence-split and tokenized by ``load_documents``.
+* Development split. A fixed random 5 % (``--dev-fraction``) of the training documents, drawn with
+  ``numpy.random.default_rng(--dev-seed, default 0)`` (the first ceil(5 %) of a permutation; at least one
+  document), is held out for early stopping; the vocabularies and every model are built and trained on the other
+  95 %. ``valid.txt`` is never read before training ends.
+* Sizes (``--size``): ``cpu`` E = H = 128, 50 topics (fits a 2-core CPU); ``paper`` E = 300, H = 600, 50 topics
+  (the papers' small LM; Zheng et al.'s defaults). ``--embedding``, ``--hidden`` and ``--topics`` override the
+  preset (smoke runs). Dropout 0.4 for every model.
+* Batches. Every model reads the same ``--batch-size`` whole training documents per step (default 4, about 60
+  chunks on APNEWS: the 64 chunks of the other benchmarks), in the same seeded order (``batch_order``). Models
+  trained on chunks (``lstm``, ``tcnlm``, ``topic-lstm``, ``nclm-*``) get those documents' chunks as one batch of
+  chunks (``DocumentChunks``), each from a zero state; ``*-carry`` models get the documents batch and carry their
+  state (``carry_state=True``); ``gbn`` / ``rgbn`` read documents batches natively (their sentence recurrence runs
+  over the document, the token state restarts at every chunk: they cannot be trained with ``carry_state``), so the
+  token budget is identical for all.
+* Training context. Chunk-trained topic models use the papers' context (``others``: the document minus the
+  sentence), so their ``paper`` number replicates the published setting (and their ``causal`` numbers read a
+  context they were not trained with); ``*-carry`` models and ``gbn`` / ``rgbn`` use the causal context
+  (``preceding``: earlier sentences only). ``*-carry`` variants exist for the families whose ``forward`` takes a
+  state (LSTM, TCNLM, TopicRNN, NCLM); not for GBN/rGBN-RNN (see above) nor for NCLM-LTA (only the best NCLM
+  variant of the papers, LETA, gets one, to keep the CPU budget).
+* Budget. At most ``--max-steps`` optimizer steps per model (Adam lr ``--lr`` 2e-3, linear warm-up over 2 % then
+  linear decay to 0 at ``--max-steps``, global gradient-norm clip ``--clip`` 0.5, seed 0). Every ``--eval-steps``
+  steps (and at the last step) the dev perplexity is measured with ``evaluate_perplexity`` under ``causal``
+  (``causal-carry`` for ``*-carry`` models: the protocol they are trained for); training stops after
+  ``--patience`` evaluations without improvement and the best evaluated weights are kept (a small callback,
+  ``DevEarlyStopping``: transformers' ``EarlyStoppingCallback`` needs ``Trainer.evaluate``, which measures the
+  training collator's protocol, not ``evaluate_perplexity``'s, and cannot score GBN/rGBN-RNN's documents batches).
+  The learning-rate schedule is the one of ``--max-steps`` whether or not the run stops early.
+* Perplexity on ``valid.txt`` (``evaluate_perplexity``, every predicted token incl. ``<eos>`` and ``<unk>``):
+  ``paper`` (context = document minus the sentence: it sees later sentences), ``causal`` (preceding sentences;
+  state reset at every chunk), ``causal-carry`` (causal, with the LSTM state carried across the document); the
+  ablation (``mismatched_context=True``: every chunk reads another chunk's context) under each topic model's own
+  protocol (``paper`` for ``others``-trained models, ``causal`` for GBN/rGBN-RNN, ``causal-carry`` for ``*-carry``).
+* Topics: NPMI (``lau2014``: window 20, top 5/10/15/20, unseen pair 0) against the Wikipedia reference
+  (``wiki/articles.jsonl.gz``) and diversity (unique fraction of the top-25 words), first layer for GBN/rGBN.
+* Steering (``benchmark_steering.steer``: ``evaluate_steering`` with ``topic_ids=[k]`` for ``--steer-topics``
+  seeded topics, ``--steer-samples`` texts each and as many unconditioned, top-p 0.9): topic accuracy by the
+  model's own encoder and by a scikit-learn LDA judge with K topics fitted on the training documents; fluency =
+  perplexity of the generated text under this run's ``lstm`` (fluency ratio = steered / unconditioned).
+* Speed: training tokens/s (predicted tokens; batch fetch, forward, backward, optimizer, TLASGR; not logging,
+  checkpoints or dev evaluations) and its ratio to ``lstm``; and the ratio re-measured with every model's steps
+  interleaved on identical batches (``interleaved_step_times``, ``--speed-repeats`` steps each; ``*-carry`` models
+  through ``carried_state_loss``). On CUDA the interleaved times are taken without synchronisation (launch-bound
+  at these sizes); the training tokens/s are averages over the whole run.
+* Comparisons (``table.md``): under ``causal-carry`` the best topic model against ``lstm-carry``; the ranking of
+  the chunk-trained families under ``paper`` against the published rankings (``PUBLISHED``: TCNLM Table 2 at 50
+  topics, rGBN-RNN Table 1 single layer, NCLM Table 2, small LMs; Brown against the papers' BNC column), pair by
+  pair.
+
+Resumable. ``--out`` holds ``settings.json`` (a rerun with other settings is refused: ``check_settings``),
+``benchmark.log`` (everything printed, appended), per model ``<name>/model`` (the best weights and both
+vocabularies), ``train.json``, ``dev.jsonl`` (every dev evaluation), ``steps.jsonl``, ``eval.json``,
+``topics.json``, ``steering.json``; then ``lda_judge.pkl``, ``speed.json``, ``results.json``, ``table.md``,
+``perplexity.png`` and ``steering.png`` (matplotlib, ``pip install topic-lm-hf[bench]``; skipped with a message
+without it). A rerun skips whatever is done (a trained model is never retrained) and resumes an interrupted
+training from its last checkpoint (one at every dev evaluation), the early-stopping state from ``dev.jsonl``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+SCRIPTS = Path(__file__).resolve().parent
+sys.path.insert(0, str(SCRIPTS.parent / "src"))
+sys.path.insert(0, str(SCRIPTS))
+
+import benchmark_nclm  # noqa: E402
+import benchmark_rgbn  # noqa: E402
+import benchmark_tcnlm  # noqa: E402
+from benchmark_nclm import (BatchTokens, BenchmarkTrainer, StepTimer, batch_order, check_settings,  # noqa: E402
+                            code_version, fmt, pretrain_topic_model_phase, read_json, write_json)
+from benchmark_rgbn import Tee  # noqa: E402
+from benchmark_steering import cached_lda_judge, steer  # noqa: E402
+from benchmark_tcnlm import DATA, PROTOCOLS, interleaved_step_times  # noqa: E402
+from transformers import TrainerCallback, TrainingArguments  # noqa: E402
+from transformers.trainer_callback import PrinterCallback  # noqa: E402
+from transformers.utils import logging as hf_logging  # noqa: E402
+
+from topic_lm_hf import (LSTMLMForCausalLM, NCLMForCausalLM, RGBNRNNForCausalLM, TCNLMForCausalLM,  # noqa: E402
+                         TopicContextCollator, TopicRNNConfig, TopicRNNForCausalLM, build_vocabularies,
+                         evaluate_perplexity, evaluate_topics, load_documents, record_vocabularies,
+                         save_vocabularies)
+from topic_lm_hf.evaluation.topics import load_reference_corpus  # noqa: E402
+from topic_lm_hf.trainer import carried_state_loss, last_complete_checkpoint  # noqa: E402
+
+# name -> family, label, training context, carry_state; "published" = the family's name in PUBLISHED
+MODELS = {
+    "lstm": dict(family="lstm", label="LSTM", context="none", published="LSTM"),
+    "lstm-carry": dict(family="lstm", label="LSTM, carried state", context="none", carry=True),
+    "tcnlm": dict(family="tcnlm", label="TCNLM", context="others", published="TCNLM"),
+    "tcnlm-carry": dict(family="tcnlm", label="TCNLM, carried state", context="preceding", carry=True),
+    "topic-lstm": dict(family="topic_rnn", label="TopicLSTM", context="others", published="TopicRNN"),
+    "topic-lstm-carry": dict(family="topic_rnn", label="TopicLSTM, carried state", context="preceding", carry=True),
+    "nclm-lta": dict(family="nclm", label="NCLM LTA", context="others", nclm="lta", published="NCLM LTA"),
+    "nclm-leta": dict(family="nclm", label="NCLM LETA", context="others", nclm="leta", published="NCLM LETA"),
+    "nclm-leta-carry": dict(family="nclm", label="NCLM LETA, carried state", context="preceding", nclm="leta",
+                            carry=True),
+    "gbn": dict(family="rgbn", label="GBN-RNN", context="preceding", rgbn="gbn-1", published="GBN-RNN"),
+    "rgbn": dict(family="rgbn", label="rGBN-RNN", context="preceding", rgbn="rgbn-1", published="rGBN-RNN"),
+}
+SIZES = {"cpu": dict(embedding_size=128, hidden_size=128, num_topics=50),
+         "paper": dict(embedding_size=300, hidden_size=600, num_topics=50)}
+CLASSES = {"lstm": LSTMLMForCausalLM, "tcnlm": TCNLMForCausalLM, "topic_rnn": TopicRNNForCausalLM,
+           "nclm": NCLMForCausalLM, "rgbn": RGBNRNNForCausalLM}
+CORPORA = {"apnews": "APNEWS", "brown": "Brown", "imdb": "IMDB"}
+IMDB_DEFAULT_DOCS = (5000, 500)  # train, valid reviews when --max-*-docs are not given
+
+# Published test perplexities of the papers' small LMs (1 x 600), per corpus (the papers' BNC = our Brown
+# stand-in), for the families of this benchmark; the orderings are what is compared, not the numbers.
+PUBLISHED = {
+    "TCNLM paper (Wang et al. 2018), Table 2, small LM, 50 topics": {
+        "apnews": {"LSTM": 64.13, "TopicRNN": 56.77, "TCNLM": 52.75},
+        "imdb": {"LSTM": 72.14, "TopicRNN": 68.74, "TCNLM": 63.98},
+        "brown": {"LSTM": 102.89, "TopicRNN": 94.66, "TCNLM": 87.98}},
+    "rGBN-RNN paper (Guo et al. 2020), Table 1, LSTM 600, 100 topics, one layer": {
+        "apnews": {"LSTM": 64.13, "TopicRNN": 54.54, "TCNLM": 52.63, "GBN-RNN": 47.42, "rGBN-RNN": 46.35},
+        "imdb": {"LSTM": 72.14, "TopicRNN": 67.83, "TCNLM": 62.64, "GBN-RNN": 57.01, "rGBN-RNN": 55.76},
+        "brown": {"LSTM": 102.89, "TopicRNN": 93.57, "TCNLM": 86.44, "GBN-RNN": 86.39, "rGBN-RNN": 81.94}},
+    "NCLM paper (Chaudhary et al. 2020), Table 2, small LM (TopicRNN, TCNLM copied from TCNLM at 150 topics)": {
+        "apnews": {"LSTM": 64.95, "TopicRNN": 54.12, "TCNLM": 52.59, "NCLM LTA": 55.48, "NCLM LETA": 48.33},
+        "imdb": {"LSTM": 72.31, "TopicRNN": 66.45, "TCNLM": 62.59, "NCLM LTA": 68.21, "NCLM LETA": 58.10},
+        "brown": {"LSTM": 106.82, "TopicRNN": 93.55, "TCNLM": 86.21, "NCLM LTA": 98.31, "NCLM LETA": 94.78}},
+}
+# what a rerun must share with the run whose results are on disk
+SETTINGS = ("corpus", "size", "embedding_size", "hidden_size", "num_topics", "dropout", "max_steps", "eval_steps",
+            "patience", "batch_size", "lr", "clip", "kl_annealing_steps", "alpha", "topic_model_steps",
+            "topic_model_lr", "topic_model_batch_size", "min_freq", "seed", "dev_fraction", "dev_seed",
+            "max_train_docs", "max_valid_docs", "npmi_max_documents", "steer_topics", "steer_samples",
+            "max_new_tokens", "lda_max_iter", "device")
+
+
+def is_topic_model(name: str) -> bool:
+    return MODELS[name]["family"] != "lstm"
+
+
+def own_protocol(name: str) -> str:
+    """The protocol a model is trained for: its ablation's base (and, but for ``paper``, its dev protocol)."""
+    spec = MODELS[name]
+    return "causal-carry" if spec.get("carry") else ("paper" if spec["context"] == "others" else "causal")
+
+
+def dev_protocol(name: str) -> str:
+    return "causal-carry" if MODELS[name].get("carry") else "causal"
+
+
+# ----------------------------------------------------------------------------------------------
+# data
+# ----------------------------------------------------------------------------------------------
+
+
+def load_corpus(args):
+    """(train, dev, valid) documents: ``dev`` is the fixed-seed ``--dev-fraction`` of the training documents."""
+    if args.corpus == "imdb":
+        from topic_lm_hf.tasks.classification import load_imdb_splits
+
+        train, valid = load_imdb_splits(DATA / "imdb" / "train.jsonl.gz", test_fraction=0.2, seed=0,
+                                        max_train_documents=args.max_train_docs,
+                                        max_test_documents=args.max_valid_docs)
+        train, valid = train.remove_columns("label"), valid.remove_columns("label")
+    else:
+        train = load_documents(DATA / args.corpus / "train.txt", max_documents=args.max_train_docs)
+        valid = load_documents(DATA / args.corpus / "valid.txt", max_documents=args.max_valid_docs)
+    order = np.random.default_rng(args.dev_seed).permutation(len(train))
+    n_dev = max(1, math.ceil(args.dev_fraction * len(train)))
+    dev_idx, train_idx = sorted(order[:n_dev].tolist()), sorted(order[n_dev:].tolist())
+    return train.select(train_idx), train.select(dev_idx), valid
+
+
+class DocumentChunks:
+    """The chunks of a documents batch as one batch of chunks, each with its context (and sentence prefix): the
+    chunk-trained models read exactly the tokens of the documents-trained ones. ``collator``: layout="sentences"."""
+
+    def __init__(self, collator: TopicContextCollator):
+        self.collator = collator
+
+    def __call__(self, features):
+        keys = [k for k in ("input_ids", "context_ids", "prefix_ids") if k in features[0]]
+        return self.collator([{k: f[k][n] for k in keys} for f in features for n in range(len(f["input_ids"]))])
+
+
+def make_collator(name: str, tok, topic_tok):
+    """(documents collator that prepares the rows, the collator the trainer uses)."""
+    spec = MODELS[name]
+    topics = topic_tok if spec["context"] != "none" else None
+    documents = TopicContextCollator(tok, topics, context=spec["context"], layout="documents")
+    if spec.get("carry") or spec["family"] == "rgbn":
+        return documents, documents
+    return documents, DocumentChunks(TopicContextCollator(tok, topics, context=spec["context"]))
+
+
+class OnDevice:
+    """A collator whose tensors are moved to ``device`` (the interleaved timing runs the models there)."""
+
+    def __init__(self, collator, device):
+        self.collator, self.device = collator, device
+
+    def __call__(self, features):
+        batch = self.collator(features)
+        return {k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+
+
+class CarriedLoss(torch.nn.Module):
+    """``model(**documents_batch).loss`` with the state carried (``carried_state_loss``), for the interleaved timing
+    of the ``*-carry`` models: the same computation as their training step."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, **batch):
+        return carried_state_loss(self.model, batch)
+
+
+# ----------------------------------------------------------------------------------------------
+# models and training
+# ----------------------------------------------------------------------------------------------
+
+
+def build(name: str, args, tok, topic_tok):
+    spec = MODELS[name]
+    if spec["family"] in ("lstm", "tcnlm"):
+        return benchmark_tcnlm.build(spec["family"], args, len(tok), len(topic_tok))
+    if spec["family"] == "nclm":
+        return benchmark_nclm.build(spec["nclm"], args, tok, topic_tok)
+    if spec["family"] == "rgbn":
+        return benchmark_rgbn.build(spec["rgbn"], args, tok, topic_tok)
+    torch.manual_seed(args.seed)
+    config = TopicRNNConfig.from_tokenizers(tok, topic_tok, cell="lstm", embedding_size=args.embedding_size,
+                                            hidden_size=args.hidden_size, num_topics=args.num_topics,
+                                            dropout=args.dropout)
+    return TopicRNNForCausalLM(config)
+
+
+def load_model(name: str, path: Path, device: str):
+    return CLASSES[MODELS[name]["family"]].from_pretrained(path).to(device).eval()
+
+
+def best_dirs(mdir: Path) -> dict[int, Path]:
+    return {int(p.name.rsplit("-", 1)[1]): p for p in mdir.glob("best-*") if p.is_dir()}
+
+
+def stopped(history: list[dict], patience: int) -> bool:
+    """Whether ``patience`` evaluations in a row came after the best one."""
+    if not history:
+        return False
+    best = min(range(len(history)), key=lambda i: history[i]["perplexity"])
+    return len(history) - 1 - best >= patience
+
+
+class DevEarlyStopping(TrainerCallback):
+    """Every ``every`` steps and at the last step: the dev perplexity (``evaluate_perplexity``, ``protocol``); a new
+    best is saved to ``<mdir>/best-<step>``; training stops after ``patience`` evaluations without improvement.
+    A checkpoint is written at every evaluation, and older best folders are removed only once a checkpoint after
+    the newer one exists, so an interrupted run resumes with a best folder that matches ``dev.jsonl``."""
+
+    def __init__(self, name, dev_docs, protocol, tok, topic_tok, every, patience, mdir: Path, history: list[dict]):
+        self.name, self.dev_docs, self.protocol, self.tok, self.topic_tok = name, dev_docs, protocol, tok, topic_tok
+        self.every, self.patience, self.mdir, self.history = every, patience, mdir, history
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        step = state.global_step
+        if step % self.every and step < state.max_steps:
+            return
+        rng = torch.get_rng_state()  # evaluation must not change the training's random stream
+        cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+        start = time.perf_counter()
+        model.eval()
+        with torch.no_grad():
+            r = evaluate_perplexity(model, self.dev_docs, self.protocol, tokenizer=self.tok,
+                                    topic_tokenizer=self.topic_tok)
+        model.train()
+        torch.set_rng_state(rng)
+        if cuda_rng is not None:
+            torch.cuda.set_rng_state_all(cuda_rng)
+        best = min((h["perplexity"] for h in self.history), default=math.inf)
+        record = {"step": step, "perplexity": r["perplexity"], "tokens": r["tokens"], "protocol": self.protocol,
+                  "seconds": time.perf_counter() - start}
+        self.history.append(record)
+        with open(self.mdir / "dev.jsonl", "a") as f:
+            f.write(json.dumps(record) + "\n")
+        if r["perplexity"] < best:
+            model.save_pretrained(self.mdir / f"best-{step}")
+        print(f"   [{self.name}] step {step}: dev perplexity ({self.protocol}) {r['perplexity']:.2f}"
+              + (" (best)" if r["perplexity"] < best else f" (best {best:.2f})")
+              + f", {record['seconds']:.0f} s", flush=True)
+        if stopped(self.history, self.patience):
+            print(f"   [{self.name}] early stop: {self.patience} evaluations without improvement", flush=True)
+            control.should_training_stop = True
+        control.should_save = True
+
+    def on_save(self, args, state, control, **kwargs):
+        kept = [s for s in best_dirs(self.mdir) if s <= state.global_step]
+        for s, path in best_dirs(self.mdir).items():
+            if kept and s < max(kept):
+                shutil.rmtree(path, ignore_errors=True)
+
+
+def train(name: str, model, rows, collator, args, mdir: Path, tok, topic_tok, train_docs, dev_docs) -> dict:
+    """Train one model with early stopping (resuming from its last checkpoint), keep its best weights in
+    ``<mdir>/model``, return its training statistics."""
+    spec = MODELS[name]
+    topics = spec["family"] != "lstm"
+    topic_phase = {}
+    if spec["family"] == "nclm" and args.topic_model_steps:
+        nvdm_args = argparse.Namespace(**{**vars(args), "batch_size": args.topic_model_batch_size})
+        topic_phase = pretrain_topic_model_phase(name, model, train_docs, nvdm_args, mdir, tok, topic_tok)
+    ckpt_dir, steps_path, dev_path = mdir / "checkpoints", mdir / "steps.jsonl", mdir / "dev.jsonl"
+    resume = last_complete_checkpoint(ckpt_dir)
+    done = int(resume.rsplit("-", 1)[1]) if resume else 0
+    for path in (steps_path, dev_path):  # what was recorded after the checkpoint is redone
+        kept = [line for line in (path.read_text().splitlines() if path.exists() else [])
+                if line and json.loads(line)["step"] <= done]
+        path.write_text("".join(line + "\n" for line in kept))
+    for step, path in best_dirs(mdir).items():
+        if step > done:
+            shutil.rmtree(path)
+    history = [json.loads(line) for line in dev_path.read_text().splitlines() if line]
+    start = time.perf_counter()
+    if stopped(history, args.patience) or done >= args.max_steps:
+        print(f"   training finished earlier (step {done})", flush=True)
+    else:
+        if resume:
+            print(f"   resuming from {resume} (step {done} of at most {args.max_steps})", flush=True)
+        counting = BatchTokens(collator)
+        targs = TrainingArguments(output_dir=str(ckpt_dir), max_steps=args.max_steps,
+                                  per_device_train_batch_size=args.batch_size, learning_rate=args.lr,
+                                  max_grad_norm=args.clip, logging_steps=max(1, args.eval_steps // 4),
+                                  save_strategy="steps", save_steps=args.eval_steps, save_total_limit=2,
+                                  eval_strategy="no", report_to=[], use_cpu=args.device == "cpu",
+                                  disable_tqdm=True, seed=args.seed, dataloader_num_workers=0)
+        record_vocabularies(model.config, tok, topic_tok if topics else None)  # BatchTokens hides the collator
+        trainer = BenchmarkTrainer(model=model, args=targs, train_dataset=rows, data_collator=counting,
+                                   order=batch_order(len(rows), args.max_steps, args.batch_size, args.seed),
+                                   carry_state=bool(spec.get("carry")))
+        trainer.remove_callback(PrinterCallback)
+        # StepTimer first: the dev evaluation runs after it has timed the step (and on_save restarts its clock)
+        trainer.add_callback(StepTimer(name, counting, steps_path, lambda step: "joint", args.max_steps))
+        trainer.add_callback(DevEarlyStopping(name, dev_docs, dev_protocol(name), tok, topic_tok, args.eval_steps,
+                                              args.patience, mdir, history))
+        trainer.train(resume_from_checkpoint=resume)
+    seconds = time.perf_counter() - start
+    best_step = min(history, key=lambda h: h["perplexity"])["step"]
+    best = best_dirs(mdir)[best_step]
+    save_vocabularies(tok, topic_tok if topics else None, best)
+    shutil.rmtree(mdir / "model", ignore_errors=True)
+    os.replace(best, mdir / "model")
+    shutil.rmtree(ckpt_dir, ignore_errors=True)
+    records = [json.loads(line) for line in steps_path.read_text().splitlines() if line]
+    stats = {"parameters": sum(p.numel() for p in model.parameters()), "batch_size": args.batch_size,
+             "steps_trained": history[-1]["step"], "best_step": best_step,
+             "best_dev_perplexity": min(h["perplexity"] for h in history), "dev_protocol": dev_protocol(name),
+             "early_stopped": stopped(history, args.patience), "dev_history": history,
+             "train_seconds": sum(r["seconds"] for r in records), "train_tokens": sum(r["tokens"] for r in records),
+             "steps_timed": len(records), "seconds_last_session": seconds, "training_context": spec["context"],
+             "carry_state": bool(spec.get("carry")), "code": CODE_VERSION, **topic_phase}
+    stats["tokens_per_s"] = stats["train_tokens"] / max(stats["train_seconds"], 1e-9)
+    return stats
+
+
+# ----------------------------------------------------------------------------------------------
+# measurements
+# ----------------------------------------------------------------------------------------------
+
+
+def evaluate(name: str, model, valid_docs, tok, topic_tok, mdir: Path) -> dict:
+    """Perplexity under every protocol and, for the topic models, the ablation under their own protocol."""
+    path = mdir / "eval.json"
+    ev = read_json(path) or {}
+    for protocol in PROTOCOLS:
+        if protocol not in ev:
+            ev[protocol] = evaluate_perplexity(model, valid_docs, protocol, tokenizer=tok, topic_tokenizer=topic_tok)
+            print(f"   {protocol}: perplexity {ev[protocol]['perplexity']:.2f} ({ev[protocol]['tokens']:,} tokens)",
+                  flush=True)
+            write_json(path, ev)
+    if is_topic_model(name) and "mismatched" not in ev:
+        base = own_protocol(name)
+        r = evaluate_perplexity(model, valid_docs, base, tokenizer=tok, topic_tokenizer=topic_tok,
+                                mismatched_context=True)
+        r["base_protocol"] = base
+        print(f"   {base}, every chunk given another chunk's context (ablation): perplexity {r['perplexity']:.2f}",
+              flush=True)
+        ev["mismatched"] = r
+        write_json(path, ev)
+    return ev
+
+
+CODE_VERSION = "?"
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--corpus", choices=sorted(CORPORA), default="apnews")
+    parser.add_argument("--size", choices=sorted(SIZES), default="cpu", help="cpu: E=H=128; paper: E=300, H=600")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--out", default=None, help="results folder (resumable); default out/all/<corpus>-<size>")
+    parser.add_argument("--only", nargs="+", default=None, metavar="NAME",
+                        help=f"train and measure only these models (space- or comma-separated) of {list(MODELS)}")
+    parser.add_argument("--max-steps", type=int, default=1500, help="the budget: at most this many steps per model")
+    parser.add_argument("--eval-steps", type=int, default=100, help="dev evaluation (and checkpoint) every N steps")
+    parser.add_argument("--patience", type=int, default=3, help="stop after N dev evaluations without improvement")
+    parser.add_argument("--batch-size", type=int, default=4, help="training documents per step (every model)")
+    parser.add_argument("--embedding", dest="embedding_size", type=int, default=None, help="E (default: the size's)")
+    parser.add_argument("--hidden", dest="hidden_size", type=int, default=None, help="H (default: the size's)")
+    parser.add_argument("--topics", dest="num_topics", type=int, default=None, help="K (default: the size's)")
+    parser.add_argument("--dropout", type=float, default=0.4)
+    parser.add_argument("--lr", type=float, default=2e-3, help="Adam learning rate (linear warm-up and decay to 0)")
+    parser.add_argument("--clip", type=float, default=0.5, help="global gradient-norm clip")
+    parser.add_argument("--kl-annealing-steps", type=int, default=300, help="TCNLM's KL annealing (benchmark_tcnlm)")
+    parser.add_argument("--alpha", type=float, default=0.01, help="NCLM's topic-model loss share")
+    parser.add_argument("--topic-model-steps", type=int, default=1000, help="NCLM's NVDM-only steps (extra)")
+    parser.add_argument("--topic-model-lr", type=float, default=1e-2, help="NCLM's NVDM-phase learning rate")
+    parser.add_argument("--topic-model-batch-size", type=int, default=64, help="chunks per NVDM-phase step")
+    parser.add_argument("--min-freq", type=int, default=10)
+    parser.add_argument("--dev-fraction", type=float, default=0.05, help="training documents held out as dev")
+    parser.add_argument("--dev-seed", type=int, default=0, help="seed of the dev split")
+    parser.add_argument("--max-train-docs", type=int, default=None, help="first N training documents")
+    parser.add_argument("--max-valid-docs", type=int, default=None, help="first N validation documents")
+    parser.add_argument("--npmi-max-documents", type=int, default=None, help="first N Wikipedia articles")
+    parser.add_argument("--steer-topics", type=int, default=10, help="topics sampled for the steering evaluation")
+    parser.add_argument("--steer-samples", type=int, default=20, help="texts per topic (and unconditioned)")
+    parser.add_argument("--max-new-tokens", type=int, default=30)
+    parser.add_argument("--lda-max-iter", type=int, default=20, help="iterations of the LDA steering judge")
+    parser.add_argument("--speed-repeats", type=int, default=10, help="interleaved timing steps per model")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    for key, value in SIZES[args.size].items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    if args.corpus == "imdb":
+        args.max_train_docs = args.max_train_docs or IMDB_DEFAULT_DOCS[0]
+        args.max_valid_docs = args.max_valid_docs or IMDB_DEFAULT_DOCS[1]
+    # what the imported builders read
+    args.layers, args.num_factors, args.topic_sizes = 1, args.hidden_size, [args.num_topics]
+    args.out = Path(args.out or f"out/all/{args.corpus}-{args.size}")
+    names = [n for item in (args.only or list(MODELS)) for n in item.split(",") if n]
+    unknown = [n for n in names if n not in MODELS]
+    if unknown:
+        parser.error(f"unknown models {unknown}; choose from {list(MODELS)}")
+    if not 0 < args.dev_fraction < 1:
+        parser.error(f"--dev-fraction must be in (0, 1), got {args.dev_fraction}")
+    args.names = [n for n in MODELS if n in names]  # the LSTM first: the fluency judge and the speed reference
+    return args
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    out = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    stdout = sys.stdout
+    sys.stdout = Tee(stdout, out / "benchmark.log")
+    try:
+        return run(args)
+    finally:
+        sys.stdout.file.close()
+        sys.stdout = stdout
+
+
+def run(args) -> dict:
+    global CODE_VERSION
+    out, names = args.out, args.names
+    torch.set_num_threads(args.threads)
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    import datasets
+
+    datasets.disable_progress_bars()
+    t_start = time.perf_counter()
+    CODE_VERSION = code_version()
+    settings = {k: getattr(args, k) for k in SETTINGS}
+    check_settings(out, settings)
+
+    train_docs, dev_docs, valid_docs = load_corpus(args)
+    tok, topic_tok = build_vocabularies(train_docs, min_freq=args.min_freq,
+                                        stopwords=DATA / "stopwords" / "mallet_en.txt")
+    corpus = CORPORA[args.corpus]
+    print(f"\n==== {time.strftime('%Y-%m-%d %H:%M:%S')} {corpus}: train {len(train_docs)} docs, dev {len(dev_docs)} "
+          f"docs ({args.dev_fraction:.0%} of train, seed {args.dev_seed}), valid {len(valid_docs)} docs; V = "
+          f"{len(tok)}, V_c = {len(topic_tok)}; E = {args.embedding_size}, H = {args.hidden_size}, K = "
+          f"{args.num_topics}; at most {args.max_steps} steps of {args.batch_size} documents, dev every "
+          f"{args.eval_steps}, patience {args.patience}; {args.device}; models {names}; out {out}; code "
+          f"{CODE_VERSION}", flush=True)
+
+    rows_by_context, collators, rows = {}, {}, {}
+
+    def training_rows(name):
+        if name not in rows:
+            documents, collators[name] = make_collator(name, tok, topic_tok)
+            if documents.context not in rows_by_context:
+                rows_by_context[documents.context] = documents.prepare(train_docs)
+            rows[name] = rows_by_context[documents.context]
+            first = next(iter(rows_by_context.values()))
+            if rows[name][:8]["input_ids"] != first[:8]["input_ids"]:
+                raise RuntimeError("the models' rows differ: they would not see the same batches")
+        return rows[name]
+
+    reference = None
+
+    def npmi_reference():
+        nonlocal reference
+        if reference is None:
+            reference = load_reference_corpus(DATA / "wiki" / "articles.jsonl.gz",
+                                              max_documents=args.npmi_max_documents)
+            print(f"\n== NPMI reference: {reference.description}", flush=True)
+        return reference
+
+    # ------------------------------------------------------------------------------------------
+    # train and measure every model
+    # ------------------------------------------------------------------------------------------
+    for i, name in enumerate(names):
+        spec, mdir = MODELS[name], out / name
+        mdir.mkdir(exist_ok=True)
+        model = None
+        elapsed = (time.perf_counter() - t_start) / 60
+        if (mdir / "train.json").exists():
+            print(f"\n== [{i + 1}/{len(names)}] {name}: trained earlier", flush=True)
+        else:
+            model = build(name, args, tok, topic_tok)
+            print(f"\n== [{i + 1}/{len(names)}, {elapsed:.1f} min] training {name}: {spec['label']} "
+                  f"({sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters), context "
+                  f"{spec['context']!r}, carry_state {bool(spec.get('carry'))}", flush=True)
+            stats = train(name, model, training_rows(name), collators[name], args, mdir, tok, topic_tok, train_docs,
+                          dev_docs)
+            write_json(mdir / "train.json", stats)
+            print(f"   {stats['train_tokens']:,} tokens in {stats['train_seconds']:.0f} s = "
+                  f"{stats['tokens_per_s']:,.0f} tokens/s; {stats['steps_trained']} steps, best dev step "
+                  f"{stats['best_step']} ({stats['best_dev_perplexity']:.2f})", flush=True)
+            model = None  # the best weights are the ones on disk
+        ev = read_json(mdir / "eval.json") or {}
+        if not all(p in ev for p in PROTOCOLS) or (is_topic_model(name) and "mismatched" not in ev):
+            model = model or load_model(name, mdir / "model", args.device)
+            print(f"== evaluating {name} on {args.corpus} valid", flush=True)
+            evaluate(name, model, valid_docs, tok, topic_tok, mdir)
+        if is_topic_model(name) and not (mdir / "topics.json").exists():
+            model = model or load_model(name, mdir / "model", args.device)
+            layer = {"layer": 1} if spec["family"] == "rgbn" else {}
+            topics = evaluate_topics(model, npmi_reference(), topic_tokenizer=topic_tok, **layer)
+            write_json(mdir / "topics.json", topics)
+            print(f"   {name}: NPMI (lau2014) {topics['npmi']:.3f}, diversity {topics['diversity']:.3f}", flush=True)
+        del model
+
+    done = [n for n in names if (out / n / "train.json").exists() and (out / n / "eval.json").exists()]
+
+    # ------------------------------------------------------------------------------------------
+    # steering of every topic model, fluency judged by this run's LSTM
+    # ------------------------------------------------------------------------------------------
+    judge = fluency_model = None
+    for name in [n for n in done if is_topic_model(n)]:
+        path = out / name / "steering.json"
+        if path.exists() or "lstm" not in done:
+            continue
+        if judge is None:
+            judge = cached_lda_judge(out / "lda_judge.pkl", train_docs, topic_tok, args.num_topics, args.seed,
+                                     max_iter=args.lda_max_iter)
+            fluency_model = load_model("lstm", out / "lstm" / "model", args.device)
+        print(f"\n== steering {name}", flush=True)
+        result = steer(load_model(name, out / name / "model", args.device), args, tok, topic_tok, judge,
+                       fluency_model)
+        write_json(path, {"fluency_judge": "lstm", "result": result})
+        print(f"   accuracy own encoder {fmt(result['accuracy_own'], '{:.3f}')}, LDA "
+              f"{fmt(result['accuracy_lda'], '{:.3f}')}; fluency ratio {fmt(result['fluency_ratio'])}", flush=True)
+    if "lstm" not in done:
+        print("\n(steering skipped: the LSTM of this run is the fluency judge and is not finished)", flush=True)
+
+    # ------------------------------------------------------------------------------------------
+    # interleaved speed (its steps update the models in memory; nothing is saved)
+    # ------------------------------------------------------------------------------------------
+    speed = read_json(out / "speed.json")
+    if "lstm" in done and len(done) > 1 and (speed is None or sorted(speed["models"]) != sorted(done)):
+        print(f"\n== interleaved speed measurement ({args.speed_repeats} steps per model: {done})", flush=True)
+        for n in done:
+            training_rows(n)
+        models = {n: load_model(n, out / n / "model", args.device) for n in done}
+        models = {n: CarriedLoss(m) if MODELS[n].get("carry") else m for n, m in models.items()}
+        measured = interleaved_step_times(models, {n: OnDevice(collators[n], args.device) for n in done},
+                                          {n: rows[n] for n in done}, args, args.speed_repeats)
+        speed = {"models": done, "repeats": args.speed_repeats, "device": args.device, "results": measured}
+        write_json(out / "speed.json", speed)
+        del models
+
+    # ------------------------------------------------------------------------------------------
+    # results, table, figures
+    # ------------------------------------------------------------------------------------------
+    if not done:
+        print(f"\nNo model of {names} is finished in {out}: no table.", flush=True)
+        return {}
+    results = {n: collect(n, out, speed) for n in done}
+    context = {"corpus": args.corpus, "corpus_name": corpus, "size": args.size, "device": device_name(args.device),
+               "code": CODE_VERSION, "train_documents": len(train_docs), "dev_documents": len(dev_docs),
+               "valid_documents": len(valid_docs), "vocab_size": len(tok), "topic_vocab_size": len(topic_tok),
+               "reference": next((r["topics"]["coherence"].get("reference") for r in results.values()
+                                  if r.get("topics")), None)}
+    report = {"settings": settings, "context": context, "results": results, "speed": speed,
+              "comparison": compare(results, args.corpus)}
+    write_json(out / "results.json", report)
+    text = "\n".join(table(report, args))
+    (out / "table.md").write_text(text + "\n")
+    print("\n" + text, flush=True)
+    figures(report, out)
+    print(f"\nWritten: {out / 'results.json'}, {out / 'table.md'}. Time of this invocation "
+          f"{(time.perf_counter() - t_start) / 60:.1f} min.", flush=True)
+    return report
+
+
+def device_name(device: str) -> str:
+    if device.startswith("cuda") and torch.cuda.is_available():
+        return f"{device} ({torch.cuda.get_device_name(torch.device(device))})"
+    return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} thread(s))"
+
+
+def collect(name: str, out: Path, speed) -> dict:
+    """One model's numbers, for results.json."""
+    tr, ev = read_json(out / name / "train.json"), read_json(out / name / "eval.json")
+    tp, st = read_json(out / name / "topics.json"), read_json(out / name / "steering.json")
+    r = {"label": MODELS[name]["label"], "family": MODELS[name]["family"], "training_context": MODELS[name]["context"],
+         "carry_state": bool(MODELS[name].get("carry")), "parameters": tr["parameters"],
+         "steps_trained": tr["steps_trained"], "best_step": tr["best_step"],
+         "best_dev_perplexity": tr["best_dev_perplexity"], "dev_protocol": tr["dev_protocol"],
+         "early_stopped": tr["early_stopped"],
+         "perplexity": {p: {"perplexity": ev[p]["perplexity"], "tokens": ev[p]["tokens"]} for p in PROTOCOLS},
+         "train_tokens_per_s": tr["tokens_per_s"], "train": tr, "eval": ev}
+    if "mismatched" in ev:
+        m = ev["mismatched"]
+        r["mismatched"] = {"perplexity": m["perplexity"], "tokens": m["tokens"], "base_protocol": m["base_protocol"]}
+    if tp:
+        r["topics"] = {k: tp[k] for k in ("npmi", "npmi_median", "diversity", "diversity_k", "num_topics",
+                                          "coherence") if k in tp} | {"top_words": tp["top_words"][:10]}
+    if st:
+        s = st["result"]
+        r["steering"] = {k: s.get(k) for k in ("accuracy_own", "accuracy_own_topics", "accuracy_lda", "chance",
+                                               "fluency_ratio", "fluency_ppl_steered", "fluency_ppl_unconditioned")}
+        r["steering"]["protocol"] = s.get("protocol")
+    lstm_dir = out / "lstm" / "train.json"
+    if lstm_dir.exists():
+        r["train_ratio_to_lstm"] = tr["tokens_per_s"] / read_json(lstm_dir)["tokens_per_s"]
+    if speed and name in speed["results"] and "lstm" in speed["results"]:
+        r["interleaved_tokens_per_s"] = speed["results"][name]["tokens_per_s"]
+        r["interleaved_ratio_to_lstm"] = speed["results"][name]["tokens_per_s"] / speed["results"]["lstm"][
+            "tokens_per_s"]
+    return r
+
+
+def compare(results: dict, corpus: str) -> dict:
+    """Under causal-carry, the best topic model against lstm-carry; under paper, the ranking of the chunk-trained
+    families against each paper's, pair by pair."""
+    out = {}
+    topic = [n for n in results if is_topic_model(n)]
+    if topic and "lstm-carry" in results:
+        best = min(topic, key=lambda n: results[n]["perplexity"]["causal-carry"]["perplexity"])
+        a, b = results[best]["perplexity"]["causal-carry"]["perplexity"], \
+            results["lstm-carry"]["perplexity"]["causal-carry"]["perplexity"]
+        out["causal_carry"] = {"best_topic_model": best, "perplexity": a, "lstm_carry_perplexity": b,
+                               "difference": a - b, "percent": 100 * (a / b - 1)}
+    ours = {MODELS[n]["published"]: results[n]["perplexity"]["paper"]["perplexity"]
+            for n in results if "published" in MODELS[n]}
+    out["ranking_paper"] = sorted(ours, key=ours.get)
+    out["ours_paper"] = ours
+    out["papers"] = {}
+    for paper, tables in PUBLISHED.items():
+        published = tables.get(corpus, {})
+        common = [f for f in sorted(published, key=published.get) if f in ours]
+        pairs = []
+        for i, x in enumerate(common):
+            for y in common[i + 1:]:  # the paper ranks x above (lower perplexity than) y
+                pairs.append({"better": x, "worse": y, "published": [published[x], published[y]],
+                              "ours": [ours[x], ours[y]], "agree": ours[x] < ours[y]})
+        out["papers"][paper] = {"ranking": common, "pairs": pairs}
+    return out
+
+
+def table(report: dict, args) -> list[str]:
+    c, results, comp = report["context"], report["results"], report["comparison"]
+    budget = (f"at most {args.max_steps} steps of {args.batch_size} documents, early stopping on dev every "
+              f"{args.eval_steps} steps (patience {args.patience})")
+    lines = [f"### All families on {c['corpus_name']}: size `{args.size}` (E = {args.embedding_size}, H = "
+             f"{args.hidden_size}, {args.num_topics} topics, 1 layer); budget {budget}; device {c['device']}; "
+             f"code {c['code']}",
+             "",
+             f"Data: {c['corpus_name']} training documents ({c['train_documents']}; {c['dev_documents']} more held out "
+             f"as dev: a fixed {args.dev_fraction:.0%}, seed {args.dev_seed}), every number on the validation "
+             f"documents ({c['valid_documents']}). V = {c['vocab_size']:,}, V_c = {c['topic_vocab_size']:,}. Every "
+             f"model reads the same batches of whole documents in the same order (chunk-trained models: their chunks, "
+             f"each from a zero state); Adam lr {args.lr}, linear warm-up and decay over {args.max_steps} steps, clip "
+             f"{args.clip}, dropout {args.dropout}, seed {args.seed}; the best dev checkpoint is kept (dev perplexity "
+             f"under `causal`, `causal-carry` for carried-state models). NCLM: + {args.topic_model_steps} NVDM-only "
+             "steps first. Training context: `others` (document minus the sentence, the papers') for chunk-trained "
+             "topic models, `preceding` for carried-state models and GBN/rGBN-RNN.",
+             "",
+             "Perplexity (`evaluate_perplexity`, per predicted token): **paper** = context is the document minus the "
+             "sentence (sees later sentences); **causal** = preceding sentences, state reset at every chunk; "
+             "**causal-carry** = causal with the LSTM state carried across the document; **ablation** = the model's "
+             "own protocol (in brackets) with every chunk given another chunk's context. NPMI: `lau2014` (window 20, "
+             f"top 5/10/15/20) against {c['reference'] or 'Wikipedia'}; diversity: unique fraction of the top-25. "
+             "Steering: `evaluate_steering`, accuracy by the own encoder / an LDA judge fitted on train, fluency "
+             "ratio = perplexity of steered / unconditioned text under this run's LSTM. Speed: training tokens/s "
+             "and its ratio to the LSTM; interleaved = the ratio re-measured with steps interleaved on identical "
+             "batches.",
+             "",
+             "| model | params | steps (best) | ppl paper | ppl causal | ppl causal-carry | ppl ablation (protocol) | "
+             "NPMI lau2014 | diversity | steering acc. own / LDA | fluency ratio | train tokens/s | ratio to LSTM | "
+             "interleaved ratio |",
+             "|" + "---|" * 14]
+    for name, r in results.items():
+        cells = [f"{r['parameters'] / 1e6:.2f} M", f"{r['steps_trained']} ({r['best_step']})"]
+        cells += [f"{r['perplexity'][p]['perplexity']:.2f}" for p in PROTOCOLS]
+        m = r.get("mismatched")
+        cells.append(f"{m['perplexity']:.2f} ({m['base_protocol']})" if m else "-")
+        t = r.get("topics")
+        cells += [f"{t['npmi']:.3f}" if t else "-", f"{t['diversity']:.3f}" if t else "-"]
+        s = r.get("steering")
+        cells.append(f"{fmt(s['accuracy_own'])} / {fmt(s['accuracy_lda'])}" if s else "-")
+        cells.append(fmt(s["fluency_ratio"]) if s else "-")
+        cells.append(f"{r['train_tokens_per_s']:,.0f}")
+        cells.append(fmt(r.get("train_ratio_to_lstm")))
+        cells.append(fmt(r.get("interleaved_ratio_to_lstm")))
+        lines.append(f"| {r['label']} | " + " | ".join(cells) + " |")
+    lines += ["", "#### Comparisons", ""]
+    cc = comp.get("causal_carry")
+    if cc:
+        lines.append(f"- Under **causal-carry**: the best topic model, {results[cc['best_topic_model']]['label']}, "
+                     f"{cc['perplexity']:.2f} against the carried-state LSTM {cc['lstm_carry_perplexity']:.2f}: "
+                     f"{cc['difference']:+.2f} ({cc['percent']:+.1f} %; negative = the topic model is better).")
+    else:
+        lines.append("- Under **causal-carry**: needs `lstm-carry` and a topic model finished.")
+    ranking = comp["ranking_paper"]
+    lines.append(f"- Ranking under **paper** here (chunk-trained models; GBN/rGBN-RNN trained on `preceding`): "
+                 + (" < ".join(f"{f} {comp['ours_paper'][f]:.2f}" for f in ranking) or "-"))
+    if args.corpus == "brown":
+        lines.append("- Brown is compared with the papers' BNC column (Brown is the public stand-in for BNC).")
+    for paper, p in comp["papers"].items():
+        if len(p["ranking"]) < 2:
+            lines.append(f"- {paper}: fewer than two of its families finished here.")
+            continue
+        agree = sum(x["agree"] for x in p["pairs"])
+        lines.append(f"- {paper}: published ranking {' < '.join(p['ranking'])}; {agree} of {len(p['pairs'])} pairs "
+                     "agree: " + "; ".join(f"{x['better']} < {x['worse']} ({x['published'][0]:.2f} / "
+                                           f"{x['published'][1]:.2f}; here {x['ours'][0]:.2f} / {x['ours'][1]:.2f}: "
+                                           f"{'agree' if x['agree'] else 'disagree'})" for x in p["pairs"]))
+    return lines
+
+
+def figures(report: dict, out: Path) -> None:
+    """perplexity.png (perplexity by model and protocol) and steering.png (steering accuracy against fluency)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("(figures skipped: matplotlib is not installed; pip install 'topic-lm-hf[bench]')", flush=True)
+        return
+    results, c = report["results"], report["context"]
+    title = f"{c['corpus_name']}, size {report['settings']['size']}, {c['device']}"
+    names = list(results)
+    series = [(p, [results[n]["perplexity"][p]["perplexity"] for n in names]) for p in PROTOCOLS]
+    series.append(("ablation (own protocol, another chunk's context)",
+                   [results[n]["mismatched"]["perplexity"] if "mismatched" in results[n] else np.nan for n in names]))
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(names) + 2), 4.5))
+    width = 0.8 / len(series)
+    for k, (label, values) in enumerate(series):
+        ax.bar(np.arange(len(names)) + (k - (len(series) - 1) / 2) * width, values, width, label=label)
+    ax.set_xticks(np.arange(len(names)), [results[n]["label"] for n in names], rotation=30, ha="right")
+    ax.set_ylabel("validation perplexity")
+    ax.set_title(f"Perplexity by model and protocol ({title})", fontsize=9)
+    finite = [v for _, values in series for v in values if np.isfinite(v)]
+    ax.set_ylim(0.9 * min(finite), 1.05 * max(finite))
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "perplexity.png", dpi=120)
+    plt.close(fig)
+
+    steered = [n for n in names if results[n].get("steering")]
+    fig, ax = plt.subplots(figsize=(6, 4.5))
+    for judge, marker in (("accuracy_lda", "o"), ("accuracy_own", "^")):
+        xs = [results[n]["steering"]["fluency_ratio"] for n in steered]
+        ys = [results[n]["steering"][judge] for n in steered]
+        points = [(x, y, n) for x, y, n in zip(xs, ys, steered) if x is not None and y is not None]
+        ax.scatter([p[0] for p in points], [p[1] for p in points], marker=marker,
+                   label="LDA judge" if judge == "accuracy_lda" else "own encoder")
+        if judge == "accuracy_lda":
+            for x, y, n in points:
+                ax.annotate(results[n]["label"], (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    if steered:
+        ax.axhline(results[steered[0]]["steering"]["chance"], color="grey", lw=0.8, ls="--", label="chance")
+    ax.set_xlabel("fluency ratio (steered / unconditioned perplexity under the LSTM; lower is better)")
+    ax.set_ylabel("topic accuracy")
+    ax.set_title(f"Steering accuracy against fluency ({title})", fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "steering.png", dpi=120)
+    plt.close(fig)
+    print(f"Figures: {out / 'perplexity.png'}, {out / 'steering.png'}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
