@@ -731,7 +731,7 @@ def table(report: dict, args) -> list[str]:
               f"{args.eval_steps} steps (patience {args.patience})")
     lines = [f"### All families on {c['corpus_name']}: size `{args.size}` (E = {args.embedding_size}, H = "
              f"{args.hidden_size}, {args.num_topics} topics, 1 layer); budget {budget}; device {c['device']}; "
-             f"code {c['code']}",
+             f"code {', '.join(sorted({r['train'].get('code', '?') for r in results.values()}))}",
              "",
              f"Data: {c['corpus_name']} training documents ({c['train_documents']}; {c['dev_documents']} more held out "
              f"as dev: a fixed {args.dev_fraction:.0%}, seed {args.dev_seed}), every number on the validation "
@@ -784,15 +784,20 @@ def table(report: dict, args) -> list[str]:
                  + (" < ".join(f"{f} {comp['ours_paper'][f]:.2f}" for f in ranking) or "-"))
     if args.corpus == "brown":
         lines.append("- Brown is compared with the papers' BNC column (Brown is the public stand-in for BNC).")
+    rows = []
     for paper, p in comp["papers"].items():
         if len(p["ranking"]) < 2:
             lines.append(f"- {paper}: fewer than two of its families finished here.")
             continue
         agree = sum(x["agree"] for x in p["pairs"])
-        lines.append(f"- {paper}: published ranking {' < '.join(p['ranking'])}; {agree} of {len(p['pairs'])} pairs "
-                     "agree: " + "; ".join(f"{x['better']} < {x['worse']} ({x['published'][0]:.2f} / "
-                                           f"{x['published'][1]:.2f}; here {x['ours'][0]:.2f} / {x['ours'][1]:.2f}: "
-                                           f"{'agree' if x['agree'] else 'disagree'})" for x in p["pairs"]))
+        lines.append(f"- {paper}: published ranking {' < '.join(p['ranking'])}; {agree} of {len(p['pairs'])} "
+                     "pairs agree here (below).")
+        rows += [f"| {paper.split(' (')[0]} | {x['better']} < {x['worse']} | {x['published'][0]:.2f} / "
+                 f"{x['published'][1]:.2f} | {x['ours'][0]:.2f} / {x['ours'][1]:.2f} | "
+                 f"{'agree' if x['agree'] else 'disagree'} |" for x in p["pairs"]]
+    if rows:
+        lines += ["", "| published in | pair (published order) | published ppl | ppl paper here | |",
+                  "|---|---|---|---|---|", *rows]
     return lines
 
 
@@ -827,7 +832,7 @@ def figures(report: dict, out: Path) -> None:
     plt.close(fig)
 
     steered = [n for n in names if results[n].get("steering")]
-    fig, ax = plt.subplots(figsize=(6, 4.5))
+    fig, ax = plt.subplots(figsize=(7, 5))
     for judge, marker in (("accuracy_lda", "o"), ("accuracy_own", "^")):
         xs = [results[n]["steering"]["fluency_ratio"] for n in steered]
         ys = [results[n]["steering"][judge] for n in steered]
@@ -839,7 +844,8 @@ def figures(report: dict, out: Path) -> None:
                 ax.annotate(results[n]["label"], (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
     if steered:
         ax.axhline(results[steered[0]]["steering"]["chance"], color="grey", lw=0.8, ls="--", label="chance")
-    ax.set_xlabel("fluency ratio (steered / unconditioned perplexity under the LSTM; lower is better)")
+    ax.ticklabel_format(axis="x", useOffset=False)
+    ax.set_xlabel("fluency ratio (steered / unconditioned perplexity under the LSTM)")
     ax.set_ylabel("topic accuracy")
     ax.set_title(f"Steering accuracy against fluency ({title})", fontsize=9)
     ax.legend(fontsize=7)
