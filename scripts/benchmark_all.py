@@ -51,8 +51,9 @@ Decisions (the same for every run of this script):
 * Sizes (``--size``): ``cpu`` E = H = 128, 50 topics (fits a 2-core CPU); ``paper`` E = 300, H = 600, 50 topics
   (the papers' small LM; Zheng et al.'s defaults). ``--embedding``, ``--hidden`` and ``--topics`` override the
   preset (smoke runs). Dropout 0.4 for every model.
-* Batches. Every model reads the same ``--batch-size`` whole training documents per step (default 4, about 60
-  chunks on APNEWS: the 64 chunks of the other benchmarks), in the same seeded order (``batch_order``). Models
+* Batches. Every model reads the same ``--batch-size`` whole training documents per step (default: APNEWS 4 and
+  IMDB 6, about 60 chunks: the 64 chunks of the other benchmarks; Brown 1, whose documents are about 100 chunks
+  long), in the same seeded order (``batch_order``). Models
   trained on chunks (``lstm``, ``tcnlm``, ``topic-lstm``, ``nclm-*``) get those documents' chunks as one batch of
   chunks (``DocumentChunks``), each from a zero state; ``*-carry`` models get the documents batch and carry their
   state (``carry_state=True``); ``gbn`` / ``rgbn`` read documents batches natively (their sentence recurrence runs
@@ -64,7 +65,8 @@ Decisions (the same for every run of this script):
   (``preceding``: earlier sentences only). ``*-carry`` variants exist for the families whose ``forward`` takes a
   state (LSTM, TCNLM, TopicRNN, NCLM); not for GBN/rGBN-RNN (see above) nor for NCLM-LTA (only the best NCLM
   variant of the papers, LETA, gets one, to keep the CPU budget).
-* Budget. At most ``--max-steps`` optimizer steps per model (Adam lr ``--lr`` 2e-3, linear warm-up over 2 % then
+* Budget. At most ``--max-steps`` optimizer steps per model (default: 1000 for ``cpu``, about 2.3 epochs of
+  APNEWS; 10000 for ``paper``, where early stopping is meant to end the run: "to convergence"; Adam lr ``--lr`` 2e-3, linear warm-up over 2 % then
   linear decay to 0 at ``--max-steps``, global gradient-norm clip ``--clip`` 0.5, seed 0). Every ``--eval-steps``
   steps (and at the last step) the dev perplexity is measured with ``evaluate_perplexity`` under ``causal``
   (``causal-carry`` for ``*-carry`` models: the protocol they are trained for); training stops after
@@ -157,6 +159,8 @@ MODELS = {
 }
 SIZES = {"cpu": dict(embedding_size=128, hidden_size=128, num_topics=50),
          "paper": dict(embedding_size=300, hidden_size=600, num_topics=50)}
+MAX_STEPS = {"cpu": 1000, "paper": 10000}
+BATCH_DOCUMENTS = {"apnews": 4, "brown": 1, "imdb": 6}  # about 60 chunks on APNEWS and IMDB, 100 on Brown
 CLASSES = {"lstm": LSTMLMForCausalLM, "tcnlm": TCNLMForCausalLM, "topic_rnn": TopicRNNForCausalLM,
            "nclm": NCLMForCausalLM, "rgbn": RGBNRNNForCausalLM}
 CORPORA = {"apnews": "APNEWS", "brown": "Brown", "imdb": "IMDB"}
@@ -452,10 +456,12 @@ def parse_args(argv=None):
     parser.add_argument("--out", default=None, help="results folder (resumable); default out/all/<corpus>-<size>")
     parser.add_argument("--only", nargs="+", default=None, metavar="NAME",
                         help=f"train and measure only these models (space- or comma-separated) of {list(MODELS)}")
-    parser.add_argument("--max-steps", type=int, default=1500, help="the budget: at most this many steps per model")
+    parser.add_argument("--max-steps", type=int, default=None,
+                        help="the budget: at most this many steps per model (default: cpu 1000, paper 10000)")
     parser.add_argument("--eval-steps", type=int, default=100, help="dev evaluation (and checkpoint) every N steps")
     parser.add_argument("--patience", type=int, default=3, help="stop after N dev evaluations without improvement")
-    parser.add_argument("--batch-size", type=int, default=4, help="training documents per step (every model)")
+    parser.add_argument("--batch-size", type=int, default=None,
+                        help="training documents per step, every model (default: apnews 4, brown 1, imdb 6)")
     parser.add_argument("--embedding", dest="embedding_size", type=int, default=None, help="E (default: the size's)")
     parser.add_argument("--hidden", dest="hidden_size", type=int, default=None, help="H (default: the size's)")
     parser.add_argument("--topics", dest="num_topics", type=int, default=None, help="K (default: the size's)")
@@ -481,7 +487,8 @@ def parse_args(argv=None):
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    for key, value in SIZES[args.size].items():
+    for key, value in {**SIZES[args.size], "max_steps": MAX_STEPS[args.size],
+                       "batch_size": BATCH_DOCUMENTS[args.corpus]}.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
     if args.corpus == "imdb":
