@@ -320,7 +320,8 @@ def main() -> None:
     datasets.disable_progress_bars()
     t_start = time.perf_counter()
     benchmark_nclm.CODE_VERSION = code_version()  # recorded by benchmark_nclm.train in train.json
-    check_settings(out, {k: getattr(args, k) for k in SETTINGS})
+    settings = {k: getattr(args, k) for k in SETTINGS}
+    check_settings(out, settings)
 
     train_docs = load_documents(DATA / "apnews" / "train.txt", max_documents=args.max_train_docs)
     valid_docs = load_documents(DATA / "apnews" / "valid.txt", max_documents=args.max_valid_docs)
