@@ -217,6 +217,18 @@ def test_a_short_training_run_beats_the_untrained_tagger(data, trained):
     assert recall["model"] > recall["untrained"] + 0.08, recall
 
 
+def test_training_args_seed_makes_a_run_reproducible(data, tmp_path):
+    """The seed of TrainingArguments seeds the initialisation too: the same seed gives the same weights."""
+    train = data["train"].select(range(60))
+    weights = []
+    for run, seed in enumerate((3, 3, 4)):
+        model = train_sense_tagger(train, tmp_path / f"run{run}", training_args=training_args(tmp_path, max_steps=2,
+                                                                                               seed=seed),
+                                   sense_inventory=SENSES, embedding_size=8, hidden_size=8)
+        weights.append(model.classifier.weight.detach().clone())
+    assert torch.equal(weights[0], weights[1]) and not torch.equal(weights[0], weights[2])
+
+
 def test_the_candidates_objective_trains_on_the_lemmas_own_senses(data, trained, tmp_path):
     """training_objective="candidates" on the SemCor slice: each instance's softmax runs over training
     senses of its own lemma that hold the gold, and the trained tagger beats its initialisation."""

@@ -44,7 +44,7 @@ from typing import Mapping, Optional, Union
 
 import datasets
 import torch
-from transformers import AutoModelForCausalLM, Trainer, TrainerCallback, TrainingArguments
+from transformers import AutoModelForCausalLM, Trainer, TrainerCallback, TrainingArguments, set_seed
 
 from ..models.configuration_sense_tagger import OUTPUT_MODES, SenseTaggerConfig
 from ..models.modeling_common import TOPIC_TOKENIZER_SUBFOLDER, load_topic_tokenizer
@@ -489,6 +489,11 @@ def train_sense_tagger(train: Union[datasets.Dataset, PathLike], output_dir: Pat
                                sense_inventory=sense_inventory,
                                training_corpus=None if train_corpus_path is None else str(train_corpus_path),
                                **config_kwargs)
+    if training_args is None:
+        training_args = TrainingArguments(output_dir=str(output_dir), learning_rate=1e-3, per_device_train_batch_size=32,
+                                          num_train_epochs=1, save_strategy="no", report_to="none", use_cpu=True,
+                                          logging_steps=50, disable_tqdm=True, dataloader_pin_memory=False)
+    set_seed(training_args.seed)  # the initialisation too, as Trainer(model_init=...) would seed it
     model = SenseTaggerForTokenClassification(config)
     inventory = None
     if dev is not None or config.training_objective == "candidates":
@@ -497,10 +502,6 @@ def train_sense_tagger(train: Union[datasets.Dataset, PathLike], output_dir: Pat
                                     f"inventory (senses.tsv.gz), got {sense_inventory!r}: pass sense_inventory=")
         inventory = load_sense_inventory(sense_inventory, training=train)  # counts of the sentences trained on
     rows = encode_corpus(train, config, c_train, inventory=inventory)
-    if training_args is None:
-        training_args = TrainingArguments(output_dir=str(output_dir), learning_rate=1e-3, per_device_train_batch_size=32,
-                                          num_train_epochs=1, save_strategy="no", report_to="none", use_cpu=True,
-                                          logging_steps=50, disable_tqdm=True, dataloader_pin_memory=False)
     training_args.remove_unused_columns = False  # the collator keeps what the model needs
     callbacks = []
     if dev is not None:
