@@ -425,24 +425,8 @@ def train(name: str, model, rows, collator, args, mdir: Path, tok, topic_tok, tr
 
 def evaluate(name: str, model, valid_docs, tok, topic_tok, mdir: Path) -> dict:
     """Perplexity under every protocol and, for the topic models, the ablation under their own protocol."""
-    path = mdir / "eval.json"
-    ev = read_json(path) or {}
-    for protocol in PROTOCOLS:
-        if protocol not in ev:
-            ev[protocol] = evaluate_perplexity(model, valid_docs, protocol, tokenizer=tok, topic_tokenizer=topic_tok)
-            print(f"   {protocol}: perplexity {ev[protocol]['perplexity']:.2f} ({ev[protocol]['tokens']:,} tokens)",
-                  flush=True)
-            write_json(path, ev)
-    if is_topic_model(name) and "mismatched" not in ev:
-        base = own_protocol(name)
-        r = evaluate_perplexity(model, valid_docs, base, tokenizer=tok, topic_tokenizer=topic_tok,
-                                mismatched_context=True)
-        r["base_protocol"] = base
-        print(f"   {base}, every chunk given another chunk's context (ablation): perplexity {r['perplexity']:.2f}",
-              flush=True)
-        ev["mismatched"] = r
-        write_json(path, ev)
-    return ev
+    ablation = own_protocol(name) if is_topic_model(name) else None
+    return benchmark_nclm.evaluate_protocols(model, valid_docs, tok, topic_tok, mdir, ablation)
 
 
 CODE_VERSION = "?"

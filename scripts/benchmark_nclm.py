@@ -434,8 +434,11 @@ def train(name: str, model, rows, collator, args, mdir: Path, tok, topic_tok, tr
 # ----------------------------------------------------------------------------------------------
 
 
-def evaluate(name: str, model, valid_docs, tok, topic_tok, mdir: Path) -> dict:
-    """Perplexity under every protocol (n/a, with the package's reason, where it refuses) and the ablation."""
+def evaluate_protocols(model, valid_docs, tok, topic_tok, mdir: Path, ablation: str | None = None,
+                       leaky: bool = False) -> dict:
+    """Perplexity under every protocol and, with ``ablation`` (a protocol), the mismatched-context ablation
+    under it; cached in ``mdir/eval.json``. A ``leaky`` model gets n/a (with the package's reason) where
+    ``evaluate_perplexity`` refuses a protocol. Shared by the benchmark scripts."""
     path = mdir / "eval.json"
     ev = read_json(path) or {}
     for protocol in PROTOCOLS:
@@ -445,22 +448,28 @@ def evaluate(name: str, model, valid_docs, tok, topic_tok, mdir: Path) -> dict:
             r = evaluate_perplexity(model, valid_docs, protocol, tokenizer=tok, topic_tokenizer=topic_tok)
             print(f"   {r['protocol']}: perplexity {r['perplexity']:.2f} ({r['tokens']:,} tokens)", flush=True)
         except ValueError as e:
-            if not is_leaky(name):
+            if not leaky:
                 raise
             r = {"n/a": str(e), "protocol": protocol}
             print(f"   {protocol}: n/a ({e})", flush=True)
         ev[protocol] = r
         write_json(path, ev)
-    if MODELS[name]["family"] == "nclm" and "mismatched" not in ev:
-        base = "paper" if is_leaky(name) else "causal"
-        r = evaluate_perplexity(model, valid_docs, base, tokenizer=tok, topic_tokenizer=topic_tok,
+    if ablation is not None and "mismatched" not in ev:
+        r = evaluate_perplexity(model, valid_docs, ablation, tokenizer=tok, topic_tokenizer=topic_tok,
                                 mismatched_context=True)
-        r["base_protocol"] = base
+        r["base_protocol"] = ablation
         print(f"   {r['protocol']}, every chunk given another chunk's context (ablation): perplexity "
               f"{r['perplexity']:.2f}", flush=True)
         ev["mismatched"] = r
         write_json(path, ev)
     return ev
+
+
+def evaluate(name: str, model, valid_docs, tok, topic_tok, mdir: Path) -> dict:
+    """Every protocol (n/a where the package refuses a leaky model's) and, for the NCLMs, the ablation under
+    causal (paper for the leaky one)."""
+    ablation = None if MODELS[name]["family"] != "nclm" else "paper" if is_leaky(name) else "causal"
+    return evaluate_protocols(model, valid_docs, tok, topic_tok, mdir, ablation, leaky=is_leaky(name))
 
 
 def load_model(name: str, mdir: Path):
@@ -527,7 +536,8 @@ def main() -> None:
     CODE_VERSION = code_version()  # read at start: the modules imported now are the ones that run
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    check_settings(out, {k: getattr(args, k) for k in SETTINGS})
+    settings = {k: getattr(args, k) for k in SETTINGS}
+    check_settings(out, settings)
 
     train_docs = load_documents(DATA / "apnews" / "train.txt", max_documents=args.max_train_docs)
     valid_docs = load_documents(DATA / "apnews" / "valid.txt", max_documents=args.max_valid_docs)

@@ -114,7 +114,7 @@ from benchmark_tcnlm import DATA, PROTOCOLS, interleaved_step_times  # noqa: E40
 from transformers.utils import logging as hf_logging  # noqa: E402
 
 from topic_lm_hf import (LSTMLMConfig, LSTMLMForCausalLM, RGBNRNNConfig, RGBNRNNForCausalLM,  # noqa: E402
-                         TopicContextCollator, build_vocabularies, evaluate_perplexity, evaluate_topics,
+                         TopicContextCollator, build_vocabularies, evaluate_topics,
                          load_documents)
 from topic_lm_hf.evaluation import texygen_bleu, texygen_self_bleu  # noqa: E402
 from topic_lm_hf.evaluation.topics import load_reference_corpus  # noqa: E402
@@ -191,23 +191,8 @@ def baseline(name: str) -> str:
 
 def evaluate(name: str, model, valid_docs, tok, topic_tok, mdir: Path) -> dict:
     """Perplexity under every protocol, and for the topic models the mismatched-context ablation under causal."""
-    path = mdir / "eval.json"
-    ev = read_json(path) or {}
-    for protocol in PROTOCOLS:
-        if protocol not in ev:
-            ev[protocol] = evaluate_perplexity(model, valid_docs, protocol, tokenizer=tok, topic_tokenizer=topic_tok)
-            print(f"   {protocol}: perplexity {ev[protocol]['perplexity']:.2f} ({ev[protocol]['tokens']:,} tokens)",
-                  flush=True)
-            write_json(path, ev)
-    if MODELS[name]["family"] != "lstm" and "mismatched" not in ev:
-        r = evaluate_perplexity(model, valid_docs, "causal", tokenizer=tok, topic_tokenizer=topic_tok,
-                                mismatched_context=True)
-        r["base_protocol"] = "causal"
-        print(f"   causal, every document given another document's contexts (ablation): perplexity "
-              f"{r['perplexity']:.2f}", flush=True)
-        ev["mismatched"] = r
-        write_json(path, ev)
-    return ev
+    ablation = None if MODELS[name]["family"] == "lstm" else "causal"
+    return benchmark_nclm.evaluate_protocols(model, valid_docs, tok, topic_tok, mdir, ablation)
 
 
 def to_lm_words(sentence, vocab: dict, unk: str) -> list[str]:
