@@ -102,6 +102,8 @@ vocabularies), ``train.json``, ``dev.jsonl`` (every dev evaluation), ``steps.jso
 ``perplexity.png`` and ``steering.png`` (matplotlib, ``pip install topic-lm-hf[bench]``; skipped with a message
 without it). A rerun skips whatever is done (a trained model is never retrained) and resumes an interrupted
 training from its last checkpoint (one at every dev evaluation), the early-stopping state from ``dev.jsonl``.
+``--readme README.md`` publishes a finished table: ``table.md``, ``results.json`` and the figures are copied to
+``results/<corpus>-<size>/`` beside the README, and the README's block for that run is rewritten (``publish``).
 """
 
 from __future__ import annotations
@@ -457,6 +459,11 @@ def parse_args(argv=None):
     parser.add_argument("--topic-model-steps", type=int, default=1000, help="NCLM's NVDM-only steps (extra)")
     parser.add_argument("--topic-model-lr", type=float, default=1e-2, help="NCLM's NVDM-phase learning rate")
     parser.add_argument("--topic-model-batch-size", type=int, default=64, help="chunks per NVDM-phase step")
+    parser.add_argument("--readme", default=None, metavar="README.md",
+                        help="publish the finished table: copy table.md, results.json and the figures to "
+                             "<README's folder>/results/<corpus>-<size>/ and rewrite the README's block between "
+                             "'<!-- benchmark_all <corpus>-<size> start/end -->' (added at the end of its Results "
+                             "section the first time)")
     parser.add_argument("--min-freq", type=int, default=10)
     parser.add_argument("--dev-fraction", type=float, default=0.05, help="training documents held out as dev")
     parser.add_argument("--dev-seed", type=int, default=0, help="seed of the dev split")
@@ -645,6 +652,8 @@ def run(args) -> dict:
     (out / "table.md").write_text(text + "\n")
     print("\n" + text, flush=True)
     figures(report, out)
+    if args.readme is not None:
+        publish(out, Path(args.readme), f"{args.corpus}-{args.size}")
     print(f"\nWritten: {out / 'results.json'}, {out / 'table.md'}. Time of this invocation "
           f"{(time.perf_counter() - t_start) / 60:.1f} min.", flush=True)
     return report
@@ -790,6 +799,39 @@ def table(report: dict, args) -> list[str]:
         lines += ["", "| published in | pair (published order) | published ppl | ppl paper here | |",
                   "|---|---|---|---|---|", *rows]
     return lines
+
+
+PUBLISHED_FILES = ("table.md", "results.json", "perplexity.png", "steering.png")
+
+
+def publish(out: Path, readme: Path, key: str) -> Path:
+    """Copy a finished run's table, JSON and figures to ``<readme folder>/results/<key>/`` (tracked, so the README's
+    images resolve) and put the table and the figures into the README between the markers
+    ``<!-- benchmark_all <key> start -->`` and ``<!-- benchmark_all <key> end -->``; a README without them gets
+    the block at the end of its ``## Results`` section (or at its end). Running it again gives the same README."""
+    if not (out / "table.md").exists():
+        raise FileNotFoundError(f"{out / 'table.md'} does not exist: no finished run to publish")
+    target = readme.parent / "results" / key
+    target.mkdir(parents=True, exist_ok=True)
+    copied = [name for name in PUBLISHED_FILES if (out / name).exists()]
+    for name in copied:
+        shutil.copyfile(out / name, target / name)
+    start, end = f"<!-- benchmark_all {key} start -->", f"<!-- benchmark_all {key} end -->"
+    images = [f"![{name[:-4]}](results/{key}/{name})" for name in ("perplexity.png", "steering.png") if name in copied]
+    body = "\n".join([start, (out / "table.md").read_text().strip(), "", *images,
+                      f"\n(`python scripts/benchmark_all.py` wrote this block and `results/{key}/`.)", end])
+    text = readme.read_text()
+    if start in text and end in text:
+        before, rest = text.split(start, 1)
+        text = before + body + rest.split(end, 1)[1]
+    else:
+        results = text.find("\n## Results")
+        following = text.find("\n## ", results + 1) if results >= 0 else -1
+        at = following + 1 if following >= 0 else len(text)
+        text = text[:at] + body + "\n\n" + text[at:]
+    readme.write_text(text)
+    print(f"Published: {target} ({', '.join(copied)}); {readme} block {key}", flush=True)
+    return target
 
 
 def figures(report: dict, out: Path) -> None:

@@ -71,6 +71,22 @@ def test_smoke_run_then_resume(benchmark_all, tmp_path, monkeypatch, capsys):
     if importlib.util.find_spec("matplotlib") is not None:
         assert (out / "perplexity.png").stat().st_size > 0 and (out / "steering.png").stat().st_size > 0
 
+    # publishing into a README: a block at the end of its Results section, the files beside it; idempotent
+    readme = tmp_path / "site" / "README.md"
+    readme.parent.mkdir()
+    readme.write_text("# x\n\n## Results\n\nearlier tables\n\n## Layout\n\nfolders\n")
+    benchmark_all.publish(out, readme, "apnews-cpu")
+    first = readme.read_text()
+    assert first.index("earlier tables") < first.index("<!-- benchmark_all apnews-cpu start -->") \
+        < first.index(table.splitlines()[0]) < first.index("<!-- benchmark_all apnews-cpu end -->") \
+        < first.index("## Layout")
+    assert (readme.parent / "results" / "apnews-cpu" / "table.md").read_text() == table
+    if (out / "perplexity.png").exists():
+        assert "![perplexity](results/apnews-cpu/perplexity.png)" in first
+        assert (readme.parent / "results" / "apnews-cpu" / "perplexity.png").exists()
+    benchmark_all.publish(out, readme, "apnews-cpu")
+    assert readme.read_text() == first
+
     # resume: nothing is retrained, nothing measured again
     written = {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()}
     again = benchmark_all.main([*SMOKE, "--out", str(out)])
