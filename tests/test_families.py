@@ -208,6 +208,20 @@ def test_trainer_with_gradient_checkpointing_trains_the_same_weights(family, apn
         torch.testing.assert_close(trained[True][name], value, rtol=1e-4, atol=1e-5, msg=name)
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_embedding_accessors_reach_the_modules_the_model_uses(family, apnews):
+    """transformers' own accessors (``embed_tokens`` / ``lm_head``) serve every family: the LM, its body."""
+    model = make(family, apnews["tok"], apnews["topic_tok"])
+    assert model.get_input_embeddings() is model.model.embed_tokens is model.model.get_input_embeddings()
+    assert model.get_output_embeddings() is model.lm_head
+    replacement = torch.nn.Embedding(*model.model.embed_tokens.weight.shape)
+    model.set_input_embeddings(replacement)
+    assert model.model.embed_tokens is replacement and model.get_input_embeddings() is replacement
+    head = torch.nn.Linear(model.lm_head.in_features, model.lm_head.out_features)
+    model.set_output_embeddings(head)
+    assert model.lm_head is head and model.get_output_embeddings() is head
+
+
 @pytest.mark.parametrize("family", FAMILIES + ["topic_rnn-rnn"])
 def test_resize_token_embeddings_after_adding_words(family, apnews, batch, tmp_path):
     tok, topic_tok = apnews["tok"], apnews["topic_tok"]

@@ -270,12 +270,6 @@ class RecurrentBodyMixin:
     :class:`RecurrentModelOutput` with the top layer's outputs (b, s, H), zero at padding. Put it before
     the ``PreTrainedModel`` class in the bases."""
 
-    def get_input_embeddings(self):
-        return self.embed_tokens
-
-    def set_input_embeddings(self, value):
-        self.embed_tokens = value
-
     def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, state=None, use_cache=None,
                 output_hidden_states=None, return_dict=None, **kwargs) -> RecurrentModelOutput:
         use_cache = use_cache if use_cache is not None else (self.config.use_cache and not self.training)
@@ -1038,9 +1032,6 @@ class DocumentClassifierMixin(DocumentRepresentationDelegate):
         if self.config.freeze_backbone:
             self.model.eval()  # frozen features: no dropout, no sampling in the body
         return self
-
-    def get_input_embeddings(self):
-        return self.model.get_input_embeddings()
 
     def forward(self, input_ids: Optional[torch.LongTensor] = None, attention_mask: Optional[torch.Tensor] = None,
                 context_bow: Optional[torch.Tensor] = None, document_features: Optional[torch.Tensor] = None,

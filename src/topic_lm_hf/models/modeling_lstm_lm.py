@@ -55,15 +55,6 @@ class LSTMLMForCausalLM(DocumentRepresentationDelegate, LSTMLMPreTrainedModel, G
         self.lm_head = nn.Linear(out_size, config.vocab_size)
         self.post_init()
 
-    def get_input_embeddings(self):
-        return self.model.embed_tokens
-
-    def get_output_embeddings(self):
-        return self.lm_head
-
-    def set_output_embeddings(self, value):
-        self.lm_head = value
-
     def forward(self, input_ids: Optional[torch.LongTensor] = None, attention_mask: Optional[torch.Tensor] = None,
                 inputs_embeds: Optional[torch.Tensor] = None, state: Optional[tuple] = None,
                 labels: Optional[torch.LongTensor] = None, use_cache: Optional[bool] = None,

@@ -444,15 +444,6 @@ class NCLMForCausalLM(DocumentRepresentationDelegate, NCLMPreTrainedModel, Topic
         self.training_phase = "joint"
         self.post_init()
 
-    def get_input_embeddings(self):
-        return self.model.embed_tokens
-
-    def get_output_embeddings(self):
-        return self.lm_head
-
-    def set_output_embeddings(self, value):
-        self.lm_head = value
-
     # -- topics ------------------------------------------------------------------------------------
 
     def infer_topics(self, context_bow) -> torch.Tensor:
@@ -518,7 +509,6 @@ class NCLMForCausalLM(DocumentRepresentationDelegate, NCLMPreTrainedModel, Topic
     def leaky_modes(self) -> list[str]:
         """The options in use that let the model read the words it predicts (see :class:`NCLMConfig`)."""
         return self.config.leaky_modes()
-
 
     # -- forward -----------------------------------------------------------------------------------
 

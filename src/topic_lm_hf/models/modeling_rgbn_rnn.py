@@ -451,12 +451,6 @@ class RGBNRNNModel(DocumentRepresentationMixin, RGBNRNNPreTrainedModel):
         self.gradient_checkpointing = False
         self.post_init()
 
-    def get_input_embeddings(self):
-        return self.embed_tokens
-
-    def set_input_embeddings(self, value):
-        self.embed_tokens = value
-
     # -- topic matrices ----------------------------------------------------------------------------
 
     def phi(self, layer: int) -> torch.Tensor:
@@ -918,15 +912,6 @@ class RGBNRNNForCausalLM(DocumentRepresentationDelegate, RGBNRNNPreTrainedModel,
         if module is getattr(self, "lm_head", None):
             nn.init.xavier_uniform_(module.weight)  # the code: Glorot-uniform softmax weights, zero bias
             nn.init.zeros_(module.bias)
-
-    def get_input_embeddings(self):
-        return self.model.embed_tokens
-
-    def get_output_embeddings(self):
-        return self.lm_head
-
-    def set_output_embeddings(self, value):
-        self.lm_head = value
 
     def tlasgr_step(self) -> bool:
         """See :meth:`RGBNRNNModel.tlasgr_step` (called automatically after optimizer steps)."""

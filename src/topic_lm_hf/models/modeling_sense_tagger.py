@@ -74,12 +74,6 @@ class SenseTaggerForTokenClassification(SenseTaggerPreTrainedModel):
             nn.init.xavier_uniform_(module.weight)
             nn.init.zeros_(module.bias)
 
-    def get_input_embeddings(self):
-        return self.embed_tokens
-
-    def set_input_embeddings(self, value):
-        self.embed_tokens = value
-
     def _check_inputs(self, input_ids, attention_mask, topic_representation):
         if input_ids.dim() != 2 or input_ids.shape[1] == 0:
             raise ValueError(f"input_ids must be (b, s) word ids with s >= 1, got shape {tuple(input_ids.shape)}: "

@@ -365,12 +365,6 @@ class TCNLMModel(DocumentRepresentationMixin, TCNLMPreTrainedModel):
         self.gradient_checkpointing = False
         self.post_init()
 
-    def get_input_embeddings(self):
-        return self.embed_tokens
-
-    def set_input_embeddings(self, value):
-        self.embed_tokens = value
-
     # -- topics ---------------------------------------------------------------------------------
 
     def topic_proportions(self, batch_size: int, device, context_bow=None, topic_ids=None, topic_mixture=None,
@@ -526,15 +520,6 @@ class TCNLMForCausalLM(DocumentRepresentationDelegate, TCNLMPreTrainedModel, Top
         # Training forward passes seen so far, for KL annealing (saved, so that resuming goes on).
         self._register_kl_annealing()
         self.post_init()
-
-    def get_input_embeddings(self):
-        return self.model.embed_tokens
-
-    def get_output_embeddings(self):
-        return self.lm_head
-
-    def set_output_embeddings(self, value):
-        self.lm_head = value
 
     def infer_topics(self, context_bow) -> torch.Tensor:
         """Topic proportions t (b, T) of documents given as bags of words (b, V_c): the posterior mean."""

@@ -158,12 +158,6 @@ class TopicRNNModel(DocumentRepresentationMixin, TopicRNNPreTrainedModel):
         self.gradient_checkpointing = False
         self.post_init()
 
-    def get_input_embeddings(self):
-        return self.embed_tokens
-
-    def set_input_embeddings(self, value):
-        self.embed_tokens = value
-
     def run_tokens(self, input_ids=None, attention_mask=None, inputs_embeds=None, state=None, need_state=False,
                    output_hidden_states=False):
         """(b, s) tokens -> ((b, s, H) top-layer outputs, state after each row's last real token, and the
@@ -232,15 +226,6 @@ class TopicRNNForCausalLM(DocumentRepresentationDelegate, TopicRNNPreTrainedMode
     def kl_annealing_weight(self, count: bool = False):
         """The current KL weight: ``kl_weight``, ramped up over ``kl_annealing_steps`` passes."""
         return self.config.kl_weight * self.kl_annealing_ramp(count)
-
-    def get_input_embeddings(self):
-        return self.model.embed_tokens
-
-    def get_output_embeddings(self):
-        return self.lm_head
-
-    def set_output_embeddings(self, value):
-        self.lm_head = value
 
     # ------------------------------------------------------------------------------------------
     # vocabulary maps
