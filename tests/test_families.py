@@ -9,7 +9,7 @@ import torch
 from transformers import AutoModel, AutoModelForCausalLM
 
 from topic_lm_hf import (LSTMLMConfig, LSTMLMForCausalLM, NCLMConfig, NCLMForCausalLM, TCNLMConfig, TCNLMForCausalLM,
-                         TopicContextCollator, TopicRNNConfig, TopicRNNForCausalLM)
+                         RGBNRNNConfig, TopicContextCollator, TopicRNNConfig, TopicRNNForCausalLM)
 
 FAMILIES = ["lstm_lm", "tcnlm", "naive_moe", "topic_rnn-gru", "topic_rnn-lstm", "nclm-lta", "nclm-leta-sdt"]
 TOPIC_FAMILIES = [f for f in FAMILIES if f != "lstm_lm"]
@@ -206,6 +206,16 @@ def test_trainer_with_gradient_checkpointing_trains_the_same_weights(family, apn
         trained[checkpointing] = model.state_dict()
     for name, value in trained[False].items():
         torch.testing.assert_close(trained[True][name], value, rtol=1e-4, atol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("config_class", [TCNLMConfig, TopicRNNConfig, NCLMConfig, RGBNRNNConfig])
+def test_topic_word_ids_of_another_topic_vocabulary_are_refused(config_class, apnews):
+    """Every topic config checks topic_word_ids against its topic vocabulary (TopicConfigMixin)."""
+    good = config_class.from_tokenizers(apnews["tok"], apnews["topic_tok"])
+    assert good.topic_word_ids == [int(i) for i in good.topic_word_ids] and \
+        len(good.topic_word_ids) == good.topic_vocab_size
+    with pytest.raises(ValueError, match="topic_word_ids has .* entries but topic_vocab_size is .*mismatched"):
+        config_class.from_tokenizers(apnews["tok"], apnews["topic_tok"], topic_word_ids=good.topic_word_ids[:-1])
 
 
 @pytest.mark.parametrize("family", FAMILIES)

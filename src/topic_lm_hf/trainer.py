@@ -21,7 +21,7 @@ from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGH
 
 from .collator import TopicContextCollator
 from .data import record_vocabularies, save_vocabularies
-from .models.modeling_common import TopicLMOutput
+from .models.modeling_common import TopicLMOutput, select_state_rows
 
 logger = logging.getLogger(__name__)
 
@@ -204,8 +204,7 @@ def carried_state_loss(model, batch, bptt_chunks: int | None = None, chunk_callb
         mask = chunk["attention_mask"]
         # 1 at inputs whose target is real (right padding): the last real token stays out of the state.
         chunk["attention_mask"] = torch.cat([mask[:, 1:], mask.new_zeros(rows, 1)], dim=1)
-        if state is not None:
-            state = tuple(s[:rows] for s in state)
+        state = select_state_rows(state, rows)
         if kl_step_before is not None and k > 0:
             kl_step.copy_(kl_step_before)  # each chunk's pass sees (and counts) the batch's one pass
         out = model(**chunk, **{key: value[:rows] for key, value in per_row.items()}, state=state, use_cache=True,

@@ -34,6 +34,7 @@ import torch
 
 from ..collator import TopicContextCollator
 from ..data import check_vocabularies, documents_from_lists, load_vocabularies
+from ..models.modeling_common import select_state_rows
 
 # protocol -> (collator context mode, carry the LSTM state across a document)
 PROTOCOLS = {"paper": ("others", False), "causal": ("preceding", False), "causal-carry": ("preceding", True)}
@@ -202,8 +203,7 @@ def evaluate_perplexity(model, documents: datasets.Dataset | Sequence, protocol:
                 state = None
                 for k in range(batch["input_ids"].shape[1]):
                     active = int(batch["chunk_mask"][:, k].sum())  # a prefix: documents are sorted
-                    if state is not None:
-                        state = tuple(s[:active] for s in state)
+                    state = select_state_rows(state, active)
                     bow = (_maybe_mismatch(batch["context_bow"][:active, k].to(device), mismatched_context)
                            if uses_context else None)
                     prefix = batch["sentence_prefix_bow"][:active, k].to(device) if sentence_prefix else None

@@ -138,10 +138,7 @@ class NCLMConfig(TopicConfigMixin, ClassifierConfigMixin, PretrainedConfig):
         self.etr_embedding_size = etr_embedding_size
         self.etr_mask_includes_current_sentence = bool(etr_mask_includes_current_sentence)
         self.alpha = float(alpha)
-        self.topic_word_ids = None if topic_word_ids is None else [int(i) for i in topic_word_ids]
-        if self.topic_word_ids is not None and len(self.topic_word_ids) != topic_vocab_size:
-            raise ValueError(f"topic_word_ids has {len(self.topic_word_ids)} entries but topic_vocab_size is "
-                             f"{topic_vocab_size}: mismatched vocabularies")
+        self.topic_word_ids = self.checked_topic_word_ids(topic_word_ids, topic_vocab_size)
         self.initializer_range = initializer_range
         self.tie_word_embeddings = tie_word_embeddings
         self.use_cache = use_cache

@@ -147,10 +147,7 @@ class RGBNRNNConfig(TopicConfigMixin, ClassifierConfigMixin, PretrainedConfig):
         self.k_min = float(k_min)
         self.k_max = float(k_max)
         self.eval_theta = eval_theta
-        self.topic_word_ids = None if topic_word_ids is None else [int(i) for i in topic_word_ids]
-        if self.topic_word_ids is not None and len(self.topic_word_ids) != topic_vocab_size:
-            raise ValueError(f"topic_word_ids has {len(self.topic_word_ids)} entries but topic_vocab_size is "
-                             f"{topic_vocab_size}: mismatched vocabularies")
+        self.topic_word_ids = self.checked_topic_word_ids(topic_word_ids, topic_vocab_size)
         self.initializer_range = float(initializer_range)
         self.tie_word_embeddings = False
         self.use_cache = use_cache

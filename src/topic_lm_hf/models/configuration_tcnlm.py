@@ -141,10 +141,7 @@ class TCNLMConfig(TopicConfigMixin, ClassifierConfigMixin, PretrainedConfig):
         self.lm_topic_input = lm_topic_input
         self.topic_output_bias = topic_output_bias
         self.topic_prior_weight_init = float(topic_prior_weight_init)
-        self.topic_word_ids = None if topic_word_ids is None else [int(i) for i in topic_word_ids]
-        if self.topic_word_ids is not None and len(self.topic_word_ids) != topic_vocab_size:
-            raise ValueError(f"topic_word_ids has {len(self.topic_word_ids)} entries but topic_vocab_size is "
-                             f"{topic_vocab_size}: mismatched vocabularies")
+        self.topic_word_ids = self.checked_topic_word_ids(topic_word_ids, topic_vocab_size)
         self.use_cache = use_cache
         kwargs = self._pop_classifier_settings(kwargs)
         super().__init__(pad_token_id=pad_token_id, bos_token_id=bos_token_id, eos_token_id=eos_token_id,

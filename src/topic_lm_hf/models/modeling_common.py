@@ -728,6 +728,17 @@ class TopicConfigMixin:
 
     topic_word_ids_from_tokenizers = staticmethod(topic_word_ids_from_tokenizers)
 
+    @staticmethod
+    def checked_topic_word_ids(topic_word_ids, topic_vocab_size: int) -> Optional[list[int]]:
+        """``topic_word_ids`` as a list of ints (``None`` stays ``None``), one per topic-vocabulary entry."""
+        if topic_word_ids is None:
+            return None
+        ids = [int(i) for i in topic_word_ids]
+        if len(ids) != topic_vocab_size:
+            raise ValueError(f"topic_word_ids has {len(ids)} entries but topic_vocab_size is {topic_vocab_size}: "
+                             "mismatched vocabularies")
+        return ids
+
     @classmethod
     def from_tokenizers(cls, tokenizer, topic_tokenizer, **kwargs):
         """A config sized to an LM tokenizer and a topic tokenizer (vocabulary sizes, special-token ids,
