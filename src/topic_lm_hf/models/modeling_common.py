@@ -755,6 +755,11 @@ def last_token_positions(attention_mask: Optional[torch.Tensor], seq_len: int, b
     return (positions * attention_mask.to(device).long()).max(1).values
 
 
+def detach_or_none(x: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """``x.detach()``, ``None`` for ``None`` (the loss terms a model reports beside its loss)."""
+    return x.detach() if x is not None else None
+
+
 def select_state_rows(state: Optional[Sequence[torch.Tensor]], rows: int):
     """Keep the first ``rows`` rows of a batch-first state (documents that still have chunks)."""
     if state is None:

@@ -65,7 +65,8 @@ from transformers import GenerationMixin
 from .configuration_nclm import NCLMConfig
 from .modeling_common import (DocumentClassifierMixin, DocumentRepresentationDelegate, DocumentRepresentationMixin,
                               RecurrentBodyMixin, RecurrentPreTrainedModel, TopicGenerationMixin, TopicLMOutput,
-                              _broadcast_rows, causal_lm_loss, last_token_positions, lm_to_topic_index,
+                              _broadcast_rows, causal_lm_loss, detach_or_none, last_token_positions,
+                              lm_to_topic_index,
                               normalize_topic_kwargs, topic_ids_to_mixture, topic_vocabulary)
 
 TRAINING_PHASES = ("joint", "lm", "topic_model")
@@ -600,7 +601,8 @@ class NCLMForCausalLM(DocumentRepresentationDelegate, NCLMPreTrainedModel, Topic
                 new_state = new_state + (new_carry.unsqueeze(1),)
         topic_mixture_out = h.float() if h is not None else None
         out = NCLMOutput(loss=loss, logits=logits, state=new_state, hidden_states=base.hidden_states,
-                         lm_loss=_detach(lm_loss), kl_loss=_detach(kl_loss), bow_loss=_detach(bow_loss),
+                         lm_loss=detach_or_none(lm_loss), kl_loss=detach_or_none(kl_loss),
+                         bow_loss=detach_or_none(bow_loss),
                          topic_mixture=topic_mixture_out, topic_representation=c_doc,
                          topic_embeddings=z_k if need_z else None)
         return out if return_dict is not False else out.to_tuple()
@@ -657,8 +659,6 @@ class NCLMForCausalLM(DocumentRepresentationDelegate, NCLMPreTrainedModel, Topic
         return present[:, 1:]
 
 
-def _detach(x):
-    return x.detach() if x is not None else None
 class NCLMForSequenceClassification(DocumentClassifierMixin, NCLMPreTrainedModel):
     """Document classifier on NCLM features: [o_N; c] with the MLP head, or the paper's CNN over [o_m; c]
     (``classifier_head="cnn"``), c = h, z or [z; h] of the whole document by ``config.variant`` (no sentence

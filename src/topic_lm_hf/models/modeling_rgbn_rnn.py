@@ -60,8 +60,9 @@ from transformers import GenerationMixin
 
 from .configuration_rgbn_rnn import RGBNRNNConfig
 from .modeling_common import (DocumentClassifierMixin, DocumentRepresentationDelegate, DocumentRepresentationMixin,
-                              RecurrentModelOutput, last_token_positions, RecurrentPreTrainedModel, TopicGenerationMixin, TopicLMOutput,
-                              causal_lm_loss, normalize_topic_ids, normalize_topic_kwargs, run_rnn, topic_vocabulary)
+                              RecurrentModelOutput, RecurrentPreTrainedModel, TopicGenerationMixin, TopicLMOutput,
+                              causal_lm_loss, detach_or_none, last_token_positions, normalize_topic_ids,
+                              normalize_topic_kwargs, run_rnn, topic_vocabulary)
 
 logger = logging.getLogger(__name__)
 
@@ -980,7 +981,7 @@ class RGBNRNNForCausalLM(DocumentRepresentationDelegate, RGBNRNNPreTrainedModel,
         theta1 = self.model.split_theta(theta_out)[0].float()
         mixture = theta1 / theta1.sum(-1, keepdim=True).clamp_min(1e-20)
         out = RGBNRNNOutput(loss=loss, logits=logits, state=new_state if use_cache or state is not None else None,
-                            hidden_states=hidden, lm_loss=_detach(lm_loss), kl_loss=kl_loss, bow_loss=bow_loss,
+                            hidden_states=hidden, lm_loss=detach_or_none(lm_loss), kl_loss=kl_loss, bow_loss=bow_loss,
                             topic_mixture=mixture, theta=theta_out)
         return out if return_dict is not False else out.to_tuple()
 
@@ -1155,6 +1156,3 @@ def format_topic_tree(tree: list[dict], indent: str = "  ") -> str:
         walk(root, 0)
     return "\n".join(lines)
 
-
-def _detach(x):
-    return x.detach() if x is not None else None

@@ -73,9 +73,9 @@ from transformers.utils import ModelOutput
 
 from .configuration_tcnlm import TCNLMConfig
 from .modeling_common import (DocumentClassifierMixin, DocumentRepresentationDelegate, DocumentRepresentationMixin,
-                             RecurrentPreTrainedModel, TopicGenerationMixin, TopicLMOutput, causal_lm_loss,
-                              lm_to_topic_index, normalize_topic_kwargs, run_rnn, run_rnn_layers, topic_ids_to_mixture,
-                              topic_scores_to_vocab, topic_vocabulary)
+                              RecurrentPreTrainedModel, TopicGenerationMixin, TopicLMOutput, causal_lm_loss,
+                              detach_or_none, lm_to_topic_index, normalize_topic_kwargs, run_rnn, run_rnn_layers,
+                              topic_ids_to_mixture, topic_scores_to_vocab, topic_vocabulary)
 
 NUM_GATES = 4  # i, f, g (= c~), o
 TOPIC_LOGIT_INIT_STD = 1.5  # spread of the topic-word logits at initialisation (TCNLMPreTrainedModel._init_weights)
@@ -661,8 +661,9 @@ class TCNLMForCausalLM(DocumentRepresentationDelegate, TCNLMPreTrainedModel, Top
 
         out = TopicLMOutput(loss=loss, logits=logits, state=base.state,
                             hidden_states=base.hidden_states,
-                            lm_loss=_detach(lm_loss), kl_loss=_detach(kl_loss), bow_loss=_detach(bow_loss),
-                            aux_loss=_detach(aux_loss), topic_mixture=t)
+                            lm_loss=detach_or_none(lm_loss), kl_loss=detach_or_none(kl_loss),
+                            bow_loss=detach_or_none(bow_loss),
+                            aux_loss=detach_or_none(aux_loss), topic_mixture=t)
         return out if return_dict is not False else out.to_tuple()
 
     # -- generation -----------------------------------------------------------------------------
@@ -671,8 +672,6 @@ class TCNLMForCausalLM(DocumentRepresentationDelegate, TCNLMPreTrainedModel, Top
     # batch-first before transformers expands beams, and encodes context_bow once.
 
 
-def _detach(x):
-    return x.detach() if x is not None else None
 class TCNLMForSequenceClassification(DocumentClassifierMixin, TCNLMPreTrainedModel):
     """Document classifier on TCNLM features [o_N; t] (o_m with the CNN head): the LSTM runs with the document's
     own topic proportions t. Loads the body of a saved :class:`TCNLMForCausalLM` folder (see
