@@ -58,6 +58,7 @@ __all__ = [
     "SenseTaggingCollator",
     "build_sense_vocabulary",
     "build_word_vocabulary",
+    "candidate_label_ids",
     "default_sense_inventory_path",
     "disambiguate",
     "document_bags_of_words",
@@ -172,13 +173,25 @@ def build_sense_vocabulary(corpus: datasets.Dataset) -> list[str]:
     return sorted({key for instance in iter_wsd_instances(corpus) for key in instance["gold"]})
 
 
-def sense_candidates(inventory: SenseInventory, config: SenseTaggerConfig, lemma: str, pos: str,
-                     gold_id: int) -> list[int]:
-    """The sense ids a ``training_objective="candidates"`` softmax runs over for one instance: the
-    candidates of its (lemma, POS) in the inventory that are training senses (as candidate restriction
-    predicts), plus the gold sense when the inventory lacks it."""
+def candidate_label_ids(inventory: SenseInventory, config: SenseTaggerConfig, lemma: str, pos: str,
+                        cache: Optional[dict] = None) -> list[int]:
+    """The tagger's sense ids among the candidates of (lemma, POS) in the inventory: what candidate
+    restriction chooses from (empty for a lemma unseen in training). ``cache``: a dict reused across calls."""
+    if cache is not None and (lemma, pos) in cache:
+        return cache[lemma, pos]
     label2id = config.label2id
     ids = [label2id[key] for key in inventory.candidates(lemma, pos) if key in label2id]
+    if cache is not None:
+        cache[lemma, pos] = ids
+    return ids
+
+
+def sense_candidates(inventory: SenseInventory, config: SenseTaggerConfig, lemma: str, pos: str,
+                     gold_id: int, cache: Optional[dict] = None) -> list[int]:
+    """The sense ids a ``training_objective="candidates"`` softmax runs over for one instance: its
+    :func:`candidate_label_ids` (as candidate restriction predicts), plus the gold sense when the
+    inventory lacks it."""
+    ids = candidate_label_ids(inventory, config, lemma, pos, cache)
     return ids if gold_id in ids else [*ids, gold_id]
 
 
@@ -199,6 +212,7 @@ def encode_corpus(corpus: datasets.Dataset, config: SenseTaggerConfig, topic_rep
         raise ValueError("training_objective='candidates' needs the sense inventory: pass inventory=")
     columns = {"input_ids": [], "labels": [], "positions": [], "instance_ids": [], "topic_representation": [],
                "sense_candidates": []}
+    cache: dict = {}
     for row in corpus.select_columns(["document_id", "tokens", "lemmas", "instances"]):
         if not row["instances"]:
             continue  # nothing to tag, no loss
@@ -213,7 +227,7 @@ def encode_corpus(corpus: datasets.Dataset, config: SenseTaggerConfig, topic_rep
                     tags[instance["position"]] = tag = label2id.get(instance["gold"][0], -100)
                     if with_candidates and tag != -100:
                         candidates[instance["position"]] = sense_candidates(inventory, config, instance["lemma"],
-                                                                            instance["pos"], tag)
+                                                                            instance["pos"], tag, cache)
         columns["sense_candidates"].append([candidates[p] for p in sorted(candidates)])
         columns["input_ids"].append(ids)
         columns["labels"].append(tags)
@@ -347,7 +361,7 @@ def disambiguate(model: SenseTaggerForTokenClassification, corpus: Union[dataset
     inventory = _inventory_for(model, inventory) if mode == "candidates" else None
     rows = encode_corpus(corpus, model.config, topic_representations, labels=False)
     lemma_pos = {i["id"]: (i["lemma"], i["pos"]) for i in iter_wsd_instances(corpus)}
-    id2label, label2id = model.config.id2label, model.config.label2id
+    id2label = model.config.id2label
     allowed_cache: dict[tuple[str, str], list[int]] = {}
     collator = SenseTaggingCollator(model.config.pad_token_id)
     was_training = model.training
@@ -368,10 +382,7 @@ def disambiguate(model: SenseTaggerForTokenClassification, corpus: Union[dataset
                 continue
             for n, instance_id in enumerate(ids):
                 pair = lemma_pos[instance_id]
-                allowed = allowed_cache.get(pair)
-                if allowed is None:
-                    candidates = inventory.candidates(*pair)
-                    allowed = allowed_cache[pair] = [label2id[k] for k in candidates if k in label2id]
+                allowed = candidate_label_ids(inventory, model.config, *pair, cache=allowed_cache)
                 if allowed:
                     predictions[instance_id] = id2label[allowed[int(scores[n, allowed].argmax())]]
                 else:  # lemma unseen in training: WordNet first sense, or abstain when it has no sense at all
