@@ -86,7 +86,8 @@ Decisions (the same for every run of this script):
   model's own encoder and by a scikit-learn LDA judge with K topics fitted on the training documents; fluency =
   perplexity of the generated text under this run's ``lstm`` (fluency ratio = steered / unconditioned).
 * Speed: training tokens/s (predicted tokens; batch fetch, forward, backward, optimizer, TLASGR; not logging,
-  checkpoints or dev evaluations) and its ratio to ``lstm``; and the ratio re-measured with every model's steps
+  checkpoints or dev evaluations; a step slower than 20 times the median, a stall of a paused process, is left
+  out: ``step_throughput``) and its ratio to ``lstm``; and the ratio re-measured with every model's steps
   interleaved on identical batches (``interleaved_step_times``, ``--speed-repeats`` steps each; ``*-carry`` models
   through ``carried_state_loss``). On CUDA the interleaved times are taken without synchronisation (launch-bound
   at these sizes); the training tokens/s are averages over the whole run.
@@ -129,7 +130,8 @@ import benchmark_nclm  # noqa: E402
 import benchmark_rgbn  # noqa: E402
 import benchmark_tcnlm  # noqa: E402
 from benchmark_nclm import (BatchTokens, BenchmarkTrainer, StepTimer, batch_order, check_settings,  # noqa: E402
-                            code_version, fmt, pretrain_topic_model_phase, read_json, write_json)
+                            code_version, fmt, pretrain_topic_model_phase, read_json, step_throughput,
+                            write_json)
 from benchmark_rgbn import Tee  # noqa: E402
 from benchmark_steering import cached_lda_judge, steer  # noqa: E402
 from benchmark_tcnlm import DATA, PROTOCOLS, interleaved_step_times  # noqa: E402
@@ -414,9 +416,10 @@ def train(name: str, model, rows, collator, args, mdir: Path, tok, topic_tok, tr
              "best_dev_perplexity": min(h["perplexity"] for h in history), "dev_protocol": dev_protocol(name),
              "early_stopped": stopped(history, args.patience), "dev_history": history,
              "train_seconds": sum(r["seconds"] for r in records), "train_tokens": sum(r["tokens"] for r in records),
-             "steps_timed": len(records), "seconds_last_session": seconds, "training_context": spec["context"],
+             "steps_timed": len(records), "stalled_steps": step_throughput(records)["stalled_steps"],
+             "seconds_last_session": seconds, "training_context": spec["context"],
              "carry_state": bool(spec.get("carry")), "code": CODE_VERSION, **topic_phase}
-    stats["tokens_per_s"] = stats["train_tokens"] / max(stats["train_seconds"], 1e-9)
+    stats["tokens_per_s"] = step_throughput(records)["tokens_per_s"]
     return stats
 
 
@@ -665,9 +668,20 @@ def device_name(device: str) -> str:
     return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} thread(s))"
 
 
+def training_speed(out: Path, name: str) -> float:
+    """A model's training tokens/s, recomputed from its ``steps.jsonl`` with ``step_throughput`` (stalled steps
+    left out), so that a run paused or suspended while it trained still reports its real speed."""
+    return step_throughput(read_jsonl(out / name / "steps.jsonl"))["tokens_per_s"]
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line] if path.exists() else []
+
+
 def collect(name: str, out: Path, speed) -> dict:
     """One model's numbers, for results.json."""
     tr, ev = read_json(out / name / "train.json"), read_json(out / name / "eval.json")
+    tr["tokens_per_s"] = training_speed(out, name)
     tp, st = read_json(out / name / "topics.json"), read_json(out / name / "steering.json")
     r = {"label": MODELS[name]["label"], "family": MODELS[name]["family"], "training_context": MODELS[name]["context"],
          "carry_state": bool(MODELS[name].get("carry")), "parameters": tr["parameters"],
@@ -687,9 +701,8 @@ def collect(name: str, out: Path, speed) -> dict:
         r["steering"] = {k: s.get(k) for k in ("accuracy_own", "accuracy_own_topics", "accuracy_lda", "chance",
                                                "fluency_ratio", "fluency_ppl_steered", "fluency_ppl_unconditioned")}
         r["steering"]["protocol"] = s.get("protocol")
-    lstm_dir = out / "lstm" / "train.json"
-    if lstm_dir.exists():
-        r["train_ratio_to_lstm"] = tr["tokens_per_s"] / read_json(lstm_dir)["tokens_per_s"]
+    if (out / "lstm" / "train.json").exists():
+        r["train_ratio_to_lstm"] = tr["tokens_per_s"] / training_speed(out, "lstm")
     if speed and name in speed["results"] and "lstm" in speed["results"]:
         r["interleaved_tokens_per_s"] = speed["results"][name]["tokens_per_s"]
         r["interleaved_ratio_to_lstm"] = speed["results"][name]["tokens_per_s"] / speed["results"]["lstm"][

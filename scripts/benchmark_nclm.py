@@ -86,6 +86,7 @@ import json
 import os
 import platform
 import shutil
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -282,6 +283,21 @@ class BatchTokens(CountingCollator):
         return batch
 
 
+def step_throughput(records: list[dict], stall_factor: float = 20.0) -> dict:
+    """Training tokens/s from ``StepTimer`` records, robust to stalls: a step that took more than ``stall_factor``
+    times the median step (the process was stopped or the machine suspended while it ran) is left out of both the
+    tokens and the seconds, and counted in ``stalled_steps``. With no stall this is sum(tokens) / sum(seconds)."""
+    if not records:
+        return {"tokens": 0, "seconds": 0.0, "steps": 0, "stalled_steps": 0, "stalled_seconds": 0.0,
+                "tokens_per_s": float("nan")}
+    median = statistics.median(r["seconds"] for r in records)
+    kept = [r for r in records if r["seconds"] <= stall_factor * median]
+    stalled = [r for r in records if r["seconds"] > stall_factor * median]
+    tokens, seconds = sum(r["tokens"] for r in kept), sum(r["seconds"] for r in kept)
+    return {"tokens": tokens, "seconds": seconds, "steps": len(kept), "stalled_steps": len(stalled),
+            "stalled_seconds": sum(r["seconds"] for r in stalled), "tokens_per_s": tokens / max(seconds, 1e-9)}
+
+
 class StepTimer(TrainerCallback):
     """Per optimizer step: wall time (batch fetch and collation, forward, backward, optimizer; not logging or
     checkpointing) and predicted tokens, appended to ``steps.jsonl``; a progress line at every log."""
@@ -423,7 +439,8 @@ def train(name: str, model, rows, collator, args, mdir: Path, tok, topic_tok, tr
         "first_log": logs[0] if logs else {}, "first_joint_log": first_joint, "final_log": logs[-1] if logs else {},
         "training_context": spec["context"], "code": CODE_VERSION,
     }
-    stats["tokens_per_s"] = stats["joint_tokens"] / max(stats["joint_seconds"], 1e-9)
+    joint_speed = step_throughput(joint)
+    stats["tokens_per_s"], stats["stalled_steps"] = joint_speed["tokens_per_s"], joint_speed["stalled_steps"]
     if len(records) != total:
         print(f"   note: {len(records)} of {total} steps were timed (steps.jsonl)", flush=True)
     return stats

@@ -38,6 +38,21 @@ def test_stopped_counts_evaluations_after_the_best(benchmark_all):
     assert not benchmark_all.stopped([], patience=1)
 
 
+def test_step_throughput_leaves_out_stalled_steps(benchmark_all):
+    steps = [{"seconds": 0.2 + 0.01 * (i % 3), "tokens": 100} for i in range(50)]
+    plain = benchmark_all.step_throughput(steps)
+    assert plain["stalled_steps"] == 0
+    assert plain["tokens_per_s"] == pytest.approx(5000 / sum(r["seconds"] for r in steps))
+    # a step during which the process was stopped for an hour: left out, counted, the speed unchanged
+    stalled = benchmark_all.step_throughput(steps[:25] + [{"seconds": 3600.0, "tokens": 100}] + steps[25:])
+    assert stalled["stalled_steps"] == 1 and stalled["stalled_seconds"] == 3600.0
+    assert stalled["tokens_per_s"] == pytest.approx(plain["tokens_per_s"])
+    # a uniformly slower model is not "stalled"
+    slow = benchmark_all.step_throughput([{"seconds": 10 * r["seconds"], "tokens": 100} for r in steps])
+    assert slow["stalled_steps"] == 0 and slow["tokens_per_s"] == pytest.approx(plain["tokens_per_s"] / 10)
+    assert math.isnan(benchmark_all.step_throughput([])["tokens_per_s"])
+
+
 def test_smoke_run_then_resume(benchmark_all, tmp_path, monkeypatch, capsys):
     out = tmp_path / "all"
     report = benchmark_all.main([*SMOKE, "--out", str(out)])
