@@ -156,8 +156,8 @@ def read_json(path: Path):
 
 
 def write_json(path: Path, data) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(jsonable(data), indent=1))
+    tmp = path.with_suffix(f"{path.suffix}.{os.getpid()}.tmp")  # per process: runs with disjoint --only may share
+    tmp.write_text(json.dumps(jsonable(data), indent=1))     # an --out (settings.json is written by each)
     os.replace(tmp, path)  # never a half-written result file
 
 
