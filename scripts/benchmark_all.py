@@ -871,8 +871,8 @@ def figures(report: dict, out: Path) -> None:
     ax.set_ylabel("validation perplexity")
     ax.set_title(f"Perplexity by model and protocol ({title})", fontsize=9)
     finite = [v for _, values in series for v in values if np.isfinite(v)]
-    ax.set_ylim(0.9 * min(finite), 1.05 * max(finite))
-    ax.legend(fontsize=7)
+    ax.set_ylim(0.9 * min(finite), 1.18 * max(finite))  # headroom for the legend above the bars
+    ax.legend(fontsize=7, ncol=len(series), loc="upper center")
     fig.tight_layout()
     fig.savefig(out / "perplexity.png", dpi=120)
     plt.close(fig)

@@ -117,3 +117,27 @@ def test_smoke_run_then_resume(benchmark_all, tmp_path, monkeypatch, capsys):
 
     with pytest.raises(SystemExit):  # other settings in the same folder are refused
         benchmark_all.main([*SMOKE, "--out", str(out), "--max-steps", "5"])
+
+
+def test_readme_commands_and_published_blocks(benchmark_all):
+    """The README's benchmark_all commands parse, and every published block is its results/<key>/table.md (what the
+    script wrote), with its figures present."""
+    import re
+    import shlex
+
+    root = SCRIPTS.parent
+    readme = (root / "README.md").read_text()
+    commands = [shlex.split(line, comments=True)[2:] for line in readme.replace("\\\n", " ").splitlines()
+                if line.startswith("python scripts/benchmark_all.py")]
+    assert commands
+    for argv in commands:
+        args = benchmark_all.parse_args(argv)
+        assert args.readme == "README.md" and args.names
+    blocks = re.findall(r"<!-- benchmark_all (\S+) start -->\n(.*?)<!-- benchmark_all \1 end -->", readme, re.S)
+    assert {key for key, _ in blocks} >= {"apnews-cpu", "brown-cpu"}
+    for key, body in blocks:
+        assert (root / "results" / key / "table.md").read_text().strip() in body, key
+        for image in re.findall(r"\]\((results/[^)]+\.png)\)", body):
+            assert (root / image).exists(), image
+        results = json.loads((root / "results" / key / "results.json").read_text())
+        assert results["context"]["corpus"] == key.split("-")[0]
