@@ -721,6 +721,10 @@ def compare(results: dict, corpus: str) -> dict:
             results["lstm-carry"]["perplexity"]["causal-carry"]["perplexity"]
         out["causal_carry"] = {"best_topic_model": best, "perplexity": a, "lstm_carry_perplexity": b,
                                "difference": a - b, "percent": 100 * (a / b - 1)}
+        m = results[best].get("mismatched")
+        if m and m["base_protocol"] == "causal-carry":  # how much of it the document's own topics give
+            out["causal_carry"]["ablation_perplexity"] = m["perplexity"]
+            out["causal_carry"]["from_own_topics"] = m["perplexity"] - a
     ours = {MODELS[n]["published"]: results[n]["perplexity"]["paper"]["perplexity"]
             for n in results if "published" in MODELS[n]}
     out["ranking_paper"] = sorted(ours, key=ours.get)
@@ -789,7 +793,10 @@ def table(report: dict, args) -> list[str]:
     if cc:
         lines.append(f"- Under **causal-carry**: the best topic model, {results[cc['best_topic_model']]['label']}, "
                      f"{cc['perplexity']:.2f} against the carried-state LSTM {cc['lstm_carry_perplexity']:.2f}: "
-                     f"{cc['difference']:+.2f} ({cc['percent']:+.1f} %; negative = the topic model is better).")
+                     f"{cc['difference']:+.2f} ({cc['percent']:+.1f} %; negative = the topic model is better)."
+                     + (f" With another chunk's context (ablation) it scores {cc['ablation_perplexity']:.2f}: "
+                        f"the document's own topics account for {cc['from_own_topics']:.2f} perplexity points."
+                        if "ablation_perplexity" in cc else ""))
     else:
         lines.append("- Under **causal-carry**: needs `lstm-carry` and a topic model finished.")
     ranking = comp["ranking_paper"]
