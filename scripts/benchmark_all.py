@@ -795,7 +795,7 @@ def table(report: dict, args) -> list[str]:
                      f"{cc['perplexity']:.2f} against the carried-state LSTM {cc['lstm_carry_perplexity']:.2f}: "
                      f"{cc['difference']:+.2f} ({cc['percent']:+.1f} %; negative = the topic model is better)."
                      + (f" With another chunk's context (ablation) it scores {cc['ablation_perplexity']:.2f}: "
-                        f"the document's own topics account for {cc['from_own_topics']:.2f} perplexity points."
+                        f"the document's own topics account for {round(cc['from_own_topics'], 2) + 0.0:.2f} perplexity points."
                         if "ablation_perplexity" in cc else ""))
     else:
         lines.append("- Under **causal-carry**: needs `lstm-carry` and a topic model finished.")
