@@ -410,16 +410,17 @@ def train(name: str, model, rows, collator, args, mdir: Path, tok, topic_tok, tr
     shutil.rmtree(mdir / "model", ignore_errors=True)
     os.replace(best, mdir / "model")
     shutil.rmtree(ckpt_dir, ignore_errors=True)
-    records = [json.loads(line) for line in steps_path.read_text().splitlines() if line]
+    records = read_jsonl(steps_path)
+    speed = step_throughput(records)
     stats = {"parameters": sum(p.numel() for p in model.parameters()), "batch_size": args.batch_size,
              "steps_trained": history[-1]["step"], "best_step": best_step,
              "best_dev_perplexity": min(h["perplexity"] for h in history), "dev_protocol": dev_protocol(name),
              "early_stopped": stopped(history, args.patience), "dev_history": history,
              "train_seconds": sum(r["seconds"] for r in records), "train_tokens": sum(r["tokens"] for r in records),
-             "steps_timed": len(records), "stalled_steps": step_throughput(records)["stalled_steps"],
+             "steps_timed": len(records), "stalled_steps": speed["stalled_steps"],
              "seconds_last_session": seconds, "training_context": spec["context"],
-             "carry_state": bool(spec.get("carry")), "code": CODE_VERSION, **topic_phase}
-    stats["tokens_per_s"] = step_throughput(records)["tokens_per_s"]
+             "carry_state": bool(spec.get("carry")), "code": CODE_VERSION, "tokens_per_s": speed["tokens_per_s"],
+             **topic_phase}
     return stats
 
 
@@ -791,11 +792,12 @@ def table(report: dict, args) -> list[str]:
     lines += ["", "#### Comparisons", ""]
     cc = comp.get("causal_carry")
     if cc:
+        own = round(cc.get("from_own_topics", 0.0), 2) + 0.0  # + 0.0: no "-0.00"
         lines.append(f"- Under **causal-carry**: the best topic model, {results[cc['best_topic_model']]['label']}, "
                      f"{cc['perplexity']:.2f} against the carried-state LSTM {cc['lstm_carry_perplexity']:.2f}: "
                      f"{cc['difference']:+.2f} ({cc['percent']:+.1f} %; negative = the topic model is better)."
                      + (f" With another chunk's context (ablation) it scores {cc['ablation_perplexity']:.2f}: "
-                        f"the document's own topics account for {round(cc['from_own_topics'], 2) + 0.0:.2f} perplexity points."
+                        f"the document's own topics account for {own:.2f} perplexity points."
                         if "ablation_perplexity" in cc else ""))
     else:
         lines.append("- Under **causal-carry**: needs `lstm-carry` and a topic model finished.")
