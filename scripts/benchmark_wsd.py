@@ -77,7 +77,8 @@ def topic_tokenizer_for(path: Path):
     (saved without tokenizers), the vocabularies ``scripts/benchmark_steering.py`` built (APNEWS train,
     min_freq 10, MALLET stop list), checked against the model's ``topic_word_ids``."""
     from topic_lm_hf import build_vocabularies, load_documents
-    from topic_lm_hf.models.modeling_common import load_topic_tokenizer, topic_word_ids_from_tokenizers
+    from topic_lm_hf.models.configuration_common import topic_word_ids_from_tokenizers
+    from topic_lm_hf.models.modeling_conditioning import load_topic_tokenizer
     from transformers import AutoConfig
 
     if (path / "topic_tokenizer" / "tokenizer.json").exists():

@@ -8,8 +8,8 @@ from torch import nn
 
 from conftest import FAMILIES, tiny_model
 from topic_lm_hf import TopicContextCollator
-from topic_lm_hf.models.modeling_common import (normalize_topic_ids, normalize_topic_kwargs, reorder_state, run_rnn,
-                                                topic_ids_to_mixture)
+from topic_lm_hf.models.modeling_conditioning import normalize_topic_ids, normalize_topic_kwargs, topic_ids_to_mixture
+from topic_lm_hf.models.modeling_recurrent import reorder_state, run_rnn
 
 
 def test_topic_ids_forms_and_broadcasting():

@@ -137,7 +137,7 @@ def test_generate_returns_hidden_states_of_every_step(apnews):
 @pytest.mark.parametrize("layers, dropout", [(2, 0.0), (1, 0.3)])
 @pytest.mark.parametrize("family", FAMILIES)
 def test_gradient_checkpointing_gives_the_same_gradients(family, layers, dropout, apnews, batch, monkeypatch):
-    from topic_lm_hf.models import modeling_common, modeling_tcnlm
+    from topic_lm_hf.models import modeling_recurrent, modeling_tcnlm
 
     tok, topic_tok = apnews["tok"], apnews["topic_tok"]
     model = make(family, tok, topic_tok, layers=layers, dropout=dropout).train()
@@ -155,7 +155,7 @@ def test_gradient_checkpointing_gives_the_same_gradients(family, layers, dropout
     assert model.model.gradient_checkpointing
     calls = []
     layer_fn = "_run_layer" if family == "tcnlm" else "_run_one_layer"
-    module = modeling_tcnlm if family == "tcnlm" else modeling_common
+    module = modeling_tcnlm if family == "tcnlm" else modeling_recurrent
     original = getattr(module, layer_fn)
     monkeypatch.setattr(module, layer_fn, lambda *a: calls.append(1) or original(*a))
     loss_ckpt, grads_ckpt = loss_and_grads()

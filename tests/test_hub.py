@@ -20,7 +20,7 @@ def test_saved_folder_loads_with_remote_code_in_a_process_without_the_package(tm
     save_for_hub(model, tmp_path / "repo", tok, topic_tok,
                  results=[{"protocol": "causal", "perplexity": 123.456, "tokens": 99, "dataset": "apnews valid"}])
     files = {p.name for p in (tmp_path / "repo").iterdir()}
-    assert {"modeling_lstm_lm.py", "configuration_lstm_lm.py", "modeling_common.py", "model.safetensors",
+    assert {"modeling_lstm_lm.py", "configuration_lstm_lm.py", "modeling_recurrent.py", "model.safetensors",
             "tokenizer.json", "topic_tokenizer", "README.md"} <= files
     auto_map = json.loads((tmp_path / "repo" / "config.json").read_text())["auto_map"]
     assert auto_map["AutoModelForCausalLM"] == "modeling_lstm_lm.LSTMLMForCausalLM"

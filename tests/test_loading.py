@@ -51,7 +51,7 @@ def test_every_save_writes_the_code_and_auto_map_for_trust_remote_code(vocabular
     auto_map = json.loads((tmp_path / "config.json").read_text())["auto_map"]
     assert auto_map == {"AutoConfig": "configuration_tcnlm.TCNLMConfig",
                         "AutoModelForCausalLM": "modeling_tcnlm.TCNLMForCausalLM"}
-    assert {"configuration_tcnlm.py", "modeling_tcnlm.py", "modeling_common.py"} <= {p.name for p in tmp_path.iterdir()}
+    assert {"configuration_tcnlm.py", "modeling_tcnlm.py", "modeling_recurrent.py"} <= {p.name for p in tmp_path.iterdir()}
     # with the package imported, its registered class is used, not the copied code
     assert type(AutoModelForCausalLM.from_pretrained(tmp_path)) is TCNLMForCausalLM
 

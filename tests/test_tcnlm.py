@@ -637,7 +637,7 @@ def test_gumbel_topic_input_trains_the_lm_on_one_hot_topics_and_reaches_the_enco
     assert bool(((t == 0) | (t == 1)).all()) and torch.equal(t.sum(-1), torch.ones(8))  # one-hot rows
     # The LM loss alone (recomputed with the graph: the output's lm_loss is detached) reaches the encoder.
     hidden = model.model(input_ids=ids, context_bow=bow).last_hidden_state
-    from topic_lm_hf.models.modeling_common import causal_lm_loss
+    from topic_lm_hf.models.modeling_recurrent import causal_lm_loss
     model.zero_grad()
     causal_lm_loss(model._head(hidden), ids.masked_fill(ids == 0, -100)).backward()
     assert model.model.topic_model.posterior_mean.weight.grad.abs().sum() > 0  # straight-through gradient

@@ -41,7 +41,7 @@ import datasets
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from .models.modeling_common import TOPIC_TOKENIZER_SUBFOLDER, load_topic_tokenizer
+from .models.modeling_conditioning import TOPIC_TOKENIZER_SUBFOLDER, load_topic_tokenizer
 
 logger = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 ``save_for_hub`` writes, into one folder: the weights (safetensors), ``config.json`` with a full
 ``auto_map`` (every Auto class of the family, not only the one being saved, hf-notes §3.3), the
-model's flat code files (``configuration_*.py``, ``modeling_*.py``, ``modeling_common.py``), the
+model's flat code files (its ``configuration_*.py`` and ``modeling_*.py`` and the shared ones they import), the
 LM tokenizer, the ``topic_tokenizer/`` subfolder and a model card. Users then load it with
 ``AutoModelForCausalLM.from_pretrained(repo, trust_remote_code=True)`` even without
 ``pip install topic-lm-hf``; with the package installed the registered classes are used.

@@ -21,7 +21,7 @@ from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGH
 
 from .collator import TopicContextCollator
 from .data import record_vocabularies, save_vocabularies
-from .models.modeling_common import TopicLMOutput, select_state_rows
+from .models.modeling_recurrent import TopicLMOutput, select_state_rows
 
 logger = logging.getLogger(__name__)
 
@@ -170,7 +170,7 @@ def carried_state_loss(model, batch, bptt_chunks: int | None = None, chunk_callb
             labels (b_k, l) and the model's output (evaluation sums).
 
     Returns:
-        :class:`~topic_lm_hf.models.modeling_common.TopicLMOutput` with ``loss`` and the weighted loss terms.
+        :class:`~topic_lm_hf.models.modeling_recurrent.TopicLMOutput` with ``loss`` and the weighted loss terms.
     """
     if bptt_chunks is not None and (isinstance(bptt_chunks, bool) or not isinstance(bptt_chunks, int)
                                     or bptt_chunks < 1):

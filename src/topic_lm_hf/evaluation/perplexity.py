@@ -34,7 +34,7 @@ import torch
 
 from ..collator import TopicContextCollator
 from ..data import check_vocabularies, documents_from_lists, load_vocabularies
-from ..models.modeling_common import select_state_rows
+from ..models.modeling_recurrent import select_state_rows
 
 # protocol -> (collator context mode, carry the LSTM state across a document)
 PROTOCOLS = {"paper": ("others", False), "causal": ("preceding", False), "causal-carry": ("preceding", True)}

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from ..collator import TopicContextCollator
-from ..models.modeling_common import select_state_rows
+from ..models.modeling_recurrent import select_state_rows
 from .perplexity import _chunk_nll, prepare_evaluation
 
 PROTOCOL = "topicrnn-sliding-window"

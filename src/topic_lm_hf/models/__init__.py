@@ -1,5 +1,8 @@
-"""Model families. Each family is a configuration file and a modeling file side by side (flat, so
-that Hub remote code can copy them together with ``modeling_common.py``)."""
+"""Model families. Each family is a configuration file and a modeling file side by side, flat, so that
+Hub remote code copies them with the shared files they import: ``configuration_common.py`` (configuration
+side), ``modeling_recurrent.py`` (outputs, running recurrent layers, the recurrent base),
+``modeling_conditioning.py`` (topic conditioning and generation) and ``modeling_document.py`` (the
+document representation and classifier head)."""
 
 from .configuration_lstm_lm import LSTMLMConfig
 from .configuration_nclm import NCLMConfig

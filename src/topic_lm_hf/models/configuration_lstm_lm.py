@@ -2,7 +2,7 @@
 
 from transformers import PretrainedConfig
 
-from .modeling_common import ClassifierConfigMixin, check_integers
+from .configuration_common import KEYS_TO_IGNORE_AT_INFERENCE, ClassifierConfigMixin, check_integers
 
 
 class LSTMLMConfig(ClassifierConfigMixin, PretrainedConfig):
@@ -18,7 +18,7 @@ class LSTMLMConfig(ClassifierConfigMixin, PretrainedConfig):
             linear projection H -> E is inserted before the softmax.
         initializer_range: weights are initialised uniformly in [-r, r].
         classifier_*, freeze_backbone: the head of the ``*ForSequenceClassification`` model
-            (:class:`~topic_lm_hf.models.modeling_common.ClassifierConfigMixin`: an MLP on [o_N; c] by
+            (:class:`~topic_lm_hf.models.configuration_common.ClassifierConfigMixin`: an MLP on [o_N; c] by
             default, ``classifier_head="cnn"`` for the NCLM paper's CNN over [o_m; c]).
 
     Example:
@@ -27,8 +27,7 @@ class LSTMLMConfig(ClassifierConfigMixin, PretrainedConfig):
     """
 
     model_type = "lstm_lm"
-    keys_to_ignore_at_inference = ["state", "hidden_states", "lm_loss", "kl_loss", "bow_loss", "aux_loss",
-                                   "topic_mixture"]
+    keys_to_ignore_at_inference = [*KEYS_TO_IGNORE_AT_INFERENCE]
 
     def __init__(self, vocab_size=10000, embedding_size=300, hidden_size=600, num_hidden_layers=1, dropout=0.4,
                  tie_word_embeddings=False, initializer_range=0.1, use_cache=True, pad_token_id=0, bos_token_id=2,

@@ -2,7 +2,7 @@
 
 from transformers import PretrainedConfig
 
-from .modeling_common import ClassifierConfigMixin, TopicConfigMixin, check_integers
+from .configuration_common import KEYS_TO_IGNORE_AT_INFERENCE, ClassifierConfigMixin, TopicConfigMixin, check_integers
 
 VARIANTS = ("lta", "eta", "leta")
 SDT_MODES = ("prefix", "minus_target")
@@ -70,7 +70,7 @@ class NCLMConfig(TopicConfigMixin, ClassifierConfigMixin, PretrainedConfig):
         initializer_range: scale r of the uniform initialisation U(-r, r) of the LM.
         tie_word_embeddings: share the input embeddings and the output matrix (needs E == H).
         classifier_*, freeze_backbone: the head of the ``*ForSequenceClassification`` model
-            (:class:`~topic_lm_hf.models.modeling_common.ClassifierConfigMixin`: an MLP on [o_N; c] by
+            (:class:`~topic_lm_hf.models.configuration_common.ClassifierConfigMixin`: an MLP on [o_N; c] by
             default, ``classifier_head="cnn"`` for the NCLM paper's CNN over [o_m; c]).
 
     Example:
@@ -81,8 +81,7 @@ class NCLMConfig(TopicConfigMixin, ClassifierConfigMixin, PretrainedConfig):
     """
 
     model_type = "nclm"
-    keys_to_ignore_at_inference = ["state", "hidden_states", "lm_loss", "kl_loss", "bow_loss", "aux_loss",
-                                   "topic_mixture", "topic_representation"]
+    keys_to_ignore_at_inference = [*KEYS_TO_IGNORE_AT_INFERENCE, "topic_representation"]
 
     def __init__(self, vocab_size=10000, topic_vocab_size=2000, num_topics=150, encoder_hidden_size=256,
                  encoder_activation="sigmoid", num_topic_samples=10, embedding_size=300, hidden_size=600,

@@ -2,7 +2,7 @@
 
 from transformers import PretrainedConfig
 
-from .modeling_common import ClassifierConfigMixin, TopicConfigMixin, check_integers
+from .configuration_common import KEYS_TO_IGNORE_AT_INFERENCE, ClassifierConfigMixin, TopicConfigMixin, check_integers
 
 COUPLINGS = ("same", "reversed")
 GATES = ("paper", "official")
@@ -60,7 +60,7 @@ class RGBNRNNConfig(TopicConfigMixin, ClassifierConfigMixin, PretrainedConfig):
         initializer_range: r of the uniform initialisation U(-r, r) of the LM and gate weights (0.05, the code's).
         tie_word_embeddings: not supported (the output layer reads sum_l H_l features).
         classifier_*, freeze_backbone: the head of :class:`RGBNRNNForSequenceClassification`
-            (:class:`~topic_lm_hf.models.modeling_common.ClassifierConfigMixin`).
+            (:class:`~topic_lm_hf.models.configuration_common.ClassifierConfigMixin`).
 
     Example:
         >>> config = RGBNRNNConfig(vocab_size=1000, topic_vocab_size=300, topic_sizes=[10, 6],
@@ -69,8 +69,7 @@ class RGBNRNNConfig(TopicConfigMixin, ClassifierConfigMixin, PretrainedConfig):
     """
 
     model_type = "rgbn_rnn"
-    keys_to_ignore_at_inference = ["state", "hidden_states", "lm_loss", "kl_loss", "bow_loss", "aux_loss",
-                                   "topic_mixture", "theta"]
+    keys_to_ignore_at_inference = [*KEYS_TO_IGNORE_AT_INFERENCE, "theta"]
 
     def __init__(self, vocab_size=10000, topic_vocab_size=2000, topic_sizes=(100, 80, 50), hidden_sizes=(600, 512, 256),
                  embedding_size=300, dropout=0.4, recurrent=True, recurrent_encoder=None, coupling="same", gate="paper",

@@ -2,7 +2,7 @@
 
 from transformers import PretrainedConfig
 
-from .modeling_common import check_integers
+from .configuration_common import check_integers
 
 OUTPUT_MODES = ("all_senses", "candidates")
 TRAINING_OBJECTIVES = ("all_senses", "candidates")

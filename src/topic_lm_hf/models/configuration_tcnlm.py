@@ -2,7 +2,7 @@
 
 from transformers import PretrainedConfig
 
-from .modeling_common import ClassifierConfigMixin, TopicConfigMixin, check_integers
+from .configuration_common import KEYS_TO_IGNORE_AT_INFERENCE, ClassifierConfigMixin, TopicConfigMixin, check_integers
 
 LM_TYPES = ("tcnlm", "naive_moe")
 TOPIC_LOSS_NORMALIZATIONS = ("context_tokens", "lm_tokens")
@@ -65,7 +65,7 @@ class TCNLMConfig(TopicConfigMixin, ClassifierConfigMixin, PretrainedConfig):
         topic_word_ids: the LM id of every topic-vocabulary entry (-1 for the topic ``<unk>``), as in
             :class:`TopicRNNConfig`; set by :meth:`from_tokenizers` (needed by ``topic_output_bias="beta"``).
         classifier_*, freeze_backbone: the head of the ``*ForSequenceClassification`` model
-            (:class:`~topic_lm_hf.models.modeling_common.ClassifierConfigMixin`: an MLP on [o_N; c] by
+            (:class:`~topic_lm_hf.models.configuration_common.ClassifierConfigMixin`: an MLP on [o_N; c] by
             default, ``classifier_head="cnn"`` for the NCLM paper's CNN over [o_m; c]).
 
     Example:
@@ -76,8 +76,7 @@ class TCNLMConfig(TopicConfigMixin, ClassifierConfigMixin, PretrainedConfig):
     """
 
     model_type = "tcnlm"
-    keys_to_ignore_at_inference = ["state", "hidden_states", "lm_loss", "kl_loss", "bow_loss", "aux_loss",
-                                   "topic_mixture"]
+    keys_to_ignore_at_inference = [*KEYS_TO_IGNORE_AT_INFERENCE]
 
     def __init__(self, vocab_size=10000, topic_vocab_size=2000, num_topics=50, embedding_size=300, hidden_size=600,
                  num_hidden_layers=1, num_factors=None, dropout=0.4, encoder_hidden_size=256,

@@ -6,7 +6,7 @@ from typing import Optional, Sequence
 
 from transformers import PretrainedConfig
 
-from .modeling_common import ClassifierConfigMixin, TopicConfigMixin, check_integers
+from .configuration_common import KEYS_TO_IGNORE_AT_INFERENCE, ClassifierConfigMixin, TopicConfigMixin, check_integers
 
 CELLS = ("rnn", "lstm", "gru")
 
@@ -47,7 +47,7 @@ class TopicRNNConfig(TopicConfigMixin, ClassifierConfigMixin, PretrainedConfig):
         feature_log_sigma: the document topic representation (``document_topic_representation``, the
             classifier's c) is [mean; log sigma] of q(theta) rather than the mean alone.
         classifier_*, freeze_backbone: :class:`TopicRNNForSequenceClassification`'s head
-            (:class:`~topic_lm_hf.models.modeling_common.ClassifierConfigMixin`); the defaults are the
+            (:class:`~topic_lm_hf.models.configuration_common.ClassifierConfigMixin`); the defaults are the
             paper's MLP with 50 sigmoid units (after Le & Mikolov 2014) on frozen features.
         initializer_range: weights are initialised uniformly in [-r, r].
         steering_scale: what ``topic_ids`` mean for the real-valued theta: ``topic_ids=[k]`` is
@@ -64,8 +64,7 @@ class TopicRNNConfig(TopicConfigMixin, ClassifierConfigMixin, PretrainedConfig):
     """
 
     model_type = "topic_rnn"
-    keys_to_ignore_at_inference = ["state", "hidden_states", "lm_loss", "kl_loss", "bow_loss", "aux_loss",
-                                   "topic_mixture"]
+    keys_to_ignore_at_inference = [*KEYS_TO_IGNORE_AT_INFERENCE]
 
     def __init__(self, cell: str = "rnn", vocab_size: int = 10000, topic_vocab_size: int = 5000,
                  topic_word_ids: Optional[Sequence[int]] = None, embedding_size: int = 300, hidden_size: int = 300,

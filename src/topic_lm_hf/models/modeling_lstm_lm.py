@@ -12,8 +12,8 @@ from torch import nn
 from transformers import GenerationMixin
 
 from .configuration_lstm_lm import LSTMLMConfig
-from .modeling_common import (DocumentClassifierMixin, DocumentRepresentationDelegate, DocumentRepresentationMixin,
-                             RecurrentBodyMixin, RecurrentPreTrainedModel, TopicLMOutput, causal_lm_loss)
+from .modeling_document import DocumentClassifierMixin, DocumentRepresentationDelegate, DocumentRepresentationMixin
+from .modeling_recurrent import RecurrentBodyMixin, RecurrentPreTrainedModel, TopicLMOutput, causal_lm_loss
 
 
 class LSTMLMPreTrainedModel(RecurrentPreTrainedModel):
@@ -86,7 +86,7 @@ class LSTMLMForCausalLM(DocumentRepresentationDelegate, LSTMLMPreTrainedModel, G
 class LSTMLMForSequenceClassification(DocumentClassifierMixin, LSTMLMPreTrainedModel):
     """Document classifier on the LSTM LM's features o_N (or o_m with the CNN head): the papers' CNN-LSTM /
     "LSTM features" baseline. Loads the body of a saved :class:`LSTMLMForCausalLM` folder (see
-    :class:`~.modeling_common.DocumentClassifierMixin`)."""
+    :class:`~.modeling_document.DocumentClassifierMixin`)."""
 
     def __init__(self, config: LSTMLMConfig):
         super().__init__(config)

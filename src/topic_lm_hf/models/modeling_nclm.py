@@ -63,11 +63,11 @@ from torch.nn import functional as F
 from transformers import GenerationMixin
 
 from .configuration_nclm import NCLMConfig
-from .modeling_common import (DocumentClassifierMixin, DocumentRepresentationDelegate, DocumentRepresentationMixin,
-                              RecurrentBodyMixin, RecurrentPreTrainedModel, TopicGenerationMixin, TopicLMOutput,
-                              _broadcast_rows, causal_lm_loss, detach_or_none, last_token_positions,
-                              lm_to_topic_index,
-                              normalize_topic_kwargs, topic_ids_to_mixture, topic_vocabulary)
+from .modeling_conditioning import (TopicGenerationMixin, _broadcast_rows, lm_to_topic_index, normalize_topic_kwargs,
+                                    topic_ids_to_mixture, topic_vocabulary)
+from .modeling_document import DocumentClassifierMixin, DocumentRepresentationDelegate, DocumentRepresentationMixin
+from .modeling_recurrent import (RecurrentBodyMixin, RecurrentPreTrainedModel, TopicLMOutput, causal_lm_loss,
+                                 detach_or_none, last_token_positions)
 
 TRAINING_PHASES = ("joint", "lm", "topic_model")
 _ROWS_PER_DENSE_BLOCK = 8  # rows of (K, V_c) scores at a time in the official code's ETR selection
@@ -663,7 +663,7 @@ class NCLMForSequenceClassification(DocumentClassifierMixin, NCLMPreTrainedModel
     """Document classifier on NCLM features: [o_N; c] with the MLP head, or the paper's CNN over [o_m; c]
     (``classifier_head="cnn"``), c = h, z or [z; h] of the whole document by ``config.variant`` (no sentence
     topics: no word is predicted). Loads the body of a saved :class:`NCLMForCausalLM` folder (see
-    :class:`~.modeling_common.DocumentClassifierMixin`)."""
+    :class:`~.modeling_document.DocumentClassifierMixin`)."""
 
     def __init__(self, config: NCLMConfig):
         super().__init__(config)

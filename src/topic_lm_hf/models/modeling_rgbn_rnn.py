@@ -59,10 +59,10 @@ from torch.nn import functional as F
 from transformers import GenerationMixin
 
 from .configuration_rgbn_rnn import RGBNRNNConfig
-from .modeling_common import (DocumentClassifierMixin, DocumentRepresentationDelegate, DocumentRepresentationMixin,
-                              RecurrentModelOutput, RecurrentPreTrainedModel, TopicGenerationMixin, TopicLMOutput,
-                              causal_lm_loss, detach_or_none, last_token_positions, normalize_topic_ids,
-                              normalize_topic_kwargs, run_rnn, topic_vocabulary)
+from .modeling_conditioning import TopicGenerationMixin, normalize_topic_ids, normalize_topic_kwargs, topic_vocabulary
+from .modeling_document import DocumentClassifierMixin, DocumentRepresentationDelegate, DocumentRepresentationMixin
+from .modeling_recurrent import (RecurrentModelOutput, RecurrentPreTrainedModel, TopicLMOutput, causal_lm_loss,
+                                 detach_or_none, last_token_positions, run_rnn)
 
 logger = logging.getLogger(__name__)
 
@@ -1135,7 +1135,7 @@ class RGBNRNNForCausalLM(DocumentRepresentationDelegate, RGBNRNNPreTrainedModel,
 class RGBNRNNForSequenceClassification(DocumentClassifierMixin, RGBNRNNPreTrainedModel):
     """Document classifier on rGBN-RNN / GBN-RNN features [o_N; theta^1; ...; theta^L], o_N the gated outputs of
     every layer after the document's last token. Loads the body of a saved :class:`RGBNRNNForCausalLM` folder (see
-    :class:`~.modeling_common.DocumentClassifierMixin`)."""
+    :class:`~.modeling_document.DocumentClassifierMixin`)."""
 
     def __init__(self, config: RGBNRNNConfig):
         super().__init__(config)

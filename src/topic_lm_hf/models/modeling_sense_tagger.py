@@ -34,7 +34,7 @@ from torch.nn import functional as F
 from transformers.modeling_outputs import TokenClassifierOutput
 
 from .configuration_sense_tagger import SenseTaggerConfig
-from .modeling_common import RecurrentPreTrainedModel, run_rnn
+from .modeling_recurrent import RecurrentPreTrainedModel, run_rnn
 
 
 class SenseTaggerPreTrainedModel(RecurrentPreTrainedModel):

@@ -72,10 +72,11 @@ from transformers import GenerationMixin
 from transformers.utils import ModelOutput
 
 from .configuration_tcnlm import TCNLMConfig
-from .modeling_common import (DocumentClassifierMixin, DocumentRepresentationDelegate, DocumentRepresentationMixin,
-                              RecurrentPreTrainedModel, TopicGenerationMixin, TopicLMOutput, causal_lm_loss,
-                              detach_or_none, lm_to_topic_index, normalize_topic_kwargs, run_rnn, run_rnn_layers,
-                              topic_ids_to_mixture, topic_scores_to_vocab, topic_vocabulary)
+from .modeling_conditioning import (TopicGenerationMixin, lm_to_topic_index, normalize_topic_kwargs,
+                                    topic_ids_to_mixture, topic_scores_to_vocab, topic_vocabulary)
+from .modeling_document import DocumentClassifierMixin, DocumentRepresentationDelegate, DocumentRepresentationMixin
+from .modeling_recurrent import (RecurrentPreTrainedModel, TopicLMOutput, causal_lm_loss, detach_or_none, run_rnn,
+                                 run_rnn_layers)
 
 NUM_GATES = 4  # i, f, g (= c~), o
 TOPIC_LOGIT_INIT_STD = 1.5  # spread of the topic-word logits at initialisation (TCNLMPreTrainedModel._init_weights)
@@ -675,7 +676,7 @@ class TCNLMForCausalLM(DocumentRepresentationDelegate, TCNLMPreTrainedModel, Top
 class TCNLMForSequenceClassification(DocumentClassifierMixin, TCNLMPreTrainedModel):
     """Document classifier on TCNLM features [o_N; t] (o_m with the CNN head): the LSTM runs with the document's
     own topic proportions t. Loads the body of a saved :class:`TCNLMForCausalLM` folder (see
-    :class:`~.modeling_common.DocumentClassifierMixin`)."""
+    :class:`~.modeling_document.DocumentClassifierMixin`)."""
 
     def __init__(self, config: TCNLMConfig):
         super().__init__(config)

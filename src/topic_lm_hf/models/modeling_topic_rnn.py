@@ -68,10 +68,10 @@ from transformers import GenerationMixin
 from transformers.utils import ModelOutput
 
 from .configuration_topic_rnn import TopicRNNConfig
-from .modeling_common import (DocumentClassifierMixin, DocumentRepresentationDelegate, DocumentRepresentationMixin,
-                             RecurrentPreTrainedModel, TopicGenerationMixin, TopicLMOutput, normalize_topic_kwargs,
-                              lm_to_topic_index, run_token_rnn, topic_ids_to_mixture,
-                              topic_scores_to_vocab, topic_vocabulary)
+from .modeling_conditioning import (TopicGenerationMixin, normalize_topic_kwargs, lm_to_topic_index,
+                                    topic_ids_to_mixture, topic_scores_to_vocab, topic_vocabulary)
+from .modeling_document import DocumentClassifierMixin, DocumentRepresentationDelegate, DocumentRepresentationMixin
+from .modeling_recurrent import RecurrentPreTrainedModel, TopicLMOutput, run_token_rnn
 
 _CELLS = {"rnn": nn.RNN, "lstm": nn.LSTM, "gru": nn.GRU}
 
@@ -404,7 +404,7 @@ class TopicRNNForCausalLM(DocumentRepresentationDelegate, TopicRNNPreTrainedMode
 
 
 class TopicRNNForSequenceClassification(DocumentClassifierMixin, TopicRNNPreTrainedModel):
-    """Document classifier on TopicRNN features (see :class:`~.modeling_common.DocumentClassifierMixin`).
+    """Document classifier on TopicRNN features (see :class:`~.modeling_document.DocumentClassifierMixin`).
 
     The paper's recipe is the default: [last RNN state; mu; log sigma of q(theta)] -> MLP with 50 sigmoid units,
     trained on frozen features. ``AutoModelForSequenceClassification.from_pretrained(<a TopicRNNForCausalLM

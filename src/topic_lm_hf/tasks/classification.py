@@ -1,6 +1,6 @@
 """Document classification with the features of any model of the package, and its baselines.
 
-Every family's base model gives :meth:`document_representation` (``modeling_common.DocumentRepresentationMixin``):
+Every family's base model gives :meth:`document_representation` (``modeling_document.DocumentRepresentationMixin``):
 [o_N; c] per document, or [o_m; c] per token, o the top recurrent layer's output and c the document topic vector
 of its bag of words (none for the LSTM LM). Every family has a ``*ForSequenceClassification`` registered with
 ``AutoModelForSequenceClassification``, which loads the body of a saved causal LM folder. Two recipes, both

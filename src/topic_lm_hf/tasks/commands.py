@@ -205,7 +205,7 @@ class WSDEvaluateArguments:
 
 
 def run_wsd_train(args: WSDTrainArguments, training_args: TrainingArguments) -> None:
-    from ..models.modeling_common import load_topic_tokenizer
+    from ..models.modeling_conditioning import load_topic_tokenizer
     from .wsd import load_wsd_corpus
     from .wsd_tagger import train_sense_tagger
 

@@ -47,7 +47,7 @@ import torch
 from transformers import AutoModelForCausalLM, Trainer, TrainerCallback, TrainingArguments, set_seed
 
 from ..models.configuration_sense_tagger import OUTPUT_MODES, SenseTaggerConfig
-from ..models.modeling_common import TOPIC_TOKENIZER_SUBFOLDER, load_topic_tokenizer
+from ..models.modeling_conditioning import TOPIC_TOKENIZER_SUBFOLDER, load_topic_tokenizer
 from ..models.modeling_sense_tagger import SenseTaggerForTokenClassification
 from .wsd import (PathLike, SenseInventory, WSDScore, _as_corpus, iter_wsd_instances, load_sense_inventory,
                   score_wsd, wsd_gold, write_key_file)
