@@ -404,7 +404,7 @@ def test_generation_conditioning(toy):
 
     def recording_forward(*args, **kwargs):
         calls.append(("bow" if kwargs.get("context_bow") is not None else
-                      "theta" if kwargs.get("topic_mixture") is not None else "none"))
+                      "theta" if kwargs.get("topic_representation") is not None else "none"))
         return original(*args, **kwargs)
 
     model.forward = functools.wraps(original)(recording_forward)

@@ -14,9 +14,7 @@ Arguments are dataclasses parsed by `HfArgumentParser`, as in transformers' `run
 
 from __future__ import annotations
 
-import inspect
 import logging
-import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -26,10 +24,12 @@ from typing import Callable, Optional
 import torch
 from transformers import (AutoConfig, AutoModelForCausalLM, HfArgumentParser, PretrainedConfig, TrainingArguments,
                           set_seed)
-from transformers.trainer_utils import get_last_checkpoint
 
 from . import data as data_lib
+from .data import HELP as _HELP
+from .data import DataArguments, load_corpora, resolve_stopwords, shared_data_dir  # noqa: F401 (cli names)
 from .collator import TopicContextCollator, make_bow
+from .models.configuration_common import config_kwargs_from_tokenizers
 from .evaluation import evaluate_perplexity
 from .demo import DemoArguments, run_demo
 from .tasks.commands import (ClassifyArguments, RetrieveArguments, TaskDataArguments, WSDEvaluateArguments,
@@ -38,44 +38,6 @@ from .trainer import TopicLMTrainer
 
 logger = logging.getLogger("topic_lm_hf")
 
-# Help texts of flags that several subcommands share.
-_HELP = {
-    "validation_file": "Validation corpus: a Lau et al. .txt file (one document per line, sentences separated by "
-                       "TAB), or .jsonl / .jsonl.gz / .parquet raw text (with --text_column).",
-    "text_column": "Raw-text column of JSON / Parquet corpora (then sentence-split and tokenized by syntok).",
-    "max_sentence_length": "Predicted tokens per chunk: longer sentences are cut into chunks of this length.",
-    "max_context_tokens": "Topic tokens kept in a context bag of words (the first N of the context, in document "
-                          "order).",
-    "max_eval_documents": "Use only the first N validation documents.",
-    "protocols": "Comma-separated perplexity protocols to report: paper (context = document minus the sentence; "
-                 "sees later sentences), causal (preceding sentences), causal-carry (preceding sentences, state "
-                 "carried across the document).",
-}
-
-
-@dataclass
-class DataArguments:
-    train_file: Optional[str] = field(default=None, metadata={
-        "help": "Training corpus: a Lau et al. .txt file, or .jsonl / .jsonl.gz / .parquet raw text (with "
-                "--text_column). Default: ../shared/data/apnews/train.txt when it exists, else the synthetic corpus."})
-    validation_file: Optional[str] = field(default=None, metadata={
-        "help": _HELP["validation_file"] + " Default: ../shared/data/apnews/valid.txt with the default training "
-                "corpus, else 10%% of the training documents."})
-    text_column: Optional[str] = field(default=None, metadata={"help": _HELP["text_column"]})
-    min_freq: int = field(default=10, metadata={"help": "LM vocabulary: minimum word frequency."})
-    stopwords: str = field(default="default", metadata={
-        "help": "Stop list removed from the topic vocabulary: 'default' (scikit-learn's English list, 318 words), "
-                "'mallet' (MALLET's 524-word list that the papers use, read from "
-                "../shared/data/stopwords/mallet_en.txt), 'none', or a file with one word per line."})
-    min_doc_freq: int = field(default=0, metadata={"help": "Topic vocabulary: minimum document frequency."})
-    max_sentence_length: int = field(default=30, metadata={"help": _HELP["max_sentence_length"]})
-    max_context_tokens: int = field(default=300, metadata={"help": _HELP["max_context_tokens"]})
-    context: str = field(default="others", metadata={
-        "help": "Training context of topic models: 'others' (the document minus the sentence, as in the papers), "
-                "'preceding' (causal) or 'document'. Models without a context ignore it."})
-    max_train_documents: Optional[int] = field(default=None, metadata={"help": "Use only the first N training documents."})
-    max_eval_documents: Optional[int] = field(default=None, metadata={"help": _HELP["max_eval_documents"]})
-    synthetic: bool = field(default=False, metadata={"help": "Use the package's synthetic corpus (not real text)."})
 
 
 @dataclass
@@ -180,14 +142,6 @@ class TopicsArguments:
 # ----------------------------------------------------------------------------------------------
 
 
-def shared_data_dir() -> Optional[Path]:
-    """``../shared/data`` next to the current directory or next to this checkout, if present."""
-    candidates = [Path.cwd().parent / "shared" / "data", Path(__file__).resolve().parents[3] / "shared" / "data"]
-    if os.environ.get("TOPIC_LM_DATA"):
-        candidates.insert(0, Path(os.environ["TOPIC_LM_DATA"]))
-    return next((c for c in candidates if (c / "apnews" / "train.txt").exists()), None)
-
-
 def make_config(model_args: ModelArguments) -> PretrainedConfig:
     """The configuration that ``model_args`` describe, before it is sized to the vocabularies.
 
@@ -214,10 +168,6 @@ def make_config(model_args: ModelArguments) -> PretrainedConfig:
     return config
 
 
-def _accepts(model, name: str) -> bool:
-    return name in inspect.signature(model.forward).parameters
-
-
 def build_model(model_args: ModelArguments, tokenizer, topic_tokenizer):
     """A new model of ``model_type`` sized to the vocabularies, or a saved one."""
     if model_args.model_name_or_path:
@@ -225,46 +175,12 @@ def build_model(model_args: ModelArguments, tokenizer, topic_tokenizer):
         data_lib.check_vocabularies(tokenizer, topic_tokenizer, model.config)
         return model
     config = make_config(model_args)
-    config.vocab_size = len(tokenizer)
-    for name, token in (("pad_token_id", "<pad>"), ("bos_token_id", "<bos>"), ("eos_token_id", "<eos>")):
-        setattr(config, name, tokenizer.convert_tokens_to_ids(token))
-    if hasattr(config, "topic_vocab_size"):
-        config.topic_vocab_size = len(topic_tokenizer)
-    if hasattr(config, "topic_word_ids_from_tokenizers"):
-        # TopicRNN's stop-word indicator: the LM id of every topic word (-1 for the topic <unk>).
-        config.topic_word_ids = config.topic_word_ids_from_tokenizers(tokenizer, topic_tokenizer)
+    # Vocabulary sizes, special-token ids and topic_word_ids (the LM id of every topic word), as from_tokenizers;
+    # a family without a topic vocabulary (the LSTM LM) takes only the first two.
+    for name, value in config_kwargs_from_tokenizers(tokenizer, topic_tokenizer).items():
+        if not name.startswith("topic_") or hasattr(config, name):
+            setattr(config, name, value)
     return AutoModelForCausalLM.from_config(config)
-
-
-def load_corpora(data_args: DataArguments):
-    """(train documents, validation documents, a label naming their source)."""
-    if data_args.synthetic or (data_args.train_file is None and shared_data_dir() is None):
-        docs = data_lib.synthetic_documents(600, seed=0)
-        split = docs.train_test_split(test_size=0.15, seed=0)
-        return split["train"], split["test"], "SYNTHETIC corpus generated by topic_lm_hf (not real text)"
-    train_file = data_args.train_file or str(shared_data_dir() / "apnews" / "train.txt")
-    valid_file = data_args.validation_file
-    if valid_file is None and data_args.train_file is None:
-        valid_file = str(shared_data_dir() / "apnews" / "valid.txt")
-    kw = {"text_column": data_args.text_column}
-    train = data_lib.load_documents(train_file, max_documents=data_args.max_train_documents, **kw)
-    if valid_file:
-        valid = data_lib.load_documents(valid_file, max_documents=data_args.max_eval_documents, **kw)
-    else:
-        split = train.train_test_split(test_size=0.1, seed=0)
-        train, valid = split["train"], split["test"]
-    return train, valid, f"{train_file} ({len(train)} docs) / {valid_file or '10% of train'} ({len(valid)} docs)"
-
-
-def resolve_stopwords(value: str):
-    if value == "none":
-        return None
-    if value == "mallet":
-        root = shared_data_dir()
-        if root is None:
-            raise FileNotFoundError("stopwords='mallet' needs ../shared/data/stopwords/mallet_en.txt")
-        return str(root / "stopwords" / "mallet_en.txt")
-    return value
 
 
 def format_perplexity_table(rows: list[dict]) -> str:
@@ -305,12 +221,9 @@ def train(data_args: DataArguments, model_args: ModelArguments, training_args: T
                                                      stopwords=resolve_stopwords(data_args.stopwords),
                                                      min_doc_freq=data_args.min_doc_freq)
     model = build_model(model_args, tok, topic_tok)
-    uses_context = _accepts(model, "context_bow")
-    collator = TopicContextCollator(tok, topic_tok, context=data_args.context if uses_context else "none",
-                                    max_sentence_length=data_args.max_sentence_length,
-                                    max_context_tokens=data_args.max_context_tokens,
-                                    sentence_prefix=_accepts(model, "sentence_prefix_bow"),
-                                    layout="documents" if _accepts(model, "chunk_mask") else "sentences")
+    collator = TopicContextCollator.for_model(model, tok, topic_tok, context=data_args.context,
+                                              max_sentence_length=data_args.max_sentence_length,
+                                              max_context_tokens=data_args.max_context_tokens)
     train_rows = collator.prepare(train_docs)
     eval_rows = collator.prepare(valid_docs) if valid_docs is not None and training_args.eval_strategy != "no" else None
     trainer = TopicLMTrainer(model=model, args=training_args, train_dataset=train_rows, eval_dataset=eval_rows,

@@ -43,6 +43,11 @@ from .data import BOS, EOS, PAD, STREAM_BATCH_SIZE, UNK, check_vocabularies, dat
 
 CONTEXT_MODES = ("others", "preceding", "document", "none")
 LAYOUTS = ("sentences", "documents", "sequence")
+# What the batches of each protocol are (TopicContextCollator.for_model): (context mode, whole documents with the
+# recurrent state carried from chunk to chunk). "train" is the model's own declared training context.
+PROTOCOL_BATCHES = {"train-carry": ("preceding", True), "paper": ("others", False), "causal": ("preceding", False),
+                    "causal-carry": ("preceding", True), "sliding-window": ("none", True),
+                    "document": ("document", False)}
 
 
 @dataclass
@@ -114,11 +119,62 @@ class TopicContextCollator:
         self.bos_id, self.eos_id = self._vocab[BOS], self._vocab[EOS]
         self.topic_vocab_size = len(self.topic_tokenizer) if self.topic_tokenizer is not None else 0
         # LM id -> topic id (-1 for words outside the topic vocabulary): one lookup per token.
-        self._lm_to_topic = np.full(len(self.tokenizer), -1, dtype=np.int64)
+        self.lm_to_topic = np.full(len(self.tokenizer), -1, dtype=np.int64)
         if self.topic_tokenizer is not None:
             for word, topic_id in self.topic_tokenizer.get_vocab().items():
                 if word != UNK and word in self._vocab:
-                    self._lm_to_topic[self._vocab[word]] = topic_id
+                    self.lm_to_topic[self._vocab[word]] = topic_id
+
+    @classmethod
+    def for_model(cls, model, tokenizer, topic_tokenizer=None, protocol: str = "train", context: str | None = None,
+                  **kwargs) -> "TopicContextCollator":
+        """The collator that builds ``model``'s batches, from what the model declares it reads
+        (``conditioning_inputs``, ``training_context``, ``reads_sentence_prefix``, ``reads_documents``).
+
+        Args:
+            model: a model of the package (or its class).
+            tokenizer, topic_tokenizer: the model's vocabularies (the topic tokenizer is used only when
+                the model reads a bag of words).
+            protocol: what the batches are for:
+
+                * ``"train"``: the model's documented training batches (its ``training_context``);
+                * ``"train-carry"``: whole documents with the preceding context, for
+                  ``TopicLMTrainer(carry_state=True)``;
+                * ``"paper"``, ``"causal"``, ``"causal-carry"``: the evaluation protocols of
+                  :func:`~topic_lm_hf.evaluate_perplexity`;
+                * ``"sliding-window"``: whole documents without a context
+                  (:func:`~topic_lm_hf.evaluation.evaluate_perplexity_sliding_window` builds it from the window);
+                * ``"document"``: one sequence per document with its whole bag of words (the downstream tasks:
+                  classification, retrieval, ``document_representation``).
+            context: another context mode for ``"train"`` (``--context`` of ``topic-lm train``); a model
+                without a bag-of-words input always gets ``"none"``.
+            kwargs: the other fields (``max_sentence_length``, ``max_context_tokens``, ``label_column``, ...).
+
+        A model reading whole documents (rGBN-RNN) gets documents batches under every protocol but
+        ``"document"``; a model reading the sentence prefix (NCLM) gets ``sentence_prefix_bow``.
+        """
+        if protocol != "train" and protocol not in PROTOCOL_BATCHES:
+            raise ValueError(f"protocol must be one of {['train', *PROTOCOL_BATCHES]}, got {protocol!r}")
+        if context is not None and protocol != "train":
+            raise ValueError(f"context= chooses the training context (protocol='train'); protocol={protocol!r} "
+                             "fixes its own")
+        reads_context = "context_bow" in getattr(model, "conditioning_inputs", ())
+        reads_documents = bool(getattr(model, "reads_documents", False))
+        if protocol == "train":
+            mode, whole_documents = context or getattr(model, "training_context", "none"), reads_documents
+        else:
+            mode, whole_documents = PROTOCOL_BATCHES[protocol]
+            whole_documents = whole_documents or reads_documents
+        if not reads_context:
+            mode = "none"
+        if protocol == "document":
+            layout, prefix = "sequence", False
+        else:
+            layout = "documents" if whole_documents else "sentences"
+            prefix = bool(getattr(model, "reads_sentence_prefix", False))
+        # A topic model keeps its topic vocabulary also without a context (the sliding window maps words to it).
+        return cls(tokenizer, topic_tokenizer if (reads_context or prefix) else None, context=mode, layout=layout,
+                   sentence_prefix=prefix, **kwargs)
 
     # ------------------------------------------------------------------------------------------
     # per document
@@ -137,7 +193,7 @@ class TopicContextCollator:
     def contexts(self, sentence_ids: Sequence[Sequence[int]], mode: str | None = None) -> list[np.ndarray]:
         """The context topic ids of each sentence of one document (already capped)."""
         mode = mode or self.context
-        lm_to_topic = self._lm_to_topic
+        lm_to_topic = self.lm_to_topic
         topic = [lm_to_topic[np.asarray(s, dtype=np.int64)] for s in sentence_ids]
         topic = [t[t >= 0] for t in topic]
         flat = np.concatenate(topic) if topic else np.zeros(0, dtype=np.int64)
@@ -177,7 +233,7 @@ class TopicContextCollator:
                 rows["chunk_index"].append(k)
                 if self.sentence_prefix:
                     # <bos> w_1 .. : the tokens before this chunk's first one are w_1 .. w_{k * step - 1}
-                    before = self._lm_to_topic[np.asarray(ids[:max(k * self.max_sentence_length - 1, 0)],
+                    before = self.lm_to_topic[np.asarray(ids[:max(k * self.max_sentence_length - 1, 0)],
                                                           dtype=np.int64)]
                     rows["prefix_ids"].append(before[before >= 0].tolist())
         return rows

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import math
-import sys
 import os
 import time
 from dataclasses import dataclass, field
@@ -92,7 +91,7 @@ def locate_corpus(train_file: Optional[str], synthetic: bool = False):
     """(train, valid, label, stop list): ``topic-lm train``'s corpora (``--train_file`` with a tenth held
     out, else APNEWS from ../shared/data, else the labelled synthetic corpus) and the papers' MALLET stop
     list with APNEWS."""
-    from .cli import DataArguments, load_corpora, resolve_stopwords, shared_data_dir
+    from .data import DataArguments, load_corpora, resolve_stopwords, shared_data_dir
 
     train, valid, source = load_corpora(DataArguments(train_file=train_file, synthetic=synthetic))
     on_apnews = not synthetic and train_file is None and shared_data_dir() is not None
@@ -149,8 +148,8 @@ def run_demo(args: DemoArguments) -> None:
 
     lstm = LSTMLMForCausalLM(LSTMLMConfig(vocab_size=len(tok), **SIZES))
     tcnlm = TCNLMForCausalLM(TCNLMConfig.from_tokenizers(tok, topic_tok, **SIZES, **TCNLM_OPTIONS))
-    lm_collator = TopicContextCollator(tok, None, context="none")
-    topic_collator = TopicContextCollator(tok, topic_tok, context="others")
+    lm_collator = TopicContextCollator.for_model(lstm, tok)
+    topic_collator = TopicContextCollator.for_model(tcnlm, tok, topic_tok)  # TCNLM's training context: "others"
     topic_rows = topic_collator.prepare(train_docs)
 
     start = phase(2, total, f"pre-training TCNLM's topic model on bags of words ({TOPIC_PRETRAINING_STEPS} steps)")
@@ -184,7 +183,7 @@ def run_demo(args: DemoArguments) -> None:
     start = phase(5, total, "the topics (top words from beta" + (", NPMI on Wikipedia)" if args.npmi_documents else ")"))
     topics = tcnlm.get_topics(top_n=10)
     npmi = None
-    from .cli import shared_data_dir
+    from .data import shared_data_dir
 
     root = None if synthetic else shared_data_dir()
     if args.npmi_documents and root is not None and (root / "wiki" / "articles.jsonl.gz").exists():
@@ -254,13 +253,3 @@ def run_demo(args: DemoArguments) -> None:
           f"{source}; vocabulary of words seen >= {1 if synthetic else DEMO_MIN_FREQ} times, so these perplexities "
           "are not comparable with the README's tables")
     print(f"\n[demo] finished in {time.perf_counter() - t0:.0f} s")
-
-
-def main(argv: Optional[list[str]] = None) -> None:
-    from .cli import main as cli_main
-
-    cli_main(["demo", *(sys.argv[1:] if argv is None else argv)])
-
-
-if __name__ == "__main__":
-    main()

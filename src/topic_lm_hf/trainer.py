@@ -5,7 +5,6 @@ Shapes: b documents, c chunks of a document, l tokens of a chunk, V_c topic voca
 
 from __future__ import annotations
 
-import inspect
 import json
 import logging
 import math
@@ -93,19 +92,26 @@ def _unwrap(model):
         model = inner
 
 
+def check_bptt_chunks(bptt_chunks) -> None:
+    """``bptt_chunks`` is a positive integer or ``None`` (the whole document), else ``ValueError``."""
+    if bptt_chunks is not None and (isinstance(bptt_chunks, bool) or not isinstance(bptt_chunks, int)
+                                    or bptt_chunks < 1):
+        raise ValueError(f"bptt_chunks must be a positive integer or None (the whole document), got {bptt_chunks!r}")
+
+
 def check_carry_state_model(model) -> None:
-    """Raise ``ValueError`` unless ``model`` can be trained with its state carried across a document's chunks:
-    its ``forward`` takes ``state`` (and returns it with ``use_cache=True``), it does not read whole documents
-    itself (``chunk_mask``: rGBN-RNN runs its sentence recurrence inside one call; train it on its documents
-    batches as they are), and none of its options reads the words it predicts (``model.leaky_modes()``:
-    such a model cannot be evaluated under ``causal-carry``, the protocol this training is for)."""
+    """Raise ``ValueError`` unless ``model`` can be trained with its state carried across a document's chunks,
+    from what it declares: it is stateful (``_is_stateful``: ``forward`` takes ``state`` and returns it with
+    ``use_cache=True``), it does not read whole documents itself (``reads_documents``: rGBN-RNN runs its
+    sentence recurrence inside one call; train it on its documents batches as they are), and none of its
+    options reads the words it predicts (``model.leaky_modes()``: such a model cannot be evaluated under
+    ``causal-carry``, the protocol this training is for)."""
     model = _unwrap(model)
     name = type(model).__name__
-    parameters = inspect.signature(model.forward).parameters
-    if "chunk_mask" in parameters:
+    if getattr(model, "reads_documents", False):
         raise ValueError(f"{name} reads whole documents (chunk_mask) and carries its recurrences itself: train it "
                          "on its documents batches without carry_state")
-    if "state" not in parameters:
+    if not getattr(model, "_is_stateful", False):
         raise ValueError(f"{name}.forward takes no recurrent state (state): carry_state needs a model that "
                          "continues from one")
     leaky = list(getattr(model, "leaky_modes", lambda: [])())
@@ -172,9 +178,7 @@ def carried_state_loss(model, batch, bptt_chunks: int | None = None, chunk_callb
     Returns:
         :class:`~topic_lm_hf.models.modeling_recurrent.TopicLMOutput` with ``loss`` and the weighted loss terms.
     """
-    if bptt_chunks is not None and (isinstance(bptt_chunks, bool) or not isinstance(bptt_chunks, int)
-                                    or bptt_chunks < 1):
-        raise ValueError(f"bptt_chunks must be a positive integer or None (the whole document), got {bptt_chunks!r}")
+    check_bptt_chunks(bptt_chunks)
     check_carry_state_model(model)
     check_documents_batch(batch)
     chunk_mask = batch["chunk_mask"].bool()
@@ -325,10 +329,7 @@ class TopicLMTrainer(Trainer):
         return phases
 
     def _check_carry_state(self, carry_state, bptt_chunks) -> tuple[bool, int | None]:
-        if bptt_chunks is not None and (isinstance(bptt_chunks, bool) or not isinstance(bptt_chunks, int)
-                                        or bptt_chunks < 1):
-            raise ValueError(f"bptt_chunks must be a positive integer or None (the whole document), got "
-                             f"{bptt_chunks!r}")
+        check_bptt_chunks(bptt_chunks)
         if not carry_state:
             if bptt_chunks is not None:
                 raise ValueError("bptt_chunks is an option of carry_state=True")
@@ -374,8 +375,8 @@ class TopicLMTrainer(Trainer):
             outputs = carried_state_loss(model, inputs, self.bptt_chunks, chunk_callback=collect)
             loss = outputs.loss
         else:
-            if inputs.get("chunk_mask") is not None and "chunk_mask" not in inspect.signature(
-                    self.accelerator.unwrap_model(model).forward).parameters:
+            if inputs.get("chunk_mask") is not None and not getattr(self.accelerator.unwrap_model(model),
+                                                                     "reads_documents", False):
                 raise ValueError("A documents batch (chunk_mask) for a model that reads one sentence chunk at a time: "
                                  "train it with TopicLMTrainer(..., carry_state=True), or use layout='sentences'")
             loss, outputs = super().compute_loss(model, inputs, return_outputs=True,

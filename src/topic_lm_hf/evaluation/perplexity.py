@@ -25,23 +25,18 @@ input). Perplexity is ``exp(total NLL / tokens)`` with natural logarithms.
 
 from __future__ import annotations
 
-import inspect
 import math
 from typing import Any, Sequence
 
 import datasets
 import torch
 
-from ..collator import TopicContextCollator
+from ..collator import PROTOCOL_BATCHES, TopicContextCollator
 from ..data import check_vocabularies, documents_from_lists, load_vocabularies
 from ..models.modeling_recurrent import select_state_rows
 
 # protocol -> (collator context mode, carry the LSTM state across a document)
-PROTOCOLS = {"paper": ("others", False), "causal": ("preceding", False), "causal-carry": ("preceding", True)}
-
-
-def _accepts(model, name: str) -> bool:
-    return name in inspect.signature(model.forward).parameters
+PROTOCOLS = {name: PROTOCOL_BATCHES[name] for name in ("paper", "causal", "causal-carry")}
 
 
 def _chunk_nll(model, input_ids, attention_mask, context_bow, state, use_cache, sentence_prefix_bow=None):
@@ -99,7 +94,7 @@ def prepare_evaluation(model, documents, tokenizer=None, topic_tokenizer=None):
         documents = documents_from_lists(documents)
     if len(documents) == 0:
         raise ValueError("No documents to evaluate")
-    uses_context = _accepts(model, "context_bow")
+    uses_context = "context_bow" in model.conditioning_inputs
     tokenizer, topic_tokenizer = model_vocabularies(model, tokenizer, topic_tokenizer, uses_context)
     return documents, uses_context, tokenizer, topic_tokenizer
 
@@ -159,14 +154,12 @@ def evaluate_perplexity(model, documents: datasets.Dataset | Sequence, protocol:
     documents, uses_context, tokenizer, topic_tokenizer = prepare_evaluation(model, documents, tokenizer,
                                                                              topic_tokenizer)
     context_mode, carry = PROTOCOLS[protocol]
-    sentence_prefix = _accepts(model, "sentence_prefix_bow")
+    collator = TopicContextCollator.for_model(model, tokenizer, topic_tokenizer, protocol=protocol,
+                                              max_sentence_length=max_sentence_length,
+                                              max_context_tokens=max_context_tokens)
+    sentence_prefix = collator.sentence_prefix
     # A model with a recurrence over sentences (rGBN-RNN) reads whole documents (b, chunks, tokens) at once.
-    reads_documents = _accepts(model, "chunk_mask")
-    collator = TopicContextCollator(tokenizer, topic_tokenizer if (uses_context or sentence_prefix) else None,
-                                    context=context_mode if uses_context else "none",
-                                    max_sentence_length=max_sentence_length, max_context_tokens=max_context_tokens,
-                                    layout="documents" if (carry or reads_documents) else "sentences",
-                                    sentence_prefix=sentence_prefix)
+    reads_documents = model.reads_documents
     rows = collator.prepare(documents)
     device = next(model.parameters()).device
     was_training = model.training

@@ -19,7 +19,6 @@ The result is labelled ``protocol="topicrnn-sliding-window"``.
 
 from __future__ import annotations
 
-import inspect
 import math
 from typing import Any, Sequence
 
@@ -58,12 +57,11 @@ def evaluate_perplexity_sliding_window(model, documents: datasets.Dataset | Sequ
                          "causal; turn those options off")
     documents, uses_context, tokenizer, topic_tokenizer = prepare_evaluation(model, documents, tokenizer,
                                                                              topic_tokenizer)
-    sentence_prefix = "sentence_prefix_bow" in inspect.signature(model.forward).parameters
-    collator = TopicContextCollator(tokenizer, topic_tokenizer if (uses_context or sentence_prefix) else None,
-                                    context="none", max_sentence_length=max_sentence_length, layout="documents",
-                                    sentence_prefix=sentence_prefix)
+    collator = TopicContextCollator.for_model(model, tokenizer, topic_tokenizer, protocol="sliding-window",
+                                              max_sentence_length=max_sentence_length)
+    sentence_prefix = collator.sentence_prefix
     # LM id -> topic id (-1 outside the topic vocabulary); the topic <unk> is never counted.
-    lm_to_topic = collator._lm_to_topic
+    lm_to_topic = collator.lm_to_topic
 
     rows = collator.prepare(documents)
     device = next(model.parameters()).device

@@ -38,12 +38,15 @@ def topic_word_ids_from_tokenizers(tokenizer, topic_tokenizer) -> list[int]:
 
 def config_kwargs_from_tokenizers(tokenizer, topic_tokenizer, **kwargs) -> dict:
     """Config arguments sized to an LM tokenizer and a topic tokenizer: ``vocab_size``,
-    ``topic_vocab_size``, ``topic_word_ids`` and the special-token ids (unless given); ``kwargs`` pass on."""
+    ``topic_vocab_size``, ``topic_word_ids`` and the special-token ids (unless given); ``kwargs`` pass on.
+    Without a topic tokenizer (a family without topics) only the first and the last."""
     vocab = tokenizer.get_vocab()
     for name, token in (("pad_token_id", tokenizer.pad_token), ("bos_token_id", tokenizer.bos_token),
                         ("eos_token_id", tokenizer.eos_token), ("unk_token_id", tokenizer.unk_token)):
         if token is not None and token in vocab:
             kwargs.setdefault(name, vocab[token])
+    if topic_tokenizer is None:
+        return {"vocab_size": len(tokenizer), **kwargs}
     return {"vocab_size": len(tokenizer), "topic_vocab_size": len(topic_tokenizer),
             "topic_word_ids": topic_word_ids_from_tokenizers(tokenizer, topic_tokenizer), **kwargs}
 

@@ -8,13 +8,14 @@ Notation: b batch, k topics asked for per row, T topics, V LM vocabulary, V_c to
 
 from __future__ import annotations
 
-import inspect
 import numbers
 from typing import Optional
 
 import torch
 from torch import nn
 from torch.nn import functional as F
+
+from .modeling_recurrent import reorder_state
 
 
 # ----------------------------------------------------------------------------------------------
@@ -140,6 +141,14 @@ def _float_rows(value, name: str, expected: str) -> torch.Tensor:
     return x
 
 
+def check_at_most_one(**named) -> list[str]:
+    """The names of the given (non-None) values; more than one is a ``ValueError`` naming them."""
+    given = [name for name, value in named.items() if value is not None]
+    if len(given) > 1:
+        raise ValueError(f"Give at most one of {', '.join(named)} (got {given})")
+    return given
+
+
 def normalize_topic_kwargs(num_topics: int, topic_vocab_size: int, batch_size: Optional[int] = None,
                            topic_ids=None, topic_mixture=None, context_bow=None,
                            mixture_on_simplex: bool = True) -> dict:
@@ -149,10 +158,7 @@ def normalize_topic_kwargs(num_topics: int, topic_vocab_size: int, batch_size: O
     rows. ``mixture_on_simplex`` requires mixtures to be non-negative and sum to 1 (TCNLM's t);
     models with an unconstrained topic vector (TopicRNN's theta) pass False.
     """
-    given = [n for n, v in (("topic_ids", topic_ids), ("topic_mixture", topic_mixture),
-                            ("context_bow", context_bow)) if v is not None]
-    if len(given) > 1:
-        raise ValueError(f"Give at most one of topic_ids, topic_mixture, context_bow (got {given})")
+    check_at_most_one(topic_ids=topic_ids, topic_mixture=topic_mixture, context_bow=context_bow)
     if topic_ids is not None:
         return {"topic_ids": normalize_topic_ids(topic_ids, num_topics, batch_size)}
     if topic_mixture is not None:
@@ -181,55 +187,108 @@ def normalize_topic_kwargs(num_topics: int, topic_vocab_size: int, batch_size: O
     return {}
 
 
+# The raw conditioning keywords generate() may be given; a family accepts those it declares in conditioning_inputs.
+RAW_CONDITIONING = ("topic_ids", "topic_mixture", "context_bow", "theta")
+
+
+class TopicLMCache:
+    """What generation carries from one step to the next, as one field (``state`` in the generation kwargs, as
+    Mamba carries one cache object): the recurrent state and the resolved topic conditioning.
+
+    Args:
+        state: the batch-first recurrent state (a tuple of (b, ...) tensors) or None.
+        conditioning: the resolved topic representation as the ``forward`` keywords that take it (e.g.
+            ``{"topic_representation": t}``), each (b, ...); resolved once, on the first step, never re-validated.
+
+    ``generate(..., return_dict_in_generate=True).past_key_values`` is this object: pass it back as
+    ``generate(next_tokens, state=cache)`` to continue with the same topics.
+    """
+
+    is_compileable = False
+
+    def __init__(self, state, conditioning: dict):
+        self.state = state
+        self.conditioning = dict(conditioning)
+
+    def reorder(self, beam_idx: torch.Tensor) -> "TopicLMCache":
+        """The rows ``beam_idx`` of the state and of the conditioning (beam search)."""
+        return TopicLMCache(reorder_state(self.state, beam_idx),
+                            {name: value.index_select(0, beam_idx.to(value.device))
+                             for name, value in self.conditioning.items()})
+
+
 class TopicGenerationMixin:
     """``generate()`` with topic conditioning, for a ``*ForCausalLM`` that also inherits ``GenerationMixin``.
 
-    Put it before ``GenerationMixin`` in the bases. The model's config needs ``num_topics`` and
-    ``topic_vocab_size``; ``forward`` takes the conditioning kwargs it supports as named parameters
-    and returns the topic representation it used as ``topic_mixture``.
+    Put it before ``GenerationMixin`` in the bases. What the model accepts is what it declares
+    (``conditioning_inputs``, plus ``conditioning_options`` such as rGBN-RNN's ``topic_layer``); the
+    conditioning is resolved once:
 
-    * ``generate`` validates ``topic_ids`` / ``topic_mixture`` / ``context_bow`` and makes them
-      batch-first tensors *before* transformers expands the batch for beams and
-      ``num_return_sequences`` (a 1-D tensor would otherwise be repeat-interleaved, hf-notes §2).
-      Without a prompt, one ``<bos>`` row is generated per conditioning row.
-    * ``generate`` rejects a conditioning kwarg that ``forward`` does not name (TopicRNN's theta is
-      not a mixture of topics, so it has no ``topic_ids``) instead of letting it be ignored.
-    * ``_update_model_kwargs_for_generation`` replaces whatever the first forward resolved
-      (``context_bow``, ``topic_ids`` or the prior) by what it returned for it (the outputs named by
-      ``_cached_conditioning``: ``topic_mixture``, or NCLM's ``topic_representation``), so the
-      document is encoded and the conditioning checked once, not at every token (hf-notes §1.5).
+    * ``generate`` validates the raw conditioning (:meth:`prepare_generation_conditioning`) and makes it
+      batch-first tensors *before* transformers expands the batch for beams and ``num_return_sequences``
+      (a 1-D tensor would otherwise be repeat-interleaved, hf-notes §2). Without a prompt, one ``<bos>`` row
+      is generated per conditioning row.
+    * The first forward resolves it into the model's topic representation and returns it (the outputs named
+      by ``_cached_conditioning``); :meth:`_update_model_kwargs_for_generation` keeps that representation
+      with the recurrent state in one :class:`TopicLMCache`, and every later step reads it from there as the
+      trusted ``forward`` keywords of the same names: the document is encoded and the conditioning
+      checked once, not at every token (hf-notes §1.5).
     """
 
     _topic_mixture_on_simplex = True  # TCNLM's t is a distribution; TopicRNN's theta is any vector
-    # The outputs of the first forward that stand for the conditioning at every later step (forward takes them
-    # by these names): the topic mixture, or NCLM's composed document representation and topic vectors.
-    _cached_conditioning = ("topic_mixture",)
+    # The outputs of the first forward that stand for the conditioning at every later step (forward takes them by
+    # these names, trusted): the resolved topic representation (NCLM adds its topic vectors).
+    _cached_conditioning = ("topic_representation",)
+    conditioning_options: tuple[str, ...] = ()  # generate() keywords that only shape the conditioning
 
-    def generate(self, inputs=None, generation_config=None, topic_ids=None, topic_mixture=None, context_bow=None,
-                 **kwargs):
+    def prepare_generation_conditioning(self, batch_size: Optional[int], **given) -> dict:
+        """The raw conditioning of ``generate`` (at most one of ``conditioning_inputs``) validated as batch-first
+        tensors of ``batch_size`` rows (the forward keywords that take them)."""
+        return normalize_topic_kwargs(self.config.num_topics, self.config.topic_vocab_size, batch_size, **given,
+                                      mixture_on_simplex=self._topic_mixture_on_simplex)
+
+    def generate(self, inputs=None, generation_config=None, **kwargs):
         prompt = inputs if inputs is not None else kwargs.get("input_ids", kwargs.get("inputs_embeds"))
         batch_size = prompt.shape[0] if isinstance(prompt, torch.Tensor) else None
-        accepted = inspect.signature(self.forward).parameters
-        for name, value in (("topic_ids", topic_ids), ("topic_mixture", topic_mixture), ("context_bow", context_bow)):
-            if value is not None and name not in accepted:
+        given = {}
+        for name in (*RAW_CONDITIONING, *self.conditioning_options):
+            value = kwargs.pop(name, None)
+            if value is None:
+                continue
+            if name not in self.conditioning_inputs and name not in self.conditioning_options:
                 raise ValueError(f"{type(self).__name__} does not take {name}; it is conditioned by "
-                                 f"{[n for n in ('topic_ids', 'topic_mixture', 'context_bow') if n in accepted]}")
-        given = normalize_topic_kwargs(self.config.num_topics, self.config.topic_vocab_size, batch_size,
-                                       topic_ids=topic_ids, topic_mixture=topic_mixture, context_bow=context_bow,
-                                       mixture_on_simplex=self._topic_mixture_on_simplex)
-        given = {name: value.to(self.device).contiguous() for name, value in given.items()}
-        return super().generate(inputs, generation_config, **given, **kwargs)
+                                 f"{list(self.conditioning_inputs)}")
+            given[name] = value
+        cache = kwargs.get("state")
+        if isinstance(cache, TopicLMCache):  # continuing an earlier generation (its past_key_values)
+            kwargs["state"] = cache.state
+            if not given:
+                kwargs.update(cache.conditioning)
+        resolved = self.prepare_generation_conditioning(batch_size, **given)
+        resolved = {name: value.to(self.device).contiguous() for name, value in resolved.items()}
+        return super().generate(inputs, generation_config, **resolved, **kwargs)
+
+    def prepare_inputs_for_generation(self, *args, **kwargs):
+        inputs = super().prepare_inputs_for_generation(*args, **kwargs)
+        cache = inputs.get("state")
+        if isinstance(cache, TopicLMCache):
+            inputs["state"] = cache.state
+            inputs.update(cache.conditioning)
+        return inputs
 
     def _update_model_kwargs_for_generation(self, outputs, model_kwargs, is_encoder_decoder=False, num_new_tokens=1):
+        previous = model_kwargs.get("state")
         model_kwargs = super()._update_model_kwargs_for_generation(outputs, model_kwargs, is_encoder_decoder,
                                                                    num_new_tokens)
-        names = self._cached_conditioning
-        if all(model_kwargs.get(name) is None for name in names):
-            values = {name: getattr(outputs, name, None) for name in names}
-            if values[names[0]] is not None:
-                for name in ("context_bow", "topic_ids", "topic_mixture"):
-                    model_kwargs.pop(name, None)
-                model_kwargs.update({name: value for name, value in values.items() if value is not None})
+        if isinstance(previous, TopicLMCache):
+            conditioning = previous.conditioning
+        else:
+            conditioning = {name: model_kwargs.get(name) if model_kwargs.get(name) is not None
+                            else getattr(outputs, name, None) for name in self._cached_conditioning}
+            conditioning = {name: value for name, value in conditioning.items() if value is not None}
+        for name in (*RAW_CONDITIONING, *self.conditioning_options, *self._cached_conditioning):
+            model_kwargs.pop(name, None)
+        model_kwargs["state"] = TopicLMCache(getattr(outputs, "state", None), conditioning)
         return model_kwargs
 
 

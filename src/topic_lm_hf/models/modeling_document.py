@@ -169,6 +169,14 @@ class DocumentClassifierMixin(DocumentRepresentationDelegate):
     ``freeze_backbone=False`` fine-tunes everything. Put it first in the bases; ``__init__`` calls
     :meth:`_init_classifier` with the family's base model."""
 
+    # Declared reads (see RecurrentPreTrainedModel): one sequence per document with the bag of words of the whole
+    # document; a family without topics (the LSTM LM) overrides conditioning_inputs = () and training_context = "none".
+    conditioning_inputs = ("context_bow",)
+    training_context = "document"
+    reads_sentence_prefix = False
+    reads_documents = False
+    _is_stateful = False  # no recurrent state in or out: the document is read whole
+
     def _init_classifier(self, base_model) -> None:
         self.num_labels = self.config.num_labels
         self.model = base_model

@@ -88,6 +88,9 @@ class LSTMLMForSequenceClassification(DocumentClassifierMixin, LSTMLMPreTrainedM
     "LSTM features" baseline. Loads the body of a saved :class:`LSTMLMForCausalLM` folder (see
     :class:`~.modeling_document.DocumentClassifierMixin`)."""
 
+    conditioning_inputs = ()  # no topics: the document is its token sequence alone
+    training_context = "none"
+
     def __init__(self, config: LSTMLMConfig):
         super().__init__(config)
         self._init_classifier(LSTMLMModel(config))

@@ -67,7 +67,7 @@ from .modeling_conditioning import (TopicGenerationMixin, _broadcast_rows, lm_to
                                     topic_ids_to_mixture, topic_vocabulary)
 from .modeling_document import DocumentClassifierMixin, DocumentRepresentationDelegate, DocumentRepresentationMixin
 from .modeling_recurrent import (RecurrentBodyMixin, RecurrentPreTrainedModel, TopicLMOutput, causal_lm_loss,
-                                 detach_or_none, last_token_positions)
+                                 detach_or_none, last_columns, last_token_positions)
 
 TRAINING_PHASES = ("joint", "lm", "topic_model")
 _ROWS_PER_DENSE_BLOCK = 8  # rows of (K, V_c) scores at a time in the official code's ETR selection
@@ -82,7 +82,6 @@ class NCLMOutput(TopicLMOutput):
         topic_embeddings: (b, K, D) the topic vectors z_k ETR weighted (ETA / LETA with sentence topics).
     """
 
-    topic_representation: Optional[torch.Tensor] = None
     topic_embeddings: Optional[torch.Tensor] = None
 
 
@@ -158,6 +157,9 @@ class NCLMTopicModel(nn.Module):
 class NCLMPreTrainedModel(RecurrentPreTrainedModel):
     config_class = NCLMConfig
     _no_split_modules = ["NCLMModel"]
+    conditioning_inputs = ("context_bow", "topic_ids", "topic_mixture")
+    training_context = "others"
+    reads_sentence_prefix = True  # used when config.sentence_topics (SDT)
 
     def _init_weights(self, module):
         super()._init_weights(module)  # embeddings, linear layers, the LSTM: U(-r, r)
@@ -199,7 +201,7 @@ class NCLMModel(DocumentRepresentationMixin, RecurrentBodyMixin, NCLMPreTrainedM
 
     # -- topics ------------------------------------------------------------------------------------
 
-    def _lm_to_topic(self, device) -> torch.Tensor:
+    def lm_to_topic_index(self, device) -> torch.Tensor:
         def validate():
             if self.config.topic_word_ids is None:
                 raise ValueError("NCLM needs config.topic_word_ids (the LM id of every topic word) for ETR's word "
@@ -228,7 +230,7 @@ class NCLMModel(DocumentRepresentationMixin, RecurrentBodyMixin, NCLMPreTrainedM
         """(V_c,) the LM id of every topic word (-1: none), from ``config.topic_word_ids``, cached like
         :func:`lm_to_topic_index` (ETR reads it at every forward)."""
         device = self.embed_tokens.weight.device
-        self._lm_to_topic(device)  # validates (the clear error when topic_word_ids is missing)
+        self.lm_to_topic_index(device)  # validates (the clear error when topic_word_ids is missing)
         ids = self.config.topic_word_ids
         key = (id(ids), len(ids), str(device))
         cached = self.__dict__.get("_topic_word_ids_cache")
@@ -353,7 +355,7 @@ class NCLMModel(DocumentRepresentationMixin, RecurrentBodyMixin, NCLMPreTrainedM
         b, s = input_ids.shape
         device = input_ids.device
         W1 = self.topic_model.encoder.weight  # (H_tm, V_c)
-        tm = self._lm_to_topic(device)[input_ids]  # (b, s), -1 for words outside the topic vocabulary
+        tm = self.lm_to_topic_index(device)[input_ids]  # (b, s), -1 for words outside the topic vocabulary
         mask = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
         tm = tm.masked_fill(~mask, -1)
         x = F.embedding(tm.clamp_min(0), W1.T) * (tm >= 0).unsqueeze(-1).to(W1.dtype)  # (b, s, H_tm)
@@ -433,7 +435,7 @@ class NCLMForCausalLM(DocumentRepresentationDelegate, NCLMPreTrainedModel, Topic
     """
 
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
-    _cached_conditioning = ("topic_representation", "topic_embeddings")
+    _cached_conditioning = ("topic_representation", "topic_embeddings")  # c_doc and, for ETR, the z_k
 
     def __init__(self, config: NCLMConfig):
         super().__init__(config)
@@ -549,8 +551,7 @@ class NCLMForCausalLM(DocumentRepresentationDelegate, NCLMPreTrainedModel, Topic
         if input_ids is None and cfg.sentence_topics:
             raise ValueError("NCLM with sentence_topics needs input_ids (the sentence topics read the words)")
         b, s = (input_ids if input_ids is not None else inputs_embeds).shape[:2]
-        if attention_mask is not None and attention_mask.shape[1] != s:
-            attention_mask = attention_mask[:, -s:]  # generate() passes the mask of the whole sequence
+        attention_mask = last_columns(attention_mask, s)
         device = self.lm_head.weight.device
         lstm_state = None if state is None else tuple(state[:2])
         carried = None if state is None or len(state) < 3 else state[2]
@@ -653,7 +654,7 @@ class NCLMForCausalLM(DocumentRepresentationDelegate, NCLMPreTrainedModel, Topic
         mask = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool().clone()
         if excludes_last:
             mask[torch.arange(b, device=mask.device), last_token_positions(attention_mask, s, b, mask.device)] = False
-        tm = self.model._lm_to_topic(input_ids.device)[input_ids].masked_fill(~mask, -1)
+        tm = self.model.lm_to_topic_index(input_ids.device)[input_ids].masked_fill(~mask, -1)
         present = torch.zeros(b, self.config.topic_vocab_size + 1, dtype=torch.bool, device=input_ids.device)
         present.scatter_(1, tm + 1, True)
         return present[:, 1:]

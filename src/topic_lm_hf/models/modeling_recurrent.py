@@ -43,6 +43,8 @@ class TopicLMOutput(ModelOutput):
         bow_loss: reconstruction loss of the context bag of words.
         aux_loss: any other regulariser (diversity, stop-word indicator, ...).
         topic_mixture: (b, T) topic representation used for this batch.
+        topic_representation: the resolved topic conditioning, as ``forward`` takes it back under the same name
+            (trusted, not re-validated): what generation caches after its first step.
     """
 
     loss: Optional[torch.Tensor] = None
@@ -54,6 +56,7 @@ class TopicLMOutput(ModelOutput):
     bow_loss: Optional[torch.Tensor] = None
     aux_loss: Optional[torch.Tensor] = None
     topic_mixture: Optional[torch.Tensor] = None
+    topic_representation: Optional[torch.Tensor] = None
 
 
 @dataclass
@@ -79,6 +82,21 @@ def reorder_state(state, beam_idx: torch.Tensor):
         return state.index_select(0, beam_idx.to(state.device))
     return type(state)(*(reorder_state(s, beam_idx) for s in state)) if hasattr(state, "_fields") \
         else tuple(reorder_state(s, beam_idx) for s in state)
+
+
+def embed_checked(embed_tokens: nn.Embedding, input_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """(b, s) ids -> (b, s, E) embeddings; ids outside [0, vocab_size) are a ``ValueError`` (a mismatched
+    tokenizer), not an index error deep in the embedding."""
+    if bool((input_ids >= vocab_size).any()) or bool((input_ids < 0).any()):
+        raise ValueError(f"input_ids must be in [0, {vocab_size}): mismatched tokenizer?")
+    return embed_tokens(input_ids)
+
+
+def last_columns(attention_mask: Optional[torch.Tensor], length: int) -> Optional[torch.Tensor]:
+    """The mask of a call's own ``length`` tokens: ``generate()`` passes the mask of the whole sequence so far."""
+    if attention_mask is not None and attention_mask.shape[1] != length:
+        return attention_mask[:, -length:]
+    return attention_mask
 
 
 def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -219,12 +237,8 @@ def run_token_rnn(module, rnn: nn.RNNBase, input_ids=None, attention_mask=None, 
     if (input_ids is None) == (inputs_embeds is None):
         raise ValueError("Give exactly one of input_ids and inputs_embeds")
     if inputs_embeds is None:
-        vocab_size = module.config.vocab_size
-        if bool((input_ids >= vocab_size).any()) or bool((input_ids < 0).any()):
-            raise ValueError(f"input_ids must be in [0, {vocab_size}): mismatched tokenizer?")
-        inputs_embeds = module.embed_tokens(input_ids)  # (b, s, E)
-    if attention_mask is not None and attention_mask.shape[1] != inputs_embeds.shape[1]:
-        attention_mask = attention_mask[:, -inputs_embeds.shape[1]:]
+        inputs_embeds = embed_checked(module.embed_tokens, input_ids, module.config.vocab_size)  # (b, s, E)
+    attention_mask = last_columns(attention_mask, inputs_embeds.shape[1])
     x = module.dropout(inputs_embeds)
     checkpoint_fn = module.checkpoint_function()
     if output_hidden_states or checkpoint_fn is not None:
@@ -296,6 +310,14 @@ class RecurrentPreTrainedModel(PreTrainedModel):
     # checkpoint (as the blocks of transformers' RWKV and Mamba); see checkpoint_function.
     supports_gradient_checkpointing = True
 
+    # What the model reads, declared as transformers declares what a model supports (never probed from
+    # signatures). ``TopicContextCollator.for_model`` builds the batches of training and of every evaluation
+    # protocol from these, and ``generate`` accepts exactly ``conditioning_inputs``.
+    conditioning_inputs: tuple[str, ...] = ()  # the topic keywords of forward()/generate(): "context_bow", ...
+    training_context: str = "none"  # the context mode of the documented training batches ("others": the papers')
+    reads_sentence_prefix: bool = False  # forward() takes sentence_prefix_bow (NCLM's sentence-level topics)
+    reads_documents: bool = False  # forward() takes whole documents (b, c, l) with chunk_mask (rGBN-RNN)
+
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
         # Without this, generate() passes an empty DynamicCache as past_key_values on every step.
@@ -309,6 +331,8 @@ class RecurrentPreTrainedModel(PreTrainedModel):
         return None
 
     def _reorder_cache(self, state, beam_idx):
+        if hasattr(state, "reorder"):  # a TopicLMCache: the state with the resolved topic conditioning
+            return state.reorder(beam_idx)
         return reorder_state(state, beam_idx)
 
     def post_init(self):

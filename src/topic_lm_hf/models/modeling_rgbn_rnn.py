@@ -59,10 +59,11 @@ from torch.nn import functional as F
 from transformers import GenerationMixin
 
 from .configuration_rgbn_rnn import RGBNRNNConfig
-from .modeling_conditioning import TopicGenerationMixin, normalize_topic_ids, normalize_topic_kwargs, topic_vocabulary
+from .modeling_conditioning import (TopicGenerationMixin, check_at_most_one, normalize_topic_ids,
+                                    normalize_topic_kwargs, topic_vocabulary)
 from .modeling_document import DocumentClassifierMixin, DocumentRepresentationDelegate, DocumentRepresentationMixin
 from .modeling_recurrent import (RecurrentModelOutput, RecurrentPreTrainedModel, TopicLMOutput, causal_lm_loss,
-                                 detach_or_none, last_token_positions, run_rnn)
+                                 detach_or_none, embed_checked, last_columns, last_token_positions, run_rnn)
 
 logger = logging.getLogger(__name__)
 
@@ -387,6 +388,9 @@ def _run_gated_layer(lstm, gate, x, attention_mask, theta, need_state, *state):
 class RGBNRNNPreTrainedModel(RecurrentPreTrainedModel):
     config_class = RGBNRNNConfig
     _no_split_modules = ["RGBNRNNModel"]
+    conditioning_inputs = ("context_bow", "theta", "topic_ids")
+    training_context = "preceding"  # the sentence recurrence reads the sentences before each one
+    reads_documents = True
 
     def _init_weights(self, module):
         super()._init_weights(module)  # embeddings, linear layers, LSTMs: U(-r, r), zero biases
@@ -620,12 +624,8 @@ class RGBNRNNModel(DocumentRepresentationMixin, RGBNRNNPreTrainedModel):
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Give exactly one of input_ids and inputs_embeds")
         if inputs_embeds is None:
-            if bool((input_ids >= self.config.vocab_size).any()) or bool((input_ids < 0).any()):
-                raise ValueError(f"input_ids must be in [0, {self.config.vocab_size}): mismatched tokenizer?")
-            inputs_embeds = self.embed_tokens(input_ids)
-        s = inputs_embeds.shape[1]
-        if attention_mask is not None and attention_mask.shape[1] != s:
-            attention_mask = attention_mask[:, -s:]  # generate() passes the mask of the whole sequence
+            inputs_embeds = embed_checked(self.embed_tokens, input_ids, self.config.vocab_size)
+        attention_mask = last_columns(attention_mask, inputs_embeds.shape[1])
         gate_thetas = self.gate_inputs(thetas)
         x = self.dropout(inputs_embeds)
         outputs, states, hidden = [], [], [x]
@@ -724,7 +724,7 @@ class RGBNRNNModel(DocumentRepresentationMixin, RGBNRNNPreTrainedModel):
 
     def _run(self, input_ids=None, attention_mask=None, inputs_embeds=None, state=None, use_cache=None,
              context_bow=None, theta=None, topic_ids=None, topic_layer=None, chunk_mask=None, sentence_index=None,
-             output_hidden_states=False):
+             output_hidden_states=False, topic_representation=None):
         """The forward pass shared by the base and the causal LM (see the module docstring).
 
         Returns (features, state or None, hidden states, _TopicPass or None, theta out, documents layout info)."""
@@ -742,10 +742,7 @@ class RGBNRNNModel(DocumentRepresentationMixin, RGBNRNNPreTrainedModel):
             raise ValueError("chunk_mask and sentence_index go with documents-shaped input_ids (b, chunks, tokens)")
         b = tokens.shape[0]
         device = self.embed_tokens.weight.device
-        given = [n for n, v in (("context_bow", context_bow), ("theta", theta), ("topic_ids", topic_ids))
-                 if v is not None]
-        if len(given) > 1:
-            raise ValueError(f"Give at most one of context_bow, theta, topic_ids (got {given})")
+        check_at_most_one(context_bow=context_bow, theta=theta, topic_ids=topic_ids)
         if topic_layer is not None and topic_ids is None:
             raise ValueError("topic_layer goes with topic_ids")
         L = cfg.num_layers
@@ -758,7 +755,9 @@ class RGBNRNNModel(DocumentRepresentationMixin, RGBNRNNPreTrainedModel):
             enc_hidden = [s.squeeze(1) for s in state[2 * L:3 * L]]
             prev = [s.squeeze(1) for s in state[3 * L:]]
         tp = None
-        if theta is not None:
+        if topic_representation is not None:  # theta resolved before (generation's cache): used as is
+            thetas = self.split_theta(topic_representation.to(device))
+        elif theta is not None:
             thetas = self.split_theta(self.check_theta(theta, b).to(device))
         elif topic_ids is not None:
             thetas = self.split_theta(self.theta_from_topics(topic_ids, 1 if topic_layer is None else topic_layer,
@@ -900,7 +899,7 @@ class RGBNRNNForCausalLM(DocumentRepresentationDelegate, RGBNRNNPreTrainedModel,
     nothing: an empty context. ``generate()`` without conditioning samples theta from the prior.
     """
 
-    _cached_conditioning = ("theta",)
+    conditioning_options = ("topic_layer", "topic_mode")  # which layer topic_ids name, how theta is completed
 
     def __init__(self, config: RGBNRNNConfig):
         super().__init__(config)
@@ -926,8 +925,9 @@ class RGBNRNNForCausalLM(DocumentRepresentationDelegate, RGBNRNNPreTrainedModel,
                 labels: Optional[torch.LongTensor] = None, use_cache: Optional[bool] = None,
                 context_bow: Optional[torch.Tensor] = None, theta: Optional[torch.Tensor] = None, topic_ids=None,
                 topic_layer: Optional[int] = None, chunk_mask: Optional[torch.Tensor] = None,
-                sentence_index: Optional[torch.Tensor] = None, output_hidden_states: Optional[bool] = None,
-                return_dict: Optional[bool] = None, logits_to_keep: int = 0, **kwargs) -> RGBNRNNOutput:
+                sentence_index: Optional[torch.Tensor] = None, topic_representation: Optional[torch.Tensor] = None,
+                output_hidden_states: Optional[bool] = None, return_dict: Optional[bool] = None,
+                logits_to_keep: int = 0, **kwargs) -> RGBNRNNOutput:
         r"""
         Args:
             input_ids: (b, s) chunks, or (b, c, s) documents (``TopicContextCollator(layout="documents")``).
@@ -937,6 +937,8 @@ class RGBNRNNForCausalLM(DocumentRepresentationDelegate, RGBNRNNPreTrainedModel,
             context_bow: (b, V_c) per chunk, or (b, c, V_c) per chunk of each document.
             theta, topic_ids, topic_layer: explicit conditioning (chunk batches; see the class doc).
             chunk_mask, sentence_index: (b, c) of a documents batch (the collator gives them).
+            topic_representation: (b, sum K) theta already resolved (returned by an earlier call under this
+                name; what generation caches), used as is.
             logits_to_keep: logits for the last N positions only (0 = all; chunk batches).
 
         Returns:
@@ -946,7 +948,7 @@ class RGBNRNNForCausalLM(DocumentRepresentationDelegate, RGBNRNNPreTrainedModel,
         use_cache = use_cache if use_cache is not None else (cfg.use_cache and not self.training)
         features, new_state, hidden, tp, theta_out, doc = self.model._run(
             input_ids, attention_mask, inputs_embeds, state, use_cache, context_bow, theta, topic_ids, topic_layer,
-            chunk_mask, sentence_index, bool(output_hidden_states))
+            chunk_mask, sentence_index, bool(output_hidden_states), topic_representation)
         if logits_to_keep and labels is None and doc is None:
             features = features[:, -logits_to_keep:]
         logits = self.lm_head(features)
@@ -982,46 +984,33 @@ class RGBNRNNForCausalLM(DocumentRepresentationDelegate, RGBNRNNPreTrainedModel,
         mixture = theta1 / theta1.sum(-1, keepdim=True).clamp_min(1e-20)
         out = RGBNRNNOutput(loss=loss, logits=logits, state=new_state if use_cache or state is not None else None,
                             hidden_states=hidden, lm_loss=detach_or_none(lm_loss), kl_loss=kl_loss, bow_loss=bow_loss,
-                            topic_mixture=mixture, theta=theta_out)
+                            topic_mixture=mixture, theta=theta_out, topic_representation=theta_out)
         return out if return_dict is not False else out.to_tuple()
 
     # -- generation --------------------------------------------------------------------------------
 
-    def generate(self, inputs=None, generation_config=None, topic_ids=None, topic_layer=None, context_bow=None,
-                 theta=None, topic_mode: str = "propagate", **kwargs):
-        """``GenerationMixin.generate`` with rGBN conditioning (at most one):
+    def prepare_generation_conditioning(self, batch_size: Optional[int], topic_ids=None, topic_layer=None,
+                                        context_bow=None, theta=None, topic_mode: str = "propagate") -> dict:
+        """rGBN conditioning of ``generate()`` (at most one), resolved once per row before transformers expands
+        the batch for beams / return sequences:
 
         * ``topic_ids`` (an int, a list, a list of lists or a (b, k) tensor) of layer ``topic_layer`` (1 = bottom,
           default 1): theta by :meth:`RGBNRNNModel.theta_from_topics` (``topic_mode`` "propagate" or "chain");
         * ``context_bow`` (b, V_c): encoded as a first sentence (posterior mean in eval mode);
         * ``theta`` (b, sum K): given directly;
-        * nothing: theta sampled from the prior, top-down (rgbn.md §8).
-
-        theta is resolved once per row, before transformers expands the batch for beams / return sequences."""
-        prompt = inputs if inputs is not None else kwargs.get("input_ids", kwargs.get("inputs_embeds"))
-        batch_size = prompt.shape[0] if isinstance(prompt, torch.Tensor) else None
-        given = [n for n, v in (("topic_ids", topic_ids), ("context_bow", context_bow), ("theta", theta))
-                 if v is not None]
-        if len(given) > 1:
-            raise ValueError(f"Give at most one of topic_ids, context_bow, theta (got {given})")
+        * nothing: theta sampled from the prior, top-down (rgbn.md §8)."""
+        check_at_most_one(topic_ids=topic_ids, context_bow=context_bow, theta=theta)
         if topic_layer is not None and topic_ids is None:
             raise ValueError("topic_layer goes with topic_ids")
-        if "topic_mixture" in kwargs:
-            raise ValueError("RGBNRNNForCausalLM does not take topic_mixture; it is conditioned by topic_ids (with "
-                             "topic_layer), context_bow or theta")
-        conditioning = {}
         if topic_ids is not None:
-            conditioning["theta"] = self.model.theta_from_topics(topic_ids, 1 if topic_layer is None else topic_layer,
-                                                                 topic_mode, batch_size)
-        elif context_bow is not None:
-            conditioning = normalize_topic_kwargs(self.config.num_topics, self.config.topic_vocab_size, batch_size,
-                                                  context_bow=context_bow)
-        elif theta is not None:
-            conditioning["theta"] = self.model.check_theta(theta, batch_size)
-        else:
-            conditioning["theta"] = self.model.sample_prior_theta(batch_size or 1)
-        conditioning = {k: v.to(self.device).contiguous() for k, v in conditioning.items()}
-        return GenerationMixin.generate(self, inputs, generation_config, **conditioning, **kwargs)
+            return {"theta": self.model.theta_from_topics(topic_ids, 1 if topic_layer is None else topic_layer,
+                                                          topic_mode, batch_size)}
+        if context_bow is not None:
+            return normalize_topic_kwargs(self.config.num_topics, self.config.topic_vocab_size, batch_size,
+                                          context_bow=context_bow)
+        if theta is not None:
+            return {"theta": self.model.check_theta(theta, batch_size)}
+        return {"theta": self.model.sample_prior_theta(batch_size or 1)}
 
     @torch.no_grad()
     def generate_paragraph(self, num_sentences: int, topic_ids=None, topic_layer: Optional[int] = None, theta=None,
@@ -1038,10 +1027,7 @@ class RGBNRNNForCausalLM(DocumentRepresentationDelegate, RGBNRNNPreTrainedModel,
         ``num_paragraphs``), or with ``tokenizer`` a list of b paragraphs, each a list of sentences (strings)."""
         if isinstance(num_sentences, bool) or not isinstance(num_sentences, int) or num_sentences < 1:
             raise ValueError(f"num_sentences must be a positive integer, got {num_sentences!r}")
-        given = [n for n, v in (("topic_ids", topic_ids), ("theta", theta), ("context_bow", context_bow))
-                 if v is not None]
-        if len(given) > 1:
-            raise ValueError(f"Give at most one of topic_ids, theta, context_bow (got {given})")
+        check_at_most_one(topic_ids=topic_ids, theta=theta, context_bow=context_bow)
         encoded = None
         if context_bow is not None:
             bows = torch.as_tensor(context_bow, dtype=torch.float32).to(self.device)

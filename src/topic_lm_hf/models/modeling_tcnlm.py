@@ -49,9 +49,7 @@ per predicted token. With ``config.topic_loss_normalization = "lm_tokens"`` both
 divided by N instead, and ``lm_loss + bow_loss + kl_loss`` is exactly eq. 17 summed over the rows
 and divided by N (a per-token ELBO). That is not the default because a context (up to 300 words)
 is ~10x longer than a chunk (<= 30 tokens): the topic terms then dominate the gradient and global
-gradient-norm clipping shrinks the LM's updates accordingly. On APNEWS (``scripts/benchmark_tcnlm.py``:
-E = H = 256, 50 topics, 1200 steps, Adam 2e-3, clip 0.5) validation perplexity under the ``paper``
-protocol was 114.47 with ``"lm_tokens"`` and 107.66 with the default (the same-size LSTM: 111.29).
+gradient-norm clipping shrinks the LM's updates accordingly (``scripts/benchmark_tcnlm.py`` compares the two).
 ``kl_weight`` goes linearly from 0 to 1 over ``config.kl_annealing_steps`` training forward passes
 (1 when 0); ``kl_loss`` is reported without it. Topic-model terms exist only when the batch has
 ``context_bow`` and ``labels``; with ``topic_ids`` / ``topic_mixture`` / the prior the loss is
@@ -75,8 +73,8 @@ from .configuration_tcnlm import TCNLMConfig
 from .modeling_conditioning import (TopicGenerationMixin, lm_to_topic_index, normalize_topic_kwargs,
                                     topic_ids_to_mixture, topic_scores_to_vocab, topic_vocabulary)
 from .modeling_document import DocumentClassifierMixin, DocumentRepresentationDelegate, DocumentRepresentationMixin
-from .modeling_recurrent import (RecurrentPreTrainedModel, TopicLMOutput, causal_lm_loss, detach_or_none, run_rnn,
-                                 run_rnn_layers)
+from .modeling_recurrent import (RecurrentPreTrainedModel, TopicLMOutput, causal_lm_loss, detach_or_none,
+                                 embed_checked, last_columns, run_rnn, run_rnn_layers)
 
 NUM_GATES = 4  # i, f, g (= c~), o
 TOPIC_LOGIT_INIT_STD = 1.5  # spread of the topic-word logits at initialisation (TCNLMPreTrainedModel._init_weights)
@@ -302,6 +300,8 @@ class TCNLMModelOutput(ModelOutput):
 class TCNLMPreTrainedModel(RecurrentPreTrainedModel):
     config_class = TCNLMConfig
     _no_split_modules = ["TCNLMModel"]
+    conditioning_inputs = ("context_bow", "topic_ids", "topic_mixture")
+    training_context = "others"
 
     def _init_weights(self, module):
         super()._init_weights(module)  # embeddings, linear layers, nn.LSTM experts: U(-r, r)
@@ -437,28 +437,28 @@ class TCNLMModel(DocumentRepresentationMixin, TCNLMPreTrainedModel):
     # -- forward --------------------------------------------------------------------------------
 
     def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, state=None, use_cache=None,
-                context_bow=None, topic_ids=None, topic_mixture=None, return_topic_losses: bool = False,
-                output_hidden_states=None, return_dict=None, **kwargs) -> TCNLMModelOutput:
+                context_bow=None, topic_ids=None, topic_mixture=None, topic_representation=None,
+                return_topic_losses: bool = False, output_hidden_states=None, return_dict=None,
+                **kwargs) -> TCNLMModelOutput:
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Give exactly one of input_ids and inputs_embeds")
         if inputs_embeds is None:
-            if bool((input_ids >= self.config.vocab_size).any()) or bool((input_ids < 0).any()):
-                raise ValueError(f"input_ids must be in [0, {self.config.vocab_size}): mismatched tokenizer?")
-            inputs_embeds = self.embed_tokens(input_ids)  # (b, s, E)
+            inputs_embeds = embed_checked(self.embed_tokens, input_ids, self.config.vocab_size)  # (b, s, E)
         b, s, _ = inputs_embeds.shape
         use_cache = use_cache if use_cache is not None else (self.config.use_cache and not self.training)
         need_state = use_cache or state is not None
         output_hidden_states = (output_hidden_states if output_hidden_states is not None
                                 else self.config.output_hidden_states)
         checkpoint_fn = self.checkpoint_function()
-        if attention_mask is not None and attention_mask.shape[1] != s:
-            # generate() passes the mask of the whole sequence; this call only sees its last tokens.
-            attention_mask = attention_mask[:, -s:]
+        attention_mask = last_columns(attention_mask, s)
         mask = None
         if attention_mask is not None and not bool(attention_mask.all()):
             mask = attention_mask.bool()
-        t, topic_losses = self.topic_proportions(b, inputs_embeds.device, context_bow, topic_ids, topic_mixture,
-                                                 return_topic_losses)
+        if topic_representation is not None:  # resolved before (generation's cache): t as is, not re-validated
+            t, topic_losses = topic_representation.to(inputs_embeds.device), None
+        else:
+            t, topic_losses = self.topic_proportions(b, inputs_embeds.device, context_bow, topic_ids, topic_mixture,
+                                                     return_topic_losses)
         x = self.dropout(inputs_embeds)
         if self.experts is not None:
             hidden, new_state, layers = self.experts(x, mask, state, need_state, output_hidden_states, checkpoint_fn)
@@ -609,8 +609,8 @@ class TCNLMForCausalLM(DocumentRepresentationDelegate, TCNLMPreTrainedModel, Top
                 inputs_embeds: Optional[torch.Tensor] = None, state: Optional[tuple] = None,
                 labels: Optional[torch.LongTensor] = None, use_cache: Optional[bool] = None,
                 context_bow: Optional[torch.Tensor] = None, topic_ids=None, topic_mixture=None,
-                output_hidden_states: Optional[bool] = None, return_dict: Optional[bool] = None,
-                logits_to_keep: int = 0, **kwargs) -> TopicLMOutput:
+                topic_representation: Optional[torch.Tensor] = None, output_hidden_states: Optional[bool] = None,
+                return_dict: Optional[bool] = None, logits_to_keep: int = 0, **kwargs) -> TopicLMOutput:
         r"""
         Args:
             input_ids: (b, s) token ids, left- or right-padded.
@@ -619,6 +619,8 @@ class TCNLMForCausalLM(DocumentRepresentationDelegate, TCNLMPreTrainedModel, Top
             labels: (b, s) = ``input_ids`` with -100 at ignored positions; shifted inside.
             context_bow: (b, V_c) counts over the topic vocabulary (the collator's ``context_bow``).
             topic_ids, topic_mixture: explicit topics instead of a bag of words (see the class doc).
+            topic_representation: (b, T) t already resolved (returned by an earlier call under this name; what
+                generation caches), used as is.
             logits_to_keep: compute logits for the last N positions only (0 = all).
 
         Returns:
@@ -629,7 +631,8 @@ class TCNLMForCausalLM(DocumentRepresentationDelegate, TCNLMPreTrainedModel, Top
         """
         compute_ntm = labels is not None and context_bow is not None
         base = self.model(input_ids, attention_mask, inputs_embeds, state, use_cache, context_bow=context_bow,
-                          topic_ids=topic_ids, topic_mixture=topic_mixture, return_topic_losses=compute_ntm,
+                          topic_ids=topic_ids, topic_mixture=topic_mixture, topic_representation=topic_representation,
+                          return_topic_losses=compute_ntm,
                           output_hidden_states=output_hidden_states)
         hidden, t = base.last_hidden_state, base.topic_mixture
         if logits_to_keep and labels is None:
@@ -664,13 +667,9 @@ class TCNLMForCausalLM(DocumentRepresentationDelegate, TCNLMPreTrainedModel, Top
                             hidden_states=base.hidden_states,
                             lm_loss=detach_or_none(lm_loss), kl_loss=detach_or_none(kl_loss),
                             bow_loss=detach_or_none(bow_loss),
-                            aux_loss=detach_or_none(aux_loss), topic_mixture=t)
+                            aux_loss=detach_or_none(aux_loss), topic_mixture=t, topic_representation=t)
         return out if return_dict is not False else out.to_tuple()
 
-    # -- generation -----------------------------------------------------------------------------
-
-    # generate(): TopicGenerationMixin validates topic_ids / topic_mixture / context_bow, makes them
-    # batch-first before transformers expands beams, and encodes context_bow once.
 
 
 class TCNLMForSequenceClassification(DocumentClassifierMixin, TCNLMPreTrainedModel):

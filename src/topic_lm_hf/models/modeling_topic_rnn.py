@@ -106,6 +106,8 @@ def gaussian_kl(mean: torch.Tensor, log_sigma: torch.Tensor, per_dimension: bool
 class TopicRNNPreTrainedModel(RecurrentPreTrainedModel):
     config_class = TopicRNNConfig
     _no_split_modules = ["TopicRNNModel"]
+    conditioning_inputs = ("context_bow", "topic_mixture", "topic_ids")
+    training_context = "others"
 
     def set_topic_vocabulary(self, tokenizer, topic_tokenizer) -> None:
         """Set ``config.topic_word_ids`` (hence the stop-word indicator) from the two tokenizers."""
@@ -231,7 +233,7 @@ class TopicRNNForCausalLM(DocumentRepresentationDelegate, TopicRNNPreTrainedMode
     # vocabulary maps
     # ------------------------------------------------------------------------------------------
 
-    def lm_to_topic_ids(self, device=None) -> torch.Tensor:
+    def lm_to_topic_index(self, device=None) -> torch.Tensor:
         """(V,) topic id of every LM word, -1 for stop words (built from ``config.topic_word_ids``)."""
         device = device if device is not None else self.lm_head.weight.device
         return lm_to_topic_index(self, self.config, device, validate=self._validate_topic_vocabulary)
@@ -245,12 +247,12 @@ class TopicRNNForCausalLM(DocumentRepresentationDelegate, TopicRNNPreTrainedMode
     @property
     def stop_word_mask(self) -> torch.Tensor:
         """(V,) bool: True where the stop-word indicator is 1 (the word is not a topic word)."""
-        return self.lm_to_topic_ids() < 0
+        return self.lm_to_topic_index() < 0
 
     def topic_bias(self, theta: torch.Tensor) -> torch.Tensor:
         """b_i^T theta for every LM word: (b, K) -> (b, V), exactly zero at stop words."""
         topic_logits = self.topic_head(theta.to(self.topic_head.weight.dtype))  # (b, V_c)
-        return topic_scores_to_vocab(topic_logits, self.lm_to_topic_ids(theta.device))
+        return topic_scores_to_vocab(topic_logits, self.lm_to_topic_index(theta.device))
 
     # ------------------------------------------------------------------------------------------
     # theta
@@ -289,7 +291,8 @@ class TopicRNNForCausalLM(DocumentRepresentationDelegate, TopicRNNPreTrainedMode
                 inputs_embeds: Optional[torch.Tensor] = None, state: Optional[tuple] = None,
                 labels: Optional[torch.LongTensor] = None, use_cache: Optional[bool] = None,
                 context_bow: Optional[torch.Tensor] = None, topic_mixture: Optional[torch.Tensor] = None,
-                topic_ids=None, output_hidden_states: Optional[bool] = None, return_dict: Optional[bool] = None,
+                topic_ids=None, topic_representation: Optional[torch.Tensor] = None,
+                output_hidden_states: Optional[bool] = None, return_dict: Optional[bool] = None,
                 logits_to_keep: int = 0, **kwargs) -> TopicLMOutput:
         r"""
         Args:
@@ -302,6 +305,8 @@ class TopicRNNForCausalLM(DocumentRepresentationDelegate, TopicRNNPreTrainedMode
             topic_mixture: (b, K) theta given directly (any real vector).
             topic_ids: steer towards topics: theta = ``config.steering_scale`` * e_k (a set S of
                 topics: the sum of their e_k over sqrt(|S|)); see :class:`TopicRNNConfig`.
+            topic_representation: (b, K) theta already resolved (returned by an earlier call under this name;
+                what generation caches), used as is.
             logits_to_keep: compute logits for the last N positions only (0 = all).
 
         Returns:
@@ -317,7 +322,10 @@ class TopicRNNForCausalLM(DocumentRepresentationDelegate, TopicRNNPreTrainedMode
         hidden, new_state, all_hidden = self.model.run_tokens(input_ids, attention_mask, inputs_embeds, state,
                                                               need_state=use_cache or state is not None,
                                                               output_hidden_states=output_hidden_states)
-        theta, kl = self.infer_topic_vector(hidden.shape[0], context_bow, topic_mixture, hidden.device, topic_ids)
+        if topic_representation is not None:
+            theta, kl = topic_representation.to(hidden.device), None
+        else:
+            theta, kl = self.infer_topic_vector(hidden.shape[0], context_bow, topic_mixture, hidden.device, topic_ids)
         if logits_to_keep and labels is None:
             hidden = hidden[:, -logits_to_keep:]
         h = self.dropout(hidden)
@@ -329,7 +337,7 @@ class TopicRNNForCausalLM(DocumentRepresentationDelegate, TopicRNNPreTrainedMode
         if labels is not None:
             targets = labels[:, 1:].to(hidden.device)  # y_t for the input at t (no off-by-one)
             valid = targets != -100
-            is_stop = self.lm_to_topic_ids(hidden.device)[targets.clamp(min=0)] < 0  # observed l_t
+            is_stop = self.lm_to_topic_index(hidden.device)[targets.clamp(min=0)] < 0  # observed l_t
             # p(y_t | h_t, theta, l_t): one softmax over V, the topic bias only where l_t = 0.
             conditional = word_logits[:, :-1] + (~is_stop).unsqueeze(-1).float() * bias  # (b, s-1, V)
             n_tokens = valid.sum().clamp(min=1)
@@ -356,7 +364,8 @@ class TopicRNNForCausalLM(DocumentRepresentationDelegate, TopicRNNPreTrainedMode
                             hidden_states=all_hidden,
                             lm_loss=lm_loss.detach() if lm_loss is not None else None,
                             kl_loss=kl_loss.detach() if kl_loss is not None else None,
-                            aux_loss=aux_loss.detach() if aux_loss is not None else None, topic_mixture=theta)
+                            aux_loss=aux_loss.detach() if aux_loss is not None else None, topic_mixture=theta,
+                            topic_representation=theta)
         return out if return_dict is not False else out.to_tuple()
 
     # ------------------------------------------------------------------------------------------

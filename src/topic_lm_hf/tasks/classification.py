@@ -150,7 +150,7 @@ def document_collator(model, tokenizer=None, topic_tokenizer=None, max_document_
     ``context="none"``."""
     from ..data import load_vocabularies
 
-    topical = model.document_topic_size > 0
+    topical = "context_bow" in model.conditioning_inputs
     if tokenizer is None:
         from transformers import AutoTokenizer
 
@@ -164,10 +164,9 @@ def document_collator(model, tokenizer=None, topic_tokenizer=None, max_document_
             tokenizer = AutoTokenizer.from_pretrained(source)
     if topical and topic_tokenizer is None:
         raise ValueError(f"{type(model).__name__} reads a bag of topic words: give topic_tokenizer")
-    return TopicContextCollator(tokenizer, topic_tokenizer if topical else None,
-                                context="document" if topical else "none", layout="sequence",
-                                max_document_length=max_document_length, max_context_tokens=max_context_tokens,
-                                label_column=label_column)
+    return TopicContextCollator.for_model(model, tokenizer, topic_tokenizer, protocol="document",
+                                          max_document_length=max_document_length,
+                                          max_context_tokens=max_context_tokens, label_column=label_column)
 
 
 @torch.no_grad()

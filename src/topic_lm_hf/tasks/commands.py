@@ -110,7 +110,7 @@ def run_classify(data_args: TaskDataArguments, args: ClassifyArguments) -> None:
         rows.append(("majority class", majority_accuracy(train["label"], test["label"])))
         bow = bow_logistic_regression(train, test)
         rows.append((f"tf-idf + logistic regression ({bow['settings']})", bow["accuracy"]))
-    print(f"\n| model | accuracy |\n|---|---|")
+    print("\n| model | accuracy |\n|---|---|")
     for name, value in rows:
         print(f"| {name} | {value:.4f} |")
     print(f"\n({time.perf_counter() - start:.0f} s)")

@@ -1,0 +1,154 @@
+"""The family contract: each model declares what it reads, ``TopicContextCollator.for_model`` builds every batch
+from those declarations, generation carries the resolved conditioning with the state in one cache, and the
+layout rules that keep it so (no signature probing, configuration files are leaves, the demo does not import the
+command line, no script edits ``sys.path``)."""
+
+import ast
+import functools
+from pathlib import Path
+
+import pytest
+import torch
+
+from topic_lm_hf import (LSTMLMConfig, LSTMLMForCausalLM, LSTMLMForSequenceClassification, NCLMConfig,
+                         NCLMForCausalLM, RGBNRNNConfig, RGBNRNNForCausalLM, TCNLMConfig, TCNLMForCausalLM,
+                         TCNLMForSequenceClassification, TopicContextCollator, TopicRNNConfig, TopicRNNForCausalLM)
+from topic_lm_hf.models.modeling_conditioning import TopicLMCache
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "src" / "topic_lm_hf"
+
+# What each family reads, as the papers train and evaluate it: (class, conditioning keywords, training context,
+# sentence prefix, whole documents).
+DECLARED = [
+    (LSTMLMForCausalLM, (), "none", False, False),
+    (TCNLMForCausalLM, ("context_bow", "topic_ids", "topic_mixture"), "others", False, False),
+    (TopicRNNForCausalLM, ("context_bow", "topic_mixture", "topic_ids"), "others", False, False),
+    (NCLMForCausalLM, ("context_bow", "topic_ids", "topic_mixture"), "others", True, False),
+    (RGBNRNNForCausalLM, ("context_bow", "theta", "topic_ids"), "preceding", False, True),
+    (LSTMLMForSequenceClassification, (), "none", False, False),
+    (TCNLMForSequenceClassification, ("context_bow",), "document", False, False),
+]
+
+
+@pytest.mark.parametrize("cls, inputs, context, prefix, documents", DECLARED, ids=lambda x: getattr(x, "__name__", ""))
+def test_every_family_declares_what_it_reads(cls, inputs, context, prefix, documents):
+    assert tuple(cls.conditioning_inputs) == inputs
+    assert (cls.training_context, cls.reads_sentence_prefix, cls.reads_documents) == (context, prefix, documents)
+    import inspect
+
+    # The declarations are true of forward (this test is the one place that reads a signature).
+    parameters = inspect.signature(cls.forward).parameters
+    assert all(name in parameters for name in inputs)
+    assert ("sentence_prefix_bow" in parameters) == prefix and ("chunk_mask" in parameters) == documents
+
+
+# protocol -> (context, layout) of the collator, for a topic model reading sentence chunks
+EXPECTED = {"train": ("others", "sentences"), "train-carry": ("preceding", "documents"),
+            "paper": ("others", "sentences"), "causal": ("preceding", "sentences"),
+            "causal-carry": ("preceding", "documents"), "sliding-window": ("none", "documents"),
+            "document": ("document", "sequence")}
+
+
+def _models(apnews):
+    tok, topic_tok = apnews["tok"], apnews["topic_tok"]
+    small = dict(embedding_size=8, hidden_size=8)
+    return {
+        "lstm": LSTMLMForCausalLM(LSTMLMConfig(vocab_size=len(tok), **small)),
+        "tcnlm": TCNLMForCausalLM(TCNLMConfig.from_tokenizers(tok, topic_tok, num_topics=3, **small)),
+        "nclm": NCLMForCausalLM(NCLMConfig.from_tokenizers(tok, topic_tok, num_topics=3, encoder_hidden_size=8,
+                                                           **small)),
+        "rgbn": RGBNRNNForCausalLM(RGBNRNNConfig.from_tokenizers(tok, topic_tok, topic_sizes=[3], hidden_sizes=[8],
+                                                                 embedding_size=8)),
+    }
+
+
+@pytest.mark.parametrize("protocol", list(EXPECTED))
+def test_for_model_builds_each_protocols_batches_from_the_declarations(apnews, protocol):
+    tok, topic_tok = apnews["tok"], apnews["topic_tok"]
+    models = _models(apnews)
+    context, layout = EXPECTED[protocol]
+    tcnlm = TopicContextCollator.for_model(models["tcnlm"], tok, topic_tok, protocol=protocol)
+    assert (tcnlm.context, tcnlm.layout, tcnlm.sentence_prefix) == (context, layout, False)
+    assert tcnlm.topic_tokenizer is topic_tok
+    lstm = TopicContextCollator.for_model(models["lstm"], tok, topic_tok, protocol=protocol)
+    assert (lstm.context, lstm.topic_tokenizer) == ("none", None)  # no bag of words for a model without topics
+    nclm = TopicContextCollator.for_model(models["nclm"], tok, topic_tok, protocol=protocol)
+    assert nclm.sentence_prefix == (protocol != "document")
+    rgbn = TopicContextCollator.for_model(models["rgbn"], tok, topic_tok, protocol=protocol)
+    expected_rgbn = {"train": "preceding"}.get(protocol, context)
+    assert rgbn.context == expected_rgbn and rgbn.layout == ("sequence" if protocol == "document" else "documents")
+    # A batch of the real corpus has what the model reads.
+    rows = nclm.prepare(apnews["valid"].select(range(2)))
+    batch = nclm([rows[i] for i in range(min(3, len(rows)))])
+    assert ("context_bow" in batch) == (context != "none")
+    assert ("sentence_prefix_bow" in batch) == (protocol != "document")
+
+
+def test_for_model_takes_a_training_context_and_refuses_one_elsewhere(apnews):
+    tok, topic_tok = apnews["tok"], apnews["topic_tok"]
+    tcnlm = _models(apnews)["tcnlm"]
+    assert TopicContextCollator.for_model(tcnlm, tok, topic_tok, context="preceding").context == "preceding"
+    assert TopicContextCollator.for_model(tcnlm, tok, topic_tok, max_sentence_length=7).max_sentence_length == 7
+    with pytest.raises(ValueError, match="protocol must be one of"):
+        TopicContextCollator.for_model(tcnlm, tok, topic_tok, protocol="causal-window")
+    with pytest.raises(ValueError, match="chooses the training context"):
+        TopicContextCollator.for_model(tcnlm, tok, topic_tok, protocol="paper", context="preceding")
+
+
+@pytest.mark.parametrize("family", ["tcnlm", "nclm", "rgbn"])
+def test_generation_resolves_the_conditioning_once_and_carries_it_in_one_cache(apnews, family):
+    tok, topic_tok = apnews["tok"], apnews["topic_tok"]
+    model = _models(apnews)[family].eval()
+    seen = []
+    original = model.forward
+
+    def recording_forward(*args, **kwargs):
+        seen.append(sorted(k for k in ("topic_ids", "context_bow", "theta", "topic_representation")
+                           if kwargs.get(k) is not None))
+        assert not isinstance(kwargs.get("state"), TopicLMCache)  # forward gets the plain recurrent state
+        return original(*args, **kwargs)
+
+    model.forward = functools.wraps(original)(recording_forward)
+    prompt = tok(["the senate said"], return_tensors="pt")
+    out = model.generate(**prompt, topic_ids=[1], max_new_tokens=4, min_new_tokens=4, do_sample=False,
+                         return_dict_in_generate=True)
+    first = ["theta"] if family == "rgbn" else ["topic_ids"]  # rGBN-RNN resolves topic_ids to theta in generate
+    assert seen[0] == first and all(s == ["topic_representation"] for s in seen[1:])
+    cache = out.past_key_values
+    assert isinstance(cache, TopicLMCache) and "topic_representation" in cache.conditioning
+    # Continuing from the returned cache gives what one longer generation gives.
+    model.forward = original
+    longer = model.generate(**prompt, topic_ids=[1], max_new_tokens=6, min_new_tokens=6, do_sample=False)
+    resumed = model.generate(out.sequences[:, -1:], state=cache, max_new_tokens=2, min_new_tokens=2,
+                             do_sample=False)
+    assert torch.equal(resumed[0, 1:], longer[0, -2:])
+
+
+def test_a_family_refuses_conditioning_it_does_not_declare(apnews):
+    tok = apnews["tok"]
+    rgbn = _models(apnews)["rgbn"].eval()
+    with pytest.raises(ValueError, match="does not take topic_mixture"):
+        rgbn.generate(**tok(["the"], return_tensors="pt"), topic_mixture=[1.0, 0.0, 0.0], max_new_tokens=2)
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            names.add(("." * node.level) + (node.module or ""))
+        elif isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+    return names
+
+
+def test_the_layout_rules_hold():
+    sources = list(PACKAGE.rglob("*.py"))
+    assert not [p for p in sources if "inspect.signature" in p.read_text()], "models declare what they read"
+    for config_file in (PACKAGE / "models").glob("configuration_*.py"):
+        assert not [m for m in _imports(config_file) if "modeling" in m], f"{config_file.name} must be a leaf"
+    assert not [m for m in _imports(PACKAGE / "demo.py") if m.endswith("cli")], "demo.py must not import cli.py"
+    assert not (PACKAGE / "models" / "modeling_common.py").exists()
+    for flat in (PACKAGE / "models").glob("*.py"):
+        assert len(flat.read_text().splitlines()) <= 1200, flat.name
