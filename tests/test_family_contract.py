@@ -12,7 +12,7 @@ import torch
 
 from topic_lm_hf import (LSTMLMConfig, LSTMLMForCausalLM, LSTMLMForSequenceClassification, NCLMConfig,
                          NCLMForCausalLM, RGBNRNNConfig, RGBNRNNForCausalLM, TCNLMConfig, TCNLMForCausalLM,
-                         TCNLMForSequenceClassification, TopicContextCollator, TopicRNNConfig, TopicRNNForCausalLM)
+                         TCNLMForSequenceClassification, TopicContextCollator, TopicRNNForCausalLM)
 from topic_lm_hf.models.modeling_conditioning import TopicLMCache
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -98,7 +98,7 @@ def test_for_model_takes_a_training_context_and_refuses_one_elsewhere(apnews):
 
 @pytest.mark.parametrize("family", ["tcnlm", "nclm", "rgbn"])
 def test_generation_resolves_the_conditioning_once_and_carries_it_in_one_cache(apnews, family):
-    tok, topic_tok = apnews["tok"], apnews["topic_tok"]
+    tok = apnews["tok"]
     model = _models(apnews)[family].eval()
     seen = []
     original = model.forward
