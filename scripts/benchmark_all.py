@@ -1,14 +1,15 @@
-"""Every model family at one size with one budget, on one corpus: perplexity, topics, steering, speed (issue 14).
+"""Every model family at one size with one budget, on one corpus: perplexity, topics, steering, speed.
 
 One command trains the LSTM LM and every topic-guided family of the package at one size, with one budget and
 early stopping on a development split carved from ``train.txt``, evaluates everything on ``valid.txt``, and
-writes ``results.json``, ``table.md`` (the table the README includes) and two figures. The pieces come from the
-other benchmark scripts (imported, not copied): the vocabularies of Lau et al. 2017 (``build_vocabularies``:
-LM words with frequency >= 10; topic words minus the MALLET stop list, the top 0.1 % and non-alphabetic tokens),
-30-token chunks and contexts capped at 300 topic tokens (``TopicContextCollator``), ``BenchmarkTrainer`` (fixed
-batch order, linear schedule), ``StepTimer`` (per-step time and the progress / ETA lines), NCLM's topic-model
-phase, ``check_settings`` / ``write_json`` / ``read_json`` / ``code_version``, ``evaluate_perplexity``,
-``evaluate_topics``, ``interleaved_step_times``, and ``benchmark_steering.steer`` / ``cached_lda_judge``.
+writes ``results.json``, ``table.md`` (the table ``results/README.md`` includes) and two figures. The pieces are
+every benchmark's (``topic_lm_hf.benchmarking`` and ``topic_lm_hf.benchmark_training``): the vocabularies of Lau
+et al. 2017 (``build_vocabularies``: LM words with frequency >= 10; topic words minus the MALLET stop list, the top
+0.1 % and non-alphabetic tokens), 30-token chunks and contexts capped at 300 topic tokens
+(``TopicContextCollator``), ``BenchmarkTrainer`` (fixed batch order, linear schedule), ``StepTimer`` (per-step
+time and the progress / ETA lines), NCLM's topic-model phase, ``check_settings`` / ``write_json`` / ``read_json`` /
+``code_version``, ``evaluate_perplexity``, ``evaluate_topics``, ``interleaved_step_times``, and ``steer`` /
+``cached_lda_judge``.
 
     python scripts/benchmark_all.py --corpus apnews                    # CPU size, every model, out/all/apnews-cpu
     python scripts/benchmark_all.py --corpus brown                     # Brown (the BNC stand-in)
@@ -31,10 +32,10 @@ Models (``--only`` names; every one 1 layer, so the same-size single-layer LSTM 
 * ``topic-lstm``, ``topic-lstm-carry``: TopicRNN with an LSTM cell (Dieng et al. 2017), the ELBO;
 * ``nclm-lta``, ``nclm-leta``, ``nclm-leta-carry``: NCLM (Chaudhary et al. 2020) without sentence topics (SDT is
   left to ``benchmark_nclm.py``), alpha ``--alpha``, after ``--topic-model-steps`` NVDM-only steps
-  (``benchmark_nclm.pretrain_topic_model_phase``: its own Adam at ``--topic-model-lr`` on whole documents, in
+  (``pretrain_topic_model_phase``: its own Adam at ``--topic-model-lr`` on whole documents, in
   addition to the budget, as in ``benchmark_nclm.py``);
 * ``gbn``, ``rgbn``: GBN-RNN / rGBN-RNN (Guo et al. 2020) with one topic layer of K topics, TLASGR-MCMC for Phi
-  and Pi, ``loss_preset="elbo"`` (``benchmark_rgbn.build``).
+  and Pi, ``loss_preset="elbo"`` (``build_rgbn``).
 
 Decisions (the same for every run of this script):
 
@@ -81,7 +82,7 @@ Decisions (the same for every run of this script):
   protocol (``paper`` for ``others``-trained models, ``causal`` for GBN/rGBN-RNN, ``causal-carry`` for ``*-carry``).
 * Topics: NPMI (``lau2014``: window 20, top 5/10/15/20, unseen pair 0) against the Wikipedia reference
   (``wiki/articles.jsonl.gz``) and diversity (unique fraction of the top-25 words), first layer for GBN/rGBN.
-* Steering (``benchmark_steering.steer``: ``evaluate_steering`` with ``topic_ids=[k]`` for ``--steer-topics``
+* Steering (``steer``: ``evaluate_steering`` with ``topic_ids=[k]`` for ``--steer-topics``
   seeded topics, ``--steer-samples`` texts each and as many unconditioned, top-p 0.9): topic accuracy by the
   model's own encoder and by a scikit-learn LDA judge with K topics fitted on the training documents; fluency =
   perplexity of the generated text under this run's ``lstm`` (fluency ratio = steered / unconditioned).
@@ -103,8 +104,8 @@ vocabularies), ``train.json``, ``dev.jsonl`` (every dev evaluation), ``steps.jso
 ``perplexity.png`` and ``steering.png`` (matplotlib, ``pip install topic-lm-hf[bench]``; skipped with a message
 without it). A rerun skips whatever is done (a trained model is never retrained) and resumes an interrupted
 training from its last checkpoint (one at every dev evaluation), the early-stopping state from ``dev.jsonl``.
-``--readme README.md`` publishes a finished table: ``table.md``, ``results.json`` and the figures are copied to
-``results/<corpus>-<size>/`` beside the README, and the README's block for that run is rewritten (``publish``).
+``--readme results/README.md`` publishes a finished table: ``table.md``, ``results.json`` and the figures are copied
+to ``results/<corpus>-<size>/``, and the page's block for that run is rewritten (``publish``).
 """
 
 from __future__ import annotations
@@ -121,30 +122,21 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from transformers import TrainingArguments
+from transformers.trainer_callback import PrinterCallback
+from transformers.utils import logging as hf_logging
 
-SCRIPTS = Path(__file__).resolve().parent
-sys.path.insert(0, str(SCRIPTS.parent / "src"))
-sys.path.insert(0, str(SCRIPTS))
-
-import benchmark_nclm  # noqa: E402
-import benchmark_rgbn  # noqa: E402
-import benchmark_tcnlm  # noqa: E402
-from benchmark_nclm import (BatchTokens, BenchmarkTrainer, StepTimer, batch_order, check_settings,  # noqa: E402
-                            code_version, fmt, pretrain_topic_model_phase, read_json, step_throughput,
-                            write_json)
-from benchmark_rgbn import Tee  # noqa: E402
-from benchmark_steering import cached_lda_judge, steer  # noqa: E402
-from benchmark_tcnlm import DATA, PROTOCOLS, interleaved_step_times  # noqa: E402
-from transformers import TrainerCallback, TrainingArguments  # noqa: E402
-from transformers.trainer_callback import PrinterCallback  # noqa: E402
-from transformers.utils import logging as hf_logging  # noqa: E402
-
-from topic_lm_hf import (LSTMLMForCausalLM, NCLMForCausalLM, RGBNRNNForCausalLM, TCNLMForCausalLM,  # noqa: E402
+from topic_lm_hf import (LSTMLMForCausalLM, NCLMForCausalLM, RGBNRNNForCausalLM, TCNLMForCausalLM,
                          TopicContextCollator, TopicRNNConfig, TopicRNNForCausalLM, build_vocabularies,
-                         evaluate_perplexity, evaluate_topics, load_documents, record_vocabularies,
-                         save_vocabularies)
-from topic_lm_hf.evaluation.topics import load_reference_corpus  # noqa: E402
-from topic_lm_hf.trainer import carried_state_loss, last_complete_checkpoint  # noqa: E402
+                         evaluate_topics, load_documents, record_vocabularies, save_vocabularies)
+from topic_lm_hf.benchmark_training import (BatchTokens, BenchmarkTrainer, DevEarlyStopping, StepTimer, batch_order,
+                                            best_dirs, pretrain_topic_model_phase, step_throughput, stopped)
+from topic_lm_hf.benchmarking import (DATA, PROTOCOLS, Tee, add_common_arguments, build_lstm, build_nclm,
+                                      build_rgbn, build_tcnlm, cached_lda_judge, check_settings, code_version,
+                                      evaluate_protocols, fmt, interleaved_step_times, publish, read_json,
+                                      read_jsonl, steer, write_json)
+from topic_lm_hf.evaluation.topics import load_reference_corpus
+from topic_lm_hf.trainer import carried_state_loss, last_complete_checkpoint
 
 # name -> family, label, training context, carry_state; "published" = the family's name in PUBLISHED
 MODELS = {
@@ -158,8 +150,8 @@ MODELS = {
     "nclm-leta": dict(family="nclm", label="NCLM LETA", context="others", nclm="leta", published="NCLM LETA"),
     "nclm-leta-carry": dict(family="nclm", label="NCLM LETA, carried state", context="preceding", nclm="leta",
                             carry=True),
-    "gbn": dict(family="rgbn", label="GBN-RNN", context="preceding", rgbn="gbn-1", published="GBN-RNN"),
-    "rgbn": dict(family="rgbn", label="rGBN-RNN", context="preceding", rgbn="rgbn-1", published="rGBN-RNN"),
+    "gbn": dict(family="rgbn", label="GBN-RNN", context="preceding", recurrent=False, published="GBN-RNN"),
+    "rgbn": dict(family="rgbn", label="rGBN-RNN", context="preceding", recurrent=True, published="rGBN-RNN"),
 }
 SIZES = {"cpu": dict(embedding_size=128, hidden_size=128, num_topics=50),
          "paper": dict(embedding_size=300, hidden_size=600, num_topics=50)}
@@ -283,12 +275,14 @@ class CarriedLoss(torch.nn.Module):
 
 def build(name: str, args, tok, topic_tok):
     spec = MODELS[name]
-    if spec["family"] in ("lstm", "tcnlm"):
-        return benchmark_tcnlm.build(spec["family"], args, len(tok), len(topic_tok))
+    if spec["family"] == "lstm":
+        return build_lstm(args, len(tok))
+    if spec["family"] == "tcnlm":
+        return build_tcnlm(args, len(tok), len(topic_tok))
     if spec["family"] == "nclm":
-        return benchmark_nclm.build(spec["nclm"], args, tok, topic_tok)
+        return build_nclm(args, tok, topic_tok, spec["nclm"])
     if spec["family"] == "rgbn":
-        return benchmark_rgbn.build(spec["rgbn"], args, tok, topic_tok)
+        return build_rgbn(args, tok, topic_tok, layers=1, recurrent=spec["recurrent"])
     torch.manual_seed(args.seed)
     config = TopicRNNConfig.from_tokenizers(tok, topic_tok, cell="lstm", embedding_size=args.embedding_size,
                                             hidden_size=args.hidden_size, num_topics=args.num_topics,
@@ -298,66 +292,6 @@ def build(name: str, args, tok, topic_tok):
 
 def load_model(name: str, path: Path, device: str):
     return CLASSES[MODELS[name]["family"]].from_pretrained(path).to(device).eval()
-
-
-def best_dirs(mdir: Path) -> dict[int, Path]:
-    return {int(p.name.rsplit("-", 1)[1]): p for p in mdir.glob("best-*") if p.is_dir()}
-
-
-def stopped(history: list[dict], patience: int) -> bool:
-    """Whether ``patience`` evaluations in a row came after the best one."""
-    if not history:
-        return False
-    best = min(range(len(history)), key=lambda i: history[i]["perplexity"])
-    return len(history) - 1 - best >= patience
-
-
-class DevEarlyStopping(TrainerCallback):
-    """Every ``every`` steps and at the last step: the dev perplexity (``evaluate_perplexity``, ``protocol``); a new
-    best is saved to ``<mdir>/best-<step>``; training stops after ``patience`` evaluations without improvement.
-    A checkpoint is written at every evaluation, and older best folders are removed only once a checkpoint after
-    the newer one exists, so an interrupted run resumes with a best folder that matches ``dev.jsonl``."""
-
-    def __init__(self, name, dev_docs, protocol, tok, topic_tok, every, patience, mdir: Path, history: list[dict]):
-        self.name, self.dev_docs, self.protocol, self.tok, self.topic_tok = name, dev_docs, protocol, tok, topic_tok
-        self.every, self.patience, self.mdir, self.history = every, patience, mdir, history
-
-    def on_step_end(self, args, state, control, model=None, **kwargs):
-        step = state.global_step
-        if step % self.every and step < state.max_steps:
-            return
-        rng = torch.get_rng_state()  # evaluation must not change the training's random stream
-        cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
-        start = time.perf_counter()
-        model.eval()
-        with torch.no_grad():
-            r = evaluate_perplexity(model, self.dev_docs, self.protocol, tokenizer=self.tok,
-                                    topic_tokenizer=self.topic_tok)
-        model.train()
-        torch.set_rng_state(rng)
-        if cuda_rng is not None:
-            torch.cuda.set_rng_state_all(cuda_rng)
-        best = min((h["perplexity"] for h in self.history), default=math.inf)
-        record = {"step": step, "perplexity": r["perplexity"], "tokens": r["tokens"], "protocol": self.protocol,
-                  "seconds": time.perf_counter() - start}
-        self.history.append(record)
-        with open(self.mdir / "dev.jsonl", "a") as f:
-            f.write(json.dumps(record) + "\n")
-        if r["perplexity"] < best:
-            model.save_pretrained(self.mdir / f"best-{step}")
-        print(f"   [{self.name}] step {step}: dev perplexity ({self.protocol}) {r['perplexity']:.2f}"
-              + (" (best)" if r["perplexity"] < best else f" (best {best:.2f})")
-              + f", {record['seconds']:.0f} s", flush=True)
-        if stopped(self.history, self.patience):
-            print(f"   [{self.name}] early stop: {self.patience} evaluations without improvement", flush=True)
-            control.should_training_stop = True
-        control.should_save = True
-
-    def on_save(self, args, state, control, **kwargs):
-        kept = [s for s in best_dirs(self.mdir) if s <= state.global_step]
-        for s, path in best_dirs(self.mdir).items():
-            if kept and s < max(kept):
-                shutil.rmtree(path, ignore_errors=True)
 
 
 def train(name: str, model, rows, collator, args, mdir: Path, tok, topic_tok, train_docs, dev_docs) -> dict:
@@ -432,7 +366,7 @@ def train(name: str, model, rows, collator, args, mdir: Path, tok, topic_tok, tr
 def evaluate(name: str, model, valid_docs, tok, topic_tok, mdir: Path) -> dict:
     """Perplexity under every protocol and, for the topic models, the ablation under their own protocol."""
     ablation = own_protocol(name) if is_topic_model(name) else None
-    return benchmark_nclm.evaluate_protocols(model, valid_docs, tok, topic_tok, mdir, ablation)
+    return evaluate_protocols(model, valid_docs, tok, topic_tok, mdir, ablation)
 
 
 CODE_VERSION = "?"
@@ -450,37 +384,24 @@ def parse_args(argv=None):
                         help="the budget: at most this many steps per model (default: cpu 1000, paper 10000)")
     parser.add_argument("--eval-steps", type=int, default=100, help="dev evaluation (and checkpoint) every N steps")
     parser.add_argument("--patience", type=int, default=3, help="stop after N dev evaluations without improvement")
-    parser.add_argument("--batch-size", type=int, default=None,
-                        help="training documents per step, every model (default: apnews 4, brown 1, imdb 6)")
     parser.add_argument("--embedding", dest="embedding_size", type=int, default=None, help="E (default: the size's)")
     parser.add_argument("--hidden", dest="hidden_size", type=int, default=None, help="H (default: the size's)")
     parser.add_argument("--topics", dest="num_topics", type=int, default=None, help="K (default: the size's)")
-    parser.add_argument("--dropout", type=float, default=0.4)
-    parser.add_argument("--lr", type=float, default=2e-3, help="Adam learning rate (linear warm-up and decay to 0)")
-    parser.add_argument("--clip", type=float, default=0.5, help="global gradient-norm clip")
-    parser.add_argument("--kl-annealing-steps", type=int, default=300, help="TCNLM's KL annealing (benchmark_tcnlm)")
-    parser.add_argument("--alpha", type=float, default=0.01, help="NCLM's topic-model loss share")
-    parser.add_argument("--topic-model-steps", type=int, default=1000, help="NCLM's NVDM-only steps (extra)")
-    parser.add_argument("--topic-model-lr", type=float, default=1e-2, help="NCLM's NVDM-phase learning rate")
     parser.add_argument("--topic-model-batch-size", type=int, default=64, help="chunks per NVDM-phase step")
-    parser.add_argument("--readme", default=None, metavar="README.md",
-                        help="publish the finished table: copy table.md, results.json and the figures to "
-                             "<README's folder>/results/<corpus>-<size>/ and rewrite the README's block between "
-                             "'<!-- benchmark_all <corpus>-<size> start/end -->' (added at the end of its Results "
-                             "section the first time)")
-    parser.add_argument("--min-freq", type=int, default=10)
+    parser.add_argument("--readme", default=None, metavar="results/README.md",
+                        help="publish the finished table into this results page: copy table.md, results.json and "
+                             "the figures to <its folder>/<corpus>-<size>/ and rewrite its block between "
+                             "'<!-- benchmark_all <corpus>-<size> start/end -->' (added after its last block the "
+                             "first time)")
     parser.add_argument("--dev-fraction", type=float, default=0.05, help="training documents held out as dev")
     parser.add_argument("--dev-seed", type=int, default=0, help="seed of the dev split")
-    parser.add_argument("--max-train-docs", type=int, default=None, help="first N training documents")
-    parser.add_argument("--max-valid-docs", type=int, default=None, help="first N validation documents")
-    parser.add_argument("--npmi-max-documents", type=int, default=None, help="first N Wikipedia articles")
-    parser.add_argument("--steer-topics", type=int, default=10, help="topics sampled for the steering evaluation")
-    parser.add_argument("--steer-samples", type=int, default=20, help="texts per topic (and unconditioned)")
-    parser.add_argument("--max-new-tokens", type=int, default=30)
-    parser.add_argument("--lda-max-iter", type=int, default=20, help="iterations of the LDA steering judge")
-    parser.add_argument("--speed-repeats", type=int, default=10, help="interleaved timing steps per model")
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--seed", type=int, default=0)
+    add_common_arguments(parser, "--batch-size", "--dropout", "--lr", "--clip", "--kl-annealing-steps", "--alpha",
+                         "--topic-model-steps", "--topic-model-lr", "--min-freq", "--max-train-docs",
+                         "--max-valid-docs", "--npmi-max-documents", "--steer-topics", "--steer-samples",
+                         "--max-new-tokens", "--lda-max-iter", "--speed-repeats", "--threads", "--seed",
+                         batch_size=None,
+                         helps={"batch_size": "training documents per step, every model (default: apnews 4, "
+                                              "brown 1, imdb 6)"})
     args = parser.parse_args(argv)
     for key, value in {**SIZES[args.size], "max_steps": MAX_STEPS[args.size],
                        "batch_size": BATCH_DOCUMENTS[args.corpus]}.items():
@@ -675,10 +596,6 @@ def training_speed(out: Path, name: str) -> float:
     return step_throughput(read_jsonl(out / name / "steps.jsonl"))["tokens_per_s"]
 
 
-def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line] if path.exists() else []
-
-
 def collect(name: str, out: Path, speed) -> dict:
     """One model's numbers, for results.json."""
     tr, ev = read_json(out / name / "train.json"), read_json(out / name / "eval.json")
@@ -821,39 +738,6 @@ def table(report: dict, args) -> list[str]:
         lines += ["", "| published in | pair (published order) | published ppl | ppl paper here | |",
                   "|---|---|---|---|---|", *rows]
     return lines
-
-
-PUBLISHED_FILES = ("table.md", "results.json", "perplexity.png", "steering.png")
-
-
-def publish(out: Path, readme: Path, key: str) -> Path:
-    """Copy a finished run's table, JSON and figures to ``<readme folder>/results/<key>/`` (tracked, so the README's
-    images resolve) and put the table and the figures into the README between the markers
-    ``<!-- benchmark_all <key> start -->`` and ``<!-- benchmark_all <key> end -->``; a README without them gets
-    the block at the end of its ``## Results`` section (or at its end). Running it again gives the same README."""
-    if not (out / "table.md").exists():
-        raise FileNotFoundError(f"{out / 'table.md'} does not exist: no finished run to publish")
-    target = readme.parent / "results" / key
-    target.mkdir(parents=True, exist_ok=True)
-    copied = [name for name in PUBLISHED_FILES if (out / name).exists()]
-    for name in copied:
-        shutil.copyfile(out / name, target / name)
-    start, end = f"<!-- benchmark_all {key} start -->", f"<!-- benchmark_all {key} end -->"
-    images = [f"![{name[:-4]}](results/{key}/{name})" for name in ("perplexity.png", "steering.png") if name in copied]
-    body = "\n".join([start, (out / "table.md").read_text().strip(), "", *images,
-                      f"\n(`python scripts/benchmark_all.py` wrote this block and `results/{key}/`.)", end])
-    text = readme.read_text()
-    if start in text and end in text:
-        before, rest = text.split(start, 1)
-        text = before + body + rest.split(end, 1)[1]
-    else:
-        results = text.find("\n## Results")
-        following = text.find("\n## ", results + 1) if results >= 0 else -1
-        at = following + 1 if following >= 0 else len(text)
-        text = text[:at] + body + "\n\n" + text[at:]
-    readme.write_text(text)
-    print(f"Published: {target} ({', '.join(copied)}); {readme} block {key}", flush=True)
-    return target
 
 
 def figures(report: dict, out: Path) -> None:

@@ -2,8 +2,8 @@
 
 NCLM is Chaudhary, Schütze & Gupta, ICML 2020 (``topic_lm_hf.NCLMForCausalLM``). Every model is
 trained in this one run on ``apnews/train.txt`` and measured on ``apnews/valid.txt``, with the
-pieces of ``scripts/benchmark_tcnlm.py`` (imported from it, not copied): the vocabularies of Lau et
-al. 2017 (LM: words with frequency >= 10; topic: minus the MALLET stop list, the top 0.1 % and
+settings of ``scripts/benchmark_tcnlm.py`` and the pieces of ``topic_lm_hf.benchmarking``: the vocabularies
+of Lau et al. 2017 (LM: words with frequency >= 10; topic: minus the MALLET stop list, the top 0.1 % and
 non-alphabetic tokens), 30-token chunks, context bags of words capped at 300 topic tokens,
 ``TopicLMTrainer`` with the same optimiser (Adam, lr 2e-3, linear warm-up over 2 % of the steps
 then linear decay to 0, gradient clip 0.5, dropout 0.4, batches of 64 chunks, seed 0), the
@@ -52,11 +52,7 @@ Decisions (the same for every run of this script):
   clips nothing). Then the joint objective for ``--steps`` steps with a fresh Adam (the official code's
   joint Adam also starts fresh), reading exactly the LSTM's batches in the LSTM's order with the
   LSTM's schedule. The topic-model steps come in addition to the LSTM's ``--steps``, since they do not
-  touch the LM. Measured while designing this (1000 NVDM steps on APNEWS, 50 topics): on the causal
-  contexts at the joint run's 2e-3, the NVDM stayed 0.6 nats per word below uniform with every topic a
-  list of frequent words; with one row per document at 1e-2 its posterior collapsed (KL 0.15 nats per
-  document); with the rows above at 1e-2 it reached 7.34 nats per word (uniform: 8.36), KL 11 nats per
-  document and distinct topics (courts, police, ...).
+  touch the LM. Why this recipe: ``results/README.md``, "NCLM against the same-size LSTM".
 * alpha (the topic model's share of the loss) is the paper's 0.01 for APNEWS unless ``--alpha`` says
   otherwise. Other NCLM settings are the package's defaults (the paper's: NVDM encoder 256 sigmoid
   units, 10 samples, ETR from the top 20 words of each topic with the LM's own embeddings, read
@@ -68,7 +64,7 @@ Decisions (the same for every run of this script):
 * Steering. For the causal NCLM variant with the lowest ``causal`` perplexity, ``evaluate_steering``
   (``topic_ids=[k]`` for a seeded sample of topics; judges: the model's encoder, the model's own topic
   distributions and scikit-learn LDA fitted on train.txt; fluency = perplexity of the generated text
-  under the LSTM trained in this run), through ``benchmark_steering.steer``.
+  under the LSTM trained in this run), through ``topic_lm_hf.benchmarking.steer``.
 
 Resumable. ``--out`` (default ``out/nclm``) holds ``settings.json`` (a rerun with other settings is
 refused), and per model ``<name>/model`` (the trained weights and both vocabularies),
@@ -82,34 +78,22 @@ saved).
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import platform
 import shutil
-import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
+from transformers.utils import logging as hf_logging
 
-SCRIPTS = Path(__file__).resolve().parent
-sys.path.insert(0, str(SCRIPTS.parent / "src"))
-sys.path.insert(0, str(SCRIPTS))
-
-from benchmark_steering import cached_lda_judge, steer  # noqa: E402
-from benchmark_tcnlm import DATA, PROTOCOLS, CountingCollator, interleaved_step_times  # noqa: E402
-from benchmark_tcnlm import build as build_benchmark_model  # noqa: E402
-from transformers import TrainerCallback, TrainingArguments  # noqa: E402
-from transformers.trainer_callback import PrinterCallback  # noqa: E402
-from transformers.utils import logging as hf_logging  # noqa: E402
-
-from topic_lm_hf import (LSTMLMForCausalLM, NCLMConfig, NCLMForCausalLM, TopicContextCollator,  # noqa: E402
-                         TopicLMTrainer, build_vocabularies, evaluate_perplexity, evaluate_topics,
-                         load_documents, record_vocabularies, save_vocabularies)
-from topic_lm_hf.evaluation.steering import format_steering_table  # noqa: E402
-from topic_lm_hf.evaluation.topics import load_reference_corpus  # noqa: E402
-from topic_lm_hf.trainer import last_complete_checkpoint  # noqa: E402
+from topic_lm_hf import (LSTMLMForCausalLM, NCLMForCausalLM, TopicContextCollator, build_vocabularies,
+                         evaluate_topics, load_documents)
+from topic_lm_hf.benchmark_training import train_resumable
+from topic_lm_hf.benchmarking import (DATA, PROTOCOLS, add_common_arguments, build_lstm, build_nclm,
+                                      cached_lda_judge, check_settings, code_version, evaluate_protocols, fmt,
+                                      interleaved_step_times, read_json, steer, write_json)
+from topic_lm_hf.evaluation.steering import format_steering_table
+from topic_lm_hf.evaluation.topics import load_reference_corpus
 
 # name -> what it is; NCLM entries give the config and the training context
 MODELS = {
@@ -125,66 +109,10 @@ MODELS = {
                            variant="leta", sentence_topics=True, sdt_mode="minus_target", context="others"),
 }
 CAUSAL_NCLMS = ("lta", "eta", "leta", "leta-sdt")
-CODE_VERSION = "?"
 # what a rerun must share with the run whose results are on disk
 SETTINGS = ("steps", "topic_model_steps", "topic_model_lr", "embedding_size", "hidden_size", "layers", "num_topics", "alpha", "dropout",
             "batch_size", "lr", "clip", "min_freq", "seed", "max_train_docs", "max_valid_docs", "npmi_max_documents",
             "steer_topics", "steer_samples", "max_new_tokens")
-
-
-# ----------------------------------------------------------------------------------------------
-# small helpers
-# ----------------------------------------------------------------------------------------------
-
-
-def jsonable(x):
-    if isinstance(x, dict):
-        return {str(k): jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [jsonable(v) for v in x]
-    if isinstance(x, (str, int, float, bool)) or x is None:
-        return x
-    if hasattr(x, "item") and getattr(x, "ndim", 1) == 0:
-        return x.item()
-    if hasattr(x, "tolist"):
-        return x.tolist()
-    return str(x)
-
-
-def read_json(path: Path):
-    return json.loads(path.read_text()) if path.exists() else None
-
-
-def write_json(path: Path, data) -> None:
-    tmp = path.with_suffix(f"{path.suffix}.{os.getpid()}.tmp")  # per process: runs with disjoint --only may share
-    tmp.write_text(json.dumps(jsonable(data), indent=1))     # an --out (settings.json is written by each)
-    os.replace(tmp, path)  # never a half-written result file
-
-
-def check_settings(out: Path, settings: dict) -> None:
-    """Record the run's settings in ``out/settings.json``; a rerun with other settings in the same folder is refused
-    (its results would mix with the earlier ones)."""
-    previous = read_json(out / "settings.json")
-    if previous is not None and previous != jsonable(settings):
-        now = jsonable(settings)
-        diff = {k: (previous.get(k), now.get(k)) for k in {**previous, **now} if previous.get(k) != now.get(k)}
-        sys.exit(f"{out} holds results of other settings (saved, now): {diff}; use another --out")
-    write_json(out / "settings.json", settings)
-
-
-def code_version() -> str:
-    """The commit of the checkout, and a hash of the uncommitted changes under src/ if there are any."""
-    import hashlib
-    import subprocess
-
-    root = SCRIPTS.parent
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
-                                check=True).stdout.strip()
-        diff = subprocess.run(["git", "diff", "HEAD", "--", "src"], cwd=root, capture_output=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown (not a git checkout)"
-    return f"{commit} + uncommitted src/ changes (diff sha1 {hashlib.sha1(diff).hexdigest()[:12]})" if diff else commit
 
 
 def is_leaky(name: str) -> bool:
@@ -193,21 +121,16 @@ def is_leaky(name: str) -> bool:
 
 
 # ----------------------------------------------------------------------------------------------
-# models, batches, schedule
+# models and batches
 # ----------------------------------------------------------------------------------------------
 
 
 def build(name: str, args, tok, topic_tok):
     spec = MODELS[name]
     if spec["family"] == "lstm":
-        return build_benchmark_model("lstm", args, len(tok), len(topic_tok))  # benchmark_tcnlm's LSTM, seeded
-    torch.manual_seed(args.seed)
-    config = NCLMConfig.from_tokenizers(tok, topic_tok, variant=spec["variant"], sentence_topics=spec["sentence_topics"],
-                                        sdt_mode=spec.get("sdt_mode", "prefix"),
-                                        num_topics=spec.get("num_topics", args.num_topics),
-                                        embedding_size=args.embedding_size, hidden_size=args.hidden_size,
-                                        num_hidden_layers=args.layers, dropout=args.dropout, alpha=args.alpha)
-    return NCLMForCausalLM(config)
+        return build_lstm(args, len(tok))
+    return build_nclm(args, tok, topic_tok, spec["variant"], spec["sentence_topics"], spec.get("sdt_mode", "prefix"),
+                      spec.get("num_topics"))
 
 
 def make_collator(name: str, tok, topic_tok) -> TopicContextCollator:
@@ -217,269 +140,9 @@ def make_collator(name: str, tok, topic_tok) -> TopicContextCollator:
     return TopicContextCollator(tok, topic_tok, context=spec["context"], sentence_prefix=spec["sentence_topics"])
 
 
-def batch_order(n_rows: int, steps: int, batch_size: int, seed: int) -> list[int]:
-    """Row indices of ``steps`` batches: seeded permutations of the rows (one per epoch), concatenated."""
-    generator = torch.Generator().manual_seed(seed)
-    order: list[int] = []
-    while len(order) < steps * batch_size:
-        order.extend(torch.randperm(n_rows, generator=generator).tolist())
-    return order[:steps * batch_size]
-
-
-def linear_schedule(step: int, total: int) -> float:
-    """transformers' linear schedule (warm-up over max(1, total // 50) steps, as benchmark_tcnlm.py) at ``step``."""
-    warmup = max(1, total // 50)
-    if step < warmup:
-        return step / warmup
-    return max(0.0, (total - step) / max(1, total - warmup))
-
-
-class FixedOrderSampler(torch.utils.data.Sampler):
-    def __init__(self, indices):
-        self.indices = list(indices)
-
-    def __iter__(self):
-        return iter(self.indices)
-
-    def __len__(self):
-        return len(self.indices)
-
-
-class BenchmarkTrainer(TopicLMTrainer):
-    """``TopicLMTrainer`` with a fixed batch order and one linear schedule per phase (the joint phase's the LSTM's)."""
-
-    def __init__(self, *args, order=None, topic_model_steps: int = 0, **kwargs):
-        super().__init__(*args, **kwargs)
-        self._order = order
-        self._topic_model_steps = topic_model_steps
-
-    def _get_train_sampler(self, train_dataset=None):
-        return FixedOrderSampler(self._order)
-
-    def create_scheduler(self, num_training_steps, optimizer=None):
-        if self.lr_scheduler is None:
-            pre, joint = self._topic_model_steps, num_training_steps - self._topic_model_steps
-
-            def factor(step):
-                return linear_schedule(step, pre) if step < pre else linear_schedule(step - pre, joint)
-
-            self.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer or self.optimizer, factor)
-            self._created_lr_scheduler = True
-        return self.lr_scheduler
-
-
-class BatchTokens(CountingCollator):
-    """``CountingCollator`` that also keeps each batch's predicted tokens, in the order they were built (the data
-    loader builds a batch ahead of the step that uses it, so the running total is one batch early)."""
-
-    def __init__(self, collator):
-        super().__init__(collator)
-        self.per_batch = []
-
-    def __call__(self, features):
-        before = self.tokens
-        batch = super().__call__(features)
-        self.per_batch.append(self.tokens - before)
-        return batch
-
-
-def step_throughput(records: list[dict], stall_factor: float = 20.0) -> dict:
-    """Training tokens/s from ``StepTimer`` records, robust to stalls: a step that took more than ``stall_factor``
-    times the median step (the process was stopped or the machine suspended while it ran) is left out of both the
-    tokens and the seconds, and counted in ``stalled_steps``. With no stall this is sum(tokens) / sum(seconds)."""
-    if not records:
-        return {"tokens": 0, "seconds": 0.0, "steps": 0, "stalled_steps": 0, "stalled_seconds": 0.0,
-                "tokens_per_s": float("nan")}
-    median = statistics.median(r["seconds"] for r in records)
-    kept = [r for r in records if r["seconds"] <= stall_factor * median]
-    stalled = [r for r in records if r["seconds"] > stall_factor * median]
-    tokens, seconds = sum(r["tokens"] for r in kept), sum(r["seconds"] for r in kept)
-    return {"tokens": tokens, "seconds": seconds, "steps": len(kept), "stalled_steps": len(stalled),
-            "stalled_seconds": sum(r["seconds"] for r in stalled), "tokens_per_s": tokens / max(seconds, 1e-9)}
-
-
-class StepTimer(TrainerCallback):
-    """Per optimizer step: wall time (batch fetch and collation, forward, backward, optimizer; not logging or
-    checkpointing) and predicted tokens, appended to ``steps.jsonl``; a progress line at every log."""
-
-    def __init__(self, name, counting, path: Path, phase_of, total_steps: int):
-        self.name, self.counting, self.path, self.phase_of, self.total = name, counting, path, phase_of, total_steps
-        self.mark, self.steps_this_session, self.recent = None, 0, []
-
-    def on_train_begin(self, args, state, control, **kwargs):
-        self.mark = time.perf_counter()
-
-    def on_step_end(self, args, state, control, **kwargs):
-        seconds = time.perf_counter() - self.mark
-        tokens = self.counting.per_batch[self.steps_this_session]  # the batch of this step (one per step)
-        self.steps_this_session += 1
-        record = {"step": state.global_step, "phase": self.phase_of(state.global_step - 1), "seconds": seconds,
-                  "tokens": tokens}
-        with open(self.path, "a") as f:
-            f.write(json.dumps(record) + "\n")
-        self.recent.append(seconds)
-        self.mark = time.perf_counter()
-
-    def on_save(self, args, state, control, **kwargs):
-        self.mark = time.perf_counter()
-
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        logs = logs or {}
-        if "loss" in logs:
-            step = state.global_step
-            per_step = sum(self.recent) / max(1, len(self.recent))
-            terms = " ".join(f"{k}={logs[k]:.4g}" for k in ("loss", "lm_loss", "bow_loss", "kl_loss") if k in logs)
-            print(f"   [{self.name}] step {step}/{self.total} ({self.phase_of(step - 1)}) {terms} | "
-                  f"{per_step:.3f} s/step, about {per_step * (self.total - step) / 60:.1f} min left in this training",
-                  flush=True)
-            self.recent = []
-        self.mark = time.perf_counter()
-
-
-def document_rows(train_docs, tok, topic_tok):
-    """The training chunks with their document's bag of words as ``context_bow`` (its first 300 topic words, the
-    cap of every context in this package), for the topic-model phase: a document weighs as many rows as it has
-    chunks, as the official code replicates a document's topic-model row once per window."""
-    collator = TopicContextCollator(tok, topic_tok, context="document")
-    return collator.prepare(train_docs), collator
-
-
-def pretrain_topic_model_phase(name: str, model, train_docs, args, mdir: Path, tok, topic_tok) -> dict:
-    """The paper's NVDM pre-training on full documents: a ``TopicLMTrainer`` run of ``--topic-model-steps``
-    steps in the ``topic_model`` phase only (the LM is not run), with its own Adam and ``--topic-model-lr``;
-    the joint run then starts a fresh Adam (as the official code does). Saved, so a rerun skips it."""
-    done_path, saved = mdir / "topic_model_phase.json", mdir / "after_topic_model"
-    if done_path.exists():
-        loaded = NCLMForCausalLM.from_pretrained(saved)
-        model.model.topic_model.load_state_dict(loaded.model.topic_model.state_dict())
-        print(f"   topic-model phase done earlier ({done_path})", flush=True)
-        return read_json(done_path)
-    rows, collator = document_rows(train_docs, tok, topic_tok)
-    targs = TrainingArguments(output_dir=str(mdir / "topic_model_checkpoints"), max_steps=args.topic_model_steps,
-                              per_device_train_batch_size=args.batch_size, learning_rate=args.topic_model_lr,
-                              lr_scheduler_type="constant", max_grad_norm=0.0,  # no clipping, as the official code
-                              logging_steps=max(1, args.topic_model_steps // 5),
-                              save_strategy="no", eval_strategy="no", report_to=[], use_cpu=True, disable_tqdm=True,
-                              seed=args.seed, dataloader_num_workers=0)
-    trainer = TopicLMTrainer(model=model, args=targs, train_dataset=rows, data_collator=collator,
-                             pretraining_phases=[("topic_model", args.topic_model_steps)])
-    trainer.remove_callback(PrinterCallback)
-    start = time.perf_counter()
-    trainer.train()
-    seconds = time.perf_counter() - start
-    logs = [e for e in trainer.state.log_history if "loss" in e]
-    for e in logs:
-        print(f"   [{name}] topic-model step {e['step']}/{args.topic_model_steps}: loss per word {e['loss']:.3f}",
-              flush=True)
-    trainer.save_model(str(saved))
-    stats = {"topic_model_steps": args.topic_model_steps, "topic_model_lr": args.topic_model_lr,
-             "topic_model_rows": len(rows), "topic_model_seconds": seconds,
-             "topic_model_first_loss": logs[0]["loss"] if logs else None,
-             "topic_model_final_loss": logs[-1]["loss"] if logs else None}
-    write_json(done_path, stats)
-    return stats
-
-
-def train(name: str, model, rows, collator, args, mdir: Path, tok, topic_tok, train_docs=None, spec=None) -> dict:
-    """Train one model (resuming from its last complete checkpoint), save it, return its training statistics.
-
-    ``spec`` (default ``MODELS[name]``) gives ``family`` (``"lstm"``: no topic vocabulary; ``"nclm"``: the
-    topic-model phase first) and ``context`` (recorded); other benchmarks (``benchmark_rgbn.py``) pass theirs."""
-    spec = spec or MODELS[name]
-    nclm = spec["family"] == "nclm"
-    topics = spec["family"] != "lstm"
-    topic_phase = pretrain_topic_model_phase(name, model, train_docs, args, mdir, tok, topic_tok) \
-        if nclm and args.topic_model_steps else {}
-    pre = 0  # the topic-model phase ran above, on its own data; the joint run is the LSTM's run
-    total = pre + args.steps
-    ckpt_dir, steps_path = mdir / "checkpoints", mdir / "steps.jsonl"
-    resume = last_complete_checkpoint(ckpt_dir)
-    done = int(resume.rsplit("-", 1)[1]) if resume else 0
-    kept = []
-    if resume and steps_path.exists():
-        kept = [line for line in steps_path.read_text().splitlines() if line and json.loads(line)["step"] <= done]
-    steps_path.write_text("".join(line + "\n" for line in kept))
-    if resume:
-        print(f"   resuming from {resume} (step {done} of {total})", flush=True)
-
-    order = (batch_order(len(rows), pre, args.batch_size, args.seed + 1) if pre else []) + \
-        batch_order(len(rows), args.steps, args.batch_size, args.seed)
-    counting = BatchTokens(collator)
-    targs = TrainingArguments(output_dir=str(ckpt_dir), max_steps=total, per_device_train_batch_size=args.batch_size,
-                              learning_rate=args.lr, max_grad_norm=args.clip, logging_steps=max(1, total // 20),
-                              save_strategy="steps", save_steps=args.save_steps, save_total_limit=2,
-                              eval_strategy="no", report_to=[], use_cpu=True, disable_tqdm=True, seed=args.seed,
-                              dataloader_num_workers=0)
-    record_vocabularies(model.config, tok, topic_tok if topics else None)  # the counting wrapper hides the collator
-    trainer = BenchmarkTrainer(model=model, args=targs, train_dataset=rows, data_collator=counting,
-                               pretraining_phases=[("topic_model", pre)] if pre else None, order=order,
-                               topic_model_steps=pre)
-    phase_of = trainer.training_phase if pre else (lambda step: "joint")
-    trainer.remove_callback(PrinterCallback)
-    trainer.add_callback(StepTimer(name, counting, steps_path, phase_of, total))
-    start = time.perf_counter()
-    trainer.train(resume_from_checkpoint=resume)
-    seconds_this_session = time.perf_counter() - start
-    model.eval()
-    trainer.save_model(str(mdir / "model"))
-    save_vocabularies(tok, topic_tok if topics else None, mdir / "model")
-
-    records = [json.loads(line) for line in steps_path.read_text().splitlines() if line]
-    joint = [r for r in records if r["phase"] == "joint"]
-    topic = [r for r in records if r["phase"] != "joint"]
-    logs = [e for e in trainer.state.log_history if "loss" in e]
-    first_joint = next((e for e in logs if e["step"] > pre), {})
-    stats = {
-        "parameters": sum(p.numel() for p in model.parameters()),
-        "joint_steps": args.steps, "batch_size": args.batch_size,
-        "joint_seconds": sum(r["seconds"] for r in joint), "joint_tokens": sum(r["tokens"] for r in joint),
-        "topic_model_seconds": sum(r["seconds"] for r in topic) + topic_phase.get("topic_model_seconds", 0.0),
-        **{k: v for k, v in topic_phase.items() if k != "topic_model_seconds"},
-        "steps_timed": len(records), "resumed_from_step": done, "seconds_last_session": seconds_this_session,
-        "first_log": logs[0] if logs else {}, "first_joint_log": first_joint, "final_log": logs[-1] if logs else {},
-        "training_context": spec["context"], "code": CODE_VERSION,
-    }
-    joint_speed = step_throughput(joint)
-    stats["tokens_per_s"], stats["stalled_steps"] = joint_speed["tokens_per_s"], joint_speed["stalled_steps"]
-    if len(records) != total:
-        print(f"   note: {len(records)} of {total} steps were timed (steps.jsonl)", flush=True)
-    return stats
-
-
 # ----------------------------------------------------------------------------------------------
 # measurements
 # ----------------------------------------------------------------------------------------------
-
-
-def evaluate_protocols(model, valid_docs, tok, topic_tok, mdir: Path, ablation: str | None = None,
-                       leaky: bool = False) -> dict:
-    """Perplexity under every protocol and, with ``ablation`` (a protocol), the mismatched-context ablation
-    under it; cached in ``mdir/eval.json``. A ``leaky`` model gets n/a (with the package's reason) where
-    ``evaluate_perplexity`` refuses a protocol. Shared by the benchmark scripts."""
-    path = mdir / "eval.json"
-    ev = read_json(path) or {}
-    for protocol in PROTOCOLS:
-        if protocol in ev:
-            continue
-        try:
-            r = evaluate_perplexity(model, valid_docs, protocol, tokenizer=tok, topic_tokenizer=topic_tok)
-            print(f"   {r['protocol']}: perplexity {r['perplexity']:.2f} ({r['tokens']:,} tokens)", flush=True)
-        except ValueError as e:
-            if not leaky:
-                raise
-            r = {"n/a": str(e), "protocol": protocol}
-            print(f"   {protocol}: n/a ({e})", flush=True)
-        ev[protocol] = r
-        write_json(path, ev)
-    if ablation is not None and "mismatched" not in ev:
-        r = evaluate_perplexity(model, valid_docs, ablation, tokenizer=tok, topic_tokenizer=topic_tok,
-                                mismatched_context=True)
-        r["base_protocol"] = ablation
-        print(f"   {r['protocol']}, every chunk given another chunk's context (ablation): perplexity "
-              f"{r['perplexity']:.2f}", flush=True)
-        ev["mismatched"] = r
-        write_json(path, ev)
-    return ev
 
 
 def evaluate(name: str, model, valid_docs, tok, topic_tok, mdir: Path) -> dict:
@@ -494,10 +157,6 @@ def load_model(name: str, mdir: Path):
     return cls.from_pretrained(mdir / "model").eval()
 
 
-def fmt(x, pattern="{:.2f}"):
-    return "-" if x is None else pattern.format(x)
-
-
 # ----------------------------------------------------------------------------------------------
 # main
 # ----------------------------------------------------------------------------------------------
@@ -508,32 +167,15 @@ def main() -> None:
     parser.add_argument("--out", default="out/nclm", help="results folder (resumable)")
     parser.add_argument("--only", nargs="+", default=None, metavar="NAME",
                         help=f"train and measure only these models (space- or comma-separated) of {list(MODELS)}")
-    parser.add_argument("--steps", type=int, default=1200, help="joint training steps (the LSTM's steps)")
-    parser.add_argument("--topic-model-steps", type=int, default=1000,
-                        help="NCLM: topic-model-only steps on full training documents before the joint ones "
-                             "(the LM is not touched)")
-    parser.add_argument("--topic-model-lr", type=float, default=1e-2,
-                        help="NCLM: the learning rate of the topic-model phase (its own Adam)")
     parser.add_argument("--hidden", dest="hidden_size", type=int, default=256, help="H, the LSTM size")
     parser.add_argument("--embedding", dest="embedding_size", type=int, default=None, help="E (default: H)")
     parser.add_argument("--layers", type=int, default=1)
     parser.add_argument("--topics", dest="num_topics", type=int, default=50)
-    parser.add_argument("--alpha", type=float, default=0.01, help="NCLM's topic-model loss share (paper: 0.01, APNEWS)")
-    parser.add_argument("--dropout", type=float, default=0.4)
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--lr", type=float, default=2e-3, help="Adam learning rate (linear warm-up and decay to 0)")
-    parser.add_argument("--clip", type=float, default=0.5)
-    parser.add_argument("--min-freq", type=int, default=10)
-    parser.add_argument("--max-train-docs", type=int, default=None, help="first N training documents (quick checks)")
-    parser.add_argument("--max-valid-docs", type=int, default=None, help="first N validation documents (quick checks)")
-    parser.add_argument("--npmi-max-documents", type=int, default=None, help="first N Wikipedia articles (quick checks)")
-    parser.add_argument("--steer-topics", type=int, default=10, help="topics sampled for the steering evaluation")
-    parser.add_argument("--steer-samples", type=int, default=20, help="texts per topic (and unconditioned)")
-    parser.add_argument("--max-new-tokens", type=int, default=30)
-    parser.add_argument("--speed-repeats", type=int, default=10, help="interleaved timing steps per model")
-    parser.add_argument("--save-steps", type=int, default=100, help="checkpoint every N steps (resume points)")
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--seed", type=int, default=0)
+    add_common_arguments(parser, "--steps", "--topic-model-steps", "--topic-model-lr", "--alpha", "--dropout",
+                         "--batch-size", "--lr", "--clip", "--min-freq", "--max-train-docs", "--max-valid-docs",
+                         "--npmi-max-documents", "--steer-topics", "--steer-samples", "--max-new-tokens",
+                         "--speed-repeats", "--save-steps", "--threads", "--seed", steps=1200,
+                         helps={"steps": "joint training steps (the LSTM's steps)"})
     args = parser.parse_args()
     args.embedding_size = args.embedding_size or args.hidden_size
     names = [n for item in (args.only or list(MODELS)) for n in item.split(",") if n]
@@ -549,8 +191,7 @@ def main() -> None:
 
     datasets.disable_progress_bars()
     t_start = time.perf_counter()
-    global CODE_VERSION
-    CODE_VERSION = code_version()  # read at start: the modules imported now are the ones that run
+    code = code_version()  # read at start: the modules imported now are the ones that run
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     settings = {k: getattr(args, k) for k in SETTINGS}
@@ -562,7 +203,7 @@ def main() -> None:
     print(f"APNEWS train {len(train_docs)} docs, valid {len(valid_docs)} docs; V = {len(tok)}, "
           f"V_c = {len(topic_tok)} (incl. <unk>); E = {args.embedding_size}, H = {args.hidden_size}, "
           f"{args.layers} layer(s), {args.num_topics} topics, alpha {args.alpha}; {args.steps} joint steps "
-          f"(+{args.topic_model_steps} topic-model-only steps for NCLM); out: {out}; code: {CODE_VERSION}", flush=True)
+          f"(+{args.topic_model_steps} topic-model-only steps for NCLM); out: {out}; code: {code}", flush=True)
 
     collators, rows_by_key, rows = {}, {}, {}
 
@@ -608,7 +249,8 @@ def main() -> None:
             print(f"\n== training {name}: {MODELS[name]['label']} "
                   f"({sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters), {budget}, "
                   f"context {MODELS[name]['context']!r}", flush=True)
-            stats = train(name, model, training_rows(name), collators[name], args, mdir, tok, topic_tok, train_docs)
+            stats = train_resumable(name, model, training_rows(name), collators[name], args, mdir, tok, topic_tok,
+                                    MODELS[name], code, train_docs)
             write_json(train_path, stats)
             shutil.rmtree(mdir / "checkpoints", ignore_errors=True)
             print(f"   joint phase: {stats['joint_tokens']:,} tokens in {stats['joint_seconds']:.0f} s = "

@@ -2,15 +2,14 @@
 
 GBN-RNN / rGBN-RNN is Guo, Chen, Lu & Zhou, ICML 2020 (``topic_lm_hf.RGBNRNNForCausalLM``; implementation note
 ``../shared/docs/rgbn.md``). Every model is trained in this one run on ``apnews/train.txt`` and measured on
-``apnews/valid.txt``, with the pieces of ``scripts/benchmark_nclm.py`` and ``scripts/benchmark_tcnlm.py``
-(imported, not copied): Lau et al. 2017 vocabularies, 30-token chunks, context bags of words capped at 300 topic
-tokens, ``TopicLMTrainer`` with a fixed batch order and a linear schedule (``BenchmarkTrainer``), per-step timing
-(``StepTimer``), the perplexity protocols ``paper`` / ``causal`` / ``causal-carry`` of ``evaluate_perplexity`` and
-its mismatched-context ablation, NPMI (``lau2014`` preset, Wikipedia reference) and diversity through
-``evaluate_topics`` (per layer: the topics of layer l projected down to words, ``get_topics(layer=l)``), the
-interleaved speed measurement, and the steering evaluation (``benchmark_steering.steer``). New here: test-BLEU and
-self-BLEU in the Texygen protocol (``texygen_bleu`` / ``texygen_self_bleu``), and a topic tree and a generated
-paragraph written for the README.
+``apnews/valid.txt``, with the pieces of ``topic_lm_hf.benchmarking`` (as ``scripts/benchmark_nclm.py``): Lau et
+al. 2017 vocabularies, 30-token chunks, context bags of words capped at 300 topic tokens, ``TopicLMTrainer`` with a
+fixed batch order and a linear schedule (``BenchmarkTrainer``), per-step timing (``StepTimer``), the perplexity
+protocols ``paper`` / ``causal`` / ``causal-carry`` of ``evaluate_perplexity`` and its mismatched-context ablation,
+NPMI (``lau2014`` preset, Wikipedia reference) and diversity through ``evaluate_topics`` (per layer: the topics of
+layer l projected down to words, ``get_topics(layer=l)``), the interleaved speed measurement, and the steering
+evaluation (``steer``). New here: test-BLEU and self-BLEU in the Texygen protocol (``texygen_bleu`` /
+``texygen_self_bleu``), and a topic tree and a generated paragraph written for ``results/README.md``.
 
     python scripts/benchmark_rgbn.py                                   # default: E = H = 128 per layer, topics 50-40-25
     python scripts/benchmark_rgbn.py --only lstm-3 rgbn-3              # a subset (the others can be added later)
@@ -19,12 +18,8 @@ paragraph written for the README.
         --max-train-docs 24 --max-valid-docs 6 --npmi-max-documents 100 --bleu-samples 40 --steer-topics 2 \\
         --steer-samples 3 --speed-repeats 2 --lda-max-iter 2 --out out/rgbn-smoke  # the smoke configuration (minutes)
 
-Time (measured on the 2-core machine of this project, one thread, while another benchmark kept the load average
-at about 4): one training step of every model, interleaved on the same batches at the default sizes, 0.40 / 0.44 /
-0.49 s (LSTM 1 / 2 / 3 layers), 0.52 / 0.78 / 1.03 s (GBN-RNN), 0.54 / 0.79 / 1.08 / 1.09 s (rGBN-RNN, official
-loss), 7.2 s for all ten, so the 300 default steps take about 36 min; the measurements take about 45 min more
-(perplexity under four protocols about 3 min per topic model, NPMI, BLEU, steering, the LDA judge): about 80 min
-in all, less on an idle machine (``--steps 200``: about 1 h).
+How long a run takes at the default sizes: ``results/README.md``, "GBN-RNN and rGBN-RNN against same-size stacked
+LSTMs".
 
 Models (``--only`` names; L = 1, 2, 3):
 
@@ -35,8 +30,8 @@ Models (``--only`` names; L = 1, 2, 3):
   to sentence);
 * ``rgbn-3-official``: rGBN-RNN with 3 layers and ``loss_preset="official"`` (the official code's loss weights:
   Poisson 1e-3, KL 1e-4 / 1e-5 / 1e-6 against the summed token NLL) instead of the default ``"elbo"`` (paper eq. 6,
-  all weights 1, under which the Poisson term is about 19 nats per token against an LM loss of about 7 in a small
-  run): a labelled variant, to see what the weighting does.
+  all weights 1, under which the Poisson term outweighs the LM loss): a labelled variant, to see what the weighting
+  does.
 
 Decisions (the same for every run of this script):
 
@@ -73,8 +68,7 @@ Decisions (the same for every run of this script):
   ``--steer-topics`` topics drawn with the seed, ``--steer-samples`` texts each and as many unconditioned, top-p
   0.9, at most ``--max-new-tokens`` tokens; judges: the model's encoder, its own first-layer topics and a
   scikit-learn LDA with K_1 topics fitted on train.txt; fluency: perplexity of the generated text under the first
-  finished LSTM of this run. The bars of issue 13: accuracy >= 50 %, fluency ratio (steered / unconditioned
-  perplexity) <= 1.5.
+  finished LSTM of this run.
 * Speed: training tokens/s (predicted tokens; batch fetch, forward, backward, optimizer and TLASGR; not logging or
   checkpointing) and its ratio to the same-depth LSTM; and the ratio re-measured with the models' steps interleaved
   on identical batches.
@@ -102,23 +96,17 @@ import time
 from pathlib import Path
 
 import torch
+from transformers.utils import logging as hf_logging
 
-SCRIPTS = Path(__file__).resolve().parent
-sys.path.insert(0, str(SCRIPTS.parent / "src"))
-sys.path.insert(0, str(SCRIPTS))
-
-import benchmark_nclm  # noqa: E402
-from benchmark_nclm import check_settings, code_version, fmt, read_json, write_json  # noqa: E402
-from benchmark_steering import cached_lda_judge, steer  # noqa: E402
-from benchmark_tcnlm import DATA, PROTOCOLS, interleaved_step_times  # noqa: E402
-from transformers.utils import logging as hf_logging  # noqa: E402
-
-from topic_lm_hf import (LSTMLMConfig, LSTMLMForCausalLM, RGBNRNNConfig, RGBNRNNForCausalLM,  # noqa: E402
-                         TopicContextCollator, build_vocabularies, evaluate_topics,
-                         load_documents)
-from topic_lm_hf.evaluation import texygen_bleu, texygen_self_bleu  # noqa: E402
-from topic_lm_hf.evaluation.topics import load_reference_corpus  # noqa: E402
-from topic_lm_hf.models.modeling_rgbn_rnn import format_topic_tree  # noqa: E402
+from topic_lm_hf import (LSTMLMForCausalLM, RGBNRNNForCausalLM, TopicContextCollator, build_vocabularies,
+                         evaluate_topics, load_documents)
+from topic_lm_hf.benchmark_training import train_resumable
+from topic_lm_hf.benchmarking import (DATA, PROTOCOLS, Tee, add_common_arguments, build_lstm, build_rgbn,
+                                      cached_lda_judge, check_settings, code_version, evaluate_protocols, fmt,
+                                      interleaved_step_times, read_json, steer, write_json)
+from topic_lm_hf.evaluation import texygen_bleu, texygen_self_bleu
+from topic_lm_hf.evaluation.topics import load_reference_corpus
+from topic_lm_hf.models.modeling_rgbn_rnn import format_topic_tree
 
 MODELS = {}
 for _L in (1, 2, 3):
@@ -135,21 +123,6 @@ SETTINGS = ("steps", "embedding_size", "hidden_size", "topic_sizes", "dropout", 
             "bleu_temperature", "steer_topics", "steer_samples", "max_new_tokens", "lda_max_iter")
 
 
-class Tee:
-    """Everything printed also goes to the log file (appended)."""
-
-    def __init__(self, stream, path: Path):
-        self.stream, self.file = stream, open(path, "a", buffering=1)
-
-    def write(self, text):
-        self.stream.write(text)
-        self.file.write(text)
-
-    def flush(self):
-        self.stream.flush()
-        self.file.flush()
-
-
 class ChunksOfDocuments:
     """The chunks of a documents batch as one batch of chunks: the LSTM reads exactly the topic models' tokens."""
 
@@ -162,17 +135,9 @@ class ChunksOfDocuments:
 
 def build(name: str, args, tok, topic_tok):
     spec = MODELS[name]
-    torch.manual_seed(args.seed)
     if spec["family"] == "lstm":
-        config = LSTMLMConfig(vocab_size=len(tok), embedding_size=args.embedding_size, hidden_size=args.hidden_size,
-                              num_hidden_layers=spec["layers"], dropout=args.dropout)
-        return LSTMLMForCausalLM(config)
-    L = spec["layers"]
-    config = RGBNRNNConfig.from_tokenizers(tok, topic_tok, topic_sizes=args.topic_sizes[:L],
-                                           hidden_sizes=[args.hidden_size] * L, embedding_size=args.embedding_size,
-                                           dropout=args.dropout, recurrent=spec["recurrent"],
-                                           loss_preset=spec.get("loss_preset", "elbo"), tlasgr_seed=args.seed)
-    return RGBNRNNForCausalLM(config)
+        return build_lstm(args, len(tok), layers=spec["layers"])
+    return build_rgbn(args, tok, topic_tok, spec["layers"], spec["recurrent"], spec.get("loss_preset", "elbo"))
 
 
 def load_model(name: str, mdir: Path):
@@ -192,7 +157,7 @@ def baseline(name: str) -> str:
 def evaluate(name: str, model, valid_docs, tok, topic_tok, mdir: Path) -> dict:
     """Perplexity under every protocol, and for the topic models the mismatched-context ablation under causal."""
     ablation = None if MODELS[name]["family"] == "lstm" else "causal"
-    return benchmark_nclm.evaluate_protocols(model, valid_docs, tok, topic_tok, mdir, ablation)
+    return evaluate_protocols(model, valid_docs, tok, topic_tok, mdir, ablation)
 
 
 def to_lm_words(sentence, vocab: dict, unk: str) -> list[str]:
@@ -257,31 +222,21 @@ def main() -> None:
     parser.add_argument("--out", default="out/rgbn", help="results folder (resumable)")
     parser.add_argument("--only", nargs="+", default=None, metavar="NAME",
                         help=f"train and measure only these models (space- or comma-separated) of {list(MODELS)}")
-    parser.add_argument("--steps", type=int, default=300, help="training steps of every model")
-    parser.add_argument("--batch-size", type=int, default=4, help="training documents per step (every model)")
     parser.add_argument("--hidden", dest="hidden_size", type=int, default=128, help="H, every layer's LSTM size")
     parser.add_argument("--embedding", dest="embedding_size", type=int, default=None, help="E (default: H)")
     parser.add_argument("--topic-sizes", type=int, nargs=3, default=[50, 40, 25], metavar=("K1", "K2", "K3"),
                         help="topics per layer, bottom first (the L-layer models use the first L)")
     parser.add_argument("--paper-sizes", action="store_true",
                         help="E 300, H 600 in every layer (the official code's 600-600-600), topics 100 80 50")
-    parser.add_argument("--dropout", type=float, default=0.4)
-    parser.add_argument("--lr", type=float, default=2e-3, help="Adam learning rate (linear warm-up and decay to 0)")
-    parser.add_argument("--clip", type=float, default=5.0, help="global gradient-norm clip (the paper's 5)")
-    parser.add_argument("--min-freq", type=int, default=10)
-    parser.add_argument("--max-train-docs", type=int, default=None, help="first N training documents (quick checks)")
-    parser.add_argument("--max-valid-docs", type=int, default=None, help="first N validation documents (quick checks)")
-    parser.add_argument("--npmi-max-documents", type=int, default=None, help="first N Wikipedia articles (quick checks)")
     parser.add_argument("--bleu-samples", type=int, default=1000, help="generated sentences per model for BLEU")
     parser.add_argument("--bleu-temperature", type=float, default=1.0, help="sampling temperature of the BLEU texts")
-    parser.add_argument("--steer-topics", type=int, default=10, help="first-layer topics sampled for steering")
-    parser.add_argument("--steer-samples", type=int, default=20, help="texts per topic (and unconditioned)")
-    parser.add_argument("--lda-max-iter", type=int, default=20, help="iterations of the LDA steering judge")
-    parser.add_argument("--max-new-tokens", type=int, default=30)
-    parser.add_argument("--speed-repeats", type=int, default=10, help="interleaved timing steps per model")
-    parser.add_argument("--save-steps", type=int, default=50, help="checkpoint every N steps (resume points)")
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--seed", type=int, default=0)
+    add_common_arguments(parser, "--steps", "--batch-size", "--dropout", "--lr", "--clip", "--min-freq",
+                         "--max-train-docs", "--max-valid-docs", "--npmi-max-documents", "--steer-topics",
+                         "--steer-samples", "--lda-max-iter", "--max-new-tokens", "--speed-repeats", "--save-steps",
+                         "--threads", "--seed", steps=300, batch_size=4, clip=5.0, save_steps=50,
+                         helps={"batch_size": "training documents per step (every model)",
+                                "clip": "global gradient-norm clip (the paper's 5)",
+                                "steer_topics": "first-layer topics sampled for steering"})
     args = parser.parse_args()
     if args.paper_sizes:
         args.embedding_size, args.hidden_size, args.topic_sizes = 300, 600, [100, 80, 50]
@@ -304,7 +259,7 @@ def main() -> None:
 
     datasets.disable_progress_bars()
     t_start = time.perf_counter()
-    benchmark_nclm.CODE_VERSION = code_version()  # recorded by benchmark_nclm.train in train.json
+    code = code_version()  # read at start: the modules imported now are the ones that run
     settings = {k: getattr(args, k) for k in SETTINGS}
     check_settings(out, settings)
 
@@ -317,7 +272,7 @@ def main() -> None:
     print(f"\n==== {time.strftime('%Y-%m-%d %H:%M:%S')} APNEWS train {len(train_docs)} docs ({chunks:,} chunks), valid "
           f"{len(valid_docs)} docs; V = {len(tok)}, V_c = {len(topic_tok)}; E = {args.embedding_size}, H = "
           f"{args.hidden_size} per layer, topics {args.topic_sizes}; {args.steps} steps of {args.batch_size} documents; "
-          f"out: {out}; code: {benchmark_nclm.CODE_VERSION}", flush=True)
+          f"out: {out}; code: {code}", flush=True)
     collators = {n: ChunksOfDocuments(TopicContextCollator(tok, None, context="none"))
                  if MODELS[n]["family"] == "lstm" else documents for n in MODELS}
 
@@ -346,7 +301,7 @@ def main() -> None:
             model = build(name, args, tok, topic_tok)
             print(f"\n== training {name}: {spec['label']} ({sum(p.numel() for p in model.parameters()) / 1e6:.2f} M "
                   f"parameters), {args.steps} steps", flush=True)
-            stats = benchmark_nclm.train(name, model, rows, collators[name], args, mdir, tok, topic_tok, spec=spec)
+            stats = train_resumable(name, model, rows, collators[name], args, mdir, tok, topic_tok, spec, code)
             write_json(mdir / "train.json", stats)
             shutil.rmtree(mdir / "checkpoints", ignore_errors=True)
             print(f"   {stats['joint_tokens']:,} tokens in {stats['joint_seconds']:.0f} s = "

@@ -16,16 +16,13 @@ from __future__ import annotations
 
 import argparse
 import platform
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-
-from topic_lm_hf import LSTMLMConfig, LSTMLMForCausalLM, TopicContextCollator, build_vocabularies, load_documents  # noqa: E402
-from topic_lm_hf.cli import shared_data_dir  # noqa: E402
+from topic_lm_hf import LSTMLMConfig, LSTMLMForCausalLM, TopicContextCollator, build_vocabularies, load_documents
+from topic_lm_hf.benchmarking import add_common_arguments
+from topic_lm_hf.cli import shared_data_dir
 
 
 def matmul_flops(seconds: float = 3.0) -> float:
@@ -59,7 +56,7 @@ def main() -> None:
     parser.add_argument("--batch_size", type=int, default=64)
     parser.add_argument("--max_sentence_length", type=int, default=30)
     parser.add_argument("--steps", type=int, default=30, help="timed training steps (after 3 warm-up steps)")
-    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    add_common_arguments(parser, "--threads", threads=torch.get_num_threads())
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)

@@ -25,28 +25,19 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
-import pickle
-import sys
 import time
 from pathlib import Path
 
 import torch
+from transformers import AutoModelForCausalLM
+from transformers.utils import logging as hf_logging
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from benchmark_tcnlm import train  # noqa: E402
-from transformers import AutoModelForCausalLM  # noqa: E402
-from transformers.utils import logging as hf_logging  # noqa: E402
-
-from topic_lm_hf import (LSTMLMConfig, LSTMLMForCausalLM, TCNLMConfig, TCNLMForCausalLM,  # noqa: E402
-                         TopicContextCollator, TopicRNNConfig, TopicRNNForCausalLM, build_vocabularies,
-                         evaluate_perplexity, evaluate_steering, fit_lda_judge, load_documents,
+from topic_lm_hf import (LSTMLMConfig, LSTMLMForCausalLM, TCNLMConfig, TCNLMForCausalLM, TopicContextCollator,
+                         TopicRNNConfig, TopicRNNForCausalLM, build_vocabularies, evaluate_perplexity, load_documents,
                          pretrain_topic_model)
-from topic_lm_hf.evaluation.steering import format_steering_table  # noqa: E402
-
-DATA = Path(os.environ.get("TOPIC_LM_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+from topic_lm_hf.benchmark_training import train_for_steps
+from topic_lm_hf.benchmarking import DATA, add_common_arguments, cached_lda_judge, steer
+from topic_lm_hf.evaluation.steering import format_steering_table
 
 # name -> (family, config overrides, topic-model pre-training steps, what it tests)
 VARIANTS = {
@@ -99,25 +90,6 @@ def build(name: str, args, tok, topic_tok):
     return TopicRNNForCausalLM(config)
 
 
-def cached_lda_judge(path: Path, train_docs, topic_tok, num_topics: int, seed: int, **lda_settings):
-    """The LDA judge fitted on ``train_docs``, pickled at ``path`` (read back when it is there: fitting takes minutes);
-    ``lda_settings`` (e.g. ``max_iter``) go to ``fit_lda_judge``."""
-    if path.exists():
-        return pickle.loads(path.read_bytes())
-    start = time.perf_counter()
-    judge = fit_lda_judge(train_docs, topic_tok, num_topics=num_topics, seed=seed, **lda_settings)
-    path.write_bytes(pickle.dumps(judge))
-    print(f"LDA judge: {judge.description} ({time.perf_counter() - start:.0f} s)", flush=True)
-    return judge
-
-
-def steer(model, args, tok, topic_tok, judge, fluency_model) -> dict:
-    """The steering evaluation of every variant, with this run's settings."""
-    return evaluate_steering(model, num_topics_sampled=args.steer_topics, num_samples=args.steer_samples,
-                             max_new_tokens=args.max_new_tokens, tokenizer=tok, topic_tokenizer=topic_tok,
-                             judge=judge, fluency_model=fluency_model, seed=args.seed)
-
-
 @torch.no_grad()
 def proportion_statistics(model, rows, collator, batch_size: int = 256) -> dict:
     """What the LM is conditioned on: entropy, largest entry and argmax spread of TCNLM's t."""
@@ -150,7 +122,7 @@ def run_variant(name, args, tok, topic_tok, train_docs, valid_docs, judge, fluen
                                       batch_size=args.batch_size, seed=args.seed)
         result["pretrain_loss"] = [losses[0], losses[-1]]
         print(f"   pre-trained the topic model: loss {losses[0]:.3f} -> {losses[-1]:.3f}", flush=True)
-    result.update(train(model, rows, collator, args, out))
+    result.update(train_for_steps(model, rows, collator, args, out))
     result["train_seconds"] = time.perf_counter() - start
     model.save_pretrained(out)
     for protocol in ("paper", "causal"):
@@ -184,19 +156,10 @@ def main() -> None:
     parser.add_argument("--embedding-size", type=int, default=128)
     parser.add_argument("--hidden-size", type=int, default=128)
     parser.add_argument("--num-topics", type=int, default=50)
-    parser.add_argument("--dropout", type=float, default=0.4)
-    parser.add_argument("--steps", type=int, default=500)
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--lr", type=float, default=2e-3)
-    parser.add_argument("--clip", type=float, default=0.5)
-    parser.add_argument("--kl-annealing-steps", type=int, default=300, help="TCNLM's KL annealing (as benchmark_tcnlm)")
-    parser.add_argument("--min-freq", type=int, default=10)
-    parser.add_argument("--steer-topics", type=int, default=10, help="topics sampled for the steering evaluation")
-    parser.add_argument("--steer-samples", type=int, default=20, help="texts per topic")
-    parser.add_argument("--max-new-tokens", type=int, default=30)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output-dir", default="out/benchmark_steering")
+    add_common_arguments(parser, "--steps", "--batch-size", "--dropout", "--lr", "--clip", "--kl-annealing-steps",
+                         "--min-freq", "--steer-topics", "--steer-samples", "--max-new-tokens", "--threads", "--seed",
+                         steps=500)
     args = parser.parse_args()
     if args.list:
         for name, (family, overrides, pretrain, what) in VARIANTS.items():

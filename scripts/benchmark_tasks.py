@@ -17,8 +17,8 @@ all from the same splits in one run:
   features are computed with; R8 documents are single sentences, so a context without the chunk's own
   sentence would be empty. No perplexity is reported from these models (that context would leak). NCLM first
   trains its NVDM alone for ``--topic-model-steps`` steps on whole documents with its own Adam at
-  ``--topic-model-lr`` (``benchmark_nclm.pretrain_topic_model_phase``), as the paper pre-trains it; in the joint
-  run at the LM's learning rate its posterior collapsed (measured on R8: KL 0.002 nats per document, c constant).
+  ``--topic-model-lr`` (``pretrain_topic_model_phase``), as the paper pre-trains it; in the joint run at the LM's
+  learning rate its posterior collapsed (``results/README.md``).
   Models: ``lstm`` (the same-size LSTM LM: the papers' baseline features), ``tcnlm``, ``nclm-lta``,
   ``nclm-leta`` by default; ``topiclstm`` (TopicRNN with an LSTM cell) and ``nclm-eta`` with ``--models``.
 * **Features.** ``document_representation``: [o_N; c], o_N the LSTM output after the document's last token
@@ -48,30 +48,24 @@ classification table and one retrieval table per dataset and writes them to ``<o
 from __future__ import annotations
 
 import argparse
-import os
 import platform
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
+from transformers import AutoModelForSequenceClassification, TrainingArguments, set_seed
+from transformers.utils import logging as hf_logging
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-
-from transformers import AutoModelForSequenceClassification, TrainingArguments, set_seed  # noqa: E402
-from transformers.utils import logging as hf_logging  # noqa: E402
-
-from topic_lm_hf import (LSTMLMConfig, NCLMConfig, TCNLMConfig, TopicContextCollator, TopicLMTrainer,  # noqa: E402
-                         TopicRNNConfig, build_vocabularies, save_vocabularies)
-from benchmark_nclm import check_settings, read_json, write_json  # noqa: E402
-from topic_lm_hf.tasks import (FeatureCollator, bow_logistic_regression, classification_accuracy,  # noqa: E402
-                               document_collator, extract_document_features, lda_retrieval,
-                               load_classification_splits, majority_accuracy, normalize_blocks, retrieval_precision,
-                               tfidf_retrieval, train_classifier)
-
-DATA = Path(os.environ.get("TOPIC_LM_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+from topic_lm_hf import (LSTMLMConfig, NCLMConfig, TCNLMConfig, TopicContextCollator, TopicLMTrainer, TopicRNNConfig,
+                         build_vocabularies, save_vocabularies)
+from topic_lm_hf.benchmark_training import pretrain_topic_model_phase
+from topic_lm_hf.benchmarking import DATA, add_common_arguments, check_settings, read_json, write_json
+from topic_lm_hf.tasks import (FeatureCollator, bow_logistic_regression, classification_accuracy, document_collator,
+                               extract_document_features, lda_retrieval, load_classification_splits,
+                               majority_accuracy, normalize_blocks, retrieval_precision, tfidf_retrieval,
+                               train_classifier)
 DATASETS = {"r8": ("r8/train.jsonl.gz", None), "20ng": ("20ng/train.jsonl.gz", "newsgroups")}
 MODELS = ("lstm", "tcnlm", "topiclstm", "nclm-lta", "nclm-eta", "nclm-leta")
 DEFAULT_MODELS = ("lstm", "tcnlm", "nclm-lta", "nclm-leta")
@@ -104,10 +98,8 @@ def train_lm(name, model, train_docs, tok, topic_tok, args, out: Path) -> dict:
     rows = collator.prepare(train_docs)
     extra = 0
     if name.startswith("nclm") and args.topic_model_steps:
-        # the NVDM alone first, on whole documents, with its own Adam at --topic-model-lr (benchmark_nclm's phase:
-        # at the LM's 2e-3 inside the joint run its posterior collapsed here, KL 0.002 nats per document)
-        from benchmark_nclm import pretrain_topic_model_phase
-
+        # the NVDM alone first, on whole documents, with its own Adam at --topic-model-lr (as benchmark_nclm.py):
+        # trained only inside the joint run, at the LM's learning rate, its posterior collapsed
         phase_args = argparse.Namespace(batch_size=64, topic_model_steps=args.topic_model_steps,
                                         topic_model_lr=args.topic_model_lr, seed=args.seed)
         pretrain_topic_model_phase(name, model, train_docs, phase_args, out, tok, topic_tok)
@@ -208,11 +200,6 @@ def main() -> None:
     parser.add_argument("--embedding-size", type=int, default=128)
     parser.add_argument("--hidden-size", type=int, default=128)
     parser.add_argument("--num-topics", type=int, default=50)
-    parser.add_argument("--dropout", type=float, default=0.4)
-    parser.add_argument("--steps", type=int, default=400)
-    parser.add_argument("--topic-model-steps", type=int, default=1000)
-    parser.add_argument("--topic-model-lr", type=float, default=1e-2)
-    parser.add_argument("--min-freq", type=int, default=5)
     parser.add_argument("--max-vocab-size", type=int, default=10000)
     parser.add_argument("--max-document-length", type=int, default=400)
     parser.add_argument("--head-epochs", type=float, default=20)
@@ -220,11 +207,10 @@ def main() -> None:
     parser.add_argument("--head-seeds", type=int, default=3)
     parser.add_argument("--cnn", action="store_true", help="also train the paper's CNN head (slow on CPU)")
     parser.add_argument("--cnn-epochs", type=float, default=3)
-    parser.add_argument("--max-train-docs", type=int, default=None)
     parser.add_argument("--max-test-docs", type=int, default=None)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("out/tasks"))
+    add_common_arguments(parser, "--dropout", "--steps", "--topic-model-steps", "--topic-model-lr", "--min-freq",
+                         "--max-train-docs", "--threads", "--seed", steps=400, min_freq=5, threads=2)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     hf_logging.set_verbosity_error()

@@ -31,103 +31,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
-import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
+from transformers.utils import logging as hf_logging
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+from topic_lm_hf import TopicContextCollator, build_vocabularies, evaluate_perplexity, load_documents
+from topic_lm_hf.benchmark_training import train_for_steps
+from topic_lm_hf.benchmarking import (DATA, PROTOCOLS, add_common_arguments, build_lstm, build_tcnlm,
+                                      interleaved_step_times)
+from topic_lm_hf.evaluation.topic_eval import evaluate_topics
+from topic_lm_hf.evaluation.topics import load_reference_corpus
 
-from transformers import TrainingArguments  # noqa: E402
-from transformers.utils import logging as hf_logging  # noqa: E402
-
-from topic_lm_hf import (LSTMLMConfig, LSTMLMForCausalLM, TopicContextCollator, TopicLMTrainer,  # noqa: E402
-                         build_vocabularies, evaluate_perplexity, load_documents)
-from topic_lm_hf.evaluation.topic_eval import evaluate_topics  # noqa: E402
-from topic_lm_hf.evaluation.topics import load_reference_corpus  # noqa: E402
-from topic_lm_hf.models.configuration_tcnlm import TCNLMConfig  # noqa: E402
-from topic_lm_hf.models.modeling_tcnlm import TCNLMForCausalLM  # noqa: E402
-
-DATA = Path(os.environ.get("TOPIC_LM_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
 PAPER_SIZES = {"small": dict(embedding_size=300, hidden_size=600, layers=1),
                "large": dict(embedding_size=300, hidden_size=900, layers=2)}
-PROTOCOLS = ("paper", "causal", "causal-carry")
-
-
-class CountingCollator:
-    """Wraps a collator and counts the predicted tokens of every training batch it builds (sentence batches (b, l)
-    and documents batches (b, c, l) alike: the first position of every chunk is never predicted)."""
-
-    def __init__(self, collator):
-        self.collator = collator
-        self.tokens = 0
-
-    def __call__(self, features):
-        batch = self.collator(features)
-        self.tokens += int((batch["labels"][..., 1:] != -100).sum())
-        return batch
-
-
-def build(kind: str, args, vocab_size: int, topic_vocab_size: int):
-    torch.manual_seed(args.seed)
-    if kind == "lstm":
-        config = LSTMLMConfig(vocab_size=vocab_size, embedding_size=args.embedding_size, hidden_size=args.hidden_size,
-                              num_hidden_layers=args.layers, dropout=args.dropout)
-        return LSTMLMForCausalLM(config)
-    config = TCNLMConfig(vocab_size=vocab_size, topic_vocab_size=topic_vocab_size, num_topics=args.num_topics,
-                         embedding_size=args.embedding_size, hidden_size=args.hidden_size,
-                         num_hidden_layers=args.layers, num_factors=args.num_factors, dropout=args.dropout,
-                         lm_type=kind, kl_annealing_steps=args.kl_annealing_steps)
-    return TCNLMForCausalLM(config)
-
-
-def train(model, rows, collator, args, out_dir: Path) -> dict:
-    counting = CountingCollator(collator)
-    targs = TrainingArguments(output_dir=str(out_dir), max_steps=args.steps, per_device_train_batch_size=args.batch_size,
-                              learning_rate=args.lr, max_grad_norm=args.clip, lr_scheduler_type="linear",
-                              warmup_steps=max(1, args.steps // 50), logging_steps=max(1, args.steps // 10),
-                              save_strategy="no", eval_strategy="no", report_to=[], use_cpu=True, disable_tqdm=True,
-                              seed=args.seed, dataloader_num_workers=0)
-    trainer = TopicLMTrainer(model=model, args=targs, train_dataset=rows, data_collator=counting)
-    start = time.perf_counter()
-    trainer.train()
-    seconds = time.perf_counter() - start
-    logs = [entry for entry in trainer.state.log_history if "loss" in entry]
-    for entry in logs:
-        print("   ", {k: entry[k] for k in ("step", "loss", "lm_loss", "bow_loss", "kl_loss", "aux_loss") if k in entry},
-              flush=True)
-    model.eval()
-    return {"seconds": seconds, "tokens": counting.tokens, "tokens_per_s": counting.tokens / seconds,
-            "final_log": logs[-1] if logs else {}}
-
-
-def interleaved_step_times(models: dict, collators: dict, rows: dict, args, repeats: int) -> dict:
-    """Median seconds per training step (fwd + bwd + Adam) of each model, steps interleaved on identical batches."""
-    times = {name: [] for name in models}
-    optimizers = {name: torch.optim.Adam(m.parameters(), lr=1e-6) for name, m in models.items()}
-    n = len(next(iter(rows.values())))
-    for r in range(repeats + 2):
-        idx = [(r * args.batch_size + i) % n for i in range(args.batch_size)]
-        for name, model in models.items():
-            batch = collators[name]([rows[name][i] for i in idx])
-            model.train()
-            start = time.perf_counter()
-            model(**batch).loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
-            optimizers[name].step()
-            optimizers[name].zero_grad(set_to_none=True)
-            if r >= 2:  # two warm-up rounds
-                times[name].append((time.perf_counter() - start, int((batch["labels"][..., 1:] != -100).sum())))
-    model_times = {}
-    for name, values in times.items():
-        model_times[name] = {"step_s": statistics.median(t for t, _ in values),
-                             "tokens_per_s": sum(k for _, k in values) / sum(t for t, _ in values)}
-        models[name].eval()
-    return model_times
 
 
 def main() -> None:
@@ -141,24 +60,12 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=1)
     parser.add_argument("--num-topics", type=int, default=50)
     parser.add_argument("--num-factors", type=int, default=None, help="n_f (default: the hidden size)")
-    parser.add_argument("--dropout", type=float, default=0.4)
-    parser.add_argument("--steps", type=int, default=1200)
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--lr", type=float, default=2e-3, help="Adam learning rate (linear decay to 0)")
-    parser.add_argument("--clip", type=float, default=0.5)
-    parser.add_argument("--kl-annealing-steps", type=int, default=300,
-                        help="TCNLM's KL weight rises from 0 to 1 over these steps (not in the paper; without it "
-                             "the topic posterior collapsed to the prior on this data)")
-    parser.add_argument("--min-freq", type=int, default=10)
-    parser.add_argument("--max-train-docs", type=int, default=None)
-    parser.add_argument("--max-valid-docs", type=int, default=None)
-    parser.add_argument("--speed-repeats", type=int, default=10, help="interleaved timing steps per model")
     parser.add_argument("--skip-npmi", action="store_true")
-    parser.add_argument("--npmi-max-documents", type=int, default=None, help="first N Wikipedia articles only")
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output-dir", default="/tmp/benchmark_tcnlm")
     parser.add_argument("--json", default=None, help="also write the results to this JSON file")
+    add_common_arguments(parser, "--steps", "--batch-size", "--dropout", "--lr", "--clip", "--kl-annealing-steps",
+                         "--min-freq", "--max-train-docs", "--max-valid-docs", "--npmi-max-documents",
+                         "--speed-repeats", "--threads", "--seed", steps=1200)
     args = parser.parse_args()
     if args.table6:
         args.num_topics, args.hidden_size, args.embedding_size, args.layers = 30, 100, 100, 1
@@ -186,10 +93,10 @@ def main() -> None:
     rows = {kind: collators[kind].prepare(train_docs) for kind in kinds}
     models, results = {}, {}
     for kind in kinds:
-        model = build(kind, args, len(tok), len(topic_tok))
+        model = build_lstm(args, len(tok)) if kind == "lstm" else build_tcnlm(args, len(tok), len(topic_tok), kind)
         n_params = sum(p.numel() for p in model.parameters())
         print(f"\n== training {kind} ({n_params / 1e6:.2f} M parameters) for {args.steps} steps", flush=True)
-        stats = train(model, rows[kind], collators[kind], args, Path(args.output_dir) / kind)
+        stats = train_for_steps(model, rows[kind], collators[kind], args, Path(args.output_dir) / kind)
         print(f"   {stats['tokens']:,} tokens in {stats['seconds']:.0f} s = {stats['tokens_per_s']:,.0f} tokens/s",
               flush=True)
         stats["parameters"] = n_params

@@ -18,7 +18,7 @@ The paper's objective is the ELBO (KL weight 1). Short CPU runs collapse the pos
 KL/token" column; one extra row per task trains with a KL weight of 0.1 (a beta-VAE objective,
 labelled as such) to show what the topic part does when it is used.
 
-Defaults are sized for a small CPU (one thread: about 30 minutes for (a), 15 for (b)). Examples::
+Defaults are sized for a small CPU (one thread). Examples::
 
     python scripts/benchmark_topicrnn.py                        # both tables, default sizes
     python scripts/benchmark_topicrnn.py --task lm --steps 1000 --embedding_size 300 --hidden_size 600
@@ -34,46 +34,27 @@ import argparse
 import json
 import math
 import platform
-import sys
 import time
 from pathlib import Path
 
 import torch
+from transformers import AutoModelForSequenceClassification, TrainingArguments, set_seed
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+from topic_lm_hf import (LSTMLMConfig, LSTMLMForCausalLM, TopicContextCollator, TopicLMTrainer, TopicRNNConfig,
+                         TopicRNNForCausalLM, build_vocabularies, evaluate_perplexity, load_documents,
+                         save_vocabularies)
+from topic_lm_hf.benchmark_training import CountingCollator
+from topic_lm_hf.benchmarking import DATA, add_common_arguments
+from topic_lm_hf.evaluation.sliding_window import evaluate_perplexity_sliding_window
+from topic_lm_hf.tasks.classification import (FeatureCollator, add_document_features, bow_logistic_regression,
+                                              classification_accuracy, load_imdb_splits, majority_accuracy,
+                                              train_classifier)
 
-from transformers import AutoModelForSequenceClassification  # noqa: E402
-from transformers import TrainingArguments, set_seed  # noqa: E402
-
-from topic_lm_hf import (LSTMLMConfig, LSTMLMForCausalLM, TopicContextCollator, TopicLMTrainer,  # noqa: E402
-                         build_vocabularies, load_documents, save_vocabularies)
-from topic_lm_hf.tasks.classification import (FeatureCollator, add_document_features,  # noqa: E402
-                                              bow_logistic_regression, classification_accuracy, load_imdb_splits,
-                                              majority_accuracy, train_classifier)
-from topic_lm_hf.evaluation import evaluate_perplexity  # noqa: E402
-from topic_lm_hf.evaluation.sliding_window import evaluate_perplexity_sliding_window  # noqa: E402
-from topic_lm_hf.models.configuration_topic_rnn import TopicRNNConfig  # noqa: E402
-from topic_lm_hf.models.modeling_topic_rnn import TopicRNNForCausalLM  # noqa: E402
-
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 NAMES = {"rnn": "TopicRNN", "lstm": "TopicLSTM", "gru": "TopicGRU"}
 
 
 def log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
-
-
-class CountingCollator:
-    """Wraps a collator and counts the predicted tokens of every batch it builds."""
-
-    def __init__(self, inner):
-        self.inner = inner
-        self.tokens = 0
-
-    def __call__(self, features):
-        batch = self.inner(features)
-        self.tokens += int((batch["labels"][:, 1:] != -100).sum())
-        return batch
 
 
 def train_lm(model, rows, collator, args, output_dir: Path, steps: int) -> dict:
@@ -303,8 +284,7 @@ def main(argv=None) -> None:
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--task", choices=["lm", "imdb", "all"], default="all")
     p.add_argument("--output_dir", type=Path, default=Path("out/benchmark_topicrnn"))
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--seed", type=int, default=0)
+    add_common_arguments(p, "--threads", "--seed")
     p.add_argument("--stopwords", default=str(DATA / "stopwords" / "mallet_en.txt"))
     g = p.add_argument_group("(a) language modelling")
     g.add_argument("--apnews", type=Path, default=DATA / "apnews")

@@ -31,15 +31,15 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 import time
 from pathlib import Path
 
 import torch
 
+from topic_lm_hf.benchmarking import DATA, add_common_arguments
+
 ROOT = Path(__file__).resolve().parents[1]
-DATA = Path(os.environ.get("TOPIC_LM_DATA", ROOT.parent / "shared" / "data"))
 SETS = ("semeval2007", "senseval2", "senseval3")
 COLUMNS = ("semeval2007", "senseval2", "senseval3", "SE2+SE3")
 # Raganato et al. 2017's SemCor-MFS, from their SemCor conversion (226,036 instances; ours has 234,136)
@@ -177,8 +177,7 @@ def main() -> None:
     parser.add_argument("--dropout", type=float, default=0.2)
     parser.add_argument("--max_train_documents", type=int, default=None, help="first N SemCor documents (quick checks)")
     parser.add_argument("--senses", default=str(DATA / "wordnet" / "senses.tsv.gz"))
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--seed", type=int, default=0)
+    add_common_arguments(parser, "--threads", "--seed")
     args = parser.parse_args()
 
     out = Path(args.output_dir)

@@ -1,61 +1,73 @@
-"""scripts/benchmark_all.py in its smoke configuration: every output is written, every number is finite and labelled
-with its protocol, and a second run retrains nothing (resume)."""
+"""scripts/benchmark_all.py in its smoke configuration, run as a program: every output is written, every number is
+finite and labelled with its protocol, and a second run retrains nothing (resume). Its shared pieces are tested
+through topic_lm_hf.benchmarking / benchmark_training; results/README.md holds what it published."""
 
 import importlib.util
 import json
 import math
+import os
+import re
+import shlex
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from conftest import requires_data
+from topic_lm_hf.benchmark_training import step_throughput, stopped
+from topic_lm_hf.benchmarking import publish
 
-SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
-pytestmark = [requires_data("apnews", "train.txt"), requires_data("wiki", "articles.jsonl.gz"),
-              pytest.mark.usefixtures("one_thread")]
-
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "benchmark_all.py"
+RESULTS = ROOT / "results" / "README.md"
 SMOKE = ["--corpus", "apnews", "--max-steps", "4", "--eval-steps", "2", "--patience", "1", "--batch-size", "2",
          "--hidden", "8", "--embedding", "8", "--topics", "3", "--max-train-docs", "30", "--max-valid-docs", "4",
          "--npmi-max-documents", "20", "--steer-topics", "2", "--steer-samples", "2", "--max-new-tokens", "8",
          "--speed-repeats", "1", "--lda-max-iter", "2", "--only", "lstm", "lstm-carry", "topic-lstm"]
 PROTOCOLS = ("paper", "causal", "causal-carry")
+# runs the script as __main__ with matplotlib unimportable (the figures are then skipped with a message)
+WITHOUT_MATPLOTLIB = ("import runpy, sys; sys.modules['matplotlib'] = None; sys.argv = sys.argv[1:]; "
+                      "runpy.run_path(sys.argv[0], run_name='__main__')")
 
 
-@pytest.fixture(scope="module")
-def benchmark_all():
-    sys.path.insert(0, str(SCRIPTS))
-    spec = importlib.util.spec_from_file_location("benchmark_all", SCRIPTS / "benchmark_all.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def run_script(*argv: str, prefix: tuple = ()) -> subprocess.CompletedProcess:
+    """``python [prefix] scripts/benchmark_all.py argv`` with this checkout's package, one thread."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, *prefix, str(SCRIPT), *argv], cwd=ROOT, env=env, capture_output=True,
+                          text=True, stdin=subprocess.DEVNULL, timeout=1800)
 
 
-def test_stopped_counts_evaluations_after_the_best(benchmark_all):
+def test_stopped_counts_evaluations_after_the_best():
     history = [{"perplexity": p} for p in (10.0, 9.0, 9.5, 9.2)]
-    assert benchmark_all.stopped(history, patience=2)
-    assert not benchmark_all.stopped(history, patience=3)
-    assert not benchmark_all.stopped([], patience=1)
+    assert stopped(history, patience=2)
+    assert not stopped(history, patience=3)
+    assert not stopped([], patience=1)
 
 
-def test_step_throughput_leaves_out_stalled_steps(benchmark_all):
+def test_step_throughput_leaves_out_stalled_steps():
     steps = [{"seconds": 0.2 + 0.01 * (i % 3), "tokens": 100} for i in range(50)]
-    plain = benchmark_all.step_throughput(steps)
+    plain = step_throughput(steps)
     assert plain["stalled_steps"] == 0
     assert plain["tokens_per_s"] == pytest.approx(5000 / sum(r["seconds"] for r in steps))
     # a step during which the process was stopped for an hour: left out, counted, the speed unchanged
-    stalled = benchmark_all.step_throughput(steps[:25] + [{"seconds": 3600.0, "tokens": 100}] + steps[25:])
+    stalled = step_throughput(steps[:25] + [{"seconds": 3600.0, "tokens": 100}] + steps[25:])
     assert stalled["stalled_steps"] == 1 and stalled["stalled_seconds"] == 3600.0
     assert stalled["tokens_per_s"] == pytest.approx(plain["tokens_per_s"])
     # a uniformly slower model is not "stalled"
-    slow = benchmark_all.step_throughput([{"seconds": 10 * r["seconds"], "tokens": 100} for r in steps])
+    slow = step_throughput([{"seconds": 10 * r["seconds"], "tokens": 100} for r in steps])
     assert slow["stalled_steps"] == 0 and slow["tokens_per_s"] == pytest.approx(plain["tokens_per_s"] / 10)
-    assert math.isnan(benchmark_all.step_throughput([])["tokens_per_s"])
+    assert math.isnan(step_throughput([])["tokens_per_s"])
 
 
-def test_smoke_run_then_resume(benchmark_all, tmp_path, monkeypatch, capsys):
+@requires_data("apnews", "train.txt")
+@requires_data("wiki", "articles.jsonl.gz")
+def test_smoke_run_then_resume(tmp_path):
     out = tmp_path / "all"
-    report = benchmark_all.main([*SMOKE, "--out", str(out)])
+    proc = run_script(*SMOKE, "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((out / "results.json").read_text())
     results = report["results"]
     assert list(results) == ["lstm", "lstm-carry", "topic-lstm"]
     for name, r in results.items():
@@ -75,6 +87,7 @@ def test_smoke_run_then_resume(benchmark_all, tmp_path, monkeypatch, capsys):
     assert report["context"]["dev_documents"] == 2 and report["context"]["train_documents"] == 28
 
     table = (out / "table.md").read_text()
+    assert table.strip() in proc.stdout  # the table printed is the table written
     header = next(line for line in table.splitlines() if line.startswith("| model"))
     for column in ("ppl paper", "ppl causal", "ppl causal-carry", "ppl ablation (protocol)", "NPMI lau2014",
                    "steering acc.", "fluency ratio", "train tokens/s", "ratio to LSTM", "interleaved ratio"):
@@ -82,62 +95,73 @@ def test_smoke_run_then_resume(benchmark_all, tmp_path, monkeypatch, capsys):
     title = table.splitlines()[0]
     assert all(word in title for word in ("APNEWS", "size `cpu`", "at most 4 steps", "device cpu", "code"))
     assert "causal-carry" in table.split("#### Comparisons")[1]
-    assert json.loads((out / "results.json").read_text())["settings"]["max_steps"] == 4
+    assert report["settings"]["max_steps"] == 4
     if importlib.util.find_spec("matplotlib") is not None:
         assert (out / "perplexity.png").stat().st_size > 0 and (out / "steering.png").stat().st_size > 0
 
-    # publishing into a README: a block at the end of its Results section, the files beside it; idempotent
-    readme = tmp_path / "site" / "README.md"
-    readme.parent.mkdir()
-    readme.write_text("# x\n\n## Results\n\nearlier tables\n\n## Layout\n\nfolders\n")
-    benchmark_all.publish(out, readme, "apnews-cpu")
-    first = readme.read_text()
-    assert first.index("earlier tables") < first.index("<!-- benchmark_all apnews-cpu start -->") \
-        < first.index(table.splitlines()[0]) < first.index("<!-- benchmark_all apnews-cpu end -->") \
-        < first.index("## Layout")
-    assert (readme.parent / "results" / "apnews-cpu" / "table.md").read_text() == table
-    if (out / "perplexity.png").exists():
-        assert "![perplexity](results/apnews-cpu/perplexity.png)" in first
-        assert (readme.parent / "results" / "apnews-cpu" / "perplexity.png").exists()
-    benchmark_all.publish(out, readme, "apnews-cpu")
-    assert readme.read_text() == first
-
-    # resume: nothing is retrained, nothing measured again
+    # resume, without matplotlib: nothing is retrained, nothing measured again, no figure (and a message)
     written = {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()}
-    again = benchmark_all.main([*SMOKE, "--out", str(out)])
-    assert again["results"]["lstm"]["perplexity"] == results["lstm"]["perplexity"]
+    again = run_script(*SMOKE, "--out", str(out), prefix=("-c", WITHOUT_MATPLOTLIB))
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert json.loads((out / "results.json").read_text())["results"]["lstm"]["perplexity"] == results["lstm"]["perplexity"]
     changed = {p.name for p, t in written.items() if p.stat().st_mtime_ns != t}
-    assert changed <= {"results.json", "table.md", "benchmark.log", "settings.json", "perplexity.png", "steering.png"}
+    assert changed <= {"results.json", "table.md", "benchmark.log", "settings.json"}
+    assert "figures skipped" in again.stdout
     assert "trained earlier" in (out / "benchmark.log").read_text().split("====")[-1]
 
-    monkeypatch.setitem(sys.modules, "matplotlib", None)  # without matplotlib: no figures, and a message
-    (tmp_path / "no-figures").mkdir()
-    benchmark_all.figures(report, tmp_path / "no-figures")
-    assert "figures skipped" in capsys.readouterr().out and not list((tmp_path / "no-figures").iterdir())
+    refused = run_script(*SMOKE, "--out", str(out), "--max-steps", "5")  # other settings in the same folder
+    assert refused.returncode != 0 and "holds results of other settings" in refused.stderr
 
-    with pytest.raises(SystemExit):  # other settings in the same folder are refused
-        benchmark_all.main([*SMOKE, "--out", str(out), "--max-steps", "5"])
+    # publishing into a results page: the block after the page's last published block, the files beside it
+    page = tmp_path / "site" / "results" / "README.md"
+    page.parent.mkdir(parents=True)
+    page.write_text("# Results\n\n## One budget\n\nearlier tables\n\n<!-- benchmark_all brown-cpu start -->\nBrown\n"
+                    "<!-- benchmark_all brown-cpu end -->\n\n## Per family\n\nmore\n")
+    publish(out, page, "apnews-cpu")
+    first = page.read_text()
+    assert first.index("<!-- benchmark_all brown-cpu end -->") < first.index("<!-- benchmark_all apnews-cpu start -->") \
+        < first.index(table.splitlines()[0]) < first.index("<!-- benchmark_all apnews-cpu end -->") \
+        < first.index("## Per family")
+    assert (page.parent / "apnews-cpu" / "table.md").read_text() == table
+    if (out / "perplexity.png").exists():
+        assert "![perplexity](apnews-cpu/perplexity.png)" in first
+        assert (page.parent / "apnews-cpu" / "perplexity.png").exists()
+    publish(out, page, "apnews-cpu")  # idempotent
+    assert page.read_text() == first
+    empty = tmp_path / "empty" / "README.md"  # a page without blocks (or without a file) gets it at its end
+    empty.parent.mkdir()
+    empty.write_text("# Results\n")
+    publish(out, empty, "apnews-cpu")
+    assert empty.read_text().startswith("# Results\n\n<!-- benchmark_all apnews-cpu start -->")
 
 
-def test_readme_commands_and_published_blocks(benchmark_all):
-    """The README's benchmark_all commands parse, and every published block is its results/<key>/table.md (what the
-    script wrote), with its figures present."""
-    import re
-    import shlex
+def _benchmark_all_commands(text: str) -> list[list[str]]:
+    return [shlex.split(line, comments=True)[2:] for line in text.replace("\\\n", " ").splitlines()
+            if line.startswith("python scripts/benchmark_all.py")]
 
-    root = SCRIPTS.parent
-    readme = (root / "README.md").read_text()
-    commands = [shlex.split(line, comments=True)[2:] for line in readme.replace("\\\n", " ").splitlines()
-                if line.startswith("python scripts/benchmark_all.py")]
+
+def test_documented_commands_parse_and_published_blocks_are_the_tables():
+    """The benchmark_all commands of README.md and results/README.md parse with the script's own parser (in a
+    separate interpreter), and every block of results/README.md is its results/<key>/table.md (what the script
+    wrote), with its figures present."""
+    commands = _benchmark_all_commands((ROOT / "README.md").read_text()) + \
+        _benchmark_all_commands(RESULTS.read_text())
     assert commands
-    for argv in commands:
-        args = benchmark_all.parse_args(argv)
-        assert args.readme == "README.md" and args.names
-    blocks = re.findall(r"<!-- benchmark_all (\S+) start -->\n(.*?)<!-- benchmark_all \1 end -->", readme, re.S)
+    check = ("import json, runpy, sys; parse = runpy.run_path(sys.argv[1])['parse_args']; "
+             "print(json.dumps([[parse(argv).readme, parse(argv).names] for argv in json.loads(sys.argv[2])]))")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-c", check, str(SCRIPT), json.dumps(commands)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for readme, names in json.loads(proc.stdout.strip().splitlines()[-1]):
+        assert readme == "results/README.md" and names
+
+    page = RESULTS.read_text()
+    blocks = re.findall(r"<!-- benchmark_all (\S+) start -->\n(.*?)<!-- benchmark_all \1 end -->", page, re.S)
     assert {key for key, _ in blocks} >= {"apnews-cpu", "brown-cpu"}
     for key, body in blocks:
-        assert (root / "results" / key / "table.md").read_text().strip() in body, key
-        for image in re.findall(r"\]\((results/[^)]+\.png)\)", body):
-            assert (root / image).exists(), image
-        results = json.loads((root / "results" / key / "results.json").read_text())
+        assert (RESULTS.parent / key / "table.md").read_text().strip() in body, key
+        for image in re.findall(r"\]\(([^)]+\.png)\)", body):
+            assert image.startswith(f"{key}/") and (RESULTS.parent / image).exists(), image
+        results = json.loads((RESULTS.parent / key / "results.json").read_text())
         assert results["context"]["corpus"] == key.split("-")[0]

@@ -1,5 +1,6 @@
 """The README's examples work as written: its Python snippets run top to bottom in a fresh
-interpreter, and every `topic-lm` command it shows parses and uses only models it creates."""
+interpreter, every `topic-lm` command it (and results/README.md) shows parses and uses only models
+the same page creates, and its relative links lead to files and headings that exist."""
 
 import os
 import re
@@ -15,17 +16,18 @@ from topic_lm_hf.cli import COMMANDS
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
+PAGES = ("README.md", "results/README.md")
 
 
-def _blocks(language: str) -> list[tuple[int, str]]:
+def _blocks(language: str, text: str = README) -> list[tuple[int, str]]:
     """(line number, code) of every fenced block of ``language``, in order."""
-    return [(README[:m.start()].count("\n") + 2, m.group(1))
-            for m in re.finditer(rf"^```{language}\n(.*?)^```", README, re.M | re.S)]
+    return [(text[:m.start()].count("\n") + 2, m.group(1))
+            for m in re.finditer(rf"^```{language}\n(.*?)^```", text, re.M | re.S)]
 
 
-def _commands() -> list[list[str]]:
+def _commands(text: str = README) -> list[list[str]]:
     commands = []
-    for _, code in _blocks("bash"):
+    for _, code in _blocks("bash", text):
         for line in code.replace("\\\n", " ").splitlines():
             words = shlex.split(line, comments=True)
             if words and words[0] == "topic-lm":
@@ -39,11 +41,12 @@ def test_readme_shows_python_snippets_and_commands():
     assert len(_blocks("python")) >= 3 and len(_commands()) >= 8
 
 
-def test_every_readme_command_parses_and_uses_a_model_the_readme_trains():
+@pytest.mark.parametrize("page", PAGES)
+def test_every_readme_command_parses_and_uses_a_model_the_readme_trains(page):
     from topic_lm_hf.cli import parse_command
 
     trained = set()
-    for name, *argv in _commands():
+    for name, *argv in _commands((ROOT / page).read_text()):
         parsed = parse_command(name, argv)  # exits (an error) on an unknown flag or a missing argument
         flags = dict(zip(argv, argv[1:]))
         if name == "train":
@@ -56,6 +59,28 @@ def test_every_readme_command_parses_and_uses_a_model_the_readme_trains():
         elif "--model_name_or_path" in flags:
             assert flags["--model_name_or_path"] in trained, (
                 f"`topic-lm {name}` uses {flags['--model_name_or_path']}, which no earlier README command trains")
+
+
+def _anchor(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation but '-' and '_' dropped, spaces to '-'."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_relative_links_lead_to_files_and_headings_that_exist(page):
+    path = ROOT / page
+    text = re.sub(r"^```.*?^```", "", path.read_text(), flags=re.M | re.S)  # links in code are not links
+    links = re.findall(r"\]\(([^)\s]+)\)", text)
+    assert links
+    for link in links:
+        if re.match(r"[a-z]+:", link):
+            continue
+        target, _, anchor = link.partition("#")
+        file = (path.parent / target).resolve() if target else path
+        assert file.exists(), f"{page}: {link}"
+        if anchor:
+            headings = re.findall(r"^#+ (.*)$", file.read_text(), re.M)
+            assert anchor in {_anchor(h) for h in headings}, f"{page}: {link}"
 
 
 @pytest.mark.slow

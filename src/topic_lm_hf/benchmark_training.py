@@ -1,0 +1,373 @@
+"""Training for the benchmark scripts (``scripts/benchmark_*.py``), the same way in every benchmark: the
+predicted tokens of every batch counted (``CountingCollator``, ``BatchTokens``), every model reading the same
+batches in the same order (``batch_order``, ``BenchmarkTrainer``) with one linear schedule per phase, every step
+timed (``StepTimer``, ``step_throughput``: tokens/s robust to a paused process), NCLM's topic-model phase
+(``pretrain_topic_model_phase``), a plain run (``train_for_steps``), a resumable run (``train_resumable``), and
+early stopping on a development split (``DevEarlyStopping``). The rest of what the scripts share (command line,
+result folders, models, measurements) is in ``topic_lm_hf.benchmarking``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from transformers import TrainerCallback, TrainingArguments
+from transformers.trainer_callback import PrinterCallback
+
+from topic_lm_hf import (NCLMForCausalLM, TopicContextCollator, TopicLMTrainer, evaluate_perplexity,
+                         record_vocabularies, save_vocabularies)
+from topic_lm_hf.benchmarking import read_json, read_jsonl, write_json
+from topic_lm_hf.trainer import last_complete_checkpoint
+
+
+
+# ----------------------------------------------------------------------------------------------
+# batches: counted, in one fixed order for every model, one linear schedule per phase
+# ----------------------------------------------------------------------------------------------
+
+
+class CountingCollator:
+    """Wraps a collator and counts the predicted tokens of every training batch it builds (sentence batches (b, l)
+    and documents batches (b, c, l) alike: the first position of every chunk is never predicted)."""
+
+    def __init__(self, collator):
+        self.collator = collator
+        self.tokens = 0
+
+    def __call__(self, features):
+        batch = self.collator(features)
+        self.tokens += int((batch["labels"][..., 1:] != -100).sum())
+        return batch
+
+
+class BatchTokens(CountingCollator):
+    """``CountingCollator`` that also keeps each batch's predicted tokens, in the order they were built (the data
+    loader builds a batch ahead of the step that uses it, so the running total is one batch early)."""
+
+    def __init__(self, collator):
+        super().__init__(collator)
+        self.per_batch = []
+
+    def __call__(self, features):
+        before = self.tokens
+        batch = super().__call__(features)
+        self.per_batch.append(self.tokens - before)
+        return batch
+
+
+def batch_order(n_rows: int, steps: int, batch_size: int, seed: int) -> list[int]:
+    """Row indices of ``steps`` batches: seeded permutations of the rows (one per epoch), concatenated."""
+    generator = torch.Generator().manual_seed(seed)
+    order: list[int] = []
+    while len(order) < steps * batch_size:
+        order.extend(torch.randperm(n_rows, generator=generator).tolist())
+    return order[:steps * batch_size]
+
+
+def linear_schedule(step: int, total: int) -> float:
+    """transformers' linear schedule (warm-up over max(1, total // 50) steps, as ``train_for_steps``) at ``step``."""
+    warmup = max(1, total // 50)
+    if step < warmup:
+        return step / warmup
+    return max(0.0, (total - step) / max(1, total - warmup))
+
+
+class FixedOrderSampler(torch.utils.data.Sampler):
+    def __init__(self, indices):
+        self.indices = list(indices)
+
+    def __iter__(self):
+        return iter(self.indices)
+
+    def __len__(self):
+        return len(self.indices)
+
+
+class BenchmarkTrainer(TopicLMTrainer):
+    """``TopicLMTrainer`` with a fixed batch order and one linear schedule per phase (the joint phase's the LSTM's)."""
+
+    def __init__(self, *args, order=None, topic_model_steps: int = 0, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._order = order
+        self._topic_model_steps = topic_model_steps
+
+    def _get_train_sampler(self, train_dataset=None):
+        return FixedOrderSampler(self._order)
+
+    def create_scheduler(self, num_training_steps, optimizer=None):
+        if self.lr_scheduler is None:
+            pre, joint = self._topic_model_steps, num_training_steps - self._topic_model_steps
+
+            def factor(step):
+                return linear_schedule(step, pre) if step < pre else linear_schedule(step - pre, joint)
+
+            self.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer or self.optimizer, factor)
+            self._created_lr_scheduler = True
+        return self.lr_scheduler
+
+
+# ----------------------------------------------------------------------------------------------
+# per-step timing
+# ----------------------------------------------------------------------------------------------
+
+
+def step_throughput(records: list[dict], stall_factor: float = 20.0) -> dict:
+    """Training tokens/s from ``StepTimer`` records, robust to stalls: a step that took more than ``stall_factor``
+    times the median step (the process was stopped or the machine suspended while it ran) is left out of both the
+    tokens and the seconds, and counted in ``stalled_steps``. With no stall this is sum(tokens) / sum(seconds)."""
+    if not records:
+        return {"tokens": 0, "seconds": 0.0, "steps": 0, "stalled_steps": 0, "stalled_seconds": 0.0,
+                "tokens_per_s": float("nan")}
+    median = statistics.median(r["seconds"] for r in records)
+    kept = [r for r in records if r["seconds"] <= stall_factor * median]
+    stalled = [r for r in records if r["seconds"] > stall_factor * median]
+    tokens, seconds = sum(r["tokens"] for r in kept), sum(r["seconds"] for r in kept)
+    return {"tokens": tokens, "seconds": seconds, "steps": len(kept), "stalled_steps": len(stalled),
+            "stalled_seconds": sum(r["seconds"] for r in stalled), "tokens_per_s": tokens / max(seconds, 1e-9)}
+
+
+class StepTimer(TrainerCallback):
+    """Per optimizer step: wall time (batch fetch and collation, forward, backward, optimizer; not logging or
+    checkpointing) and predicted tokens, appended to ``steps.jsonl``; a progress line at every log."""
+
+    def __init__(self, name, counting, path: Path, phase_of, total_steps: int):
+        self.name, self.counting, self.path, self.phase_of, self.total = name, counting, path, phase_of, total_steps
+        self.mark, self.steps_this_session, self.recent = None, 0, []
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.mark = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        seconds = time.perf_counter() - self.mark
+        tokens = self.counting.per_batch[self.steps_this_session]  # the batch of this step (one per step)
+        self.steps_this_session += 1
+        record = {"step": state.global_step, "phase": self.phase_of(state.global_step - 1), "seconds": seconds,
+                  "tokens": tokens}
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        self.recent.append(seconds)
+        self.mark = time.perf_counter()
+
+    def on_save(self, args, state, control, **kwargs):
+        self.mark = time.perf_counter()
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        logs = logs or {}
+        if "loss" in logs:
+            step = state.global_step
+            per_step = sum(self.recent) / max(1, len(self.recent))
+            terms = " ".join(f"{k}={logs[k]:.4g}" for k in ("loss", "lm_loss", "bow_loss", "kl_loss") if k in logs)
+            print(f"   [{self.name}] step {step}/{self.total} ({self.phase_of(step - 1)}) {terms} | "
+                  f"{per_step:.3f} s/step, about {per_step * (self.total - step) / 60:.1f} min left in this training",
+                  flush=True)
+            self.recent = []
+        self.mark = time.perf_counter()
+
+
+# ----------------------------------------------------------------------------------------------
+# runs
+# ----------------------------------------------------------------------------------------------
+
+
+def train_for_steps(model, rows, collator, args, out_dir: Path) -> dict:
+    """``args.steps`` steps of ``TopicLMTrainer`` (Adam ``args.lr``, linear warm-up over 2 % then decay to 0, clip
+    ``args.clip``, batches of ``args.batch_size`` rows in the trainer's seeded order); no checkpoint."""
+    counting = CountingCollator(collator)
+    targs = TrainingArguments(output_dir=str(out_dir), max_steps=args.steps, per_device_train_batch_size=args.batch_size,
+                              learning_rate=args.lr, max_grad_norm=args.clip, lr_scheduler_type="linear",
+                              warmup_steps=max(1, args.steps // 50), logging_steps=max(1, args.steps // 10),
+                              save_strategy="no", eval_strategy="no", report_to=[], use_cpu=True, disable_tqdm=True,
+                              seed=args.seed, dataloader_num_workers=0)
+    trainer = TopicLMTrainer(model=model, args=targs, train_dataset=rows, data_collator=counting)
+    start = time.perf_counter()
+    trainer.train()
+    seconds = time.perf_counter() - start
+    logs = [entry for entry in trainer.state.log_history if "loss" in entry]
+    for entry in logs:
+        print("   ", {k: entry[k] for k in ("step", "loss", "lm_loss", "bow_loss", "kl_loss", "aux_loss") if k in entry},
+              flush=True)
+    model.eval()
+    return {"seconds": seconds, "tokens": counting.tokens, "tokens_per_s": counting.tokens / seconds,
+            "final_log": logs[-1] if logs else {}}
+
+
+def document_rows(train_docs, tok, topic_tok):
+    """The training chunks with their document's bag of words as ``context_bow`` (its first 300 topic words, the
+    cap of every context in this package), for the topic-model phase: a document weighs as many rows as it has
+    chunks, as the official code replicates a document's topic-model row once per window."""
+    collator = TopicContextCollator(tok, topic_tok, context="document")
+    return collator.prepare(train_docs), collator
+
+
+def pretrain_topic_model_phase(name: str, model, train_docs, args, mdir: Path, tok, topic_tok) -> dict:
+    """The NCLM paper's NVDM pre-training on full documents: a ``TopicLMTrainer`` run of ``args.topic_model_steps``
+    steps in the ``topic_model`` phase only (the LM is not run), with its own Adam at ``args.topic_model_lr``;
+    the joint run then starts a fresh Adam (as the official code does). Saved, so a rerun skips it."""
+    done_path, saved = mdir / "topic_model_phase.json", mdir / "after_topic_model"
+    if done_path.exists():
+        loaded = NCLMForCausalLM.from_pretrained(saved)
+        model.model.topic_model.load_state_dict(loaded.model.topic_model.state_dict())
+        print(f"   topic-model phase done earlier ({done_path})", flush=True)
+        return read_json(done_path)
+    rows, collator = document_rows(train_docs, tok, topic_tok)
+    targs = TrainingArguments(output_dir=str(mdir / "topic_model_checkpoints"), max_steps=args.topic_model_steps,
+                              per_device_train_batch_size=args.batch_size, learning_rate=args.topic_model_lr,
+                              lr_scheduler_type="constant", max_grad_norm=0.0,  # no clipping, as the official code
+                              logging_steps=max(1, args.topic_model_steps // 5),
+                              save_strategy="no", eval_strategy="no", report_to=[], use_cpu=True, disable_tqdm=True,
+                              seed=args.seed, dataloader_num_workers=0)
+    trainer = TopicLMTrainer(model=model, args=targs, train_dataset=rows, data_collator=collator,
+                             pretraining_phases=[("topic_model", args.topic_model_steps)])
+    trainer.remove_callback(PrinterCallback)
+    start = time.perf_counter()
+    trainer.train()
+    seconds = time.perf_counter() - start
+    logs = [e for e in trainer.state.log_history if "loss" in e]
+    for e in logs:
+        print(f"   [{name}] topic-model step {e['step']}/{args.topic_model_steps}: loss per word {e['loss']:.3f}",
+              flush=True)
+    trainer.save_model(str(saved))
+    stats = {"topic_model_steps": args.topic_model_steps, "topic_model_lr": args.topic_model_lr,
+             "topic_model_rows": len(rows), "topic_model_seconds": seconds,
+             "topic_model_first_loss": logs[0]["loss"] if logs else None,
+             "topic_model_final_loss": logs[-1]["loss"] if logs else None}
+    write_json(done_path, stats)
+    return stats
+
+
+def train_resumable(name: str, model, rows, collator, args, mdir: Path, tok, topic_tok, spec: dict, code: str,
+                    train_docs=None) -> dict:
+    """Train one model for ``args.steps`` steps on the batches of ``batch_order`` (resuming from its last complete
+    checkpoint, one every ``args.save_steps``), save it to ``mdir/model``, return its training statistics.
+
+    ``spec`` gives ``family`` (``"lstm"``: no topic vocabulary; ``"nclm"``: the topic-model phase first, on
+    ``train_docs``) and ``context`` (recorded); ``code`` (``code_version()``) is recorded too."""
+    nclm = spec["family"] == "nclm"
+    topics = spec["family"] != "lstm"
+    topic_phase = pretrain_topic_model_phase(name, model, train_docs, args, mdir, tok, topic_tok) \
+        if nclm and args.topic_model_steps else {}
+    pre = 0  # the topic-model phase ran above, on its own data; the joint run is the LSTM's run
+    total = pre + args.steps
+    ckpt_dir, steps_path = mdir / "checkpoints", mdir / "steps.jsonl"
+    resume = last_complete_checkpoint(ckpt_dir)
+    done = int(resume.rsplit("-", 1)[1]) if resume else 0
+    kept = []
+    if resume and steps_path.exists():
+        kept = [line for line in steps_path.read_text().splitlines() if line and json.loads(line)["step"] <= done]
+    steps_path.write_text("".join(line + "\n" for line in kept))
+    if resume:
+        print(f"   resuming from {resume} (step {done} of {total})", flush=True)
+
+    order = (batch_order(len(rows), pre, args.batch_size, args.seed + 1) if pre else []) + \
+        batch_order(len(rows), args.steps, args.batch_size, args.seed)
+    counting = BatchTokens(collator)
+    targs = TrainingArguments(output_dir=str(ckpt_dir), max_steps=total, per_device_train_batch_size=args.batch_size,
+                              learning_rate=args.lr, max_grad_norm=args.clip, logging_steps=max(1, total // 20),
+                              save_strategy="steps", save_steps=args.save_steps, save_total_limit=2,
+                              eval_strategy="no", report_to=[], use_cpu=True, disable_tqdm=True, seed=args.seed,
+                              dataloader_num_workers=0)
+    record_vocabularies(model.config, tok, topic_tok if topics else None)  # the counting wrapper hides the collator
+    trainer = BenchmarkTrainer(model=model, args=targs, train_dataset=rows, data_collator=counting,
+                               pretraining_phases=[("topic_model", pre)] if pre else None, order=order,
+                               topic_model_steps=pre)
+    phase_of = trainer.training_phase if pre else (lambda step: "joint")
+    trainer.remove_callback(PrinterCallback)
+    trainer.add_callback(StepTimer(name, counting, steps_path, phase_of, total))
+    start = time.perf_counter()
+    trainer.train(resume_from_checkpoint=resume)
+    seconds_this_session = time.perf_counter() - start
+    model.eval()
+    trainer.save_model(str(mdir / "model"))
+    save_vocabularies(tok, topic_tok if topics else None, mdir / "model")
+
+    records = read_jsonl(steps_path)
+    joint = [r for r in records if r["phase"] == "joint"]
+    topic = [r for r in records if r["phase"] != "joint"]
+    logs = [e for e in trainer.state.log_history if "loss" in e]
+    first_joint = next((e for e in logs if e["step"] > pre), {})
+    stats = {
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "joint_steps": args.steps, "batch_size": args.batch_size,
+        "joint_seconds": sum(r["seconds"] for r in joint), "joint_tokens": sum(r["tokens"] for r in joint),
+        "topic_model_seconds": sum(r["seconds"] for r in topic) + topic_phase.get("topic_model_seconds", 0.0),
+        **{k: v for k, v in topic_phase.items() if k != "topic_model_seconds"},
+        "steps_timed": len(records), "resumed_from_step": done, "seconds_last_session": seconds_this_session,
+        "first_log": logs[0] if logs else {}, "first_joint_log": first_joint, "final_log": logs[-1] if logs else {},
+        "training_context": spec["context"], "code": code,
+    }
+    joint_speed = step_throughput(joint)
+    stats["tokens_per_s"], stats["stalled_steps"] = joint_speed["tokens_per_s"], joint_speed["stalled_steps"]
+    if len(records) != total:
+        print(f"   note: {len(records)} of {total} steps were timed (steps.jsonl)", flush=True)
+    return stats
+
+
+# ----------------------------------------------------------------------------------------------
+# early stopping on a development split
+# ----------------------------------------------------------------------------------------------
+
+
+def best_dirs(mdir: Path) -> dict[int, Path]:
+    return {int(p.name.rsplit("-", 1)[1]): p for p in mdir.glob("best-*") if p.is_dir()}
+
+
+def stopped(history: list[dict], patience: int) -> bool:
+    """Whether ``patience`` evaluations in a row came after the best one."""
+    if not history:
+        return False
+    best = min(range(len(history)), key=lambda i: history[i]["perplexity"])
+    return len(history) - 1 - best >= patience
+
+
+class DevEarlyStopping(TrainerCallback):
+    """Every ``every`` steps and at the last step: the dev perplexity (``evaluate_perplexity``, ``protocol``); a new
+    best is saved to ``<mdir>/best-<step>``; training stops after ``patience`` evaluations without improvement.
+    A checkpoint is written at every evaluation, and older best folders are removed only once a checkpoint after
+    the newer one exists, so an interrupted run resumes with a best folder that matches ``dev.jsonl``."""
+
+    def __init__(self, name, dev_docs, protocol, tok, topic_tok, every, patience, mdir: Path, history: list[dict]):
+        self.name, self.dev_docs, self.protocol, self.tok, self.topic_tok = name, dev_docs, protocol, tok, topic_tok
+        self.every, self.patience, self.mdir, self.history = every, patience, mdir, history
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        step = state.global_step
+        if step % self.every and step < state.max_steps:
+            return
+        rng = torch.get_rng_state()  # evaluation must not change the training's random stream
+        cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+        start = time.perf_counter()
+        model.eval()
+        with torch.no_grad():
+            r = evaluate_perplexity(model, self.dev_docs, self.protocol, tokenizer=self.tok,
+                                    topic_tokenizer=self.topic_tok)
+        model.train()
+        torch.set_rng_state(rng)
+        if cuda_rng is not None:
+            torch.cuda.set_rng_state_all(cuda_rng)
+        best = min((h["perplexity"] for h in self.history), default=math.inf)
+        record = {"step": step, "perplexity": r["perplexity"], "tokens": r["tokens"], "protocol": self.protocol,
+                  "seconds": time.perf_counter() - start}
+        self.history.append(record)
+        with open(self.mdir / "dev.jsonl", "a") as f:
+            f.write(json.dumps(record) + "\n")
+        if r["perplexity"] < best:
+            model.save_pretrained(self.mdir / f"best-{step}")
+        print(f"   [{self.name}] step {step}: dev perplexity ({self.protocol}) {r['perplexity']:.2f}"
+              + (" (best)" if r["perplexity"] < best else f" (best {best:.2f})")
+              + f", {record['seconds']:.0f} s", flush=True)
+        if stopped(self.history, self.patience):
+            print(f"   [{self.name}] early stop: {self.patience} evaluations without improvement", flush=True)
+            control.should_training_stop = True
+        control.should_save = True
+
+    def on_save(self, args, state, control, **kwargs):
+        kept = [s for s in best_dirs(self.mdir) if s <= state.global_step]
+        for s, path in best_dirs(self.mdir).items():
+            if kept and s < max(kept):
+                shutil.rmtree(path, ignore_errors=True)

@@ -1,0 +1,331 @@
+"""What the benchmark scripts (``scripts/benchmark_*.py``) share, in one place, so that every benchmark states,
+records and measures its runs the same way. Their training pieces are in ``topic_lm_hf.benchmark_training``.
+
+* **Command line.** ``add_common_arguments`` adds the flags the scripts share (``--steps``, ``--dropout``,
+  ``--lr``, ``--threads``, ``--seed``, ...), each with one definition; a script names the ones it takes and
+  its own defaults.
+* **Result folders.** ``write_json`` (atomic) / ``read_json``, ``check_settings`` (a rerun with other settings is
+  refused), ``code_version`` (the commit and a hash of uncommitted changes), ``Tee`` (a log of everything
+  printed), and ``publish`` (a finished table into ``results/README.md``).
+* **Models.** ``build_lstm``, ``build_tcnlm``, ``build_nclm``, ``build_rgbn``: a seeded model at the run's sizes.
+* **Measurements.** ``evaluate_protocols`` (perplexity under every protocol and the mismatched-context ablation),
+  ``interleaved_step_times`` (speed with the models' steps interleaved on identical batches), ``steer`` and
+  ``cached_lda_judge`` (the steering evaluation).
+
+The corpora are read from ``DATA``: ``$TOPIC_LM_DATA``, else ``../shared/data`` beside this checkout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import pickle
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from topic_lm_hf import (LSTMLMConfig, LSTMLMForCausalLM, NCLMConfig, NCLMForCausalLM, RGBNRNNConfig,
+                         RGBNRNNForCausalLM, TCNLMConfig, TCNLMForCausalLM, evaluate_perplexity, evaluate_steering,
+                         fit_lda_judge)
+
+ROOT = Path(__file__).resolve().parents[2]  # the checkout: src/topic_lm_hf/benchmarking.py
+DATA = Path(os.environ.get("TOPIC_LM_DATA", ROOT.parent / "shared" / "data"))
+PROTOCOLS = ("paper", "causal", "causal-carry")
+
+# ----------------------------------------------------------------------------------------------
+# command line
+# ----------------------------------------------------------------------------------------------
+
+# flag -> add_argument keywords: one definition of each flag the scripts share
+COMMON_ARGUMENTS = {
+    "--steps": dict(type=int, help="training steps of every model"),
+    "--batch-size": dict(type=int, default=64, help="30-token chunks per training step, every model"),
+    "--dropout": dict(type=float, default=0.4),
+    "--lr": dict(type=float, default=2e-3, help="Adam learning rate (linear warm-up and decay to 0)"),
+    "--clip": dict(type=float, default=0.5, help="global gradient-norm clip"),
+    "--kl-annealing-steps": dict(type=int, default=300,
+                                 help="TCNLM's KL weight rises from 0 to 1 over these steps (not in the paper; "
+                                      "without it the topic posterior collapsed to the prior on this data)"),
+    "--alpha": dict(type=float, default=0.01, help="NCLM's topic-model loss share (paper: 0.01, APNEWS)"),
+    "--topic-model-steps": dict(type=int, default=1000,
+                                help="NCLM: topic-model-only steps on whole training documents before the joint "
+                                     "ones (extra: the LM is not touched)"),
+    "--topic-model-lr": dict(type=float, default=1e-2,
+                             help="NCLM: the learning rate of the topic-model phase (its own Adam)"),
+    "--min-freq": dict(type=int, default=10, help="LM vocabulary: words seen at least this often"),
+    "--max-train-docs": dict(type=int, default=None, help="first N training documents (quick checks)"),
+    "--max-valid-docs": dict(type=int, default=None, help="first N validation documents (quick checks)"),
+    "--npmi-max-documents": dict(type=int, default=None, help="first N Wikipedia articles (quick checks)"),
+    "--steer-topics": dict(type=int, default=10, help="topics sampled for the steering evaluation"),
+    "--steer-samples": dict(type=int, default=20, help="texts per topic (and as many unconditioned)"),
+    "--max-new-tokens": dict(type=int, default=30, help="the longest generated text"),
+    "--lda-max-iter": dict(type=int, default=20, help="iterations of the LDA steering judge"),
+    "--speed-repeats": dict(type=int, default=10, help="interleaved timing steps per model"),
+    "--save-steps": dict(type=int, default=100, help="checkpoint every N steps (resume points)"),
+    "--threads": dict(type=int, default=1, help="torch threads"),
+    "--seed": dict(type=int, default=0),
+}
+
+
+def add_common_arguments(parser: argparse.ArgumentParser, *flags: str, helps: dict | None = None,
+                         **defaults) -> argparse.ArgumentParser:
+    """Add the shared ``flags`` (keys of ``COMMON_ARGUMENTS``) to ``parser``. ``defaults`` and ``helps`` replace a
+    flag's default or help by its destination name (``steps=1200``, ``helps={"batch_size": "..."}``)."""
+    helps = dict(helps or {})
+    for flag in flags:
+        dest = flag[2:].replace("-", "_")
+        options = {**COMMON_ARGUMENTS[flag]}
+        if dest in defaults:
+            options["default"] = defaults.pop(dest)
+        if dest in helps:
+            options["help"] = helps.pop(dest)
+        parser.add_argument(flag, **options)
+    if defaults or helps:
+        raise ValueError(f"defaults or helps for flags not added: {sorted({**defaults, **helps})}")
+    return parser
+
+
+# ----------------------------------------------------------------------------------------------
+# result folders
+# ----------------------------------------------------------------------------------------------
+
+
+def jsonable(x):
+    if isinstance(x, dict):
+        return {str(k): jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [jsonable(v) for v in x]
+    if isinstance(x, (str, int, float, bool)) or x is None:
+        return x
+    if hasattr(x, "item") and getattr(x, "ndim", 1) == 0:
+        return x.item()
+    if hasattr(x, "tolist"):
+        return x.tolist()
+    return str(x)
+
+
+def read_json(path: Path):
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line] if path.exists() else []
+
+
+def write_json(path: Path, data) -> None:
+    tmp = path.with_suffix(f"{path.suffix}.{os.getpid()}.tmp")  # per process: runs with disjoint --only may share
+    tmp.write_text(json.dumps(jsonable(data), indent=1))     # an --out (settings.json is written by each)
+    os.replace(tmp, path)  # never a half-written result file
+
+
+def check_settings(out: Path, settings: dict) -> None:
+    """Record the run's settings in ``out/settings.json``; a rerun with other settings in the same folder is refused
+    (its results would mix with the earlier ones)."""
+    previous = read_json(out / "settings.json")
+    if previous is not None and previous != jsonable(settings):
+        now = jsonable(settings)
+        diff = {k: (previous.get(k), now.get(k)) for k in {**previous, **now} if previous.get(k) != now.get(k)}
+        sys.exit(f"{out} holds results of other settings (saved, now): {diff}; use another --out")
+    write_json(out / "settings.json", settings)
+
+
+def code_version() -> str:
+    """The commit of the checkout this package is imported from, and a hash of the uncommitted changes under src/
+    if there are any."""
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                                check=True).stdout.strip()
+        diff = subprocess.run(["git", "diff", "HEAD", "--", "src"], cwd=ROOT, capture_output=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown (not a git checkout)"
+    return f"{commit} + uncommitted src/ changes (diff sha1 {hashlib.sha1(diff).hexdigest()[:12]})" if diff else commit
+
+
+def fmt(x, pattern="{:.2f}"):
+    return "-" if x is None else pattern.format(x)
+
+
+class Tee:
+    """Everything printed also goes to the log file (appended)."""
+
+    def __init__(self, stream, path: Path):
+        self.stream, self.file = stream, open(path, "a", buffering=1)
+
+    def write(self, text):
+        self.stream.write(text)
+        self.file.write(text)
+
+    def flush(self):
+        self.stream.flush()
+        self.file.flush()
+
+
+PUBLISHED_FILES = ("table.md", "results.json", "perplexity.png", "steering.png")
+
+
+def publish(out: Path, readme: Path, key: str) -> Path:
+    """Copy a finished run's table, JSON and figures to ``<readme folder>/<key>/`` (tracked, so the page's images
+    resolve) and put the table and the figures into ``readme`` (``results/README.md``) between the markers
+    ``<!-- benchmark_all <key> start -->`` and ``<!-- benchmark_all <key> end -->``; a page without them gets the
+    block after its last published block (or at its end). Running it again gives the same page."""
+    if not (out / "table.md").exists():
+        raise FileNotFoundError(f"{out / 'table.md'} does not exist: no finished run to publish")
+    target = readme.parent / key
+    target.mkdir(parents=True, exist_ok=True)
+    copied = [name for name in PUBLISHED_FILES if (out / name).exists()]
+    for name in copied:
+        shutil.copyfile(out / name, target / name)
+    start, end = f"<!-- benchmark_all {key} start -->", f"<!-- benchmark_all {key} end -->"
+    images = [f"![{name[:-4]}]({key}/{name})" for name in ("perplexity.png", "steering.png") if name in copied]
+    body = "\n".join([start, (out / "table.md").read_text().strip(), "", *images,
+                      f"\n(`python scripts/benchmark_all.py` wrote this block and `{key}/`.)", end])
+    text = readme.read_text() if readme.exists() else ""
+    if start in text and end in text:
+        before, rest = text.split(start, 1)
+        text = before + body + rest.split(end, 1)[1]
+    else:
+        published = list(re.finditer(r"<!-- benchmark_all \S+ end -->\n?", text))
+        if published:
+            at = published[-1].end()
+            text = text[:at].rstrip("\n") + "\n\n" + body + "\n" + text[at:]
+        else:
+            text = (text.rstrip("\n") + "\n\n" if text.strip() else "") + body + "\n"
+    readme.write_text(text)
+    print(f"Published: {target} ({', '.join(copied)}); {readme} block {key}", flush=True)
+    return target
+
+
+# ----------------------------------------------------------------------------------------------
+# models: seeded with args.seed, sized by args (embedding_size, hidden_size, num_topics, dropout, ...)
+# ----------------------------------------------------------------------------------------------
+
+
+def build_lstm(args, vocab_size: int, layers: int | None = None) -> LSTMLMForCausalLM:
+    """The LSTM LM, ``layers`` layers (default ``args.layers``) of ``args.hidden_size`` units."""
+    torch.manual_seed(args.seed)
+    config = LSTMLMConfig(vocab_size=vocab_size, embedding_size=args.embedding_size, hidden_size=args.hidden_size,
+                          num_hidden_layers=args.layers if layers is None else layers, dropout=args.dropout)
+    return LSTMLMForCausalLM(config)
+
+
+def build_tcnlm(args, vocab_size: int, topic_vocab_size: int, lm_type: str = "tcnlm") -> TCNLMForCausalLM:
+    """TCNLM (``lm_type="naive_moe"``: the paper's naive mixture of experts), KL annealed over
+    ``args.kl_annealing_steps``, ``args.num_factors`` factors."""
+    torch.manual_seed(args.seed)
+    config = TCNLMConfig(vocab_size=vocab_size, topic_vocab_size=topic_vocab_size, num_topics=args.num_topics,
+                         embedding_size=args.embedding_size, hidden_size=args.hidden_size,
+                         num_hidden_layers=args.layers, num_factors=args.num_factors, dropout=args.dropout,
+                         lm_type=lm_type, kl_annealing_steps=args.kl_annealing_steps)
+    return TCNLMForCausalLM(config)
+
+
+def build_nclm(args, tok, topic_tok, variant: str, sentence_topics: bool = False, sdt_mode: str = "prefix",
+               num_topics: int | None = None) -> NCLMForCausalLM:
+    """NCLM (``variant`` "lta", "eta" or "leta"), topic-model loss share ``args.alpha``."""
+    torch.manual_seed(args.seed)
+    config = NCLMConfig.from_tokenizers(tok, topic_tok, variant=variant, sentence_topics=sentence_topics,
+                                        sdt_mode=sdt_mode, num_topics=num_topics or args.num_topics,
+                                        embedding_size=args.embedding_size, hidden_size=args.hidden_size,
+                                        num_hidden_layers=args.layers, dropout=args.dropout, alpha=args.alpha)
+    return NCLMForCausalLM(config)
+
+
+def build_rgbn(args, tok, topic_tok, layers: int, recurrent: bool, loss_preset: str = "elbo") -> RGBNRNNForCausalLM:
+    """GBN-RNN (``recurrent=False``) or rGBN-RNN with ``layers`` topic layers: the first ``layers`` of
+    ``args.topic_sizes`` topics, ``args.hidden_size`` LSTM units in every layer."""
+    torch.manual_seed(args.seed)
+    config = RGBNRNNConfig.from_tokenizers(tok, topic_tok, topic_sizes=args.topic_sizes[:layers],
+                                           hidden_sizes=[args.hidden_size] * layers,
+                                           embedding_size=args.embedding_size, dropout=args.dropout,
+                                           recurrent=recurrent, loss_preset=loss_preset, tlasgr_seed=args.seed)
+    return RGBNRNNForCausalLM(config)
+
+
+# ----------------------------------------------------------------------------------------------
+# measurements
+# ----------------------------------------------------------------------------------------------
+
+
+def evaluate_protocols(model, valid_docs, tok, topic_tok, mdir: Path, ablation: str | None = None,
+                       leaky: bool = False) -> dict:
+    """Perplexity under every protocol and, with ``ablation`` (a protocol), the mismatched-context ablation
+    under it; cached in ``mdir/eval.json``. A ``leaky`` model gets n/a (with the package's reason) where
+    ``evaluate_perplexity`` refuses a protocol."""
+    path = mdir / "eval.json"
+    ev = read_json(path) or {}
+    for protocol in PROTOCOLS:
+        if protocol in ev:
+            continue
+        try:
+            r = evaluate_perplexity(model, valid_docs, protocol, tokenizer=tok, topic_tokenizer=topic_tok)
+            print(f"   {r['protocol']}: perplexity {r['perplexity']:.2f} ({r['tokens']:,} tokens)", flush=True)
+        except ValueError as e:
+            if not leaky:
+                raise
+            r = {"n/a": str(e), "protocol": protocol}
+            print(f"   {protocol}: n/a ({e})", flush=True)
+        ev[protocol] = r
+        write_json(path, ev)
+    if ablation is not None and "mismatched" not in ev:
+        r = evaluate_perplexity(model, valid_docs, ablation, tokenizer=tok, topic_tokenizer=topic_tok,
+                                mismatched_context=True)
+        r["base_protocol"] = ablation
+        print(f"   {r['protocol']}, every chunk given another chunk's context (ablation): perplexity "
+              f"{r['perplexity']:.2f}", flush=True)
+        ev["mismatched"] = r
+        write_json(path, ev)
+    return ev
+
+
+def interleaved_step_times(models: dict, collators: dict, rows: dict, args, repeats: int) -> dict:
+    """Median seconds per training step (fwd + bwd + Adam) of each model, steps interleaved on identical batches
+    (``args.batch_size`` rows, clip ``args.clip``). The steps update the models (Adam, lr 1e-6): measure last."""
+    times = {name: [] for name in models}
+    optimizers = {name: torch.optim.Adam(m.parameters(), lr=1e-6) for name, m in models.items()}
+    n = len(next(iter(rows.values())))
+    for r in range(repeats + 2):
+        idx = [(r * args.batch_size + i) % n for i in range(args.batch_size)]
+        for name, model in models.items():
+            batch = collators[name]([rows[name][i] for i in idx])
+            model.train()
+            start = time.perf_counter()
+            model(**batch).loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
+            optimizers[name].step()
+            optimizers[name].zero_grad(set_to_none=True)
+            if r >= 2:  # two warm-up rounds
+                times[name].append((time.perf_counter() - start, int((batch["labels"][..., 1:] != -100).sum())))
+    model_times = {}
+    for name, values in times.items():
+        model_times[name] = {"step_s": statistics.median(t for t, _ in values),
+                             "tokens_per_s": sum(k for _, k in values) / sum(t for t, _ in values)}
+        models[name].eval()
+    return model_times
+
+
+def cached_lda_judge(path: Path, train_docs, topic_tok, num_topics: int, seed: int, **lda_settings):
+    """The LDA judge fitted on ``train_docs``, pickled at ``path`` (read back when it is there: fitting takes minutes);
+    ``lda_settings`` (e.g. ``max_iter``) go to ``fit_lda_judge``."""
+    if path.exists():
+        return pickle.loads(path.read_bytes())
+    start = time.perf_counter()
+    judge = fit_lda_judge(train_docs, topic_tok, num_topics=num_topics, seed=seed, **lda_settings)
+    path.write_bytes(pickle.dumps(judge))
+    print(f"LDA judge: {judge.description} ({time.perf_counter() - start:.0f} s)", flush=True)
+    return judge
+
+
+def steer(model, args, tok, topic_tok, judge, fluency_model) -> dict:
+    """``evaluate_steering`` with the run's settings (``args.steer_topics``, ``args.steer_samples``,
+    ``args.max_new_tokens``, ``args.seed``)."""
+    return evaluate_steering(model, num_topics_sampled=args.steer_topics, num_samples=args.steer_samples,
+                             max_new_tokens=args.max_new_tokens, tokenizer=tok, topic_tokenizer=topic_tok,
+                             judge=judge, fluency_model=fluency_model, seed=args.seed)
