@@ -236,13 +236,14 @@ class DocumentChunks:
 
 
 def make_collator(name: str, tok, topic_tok):
-    """(documents collator that prepares the rows, the collator the trainer uses)."""
+    """(documents collator that prepares the rows, the collator the trainer uses), from what the family declares
+    it reads (TopicContextCollator.for_model) with the run's training context."""
     spec = MODELS[name]
-    topics = topic_tok if spec["context"] != "none" else None
-    documents = TopicContextCollator(tok, topics, context=spec["context"], layout="documents")
+    family = CLASSES[spec["family"]]
+    documents = TopicContextCollator.for_model(family, tok, topic_tok, context=spec["context"], layout="documents")
     if spec.get("carry") or spec["family"] == "rgbn":
         return documents, documents
-    return documents, DocumentChunks(TopicContextCollator(tok, topics, context=spec["context"]))
+    return documents, DocumentChunks(TopicContextCollator.for_model(family, tok, topic_tok, context=spec["context"]))
 
 
 class OnDevice:
@@ -719,7 +720,7 @@ def table(report: dict, args) -> list[str]:
     else:
         lines.append("- Under **causal-carry**: needs `lstm-carry` and a topic model finished.")
     ranking = comp["ranking_paper"]
-    lines.append(f"- Ranking under **paper** here (chunk-trained models; GBN/rGBN-RNN trained on `preceding`): "
+    lines.append("- Ranking under **paper** here (chunk-trained models; GBN/rGBN-RNN trained on `preceding`): "
                  + (" < ".join(f"{f} {comp['ours_paper'][f]:.2f}" for f in ranking) or "-"))
     if args.corpus == "brown":
         lines.append("- Brown is compared with the papers' BNC column (Brown is the public stand-in for BNC).")

@@ -136,8 +136,9 @@ def build(name: str, args, tok, topic_tok):
 def make_collator(name: str, tok, topic_tok) -> TopicContextCollator:
     spec = MODELS[name]
     if spec["family"] == "lstm":
-        return TopicContextCollator(tok, None, context="none")
-    return TopicContextCollator(tok, topic_tok, context=spec["context"], sentence_prefix=spec["sentence_topics"])
+        return TopicContextCollator.for_model(LSTMLMForCausalLM, tok)
+    # NCLM reads the sentence prefix (used by the sentence-topic variants), with this run's training context
+    return TopicContextCollator.for_model(NCLMForCausalLM, tok, topic_tok, context=spec["context"])
 
 
 # ----------------------------------------------------------------------------------------------

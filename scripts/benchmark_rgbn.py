@@ -266,14 +266,14 @@ def main() -> None:
     train_docs = load_documents(DATA / "apnews" / "train.txt", max_documents=args.max_train_docs)
     valid_docs = load_documents(DATA / "apnews" / "valid.txt", max_documents=args.max_valid_docs)
     tok, topic_tok = build_vocabularies(train_docs, min_freq=args.min_freq, stopwords=DATA / "stopwords" / "mallet_en.txt")
-    documents = TopicContextCollator(tok, topic_tok, context="preceding", layout="documents")
+    documents = TopicContextCollator.for_model(RGBNRNNForCausalLM, tok, topic_tok)  # whole documents, "preceding"
     rows = documents.prepare(train_docs)
     chunks = sum(len(x) for x in rows["input_ids"])
     print(f"\n==== {time.strftime('%Y-%m-%d %H:%M:%S')} APNEWS train {len(train_docs)} docs ({chunks:,} chunks), valid "
           f"{len(valid_docs)} docs; V = {len(tok)}, V_c = {len(topic_tok)}; E = {args.embedding_size}, H = "
           f"{args.hidden_size} per layer, topics {args.topic_sizes}; {args.steps} steps of {args.batch_size} documents; "
           f"out: {out}; code: {code}", flush=True)
-    collators = {n: ChunksOfDocuments(TopicContextCollator(tok, None, context="none"))
+    collators = {n: ChunksOfDocuments(TopicContextCollator.for_model(LSTMLMForCausalLM, tok))
                  if MODELS[n]["family"] == "lstm" else documents for n in MODELS}
 
     reference = None

@@ -22,7 +22,7 @@ import torch
 
 from topic_lm_hf import LSTMLMConfig, LSTMLMForCausalLM, TopicContextCollator, build_vocabularies, load_documents
 from topic_lm_hf.benchmarking import add_common_arguments
-from topic_lm_hf.cli import shared_data_dir
+from topic_lm_hf.data import shared_data_dir
 
 
 def matmul_flops(seconds: float = 3.0) -> float:
@@ -68,7 +68,7 @@ def main() -> None:
     stop = str(data / "stopwords" / "mallet_en.txt") if data else "default"
     docs = load_documents(train_file)
     tok, _ = build_vocabularies(docs, min_freq=10, stopwords=stop)
-    collator = TopicContextCollator(tok, None, context="none", max_sentence_length=args.max_sentence_length)
+    collator = TopicContextCollator.for_model(LSTMLMForCausalLM, tok, max_sentence_length=args.max_sentence_length)
     rows = collator.prepare(docs).shuffle(seed=0)
     config = LSTMLMConfig(vocab_size=len(tok), embedding_size=args.embedding_size, hidden_size=args.hidden_size,
                           num_hidden_layers=args.num_layers, dropout=0.4)

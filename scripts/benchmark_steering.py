@@ -111,8 +111,7 @@ def run_variant(name, args, tok, topic_tok, train_docs, valid_docs, judge, fluen
     family, overrides, pretrain_steps, what = VARIANTS[name]
     out = Path(args.output_dir) / name
     model = build(name, args, tok, topic_tok)
-    collator = TopicContextCollator(tok, topic_tok if family != "lstm" else None,
-                                    context="others" if family != "lstm" else "none")
+    collator = TopicContextCollator.for_model(model, tok, topic_tok)  # the family's training context ("others")
     rows = collator.prepare(train_docs)
     result = {"variant": name, "family": family, "overrides": overrides, "pretrain_steps": pretrain_steps,
               "what": what, "parameters": sum(p.numel() for p in model.parameters())}
@@ -132,7 +131,7 @@ def run_variant(name, args, tok, topic_tok, train_docs, valid_docs, judge, fluen
         result["paper-mismatched"] = evaluate_perplexity(model, valid_docs, "paper", tokenizer=tok,
                                                          topic_tokenizer=topic_tok,
                                                          mismatched_context=True)["perplexity"]
-        valid_collator = TopicContextCollator(tok, topic_tok, context="others")
+        valid_collator = TopicContextCollator.for_model(model, tok, topic_tok, protocol="paper")
         result.update(proportion_statistics(model, valid_collator.prepare(valid_docs), valid_collator))
         if model.config.num_topics > 1:  # one topic: nothing to steer towards
             result["steering"] = steer(model, args, tok, topic_tok, judge, fluency())

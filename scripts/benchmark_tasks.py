@@ -93,8 +93,7 @@ def build(name: str, args, tok, topic_tok):
 
 
 def train_lm(name, model, train_docs, tok, topic_tok, args, out: Path) -> dict:
-    collator = TopicContextCollator(tok, topic_tok if name != "lstm" else None,
-                                    context="none" if name == "lstm" else "document")
+    collator = TopicContextCollator.for_model(model, tok, topic_tok, context="document")  # the LSTM: no context
     rows = collator.prepare(train_docs)
     extra = 0
     if name.startswith("nclm") and args.topic_model_steps:

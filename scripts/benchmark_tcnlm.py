@@ -38,7 +38,8 @@ from pathlib import Path
 import torch
 from transformers.utils import logging as hf_logging
 
-from topic_lm_hf import TopicContextCollator, build_vocabularies, evaluate_perplexity, load_documents
+from topic_lm_hf import (LSTMLMForCausalLM, TCNLMForCausalLM, TopicContextCollator, build_vocabularies,
+                         evaluate_perplexity, load_documents)
 from topic_lm_hf.benchmark_training import train_for_steps
 from topic_lm_hf.benchmarking import (DATA, PROTOCOLS, add_common_arguments, build_lstm, build_tcnlm,
                                       interleaved_step_times)
@@ -87,8 +88,8 @@ def main() -> None:
           f"V_c = {len(topic_tok)} (incl. <unk>)", flush=True)
 
     kinds = ["lstm", "naive_moe", "tcnlm"] if args.table6 else ["lstm", "tcnlm"]
-    collators = {kind: TopicContextCollator(tok, topic_tok if kind != "lstm" else None,
-                                            context="others" if kind != "lstm" else "none")
+    collators = {kind: TopicContextCollator.for_model(LSTMLMForCausalLM if kind == "lstm" else TCNLMForCausalLM, tok,
+                                                      topic_tok)  # TCNLM's training context: "others"
                  for kind in kinds}
     rows = {kind: collators[kind].prepare(train_docs) for kind in kinds}
     models, results = {}, {}

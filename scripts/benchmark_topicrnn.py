@@ -96,8 +96,8 @@ def language_modelling(args) -> list[dict]:
         reference = load_reference_corpus(args.reference, max_documents=args.reference_max_documents)
         log(f"NPMI reference: {reference!r}")
 
-    lm_collator = TopicContextCollator(tok, None, context="none")
-    topic_collator = TopicContextCollator(tok, topic_tok, context=args.context)
+    lm_collator = TopicContextCollator.for_model(LSTMLMForCausalLM, tok)
+    topic_collator = TopicContextCollator.for_model(TopicRNNForCausalLM, tok, topic_tok, context=args.context)
     lm_rows = lm_collator.prepare(train_docs)
     topic_rows = topic_collator.prepare(train_docs)
     specs = [("LSTM (baseline)", None, {})] + [(NAMES[c], c, {}) for c in args.cells]
@@ -198,10 +198,10 @@ def sentiment(args) -> list[dict]:
     results.append({"method": "bag-of-words logistic regression", "features": f"{bow['features']:,} "
                     f"({bow['settings']})", "accuracy": bow["accuracy"]})
 
-    doc_collator = TopicContextCollator(tok, topic_tok, context="document", layout="sequence",
-                                        max_document_length=args.max_length, label_column="label")
+    doc_collator = TopicContextCollator.for_model(TopicRNNForCausalLM, tok, topic_tok, protocol="document",
+                                                  max_document_length=args.max_length, label_column="label")
     train_doc_rows, test_doc_rows = doc_collator.prepare(train_docs), doc_collator.prepare(test_docs)
-    collator = TopicContextCollator(tok, topic_tok, context=args.imdb_context)
+    collator = TopicContextCollator.for_model(TopicRNNForCausalLM, tok, topic_tok, context=args.imdb_context)
     lm_docs = train_docs.select(range(min(args.imdb_lm_docs, len(train_docs))))
     rows = collator.prepare(lm_docs)
     for kl_weight in args.imdb_kl_weights:

@@ -92,7 +92,7 @@ def test_for_model_takes_a_training_context_and_refuses_one_elsewhere(apnews):
     assert TopicContextCollator.for_model(tcnlm, tok, topic_tok, max_sentence_length=7).max_sentence_length == 7
     with pytest.raises(ValueError, match="protocol must be one of"):
         TopicContextCollator.for_model(tcnlm, tok, topic_tok, protocol="causal-window")
-    with pytest.raises(ValueError, match="chooses the training context"):
+    with pytest.raises(ValueError, match="choose the training batches"):
         TopicContextCollator.for_model(tcnlm, tok, topic_tok, protocol="paper", context="preceding")
 
 
@@ -150,5 +150,8 @@ def test_the_layout_rules_hold():
         assert not [m for m in _imports(config_file) if "modeling" in m], f"{config_file.name} must be a leaf"
     assert not [m for m in _imports(PACKAGE / "demo.py") if m.endswith("cli")], "demo.py must not import cli.py"
     assert not (PACKAGE / "models" / "modeling_common.py").exists()
+    assert not [p.name for p in (ROOT / "scripts").glob("*.py") if "sys.path" in p.read_text()]
+    assert not [p.name for p in (ROOT / "scripts").glob("*.py")
+                if any(m.startswith("benchmark_") for m in _imports(p))], "scripts import the shared module only"
     for flat in (PACKAGE / "models").glob("*.py"):
         assert len(flat.read_text().splitlines()) <= 1200, flat.name

@@ -127,7 +127,7 @@ class TopicContextCollator:
 
     @classmethod
     def for_model(cls, model, tokenizer, topic_tokenizer=None, protocol: str = "train", context: str | None = None,
-                  **kwargs) -> "TopicContextCollator":
+                  layout: str | None = None, **kwargs) -> "TopicContextCollator":
         """The collator that builds ``model``'s batches, from what the model declares it reads
         (``conditioning_inputs``, ``training_context``, ``reads_sentence_prefix``, ``reads_documents``).
 
@@ -148,6 +148,8 @@ class TopicContextCollator:
                   classification, retrieval, ``document_representation``).
             context: another context mode for ``"train"`` (``--context`` of ``topic-lm train``); a model
                 without a bag-of-words input always gets ``"none"``.
+            layout: ``"documents"`` for ``"train"`` gives whole documents also to a model that reads sentence
+                chunks (a benchmark that streams the same documents to every model cuts them into chunks).
             kwargs: the other fields (``max_sentence_length``, ``max_context_tokens``, ``label_column``, ...).
 
         A model reading whole documents (rGBN-RNN) gets documents batches under every protocol but
@@ -155,9 +157,11 @@ class TopicContextCollator:
         """
         if protocol != "train" and protocol not in PROTOCOL_BATCHES:
             raise ValueError(f"protocol must be one of {['train', *PROTOCOL_BATCHES]}, got {protocol!r}")
-        if context is not None and protocol != "train":
-            raise ValueError(f"context= chooses the training context (protocol='train'); protocol={protocol!r} "
-                             "fixes its own")
+        if (context is not None or layout is not None) and protocol != "train":
+            raise ValueError(f"context= and layout= choose the training batches (protocol='train'); "
+                             f"protocol={protocol!r} fixes its own")
+        if layout not in (None, "sentences", "documents"):
+            raise ValueError(f"layout must be 'sentences' or 'documents' for the training batches, got {layout!r}")
         reads_context = "context_bow" in getattr(model, "conditioning_inputs", ())
         reads_documents = bool(getattr(model, "reads_documents", False))
         if protocol == "train":
@@ -170,7 +174,7 @@ class TopicContextCollator:
         if protocol == "document":
             layout, prefix = "sequence", False
         else:
-            layout = "documents" if whole_documents else "sentences"
+            layout = layout or ("documents" if whole_documents else "sentences")
             prefix = bool(getattr(model, "reads_sentence_prefix", False))
         # A topic model keeps its topic vocabulary also without a context (the sliding window maps words to it).
         return cls(tokenizer, topic_tokenizer if (reads_context or prefix) else None, context=mode, layout=layout,

@@ -29,7 +29,7 @@ from .trainer import TopicLMTrainer
 # The demo's models: small enough to learn something in about a minute of CPU each. TCNLM's topics
 # reach the LM through the paper's topic-compositional LSTM and, in addition, the product of experts
 # with the topic model (topic_output_bias="beta"; not in the paper): in scripts/benchmark_steering.py
-# the paper's TCNLM did not steer at CPU budgets, this did (README, "Do the topics steer?").
+# the paper's TCNLM did not steer at CPU budgets, this did (results/README.md, "Do the topics steer?").
 SIZES = dict(embedding_size=128, hidden_size=128, dropout=0.2)
 TCNLM_OPTIONS = dict(num_topics=20, kl_annealing_steps=100, topic_output_bias="beta",
                      topic_prior_weight_init=1.0)
@@ -139,7 +139,7 @@ def run_demo(args: DemoArguments) -> None:
     source = f"{source}; the first {len(valid_docs)} validation documents evaluated"
     synthetic = "SYNTHETIC" in source
     # Words seen at least 25 times (APNEWS: 2,360 instead of 4,926 at the papers' 10): half the softmax cost
-    # per step, so twice the steps in the budget. Perplexities are therefore not comparable with the README's.
+    # per step, so twice the steps in the budget. Perplexities are therefore not comparable with results/README.md.
     tok, topic_tok = data_lib.build_vocabularies(train_docs, min_freq=1 if synthetic else DEMO_MIN_FREQ,
                                                  stopwords=stopwords)
     print(f"       {source}; LM vocabulary "
@@ -251,5 +251,5 @@ def run_demo(args: DemoArguments) -> None:
     print(f"| TCNLM | paper, another document's context (ablation) | another chunk's | {ablation:.2f} |")
     print(f"\n       ({done(start)}) both models trained {steps['TCNLM']} steps ({args.train_seconds:.0f} s budget); "
           f"{source}; vocabulary of words seen >= {1 if synthetic else DEMO_MIN_FREQ} times, so these perplexities "
-          "are not comparable with the README's tables")
+          "are not comparable with the tables of results/README.md")
     print(f"\n[demo] finished in {time.perf_counter() - t0:.0f} s")

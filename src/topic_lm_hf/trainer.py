@@ -128,7 +128,8 @@ def check_documents_batch(batch) -> None:
         shape = tuple(ids.shape) if isinstance(ids, torch.Tensor) else None
         raise ValueError(f"carry_state needs documents batches (input_ids (b, c, l) and chunk_mask (b, c)), got "
                          f"input_ids of shape {shape}{' without chunk_mask' if 'chunk_mask' not in batch else ''}: "
-                         "build the collator with TopicContextCollator(..., layout='documents', context='preceding')")
+                         "build the collator with TopicContextCollator.for_model(model, tok, topic_tok, "
+                         "protocol='train-carry')")
     if batch.get("labels") is None or batch.get("attention_mask") is None:
         raise ValueError("carry_state needs labels and attention_mask in a documents batch")
     chunk_mask = batch["chunk_mask"].bool()
