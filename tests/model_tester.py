@@ -184,7 +184,8 @@ def _topic_rnn(cell):
 def _rgbn(recurrent):
     return Family(RGBNRNNConfig, RGBNRNNForCausalLM, RGBNRNNModel, dict(recurrent=recurrent, **RGBN),
                   state_size=4 * 3, conditions=RGBN_CONDITIONS, reads=("context_bow",), tie=RGBN_TIE,
-                  exact_round_trip=("chunks", "documents"), stochastic_prior=True, documents_layout=True)
+                  exact_round_trip=("chunks", "documents"), stochastic_prior=True, documents_layout=True,
+                  new_tokens=8)
 
 
 FAMILIES = {
