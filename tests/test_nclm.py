@@ -1,8 +1,8 @@
 """NCLM: the maths against a literal per-position reference, causality as a property (and the leaky
-replication modes failing it), ETR's selection and gradients, generation with every conditioning
-source, the Auto classes and remote code, Trainer phases and a short real-data training run."""
+replication modes failing it), ETR's selection and gradients, how generation encodes its conditioning,
+document features, Trainer phases and a short real-data training run. The contract of every family (save /
+load, padding, state equivalence, cached generation, remote code) is checked in test_model_contract.py."""
 
-import json
 import math
 import random
 
@@ -13,7 +13,6 @@ from transformers import AutoModelForCausalLM, TrainingArguments
 from topic_lm_hf import (NCLMConfig, NCLMForCausalLM, TopicContextCollator, TopicLMTrainer, evaluate_perplexity,
                          save_vocabularies)
 
-from conftest import run_without_package
 from reference_nclm import reference_logits
 
 VARIANTS = [("lta", False), ("eta", False), ("leta", False), ("lta", True), ("eta", True), ("leta", True)]
@@ -218,24 +217,18 @@ def test_evaluate_perplexity_refuses_to_call_a_leaky_model_causal(apnews):
     assert evaluate_perplexity(make(apnews, "leta", True), docs, "causal", **kw)["leaky_modes"] == []
 
 
-def test_causal_perplexity_is_the_same_with_the_prefix_bag_or_the_carried_state(apnews):
-    """SDT's sentence prefix reaches a chunk either from sentence_prefix_bow (causal, state reset) or
-    through the carried state (causal-carry): the sentence topics agree, so with the LSTM state
-    zeroed in both... here we check the cheaper identity: one pass over a long sentence equals the
-    same sentence in two chunks continued by the state (cached SDT == full-sequence SDT)."""
+def test_the_sentence_prefix_bag_stands_for_the_carried_state(apnews):
+    """SDT's sentence prefix reaches a chunk either from sentence_prefix_bow (causal, state reset) or through
+    the carried state (causal-carry): the sentence topics agree. (That the carried state continues a sentence
+    exactly, chunk after chunk, is the state equivalence of test_model_contract.py.)"""
     model = make(apnews, "leta", True)
     ids = apnews["tok"](["the court said the police arrested the man in the city after the election of the "
                          "president and the senate"], return_tensors="pt")["input_ids"]
     bow = torch.zeros(1, len(apnews["topic_tok"]))
     bow[0, 5:40] = 1
+    k = 7
     with torch.no_grad():
-        full = model(input_ids=ids, context_bow=bow, use_cache=True)
-        k = 7
         first = model(input_ids=ids[:, :k], context_bow=bow, use_cache=True)
-        second = model(input_ids=ids[:, k:], context_bow=bow, state=first.state, use_cache=True)
-    torch.testing.assert_close(torch.cat([first.logits, second.logits], 1), full.logits, rtol=1e-5, atol=1e-5)
-    for a, b in zip(second.state, full.state):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
     # the prefix bag of words instead of the state (the LSTM state aside): the sentence part agrees
     prefix = torch.zeros(1, len(apnews["topic_tok"]))
     lm_to_topic = {lm: t for t, lm in enumerate(model.config.topic_word_ids) if lm >= 0}
@@ -390,42 +383,13 @@ def test_a_continuation_chunk_without_its_sentence_prefix_is_a_clear_error_in_tr
 # ----------------------------------------------------------------------------------------------
 
 
-CONDITIONS = {"context_bow": lambda V_c: {"context_bow": torch.cat([torch.zeros(2, 5), torch.ones(2, V_c - 5)], 1)
-                                          * (torch.rand(2, V_c) < 0.02)},
-              "topic_ids": lambda V_c: {"topic_ids": [[3], [1, 4]]},
-              "topic_mixture": lambda V_c: {"topic_mixture": torch.tensor([[0.1, 0.2, 0.3, 0.4, 0.0]] * 2)},
-              "prior": lambda V_c: {}}
-
-
-@pytest.mark.parametrize("variant, sdt", [("lta", False), ("leta", True), ("eta", True)], ids=["lta", "leta+sdt",
-                                                                                              "eta+sdt"])
-@pytest.mark.parametrize("condition", list(CONDITIONS))
-def test_cached_equals_uncached_greedy_and_beam_and_batch_equals_one_by_one(apnews, variant, sdt, condition):
-    model = make(apnews, variant, sdt)
-    tok = apnews["tok"]
-    tok.padding_side = "left"
-    prompts = ["the senate said", "police in the city"]
-    batch = tok(prompts, return_tensors="pt", padding=True)
-    torch.manual_seed(1)
-    cond = CONDITIONS[condition](model.config.topic_vocab_size)
-    for kwargs in (dict(do_sample=False), dict(num_beams=3, num_return_sequences=2, do_sample=False)):
-        cached = model.generate(**batch, max_new_tokens=6, min_new_tokens=6, **cond, **kwargs)
-        uncached = model.generate(**batch, max_new_tokens=6, min_new_tokens=6, use_cache=False, **cond, **kwargs)
-        assert torch.equal(cached, uncached)
-        n = kwargs.get("num_return_sequences", 1)
-        for i, prompt in enumerate(prompts):
-            row = {k: (v[i:i + 1] if isinstance(v, torch.Tensor) else v[i:i + 1]) for k, v in cond.items()}
-            single = model.generate(**tok([prompt], return_tensors="pt"), max_new_tokens=6, min_new_tokens=6, **row,
-                                    **kwargs)
-            assert torch.equal(cached[i * n:(i + 1) * n, -6:], single[:, -6:])
-
-
 def test_context_is_encoded_once_and_topic_ids_are_the_equal_mixture(apnews, monkeypatch):
     model = make(apnews, "leta", True)
     calls = []
     original = model.model.document_topics
     monkeypatch.setattr(model.model, "document_topics", lambda *a, **k: calls.append(1) or original(*a, **k))
-    bow = CONDITIONS["context_bow"](model.config.topic_vocab_size)["context_bow"][:1]
+    V_c = model.config.topic_vocab_size
+    bow = torch.cat([torch.zeros(1, 5), torch.ones(1, V_c - 5)], 1) * (torch.rand(1, V_c) < 0.02)
     model.generate(**apnews["tok"](["the court"], return_tensors="pt"), context_bow=bow, max_new_tokens=5,
                    num_beams=2)
     assert calls == [1]
@@ -454,46 +418,8 @@ def test_bad_conditioning_is_a_clear_error(apnews):
 
 
 # ----------------------------------------------------------------------------------------------
-# Hugging Face: Auto classes, safetensors, remote code, features
+# document features
 # ----------------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("variant, sdt", [("lta", False), ("leta", True)], ids=["lta", "leta+sdt"])
-def test_auto_round_trip_gives_identical_logits_and_safetensors(apnews, tmp_path, variant, sdt):
-    model = make(apnews, variant, sdt)
-    _, batch = chunk_batch(apnews, rows=list(range(6)))
-    inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "context_bow", "sentence_prefix_bow")}
-    model.save_pretrained(tmp_path)
-    assert (tmp_path / "model.safetensors").exists()
-    assert json.loads((tmp_path / "config.json").read_text())["model_type"] == "nclm"
-    loaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
-    assert type(loaded) is NCLMForCausalLM
-    with torch.no_grad():
-        assert torch.equal(loaded(**inputs).logits, model(**inputs).logits)
-
-
-def test_saved_folder_loads_with_remote_code_in_a_process_without_the_package(apnews, tmp_path):
-    from topic_lm_hf.hub import save_for_hub
-
-    model = make(apnews, "leta", True)
-    save_for_hub(model, tmp_path / "repo", apnews["tok"], apnews["topic_tok"])
-    auto_map = json.loads((tmp_path / "repo" / "config.json").read_text())["auto_map"]
-    assert auto_map["AutoModelForCausalLM"] == "modeling_nclm.NCLMForCausalLM"
-    ids = apnews["tok"](["the senate said"], return_tensors="pt")["input_ids"]
-    with torch.no_grad():
-        expected = model(input_ids=ids, topic_ids=[2]).logits[0, -1, :5].tolist()
-    result = run_without_package(f"""
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-        path = {str(tmp_path / 'repo')!r}
-        model = AutoModelForCausalLM.from_pretrained(path, trust_remote_code=True).eval()
-        ids = AutoTokenizer.from_pretrained(path, trust_remote_code=True)(["the senate said"], return_tensors="pt")["input_ids"]
-        out = model.generate(topic_ids=[3, 1], max_new_tokens=3, min_new_tokens=3)
-        print(json.dumps({{"cls": type(model).__module__, "logits": model(input_ids=ids, topic_ids=[2]).logits[0, -1, :5].tolist(),
-                          "generated": out.shape[1], "topics": model.get_topics(top_n=3)}}))
-    """, tmp_path)
-    assert result["cls"].startswith("transformers_modules")
-    assert torch.allclose(torch.tensor(result["logits"]), torch.tensor(expected), atol=1e-6)
-    assert result["generated"] == 4 and len(result["topics"]) == 5 and len(result["topics"][0]) == 3
 
 
 def test_document_representation_is_last_output_and_document_topics(apnews):

@@ -1,13 +1,14 @@
 """GBN-RNN / rGBN-RNN: the Weibull/gamma maths against Monte Carlo, the count augmentation's samplers against
 exact moments and conservation laws, TLASGR-MCMC on the simplex and recovering known Phi and Pi, the sentence
-recurrence against sentence-by-sentence runs, generation from any layer, the Auto classes, Trainer with a
-resumed sampler, and a short real-data run (rgbn.md §9)."""
+recurrence against sentence-by-sentence runs, topics of any layer steering generation, Trainer with a resumed
+sampler, and a short real-data run (rgbn.md §9). The contract of every family (save / load, padding, state
+equivalence, cached generation, remote code) is checked on GBN-RNN and rGBN-RNN in test_model_contract.py."""
 
 import math
 
 import pytest
 import torch
-from transformers import AutoModel, AutoModelForCausalLM, TrainerCallback, TrainingArguments
+from transformers import AutoModelForCausalLM, TrainerCallback, TrainingArguments
 
 from topic_lm_hf import (RGBNRNNConfig, RGBNRNNForCausalLM, RGBNRNNModel, TopicContextCollator, TopicLMTrainer,
                          evaluate_perplexity)
@@ -400,28 +401,6 @@ def test_bad_inputs_are_clear_errors(apnews):
 # ----------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("conditioning", [dict(topic_ids=[2], topic_layer=3), dict(topic_ids=[[1], [5]], topic_layer=1),
-                                          dict(topic_ids=[0, 3], topic_layer=2, topic_mode="chain"), {}, "bow"])
-def test_cached_generation_equals_uncached(apnews, conditioning):
-    model = make(apnews)
-    if conditioning == "bow":
-        conditioning = {"context_bow": documents_batch(apnews, docs=(0,))[1]["context_bow"][0, 2:4]}
-    outs = []
-    for use_cache in (True, False):
-        torch.manual_seed(11)
-        outs.append(model.generate(max_new_tokens=8, do_sample=True, use_cache=use_cache, **conditioning))
-    assert torch.equal(outs[0], outs[1])
-    assert outs[0].shape[1] > 1 and (outs[0][:, 0] == model.config.bos_token_id).all()
-
-
-def test_beam_search_with_a_prompt_and_several_return_sequences(apnews):
-    model = make(apnews)
-    prompt = apnews["tok"](["police said the"], return_tensors="pt")
-    outs = [model.generate(**prompt, topic_ids=[1], topic_layer=2, num_beams=3, num_return_sequences=2,
-                           max_new_tokens=5, min_new_tokens=5, use_cache=use_cache) for use_cache in (True, False)]
-    assert outs[0].shape == (2, prompt["input_ids"].shape[1] + 5) and torch.equal(outs[0], outs[1])
-
-
 def test_topics_of_any_layer_steer_the_next_word(apnews):
     model = make(apnews)
     bos = torch.tensor([[model.config.bos_token_id]])
@@ -524,24 +503,6 @@ def test_gradient_alternative_learns_softmax_columns(apnews):
     assert torch.allclose(model.model.phi(2).sum(0), torch.ones(6))
 
 
-def test_auto_classes_save_and_load_round_trip(apnews, tmp_path):
-    model = make(apnews).train()
-    _, batch = documents_batch(apnews, split="train")
-    model(**batch).loss.backward()
-    model.tlasgr_step()
-    model.eval().save_pretrained(tmp_path)
-    loaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
-    assert type(loaded) is RGBNRNNForCausalLM and loaded.config.model_type == "rgbn_rnn"
-    for name, buffer in model.named_buffers():
-        assert torch.equal(buffer, dict(loaded.named_buffers())[name]), name
-    assert int(loaded.model.tlasgr_step_count) == 1 and loaded.model.phi_1.dtype == torch.float64
-    inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "context_bow", "chunk_mask", "sentence_index")}
-    with torch.no_grad():
-        assert torch.equal(model(**inputs).logits, loaded(**inputs).logits)
-    base = AutoModel.from_pretrained(tmp_path)
-    assert type(base) is RGBNRNNModel and torch.equal(base.pi_2, model.model.pi_2)
-
-
 class _StopAfter(TrainerCallback):
     def __init__(self, steps):
         self.steps = steps
@@ -631,26 +592,6 @@ def test_gradient_checkpointing_gives_the_same_gradients(apnews, monkeypatch):
     torch.testing.assert_close(loss_ckpt, loss)
     for name in grads:
         torch.testing.assert_close(grads_ckpt[name], grads[name], rtol=1e-4, atol=1e-6, msg=name)
-
-
-def test_remote_code_loads_without_the_package(apnews, tmp_path):
-    from conftest import run_without_package
-
-    model = make(apnews)
-    model.save_pretrained(tmp_path / "ckpt")
-    bos = model.config.bos_token_id
-    with torch.no_grad():
-        expected = model.generate(input_ids=torch.tensor([[bos]]), topic_ids=[1], topic_layer=2, max_new_tokens=5,
-                                  do_sample=False)[0].tolist()
-    got = run_without_package(f"""
-        import torch
-        from transformers import AutoModelForCausalLM
-        model = AutoModelForCausalLM.from_pretrained({str(tmp_path / 'ckpt')!r}, trust_remote_code=True).eval()
-        out = model.generate(input_ids=torch.tensor([[{bos}]]), topic_ids=[1], topic_layer=2, max_new_tokens=5,
-                             do_sample=False)
-        print(json.dumps({{"ids": out[0].tolist(), "cls": type(model).__module__}}))
-    """, tmp_path)
-    assert got["ids"] == expected and "transformers_modules" in got["cls"]
 
 
 @pytest.mark.parametrize("size, topics, hidden", [("small", [50, 30, 20], [256, 192, 128]),

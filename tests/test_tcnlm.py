@@ -1,5 +1,6 @@
-"""TCNLM: the maths against literal references, the ELBO on a hand-checkable case, generation with
-every conditioning source, the Auto classes, and a short real-data training run."""
+"""TCNLM: the maths against literal references, the ELBO on a hand-checkable case, how generation resolves
+each conditioning source, the options, and a short real-data training run. The contract of every family (save /
+load, padding, state equivalence, cached generation, remote code) is checked in test_model_contract.py."""
 
 import json
 import math
@@ -14,7 +15,6 @@ from topic_lm_hf import (TopicContextCollator, TopicLMTrainer, build_vocabularie
 from topic_lm_hf.models.configuration_tcnlm import TCNLMConfig
 from topic_lm_hf.models.modeling_tcnlm import TCNLMForCausalLM, TCNLMLSTMLayer, TCNLMModel
 
-from conftest import run_without_package
 from reference_tcnlm import explicit_weight_lstm_layer, naive_moe_probs, naive_tc_lstm_layer
 
 # The package __init__ registers these; registering here too keeps this file independent of that.
@@ -136,37 +136,6 @@ def test_one_hot_topic_uses_only_that_topics_factors():
         layer.U_b[:, [0, 2]] = -9.0
         again, _ = layer(x, onehot)
     torch.testing.assert_close(out, again)
-
-
-@pytest.mark.parametrize("lm_type", ["tcnlm", "naive_moe"])
-def test_left_padded_rows_equal_unpadded_rows(vocab, lm_type):
-    tok, topic_tok = vocab
-    model = small_model(len(tok), len(topic_tok), lm_type)
-    randomize_(model.model.layers if lm_type == "tcnlm" else model.model.experts, 0.3)
-    prompts = ["the senate said the bill", "police", "a storm in the coast"]
-    bow = random_bow(3, len(topic_tok))
-    batch = tok(prompts, return_tensors="pt", padding=True)
-    both = model(**batch, context_bow=bow, use_cache=True)
-    for i, prompt in enumerate(prompts):
-        alone = model(**tok([prompt], return_tensors="pt"), context_bow=bow[i:i + 1], use_cache=True)
-        n = alone.logits.shape[1]
-        torch.testing.assert_close(both.logits[i, -n:], alone.logits[0], **F32)
-        for a, b in zip(both.state, alone.state):
-            torch.testing.assert_close(a[i], b[0], **F32)
-
-
-@pytest.mark.parametrize("lm_type", ["tcnlm", "naive_moe"])
-def test_right_padding_training_path_matches_unpadded(vocab, lm_type):
-    tok, topic_tok = vocab
-    model = small_model(len(tok), len(topic_tok), lm_type)
-    tok.padding_side = "right"
-    batch = tok(["the senate said the bill", "police said"], return_tensors="pt", padding=True)
-    tok.padding_side = "left"
-    mix = torch.softmax(torch.randn(2, 6), -1)
-    padded = model(**batch, topic_mixture=mix, use_cache=False)  # no state: per-step masking skipped
-    alone = model(**tok(["police said"], return_tensors="pt"), topic_mixture=mix[1:], use_cache=False)
-    n = alone.logits.shape[1]
-    torch.testing.assert_close(padded.logits[1, :n], alone.logits[0], **F32)
 
 
 def test_naive_moe_equals_explicit_mixture_of_expert_softmaxes(vocab):
@@ -322,50 +291,8 @@ def test_every_parameter_gets_a_gradient_and_the_lm_loss_reaches_the_encoder(voc
 
 
 # ----------------------------------------------------------------------------------------------
-# state, save / load
+# remote code (the round trip, state, padding, generation and remote code of every family: test_model_contract)
 # ----------------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("lm_type", ["tcnlm", "naive_moe"])
-def test_running_in_two_chunks_with_the_state_equals_one_pass(vocab, lm_type):
-    tok, topic_tok = vocab
-    model = small_model(len(tok), len(topic_tok), lm_type)
-    ids = tok(["the senate said the company will vote on monday"], return_tensors="pt")["input_ids"]
-    bow = random_bow(1, len(topic_tok))
-    full = model(input_ids=ids, context_bow=bow, use_cache=True)
-    first = model(input_ids=ids[:, :4], context_bow=bow, use_cache=True)
-    rest = model(input_ids=ids[:, 4:], state=first.state, context_bow=bow, use_cache=True)
-    torch.testing.assert_close(torch.cat([first.logits, rest.logits], 1), full.logits, **F32)
-    for a, b in zip(rest.state, full.state):
-        torch.testing.assert_close(a, b, **F32)
-
-
-@pytest.mark.parametrize("lm_type", ["tcnlm", "naive_moe"])
-def test_save_auto_load_gives_identical_logits_and_safetensors(tmp_path, vocab, lm_type):
-    tok, topic_tok = vocab
-    model = small_model(len(tok), len(topic_tok), lm_type)
-    batch = tok(["the senate said", "police"], return_tensors="pt", padding=True)
-    bow = random_bow(2, len(topic_tok))
-    model.save_pretrained(tmp_path)
-    assert (tmp_path / "model.safetensors").exists() and not list(tmp_path.glob("*.bin"))
-    loaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
-    assert type(loaded) is TCNLMForCausalLM and loaded.config.lm_type == lm_type
-    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), loaded.state_dict().values()))
-    torch.testing.assert_close(model(**batch, context_bow=bow).logits, loaded(**batch, context_bow=bow).logits,
-                               rtol=1e-5, atol=1e-7)
-    base = AutoModel.from_pretrained(tmp_path).eval()
-    assert type(base) is TCNLMModel
-    torch.testing.assert_close(base(**batch, context_bow=bow).last_hidden_state,
-                               model.model(**batch, context_bow=bow).last_hidden_state, rtol=1e-5, atol=1e-7)
-
-
-def test_tied_embeddings_store_one_matrix(tmp_path, vocab):
-    tok, topic_tok = vocab
-    model = small_model(len(tok), len(topic_tok), tie_word_embeddings=True)
-    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
-    model.save_pretrained(tmp_path)
-    loaded = AutoModelForCausalLM.from_pretrained(tmp_path)
-    assert loaded.lm_head.weight.data_ptr() == loaded.model.embed_tokens.weight.data_ptr()
 
 
 def test_model_file_is_flat_remote_code():
@@ -380,44 +307,6 @@ def test_model_file_is_flat_remote_code():
 # ----------------------------------------------------------------------------------------------
 # generation
 # ----------------------------------------------------------------------------------------------
-
-CONDITIONS = {
-    "topic_ids": lambda n_topics, n_words: {"topic_ids": [3, 1]},
-    "topic_mixture": lambda n_topics, n_words: {"topic_mixture": torch.softmax(torch.arange(n_topics) * 0.7, -1)},
-    "context_bow": lambda n_topics, n_words: {"context_bow": random_bow(1, n_words)},
-    "prior": lambda n_topics, n_words: {},
-}
-
-
-@pytest.mark.parametrize("condition", list(CONDITIONS))
-@pytest.mark.parametrize("kwargs", [dict(do_sample=False), dict(num_beams=3, num_return_sequences=2, do_sample=False)],
-                         ids=["greedy", "beam-nrs"])
-def test_cached_equals_uncached_and_batch_equals_one_by_one(vocab, condition, kwargs):
-    tok, topic_tok = vocab
-    model = small_model(len(tok), len(topic_tok))
-    randomize_(model.model.layers, 0.4)
-    cond = CONDITIONS[condition](6, len(topic_tok))
-    prompts = ["the senate said", "police", "a storm in the coast is"]
-    batch = tok(prompts, return_tensors="pt", padding=True)
-    cached = model.generate(**batch, max_new_tokens=6, min_new_tokens=6, **cond, **kwargs)
-    uncached = model.generate(**batch, max_new_tokens=6, min_new_tokens=6, use_cache=False, **cond, **kwargs)
-    assert torch.equal(cached, uncached)
-    n = kwargs.get("num_return_sequences", 1)
-    for i, prompt in enumerate(prompts):
-        single = model.generate(**tok([prompt], return_tensors="pt"), max_new_tokens=6, min_new_tokens=6, **cond,
-                                **kwargs)
-        assert torch.equal(cached[i * n:(i + 1) * n, -6:], single[:, -6:])
-
-
-def test_naive_moe_generates_cached_equals_uncached(vocab):
-    tok, topic_tok = vocab
-    model = small_model(len(tok), len(topic_tok), "naive_moe", layers=1)
-    batch = tok(["the senate said", "police"], return_tensors="pt", padding=True)
-    for cond in ({"topic_ids": [2]}, {"context_bow": random_bow(2, len(topic_tok))}):
-        cached = model.generate(**batch, max_new_tokens=5, min_new_tokens=5, num_beams=2, **cond)
-        uncached = model.generate(**batch, max_new_tokens=5, min_new_tokens=5, num_beams=2, use_cache=False, **cond)
-        assert torch.equal(cached, uncached)
-
 
 def test_context_bow_is_inferred_once_and_reused(vocab, monkeypatch):
     tok, topic_tok = vocab
@@ -495,34 +384,6 @@ def test_bad_topic_inputs_are_clear_errors(vocab):
         model.generate(**prompt, topic_idz=[1], max_new_tokens=2)
     with pytest.raises(ValueError, match="input_ids must be in"):
         model(input_ids=torch.tensor([[2, len(tok) + 5]]))
-
-
-# ----------------------------------------------------------------------------------------------
-# remote code
-# ----------------------------------------------------------------------------------------------
-
-
-def test_saved_folder_loads_with_remote_code_in_a_process_without_the_package(tmp_path, vocab):
-    from topic_lm_hf.hub import save_for_hub
-
-    tok, topic_tok = vocab
-    model = small_model(len(tok), len(topic_tok))
-    save_for_hub(model, tmp_path / "repo", tok, topic_tok)
-    auto_map = json.loads((tmp_path / "repo" / "config.json").read_text())["auto_map"]
-    assert auto_map["AutoModelForCausalLM"] == "modeling_tcnlm.TCNLMForCausalLM"
-    ids = tok(["the senate said"], return_tensors="pt")["input_ids"]
-    expected = model(input_ids=ids, topic_ids=[2]).logits[0, -1, :5].tolist()
-    result = run_without_package(f"""
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-        model = AutoModelForCausalLM.from_pretrained({str(tmp_path / 'repo')!r}, trust_remote_code=True).eval()
-        ids = AutoTokenizer.from_pretrained({str(tmp_path / 'repo')!r}, trust_remote_code=True)(["the senate said"], return_tensors="pt")["input_ids"]
-        out = model.generate(topic_ids=[3, 1], max_new_tokens=3, min_new_tokens=3)
-        print(json.dumps({{"cls": type(model).__module__, "logits": model(input_ids=ids, topic_ids=[2]).logits[0, -1, :5].tolist(),
-                          "generated": out.shape[1], "topics": model.get_topics(top_n=3)}}))
-    """, tmp_path)
-    assert result["cls"].startswith("transformers_modules")
-    assert torch.allclose(torch.tensor(result["logits"]), torch.tensor(expected), atol=1e-6)
-    assert result["generated"] == 4 and len(result["topics"]) == 6 and len(result["topics"][0]) == 3
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,19 +1,19 @@
-"""TopicRNN / TopicLSTM / TopicGRU: the paper's model, the pitfalls of public ports, HF integration."""
+"""TopicRNN / TopicLSTM / TopicGRU: the paper's model, the pitfalls of public ports, generation's conditioning, the
+classifier. The contract of every family (save / load, padding, state, cached generation, remote code) is checked in
+test_model_contract.py."""
 
 import functools
-import json
 import math
 
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from safetensors.torch import load_file
 from transformers import (AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification,
                           TrainingArguments)
 
 import reference_topic_rnn as ref
-from conftest import DATA, requires_data, run_without_package
+from conftest import DATA, requires_data
 from topic_lm_hf import TopicContextCollator, TopicLMTrainer, build_vocabularies, documents_from_lists
 from topic_lm_hf.tasks.classification import (FeatureCollator, add_document_features, bow_logistic_regression,
                                               classification_accuracy, load_imdb_splits, majority_accuracy,
@@ -330,70 +330,9 @@ def test_get_topics_are_columns_of_B_over_topic_words(toy):
 
 
 # ----------------------------------------------------------------------------------------------
-# Hugging Face integration
+# generation's conditioning, perplexity protocols (save / load, state, padding, cached generation and
+# remote code of every family: test_model_contract.py)
 # ----------------------------------------------------------------------------------------------
-
-
-@param("cell", CELLS)
-def test_save_load_through_auto_classes(toy, tmp_path, cell):
-    tok, topic_tok = toy
-    model = tiny_model(tok, topic_tok, cell).eval()
-    model.save_pretrained(tmp_path)
-    tok.save_pretrained(tmp_path)
-    topic_tok.save_pretrained(tmp_path / "topic_tokenizer")
-    assert (tmp_path / "model.safetensors").exists() and not list(tmp_path.glob("*.bin"))
-    saved = load_file(tmp_path / "model.safetensors")
-    assert {"topic_head.weight", "stop_head.weight", "model.inference_net.mean.weight"} <= set(saved)
-    loaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
-    assert type(loaded) is TopicRNNForCausalLM and loaded.config.cell == cell
-    batch = sentence_batch(tok, topic_tok)
-    kw = dict(attention_mask=batch["attention_mask"], context_bow=batch["context_bow"])
-    # Equal up to float rounding: safetensors tensors are memory-mapped at other alignments, so BLAS
-    # may take another SIMD path (seen on GRU weights: 5e-7).
-    torch.testing.assert_close(model(batch["input_ids"], **kw).logits, loaded(batch["input_ids"], **kw).logits,
-                               rtol=0, atol=1e-5)
-    assert loaded.get_topics(top_n=3) == model.get_topics(top_n=3, topic_tokenizer=topic_tok)
-    body = AutoModel.from_pretrained(tmp_path)
-    assert type(body) is TopicRNNModel
-    assert torch.equal(body.rnn.weight_hh_l0, model.model.rnn.weight_hh_l0)
-    # A sequence classifier from the LM folder gets the LM's body (base_model_prefix="model").
-    clf = AutoModelForSequenceClassification.from_pretrained(tmp_path, num_labels=2)
-    assert type(clf) is TopicRNNForSequenceClassification
-    for (name, p), (_, q) in zip(clf.model.named_parameters(), model.model.named_parameters()):
-        assert torch.equal(p, q), name
-        assert not p.requires_grad, name  # frozen features by default (the paper's recipe)
-    assert torch.allclose(clf.model.document_representation(batch), model.document_representation(batch))
-
-
-@param("cell", CELLS)
-def test_state_chunk_equivalence(toy, cell):
-    tok, topic_tok = toy
-    model = tiny_model(tok, topic_tok, cell).eval()
-    batch = sentence_batch(tok, topic_tok, docs=[CORPUS[0]])
-    ids, bow = batch["input_ids"][:1], batch["context_bow"][:1]
-    full = model(ids, context_bow=bow, use_cache=True)
-    first = model(ids[:, :3], context_bow=bow, use_cache=True)
-    rest = model(ids[:, 3:], context_bow=bow, state=first.state, use_cache=True)
-    assert torch.allclose(torch.cat([first.logits, rest.logits], 1), full.logits, atol=1e-5)
-    for a, b in zip(rest.state, full.state):
-        assert torch.allclose(a, b, atol=1e-5)
-    assert len(full.state) == (2 if cell == "lstm" else 1)
-
-
-@param("cell", CELLS)
-def test_cached_generation_equals_uncached(toy, cell):
-    tok, topic_tok = toy
-    model = tiny_model(tok, topic_tok, cell).eval()
-    prompt = tok(["the senate", "the team won"], return_tensors="pt", padding=True, padding_side="left")
-    bow = sentence_batch(tok, topic_tok, docs=[CORPUS[0], CORPUS[1]])["context_bow"][[0, 2]]
-    theta = torch.tensor([[1.5, -2.0, 0.3], [0.0, 4.0, -1.0]])
-    for conditioning in ({"context_bow": bow}, {"topic_mixture": theta}):
-        for beams in (1, 3):
-            kw = dict(max_new_tokens=6, do_sample=False, num_beams=beams, pad_token_id=tok.pad_token_id,
-                      **prompt, **conditioning)
-            cached = model.generate(**kw)
-            uncached = model.generate(**kw, use_cache=False)
-            assert torch.equal(cached, uncached), (conditioning.keys(), beams)
 
 
 def test_generation_conditioning(toy):
@@ -414,13 +353,10 @@ def test_generation_conditioning(toy):
     assert out.shape == (1, 3 + 4)
     assert calls[0] == "bow" and set(calls[1:]) == {"theta"}  # theta inferred once, then reused
     calls.clear()
-    unconditioned = model.generate(**tok(["the senate"], return_tensors="pt"), max_new_tokens=4, do_sample=False,
-                                   pad_token_id=0, eos_token_id=None)
+    model.generate(**tok(["the senate"], return_tensors="pt"), max_new_tokens=4, do_sample=False, pad_token_id=0,
+                   eos_token_id=None)
     assert calls[0] == "none" and set(calls[1:]) == {"theta"}  # the empty-context theta, also resolved once
     model.forward = original
-    assert torch.equal(unconditioned, model.generate(**tok(["the senate"], return_tensors="pt"), max_new_tokens=4,
-                                                     do_sample=False, pad_token_id=0, eos_token_id=None,
-                                                     use_cache=False))
     # topic_ids steer theta along e_k at config.steering_scale (a set of topics keeps the norm).
     prompt = tok(["the senate"], return_tensors="pt")
     scale = model.config.steering_scale
@@ -597,39 +533,8 @@ def test_frozen_feature_classifier_trains_only_the_head(toy, tmp_path):
 
 
 # ----------------------------------------------------------------------------------------------
-# remote code
+# free bits
 # ----------------------------------------------------------------------------------------------
-
-
-def test_remote_code_in_a_process_without_the_package(toy, tmp_path):
-    hub = pytest.importorskip("topic_lm_hf.hub")
-    tok, topic_tok = toy
-    model = tiny_model(tok, topic_tok, "lstm").eval()
-    hub.save_for_hub(model, tmp_path / "repo", tok, topic_tok)
-    auto_map = json.loads((tmp_path / "repo" / "config.json").read_text())["auto_map"]
-    assert auto_map["AutoModelForCausalLM"] == "modeling_topic_rnn.TopicRNNForCausalLM"
-    assert auto_map["AutoModelForSequenceClassification"] == "modeling_topic_rnn.TopicRNNForSequenceClassification"
-    ids = tok(["the senate passed"], return_tensors="pt")["input_ids"]
-    theta = [[1.0, -2.0, 0.5]]
-    expected = model(ids, topic_mixture=torch.tensor(theta)).logits[0, -1, :5].tolist()
-    repo = str(tmp_path / "repo")
-    result = run_without_package(f"""
-        import torch
-        from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
-        model = AutoModelForCausalLM.from_pretrained({repo!r}, trust_remote_code=True).eval()
-        tok = AutoTokenizer.from_pretrained({repo!r}, trust_remote_code=True)
-        ids = tok(["the senate passed"], return_tensors="pt")["input_ids"]
-        logits = model(ids, topic_mixture=torch.tensor({theta!r})).logits[0, -1, :5].tolist()
-        out = model.generate(topic_mixture=torch.tensor({theta[0]!r}), max_new_tokens=3, min_new_tokens=3)
-        clf = AutoModelForSequenceClassification.from_pretrained({repo!r}, num_labels=2, trust_remote_code=True)
-        print(json.dumps({{"cls": type(model).__module__, "logits": logits, "generated": out.shape[1],
-                          "topics": model.get_topics(top_n=3), "clf": type(clf).__name__,
-                          "frozen": not any(p.requires_grad for p in clf.model.parameters())}}))
-    """, tmp_path)
-    assert result["cls"].startswith("transformers_modules")
-    assert torch.allclose(torch.tensor(result["logits"]), torch.tensor(expected), atol=1e-5)
-    assert result["generated"] == 4 and result["topics"] == model.get_topics(top_n=3, topic_tokenizer=topic_tok)
-    assert result["clf"] == "TopicRNNForSequenceClassification" and result["frozen"]
 
 
 def test_free_bits_floor_each_dimensions_batch_mean_kl_in_the_loss_only(toy):
