@@ -146,6 +146,7 @@ class Family:
     stochastic_prior: bool = False  # without conditioning its topics are sampled (rGBN-RNN's prior)
     documents_layout: bool = False  # reads whole documents (b, c, s) natively (rGBN-RNN)
     new_tokens: int = 6  # tokens of every generation check (as many as the family's own copy generated)
+    prompts: int = 2  # rows of the generation checks (as many as the family's own copy had)
 
     def condition(self, kind: str):
         if kind == "prior":
@@ -190,15 +191,16 @@ def _rgbn(recurrent):
 
 FAMILIES = {
     "lstm_lm": Family(LSTMLMConfig, LSTMLMForCausalLM, LSTMLMModel, dict(initializer_range=0.5, **LSTM_SIZES),
-                      state_size=2, tie={"tie_word_embeddings": True}, new_tokens=8),
+                      state_size=2, tie={"tie_word_embeddings": True}, new_tokens=8, prompts=3),
     "tcnlm": Family(TCNLMConfig, TCNLMForCausalLM, TCNLMModel, dict(num_topics=6, **TCNLM), state_size=2,
                     conditions=_topic_conditions(simplex=True), reads=("context_bow",),
-                    prepare=lambda m: randomize_(m.model.layers, 0.4), tie={"tie_word_embeddings": True}),
+                    prepare=lambda m: randomize_(m.model.layers, 0.4), tie={"tie_word_embeddings": True},
+                    prompts=3),
     "tcnlm-naive_moe": Family(TCNLMConfig, TCNLMForCausalLM, TCNLMModel,
                               dict(num_topics=4, lm_type="naive_moe", **TCNLM), state_size=2,
                               conditions=_topic_conditions(simplex=True), reads=("context_bow",),
                               prepare=lambda m: randomize_(m.model.experts, 0.3),
-                              tie={"tie_word_embeddings": True}),
+                              tie={"tie_word_embeddings": True}, prompts=3),
     "topic_rnn-rnn": _topic_rnn("rnn"),
     "topic_rnn-lstm": _topic_rnn("lstm"),
     "topic_rnn-gru": _topic_rnn("gru"),
@@ -243,8 +245,8 @@ class ContractData:
         rows = documents.prepare(self.documents.select([0, 1, 2]))
         self.document_batch = documents([rows[i] for i in range(len(rows))])
 
-    def padded(self, side: str) -> dict:
-        return dict(self.tok(self.prompts, return_tensors="pt", padding=True, padding_side=side))
+    def padded(self, side: str, rows: int = 3) -> dict:
+        return dict(self.tok(self.prompts[:rows], return_tensors="pt", padding=True, padding_side=side))
 
     def one(self, i: int) -> dict:
         return dict(self.tok([self.prompts[i]], return_tensors="pt"))
@@ -276,11 +278,16 @@ def assert_same_outputs(got, want, exact: bool, msg: str = ""):
     assert (got - want).abs().max() <= 1e-5, msg
 
 
-def slice_row(kind: str, conditioning: dict, i: int) -> dict:
-    """Row ``i``'s conditioning: per-row kinds keep their row ``i``, shared kinds are the same for every row."""
+def slice_rows(kind: str, conditioning: dict, start: int, stop: int) -> dict:
+    """Rows ``start:stop`` of the conditioning: per-row kinds keep those rows, shared kinds are the same for every
+    row."""
     if kind.endswith("-shared") or kind == "prior":
         return conditioning
-    return {k: (v[i:i + 1] if k in ROW_KEYS else v) for k, v in conditioning.items()}
+    return {k: (v[start:stop] if k in ROW_KEYS else v) for k, v in conditioning.items()}
+
+
+def slice_row(kind: str, conditioning: dict, i: int) -> dict:
+    return slice_rows(kind, conditioning, i, i + 1)
 
 
 def relative_imports(source: str) -> set[str]:
@@ -528,11 +535,12 @@ class ModelTester:
         its prompt generated alone (with its row of the conditioning)."""
         model, d = self.model, self.data
         variants = self.conditions(kind)
-        new = self.family.new_tokens
+        new, rows = self.family.new_tokens, self.family.prompts
         decoding = dict(MODES[mode], max_new_tokens=new, min_new_tokens=new)
         n = decoding.get("num_return_sequences", 1)
         per_row = not (kind.endswith("-shared") or kind == "prior")
         for conditioning in variants:
+            conditioning = slice_rows(kind, conditioning, 0, rows)
             msg = f"{self.name} {kind} {conditioning.keys()} {mode}"
             if mode == "sample":  # no prompt: one <bos> row per conditioning row
                 outs = []
@@ -540,20 +548,20 @@ class ModelTester:
                     torch.manual_seed(11)
                     outs.append(model.generate(**conditioning, **decoding, use_cache=use_cache))
                 assert torch.equal(outs[0], outs[1]), msg
-                assert outs[0].shape == (3 if per_row else 1, 1 + new), msg
+                assert outs[0].shape == (rows if per_row else 1, 1 + new), msg
                 assert (outs[0][:, 0] == model.config.bos_token_id).all(), msg
                 continue
-            batch = d.padded("left")
+            batch = d.padded("left", rows)
             outs = []
             for use_cache in (True, False):
                 torch.manual_seed(11)  # rGBN-RNN's prior samples theta
                 outs.append(model.generate(**batch, **conditioning, **decoding, use_cache=use_cache))
             cached, uncached = outs
             assert torch.equal(cached, uncached), msg
-            assert cached.shape == (len(d.prompts) * n, batch["input_ids"].shape[1] + new), msg
+            assert cached.shape == (rows * n, batch["input_ids"].shape[1] + new), msg
             if kind == "prior" and self.family.stochastic_prior:
                 continue  # a row alone draws other topics from the prior than in the batch: nothing to compare
-            for i in range(len(d.prompts)):
+            for i in range(rows):
                 single = model.generate(**d.one(i), **slice_row(kind, conditioning, i), **decoding)
                 assert torch.equal(cached[i * n:(i + 1) * n, -new:], single[:, -new:]), \
                     f"{msg} row {i}"
@@ -562,7 +570,9 @@ class ModelTester:
 
     def remote_code_job(self, folder: Path) -> tuple[dict, dict]:
         """Save for the Hub; the inputs a process without the package runs on the folder, and what this process
-        gets from them (the model's outputs under every conditioning it takes)."""
+        gets from them: the logits under every conditioning the family takes, greedy generation from the padded
+        prompts (without conditioning and with one row each of the documents' bags of words), and from <bos>
+        under each shared conditioning."""
         from topic_lm_hf.hub import save_for_hub
 
         model, d = self.model, self.data
@@ -570,7 +580,8 @@ class ModelTester:
         batch = d.padded("left")
         forward = {f"{kind} {i}": v for i, (kind, v) in enumerate(self.supported_conditions(forward=True))}
         decoding = dict(max_new_tokens=5, min_new_tokens=5, do_sample=False)
-        generate = {name: {**batch, **v, **decoding} for name, v in forward.items()}
+        generate = {name: {**batch, **v, **decoding} for name, v in forward.items()
+                    if name.startswith(("prior", "context_bow "))}
         for i, (kind, v) in enumerate(self.supported_conditions()):  # from <bos>, under the conditioning alone
             if kind == "prior" or kind.endswith("-shared"):
                 generate[f"{kind} {i} without a prompt"] = {**v, **decoding}
@@ -621,6 +632,7 @@ import os, sys
 sys.stdin = open(os.devnull)  # transformers' "run the custom code? [y/N]" prompt gets no answer: an error at once
 import torch
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+torch.set_num_threads(1)  # it runs beside the tests of the module
 jobs = torch.load("jobs.pt", weights_only=False)
 results = {}
 for name, job in jobs.items():
@@ -654,14 +666,35 @@ print(json.dumps({"families": sorted(results)}))
 """
 
 
-def run_remote_code(testers: dict, root: Path) -> tuple[dict, dict]:
-    """Every family's folder loaded in ONE process without the package (one interpreter start for all)."""
-    from conftest import run_without_package
+class RemoteCodeRun:
+    """Every family's folder loaded in ONE process without the package (``conftest.run_without_package``: one
+    interpreter start for all). The folders and this process's expected outputs are made at once; the other
+    process runs in a background thread (it only waits on the subprocess) while the module's other tests go on,
+    and :meth:`result` waits for it."""
 
-    jobs, expected = {}, {}
-    for name, tester in testers.items():
-        jobs[name], expected[name] = tester.remote_code_job(root / name)
-    torch.save(jobs, root / "jobs.pt")
-    out = run_without_package(REMOTE_SCRIPT, root)
-    assert out["families"] == sorted(testers)
-    return torch.load(root / "results.pt", weights_only=False), expected
+    def __init__(self, testers: dict, root: Path):
+        import threading
+
+        from conftest import run_without_package
+
+        self.families, self.root, self.expected, self.error = sorted(testers), root, {}, None
+        jobs = {}
+        for name, tester in testers.items():
+            jobs[name], self.expected[name] = tester.remote_code_job(root / name)
+        torch.save(jobs, root / "jobs.pt")
+
+        def run():
+            try:
+                self.out = run_without_package(REMOTE_SCRIPT, root)
+            except BaseException as error:  # raised again by result()
+                self.error = error
+
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()
+
+    def result(self) -> tuple[dict, dict]:
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+        assert self.out["families"] == self.families
+        return torch.load(self.root / "results.pt", weights_only=False), self.expected
