@@ -14,8 +14,9 @@ runs each of them on every family:
   ``state`` (transformers' ``create_and_check_state_equivalency``);
 * ``check_generation``: cached equals uncached generation (greedy, beam search, beam search with
   ``num_return_sequences``, sampling without a prompt) and a batch equals its prompts one by one;
-* ``remote_code_jobs`` / ``check_remote_code``: a saved folder loads with ``trust_remote_code=True`` in a
-  process where the package cannot be imported (``conftest.run_without_package``) and gives the same outputs.
+* ``remote_code_job`` / :class:`RemoteCodeRun` / ``check_remote_code``: a folder saved for the Hub loads with
+  ``trust_remote_code=True`` in a process where the package cannot be imported (``conftest.run_without_package``;
+  one process for every family) and gives the same outputs, tokenizer, topics and classifier.
 
 Inputs are real APNEWS sentences and documents (``../shared/data``); without that folder the contract runs on
 the package's synthetic corpus instead, so that it never goes unchecked.
@@ -143,16 +144,16 @@ class Family:
     prepare: Optional[Callable] = None  # in-place weight changes that make the conditioning matter
     tie: Union[dict, str] = "tie_word_embeddings is not supported"  # overrides that tie, or why it cannot
     exact_round_trip: tuple = ()  # the round-trip batches whose outputs its own copy required bit-identical
+    # the others' tolerance after loading: test_lstm_lm's (a memory-mapped checkpoint may take another SIMD path)
+    round_trip_tolerance: dict = field(default_factory=lambda: dict(rtol=1e-5, atol=1e-8))
     stochastic_prior: bool = False  # without conditioning its topics are sampled (rGBN-RNN's prior)
     documents_layout: bool = False  # reads whole documents (b, c, s) natively (rGBN-RNN)
     new_tokens: int = 6  # tokens of every generation check (as many as the family's own copy generated)
     prompts: int = 2  # rows of the generation checks (as many as the family's own copy had)
 
     def condition(self, kind: str):
-        if kind == "prior":
-            return lambda d, c: [{}]
-        value = self.conditions.get(kind, NO_TOPICS)
-        return value
+        """The builder of conditioning ``kind`` (the prior: none), or the reason the family does not take it."""
+        return (lambda d, c: [{}]) if kind == "prior" else self.conditions.get(kind, NO_TOPICS)
 
 
 LSTM_SIZES = dict(embedding_size=12, hidden_size=16, num_hidden_layers=2, dropout=0.1)
@@ -173,13 +174,14 @@ def _nclm(variant, sentence_topics):
                   state_size=3 if sentence_topics else 2,  # + the sentence topics' running state
                   conditions=_topic_conditions(simplex=True), reads=("context_bow", "sentence_prefix_bow"),
                   prepare=_sharpen_topic_model, tie={"tie_word_embeddings": True, "embedding_size": 16},
-                  exact_round_trip=("prompts", "chunks"))
+                  exact_round_trip=("chunks",))
 
 
 def _topic_rnn(cell):
     return Family(TopicRNNConfig, TopicRNNForCausalLM, TopicRNNModel, dict(cell=cell, **TOPIC_RNN),
                   state_size=2 if cell == "lstm" else 1, conditions=_topic_conditions(simplex=False),
-                  reads=("context_bow",), prepare=fixed_init_, tie=TOPIC_RNN_TIE)
+                  reads=("context_bow",), prepare=fixed_init_, tie=TOPIC_RNN_TIE,
+                  round_trip_tolerance=dict(rtol=0, atol=1e-5))  # its copy's: ~5e-7 seen on GRU weights
 
 
 def _rgbn(recurrent):
@@ -225,6 +227,9 @@ class ContractData:
     topic_tok: object
     documents: object  # validation documents: prompts, bags of words, chunk and documents batches
     source: str
+    # Without the real corpus, the synthetic one's logits near 0 differ after loading by a few float32 ulps
+    # (~1.5e-8): its round trips allow 1e-7 absolute where a family's copy asked less (test_lstm_lm's 1e-8).
+    atol_floor: float = 0.0
 
     def __post_init__(self):
         sentences = [s for doc in self.documents["sentences"] for s in doc if len(s) >= 12]
@@ -259,7 +264,7 @@ def load_contract_data(request) -> ContractData:
     documents = synthetic_documents(120, seed=0)
     tok, topic_tok = build_vocabularies(documents.select(range(100)), min_freq=1,
                                         stopwords=MALLET if MALLET.exists() else None)
-    return ContractData(tok, topic_tok, documents.select(range(100, 120)), "synthetic")
+    return ContractData(tok, topic_tok, documents.select(range(100, 120)), "synthetic", atol_floor=1e-7)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -267,15 +272,16 @@ def load_contract_data(request) -> ContractData:
 # ----------------------------------------------------------------------------------------------
 
 
-def assert_same_outputs(got, want, exact: bool, msg: str = ""):
-    """A loaded model's outputs: bit-identical where the family's own copy asked for it (NCLM, rGBN-RNN); else
-    within both test_lstm_lm's relative tolerance and test_topic_rnn's absolute one (a memory-mapped checkpoint
-    may take another SIMD path in BLAS: ~5e-7 seen on GRU weights)."""
-    if exact:
-        assert torch.equal(got, want), msg
+def assert_same_outputs(family: Family, data: ContractData, batch: str, got, want, msg: str = ""):
+    """A loaded model's outputs on ``batch``: bit-identical where the family's own copy asked for it (NCLM's chunks,
+    rGBN-RNN's chunks and documents), else within the family's round-trip tolerance."""
+    if batch in family.exact_round_trip:
+        assert torch.equal(got, want), f"{msg} {batch}"
         return
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-8, msg=msg)
-    assert (got - want).abs().max() <= 1e-5, msg
+    tolerance = family.round_trip_tolerance
+    tolerance = {**tolerance, "atol": max(tolerance["atol"], data.atol_floor)}
+    diff = (got - want).abs().max().item()
+    torch.testing.assert_close(got, want, **tolerance, msg=f"{msg} {batch}: max difference {diff:.3g}")
 
 
 def slice_rows(kind: str, conditioning: dict, start: int, stop: int) -> dict:
@@ -384,7 +390,7 @@ class ModelTester:
 
     # -- save / load ----------------------------------------------------------------------------
 
-    def check_body_loads_from_the_lm_folder(self, lm, folder: Path, batches: list[dict]):
+    def check_body_loads_from_the_lm_folder(self, lm, folder: Path, batches: dict[str, dict]):
         """``AutoModel`` on a causal LM's folder: the body, every weight and buffer the LM's ``model.*``, nothing
         missing or unexpected, the same hidden states."""
         body, info = AutoModel.from_pretrained(folder, output_loading_info=True)
@@ -396,8 +402,8 @@ class ModelTester:
             assert torch.equal(tensor, lm_state[f"model.{name}"]), name
         with torch.no_grad():
             for name, batch in batches.items():
-                assert_same_outputs(body(**batch).last_hidden_state, lm.model(**batch).last_hidden_state,
-                                    name in self.family.exact_round_trip, f"AutoModel hidden states, {name}")
+                assert_same_outputs(self.family, self.data, name, body(**batch).last_hidden_state,
+                                    lm.model(**batch).last_hidden_state, "AutoModel hidden states,")
         # the ignore list only hides what the body lacks: a causal LM still reports keys it does not know
         state = {**lm.state_dict(), "lm_head.extra": torch.zeros(1)}
         assert set(lm.load_state_dict(state, strict=False).unexpected_keys) == {"lm_head.extra"}
@@ -443,7 +449,7 @@ class ModelTester:
         batches = self.round_trip_batches()
         with torch.no_grad():
             for name, batch in batches.items():
-                assert_same_outputs(loaded(**batch).logits, model(**batch).logits, name in f.exact_round_trip, name)
+                assert_same_outputs(f, d, name, loaded(**batch).logits, model(**batch).logits)
         if hasattr(model, "get_topics"):  # the topic tokenizer saved next to the model
             assert loaded.get_topics(top_n=3) == model.get_topics(top_n=3, topic_tokenizer=d.topic_tok)
         self.check_body_loads_from_the_lm_folder(model, folder, batches)
@@ -471,8 +477,7 @@ class ModelTester:
         batches = self.round_trip_batches()
         with torch.no_grad():
             for name, batch in batches.items():
-                assert_same_outputs(loaded(**batch).logits, model(**batch).logits,
-                                    name in self.family.exact_round_trip, name)
+                assert_same_outputs(self.family, self.data, name, loaded(**batch).logits, model(**batch).logits)
         self.check_body_loads_from_the_lm_folder(model, folder, batches)
 
     # -- padding and state --------------------------------------------------------------------
