@@ -4,28 +4,31 @@ A family's own test file keeps only what is its own: reference parity, its maths
 
 import pytest
 
-from model_tester import CONDITIONS, FAMILIES, MODES, ModelTester, load_contract_data, run_remote_code
+import topic_lm_hf
+from model_tester import CONDITIONS, FAMILIES, MODES, ModelTester, RemoteCodeRun, load_contract_data
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
+def test_the_table_holds_every_family_of_the_package():
+    """A family added to the package (topic_lm_hf.FAMILIES registers them with the Auto classes) must join the
+    contract's table."""
+    registered = {(config, base, lm) for config, base, lm, _ in topic_lm_hf.FAMILIES}
+    assert {(f.config_class, f.base_class, f.lm_class) for f in FAMILIES.values()} == registered
+
+
 @pytest.fixture(scope="module")
-def contract(request):
-    """The data and one tester (with its model) per family, built once for the module."""
+def contract(request, tmp_path_factory):
+    """The data, one tester (with its model) per family, and the remote-code run of every family, started at
+    once in the background (test_saved_folder_loads_with_remote_code_without_the_package, last, collects it)."""
     data = load_contract_data(request)
-    testers = {}
-
-    def tester(name):
-        if name not in testers:
-            testers[name] = ModelTester(name, data)
-        return testers[name]
-
-    return tester
+    testers = {name: ModelTester(name, data) for name in FAMILIES}
+    return testers, RemoteCodeRun(testers, tmp_path_factory.mktemp("remote"))
 
 
 @pytest.fixture(scope="module", params=list(FAMILIES))
 def tester(request, contract):
-    return contract(request.param)
+    return contract[0][request.param]
 
 
 def test_save_and_auto_load_round_trip(tester, tmp_path):
@@ -52,12 +55,8 @@ def test_cached_generation_equals_uncached(tester, condition, mode):
     tester.check_generation(condition, mode)
 
 
-@pytest.fixture(scope="module")
-def remote_code(contract, tmp_path_factory):
-    """Every family saved for the Hub and loaded in one process where the package cannot be imported."""
-    return run_remote_code({name: contract(name) for name in FAMILIES}, tmp_path_factory.mktemp("remote"))
-
-
-def test_saved_folder_loads_with_remote_code_without_the_package(tester, remote_code):
-    results, expected = remote_code
-    tester.check_remote_code(results[tester.name], expected[tester.name])
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_saved_folder_loads_with_remote_code_without_the_package(contract, family):
+    testers, remote = contract
+    results, expected = remote.result()
+    testers[family].check_remote_code(results[family], expected[family])
