@@ -51,6 +51,13 @@ GENERATE_ONLY = ("topic_mode",)  # generate() arguments that forward() does not 
 MODES = {"greedy": dict(do_sample=False), "beam": dict(num_beams=3, do_sample=False),
          "beam-nrs": dict(num_beams=3, num_return_sequences=2, do_sample=False),
          "sample": dict(do_sample=True)}  # "sample": without a prompt, one <bos> row per conditioning row
+# The (conditioning kind, decoding mode) pairs of the generation check: greedy and beam search with
+# num_return_sequences under every kind; beam search alone and sampling under the kinds that the families' own
+# copies ran them with (test_lstm_lm, test_topic_rnn and the naive MoE's copy; test_rgbn_rnn's), the CI budget
+# being what it is.
+GENERATION = [(kind, mode) for mode in ("greedy", "beam-nrs") for kind in CONDITIONS] + \
+    [(kind, "beam") for kind in ("prior", "context_bow", "topic_mixture", "topic_ids-shared")] + \
+    [(kind, "sample") for kind in ("prior", "context_bow", "topic_ids", "topic_ids-shared")]
 
 
 # ----------------------------------------------------------------------------------------------

@@ -5,7 +5,7 @@ A family's own test file keeps only what is its own: reference parity, its maths
 import pytest
 
 import topic_lm_hf
-from model_tester import CONDITIONS, FAMILIES, MODES, ModelTester, RemoteCodeRun, load_contract_data
+from model_tester import FAMILIES, GENERATION, ModelTester, RemoteCodeRun, load_contract_data
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -49,8 +49,7 @@ def test_state_equivalence(tester, side):
     tester.check_state_equivalence(side)
 
 
-@pytest.mark.parametrize("mode", list(MODES))
-@pytest.mark.parametrize("condition", CONDITIONS)
+@pytest.mark.parametrize("condition, mode", GENERATION)
 def test_cached_generation_equals_uncached(tester, condition, mode):
     tester.check_generation(condition, mode)
 
