@@ -23,7 +23,9 @@ def contract(request, tmp_path_factory):
     once in the background (test_saved_folder_loads_with_remote_code_without_the_package, last, collects it)."""
     data = load_contract_data(request)
     testers = {name: ModelTester(name, data) for name in FAMILIES}
-    return testers, RemoteCodeRun(testers, tmp_path_factory.mktemp("remote"))
+    remote_selected = any(item.originalname == "test_saved_folder_loads_with_remote_code_without_the_package"
+                          for item in request.session.items)
+    return testers, RemoteCodeRun(testers, tmp_path_factory.mktemp("remote")) if remote_selected else None
 
 
 @pytest.fixture(scope="module", params=list(FAMILIES))
