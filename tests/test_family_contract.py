@@ -120,9 +120,13 @@ def test_generation_resolves_the_conditioning_once_and_carries_it_in_one_cache(a
     # Continuing from the returned cache gives what one longer generation gives.
     model.forward = original
     longer = model.generate(**prompt, topic_ids=[1], max_new_tokens=6, min_new_tokens=6, do_sample=False)
+    resolving = []
+    prepare = model.prepare_generation_conditioning
+    model.prepare_generation_conditioning = lambda *a, **k: resolving.append(k) or prepare(*a, **k)
     resumed = model.generate(out.sequences[:, -1:], state=cache, max_new_tokens=2, min_new_tokens=2,
                              do_sample=False)
     assert torch.equal(resumed[0, 1:], longer[0, -2:])
+    assert resolving == []  # the cache's topics, not a new resolution (rGBN-RNN would draw a prior theta)
 
 
 def test_a_family_refuses_conditioning_it_does_not_declare(apnews):

@@ -35,10 +35,13 @@ import torch
 from topic_lm_hf import (LSTMLMConfig, LSTMLMForCausalLM, NCLMConfig, NCLMForCausalLM, RGBNRNNConfig,
                          RGBNRNNForCausalLM, TCNLMConfig, TCNLMForCausalLM, evaluate_perplexity, evaluate_steering,
                          fit_lda_judge)
+from topic_lm_hf.data import shared_data_dir
+from topic_lm_hf.evaluation import PROTOCOLS as PROTOCOL_CONTEXTS
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout: src/topic_lm_hf/benchmarking.py
-DATA = Path(os.environ.get("TOPIC_LM_DATA", ROOT.parent / "shared" / "data"))
-PROTOCOLS = ("paper", "causal", "causal-carry")
+# $TOPIC_LM_DATA or ../shared/data (data.shared_data_dir); where it is absent, the path the error messages name
+DATA = shared_data_dir() or ROOT.parent / "shared" / "data"
+PROTOCOLS = tuple(PROTOCOL_CONTEXTS)  # paper, causal, causal-carry
 
 # ----------------------------------------------------------------------------------------------
 # command line

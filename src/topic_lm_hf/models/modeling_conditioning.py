@@ -262,8 +262,8 @@ class TopicGenerationMixin:
         cache = kwargs.get("state")
         if isinstance(cache, TopicLMCache):  # continuing an earlier generation (its past_key_values)
             kwargs["state"] = cache.state
-            if not given:
-                kwargs.update(cache.conditioning)
+            if not given:  # with the same topics, already resolved
+                return super().generate(inputs, generation_config, **cache.conditioning, **kwargs)
         resolved = self.prepare_generation_conditioning(batch_size, **given)
         resolved = {name: value.to(self.device).contiguous() for name, value in resolved.items()}
         return super().generate(inputs, generation_config, **resolved, **kwargs)

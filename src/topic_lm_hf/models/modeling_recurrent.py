@@ -75,9 +75,12 @@ class RecurrentModelOutput(ModelOutput):
 
 
 def reorder_state(state, beam_idx: torch.Tensor):
-    """Select batch rows of a (nested) tuple of batch-first tensors."""
+    """Select batch rows of a (nested) tuple of batch-first tensors, or of a cache object with ``reorder``
+    (generation's ``TopicLMCache``: the state with the resolved topic conditioning)."""
     if state is None:
         return None
+    if hasattr(state, "reorder"):
+        return state.reorder(beam_idx)
     if isinstance(state, torch.Tensor):
         return state.index_select(0, beam_idx.to(state.device))
     return type(state)(*(reorder_state(s, beam_idx) for s in state)) if hasattr(state, "_fields") \
@@ -331,8 +334,6 @@ class RecurrentPreTrainedModel(PreTrainedModel):
         return None
 
     def _reorder_cache(self, state, beam_idx):
-        if hasattr(state, "reorder"):  # a TopicLMCache: the state with the resolved topic conditioning
-            return state.reorder(beam_idx)
         return reorder_state(state, beam_idx)
 
     def post_init(self):
