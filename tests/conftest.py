@@ -94,3 +94,31 @@ def tiny_model(family: str, tok, topic_tok, **overrides):
     overrides_text = ",".join(f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in kwargs.items())
     torch.manual_seed(0)
     return build_model(ModelArguments(model_type=model_type, config_overrides=overrides_text), tok, topic_tok)
+
+
+def run_torchrun(script: Path, *args: str, processes: int = 2):
+    """Run ``script`` under ``torchrun --nproc_per_node processes`` (CPU, one thread each) on a free port;
+    skip when torchrun is not installed. Returns the completed process."""
+    import shutil
+    import socket
+    import subprocess
+    import sys
+
+    torchrun = Path(sys.executable).parent / "torchrun"
+    torchrun = str(torchrun) if torchrun.exists() else shutil.which("torchrun")
+    if torchrun is None:
+        pytest.skip("torchrun is not installed")
+    with socket.socket() as s:  # a port no other test run holds
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return subprocess.run([torchrun, "--nproc_per_node", str(processes), "--master_port", str(port), str(script),
+                           *args], capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                          timeout=300)
+
+
+def finish_distributed(trainer):
+    """End a torchrun test script: wait for every rank, then tear the process group down, so no rank exits while
+    its gloo threads still run (that aborts with "terminate called without an active exception")."""
+    trainer.accelerator.wait_for_everyone()
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()

@@ -9,6 +9,8 @@ from transformers import TrainingArguments
 from topic_lm_hf import (LSTMLMConfig, LSTMLMForCausalLM, TopicContextCollator, TopicLMTrainer, build_vocabularies,
                          synthetic_documents)
 
+from conftest import finish_distributed
+
 out_dir = sys.argv[1]
 docs = synthetic_documents(80)
 tok, _ = build_vocabularies(docs, min_freq=1)
@@ -23,3 +25,4 @@ trainer.save_model(out_dir)
 if trainer.is_world_process_zero():
     with open(f"{out_dir}/result.json", "w") as f:
         json.dump({"world_size": trainer.args.world_size, "log": trainer.state.log_history}, f)
+finish_distributed(trainer)

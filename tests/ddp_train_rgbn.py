@@ -9,6 +9,8 @@ from transformers import TrainingArguments
 from topic_lm_hf import (RGBNRNNConfig, RGBNRNNForCausalLM, TopicContextCollator, TopicLMTrainer, build_vocabularies,
                          synthetic_documents)
 
+from conftest import finish_distributed
+
 out_dir = sys.argv[1]
 docs = synthetic_documents(32)
 tok, topic_tok = build_vocabularies(docs, min_freq=1)
@@ -24,3 +26,4 @@ rank = trainer.args.process_index
 buffers = {name: value.tolist() for name, value in model.named_buffers()}
 with open(f"{out_dir}/rank{rank}.json", "w") as f:
     json.dump({"world_size": trainer.args.world_size, "buffers": buffers}, f)
+finish_distributed(trainer)

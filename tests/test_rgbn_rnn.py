@@ -622,20 +622,11 @@ def test_the_steering_evaluation_runs_on_first_layer_topics(apnews):
 
 def test_two_process_ddp_training_keeps_the_same_phi_and_pi_on_every_process(tmp_path):
     import json
-    import os
-    import shutil
-    import subprocess
-    import sys
     from pathlib import Path
 
-    torchrun = Path(sys.executable).parent / "torchrun"
-    torchrun = str(torchrun) if torchrun.exists() else shutil.which("torchrun")
-    if torchrun is None:
-        pytest.skip("torchrun is not installed")
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([torchrun, "--nproc_per_node", "2", "--master_port", "29531",
-                           str(Path(__file__).parent / "ddp_train_rgbn.py"), str(tmp_path)],
-                          capture_output=True, text=True, env=env, timeout=300)
+    from conftest import run_torchrun
+
+    proc = run_torchrun(Path(__file__).parent / "ddp_train_rgbn.py", str(tmp_path))
     assert proc.returncode == 0, proc.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert ranks[0]["world_size"] == 2
