@@ -260,7 +260,10 @@ def test_documents_forward_loss_terms_and_shapes(apnews):
     _, batch = documents_batch(apnews)
     out = model(**batch)
     b, c, s = batch["input_ids"].shape
-    assert out.logits.shape == (b, c, s, len(apnews["tok"]))
+    assert out.logits is None  # training with labels: the output layer only at the predicted positions
+    with torch.no_grad():
+        assert model.eval()(**batch).logits.shape == (b, c, s, len(apnews["tok"]))
+    model.train()
     assert out.theta.shape[:2] == (b, int(batch["sentence_index"].max()) + 1) and out.theta.shape[2] == 18
     tokens = (batch["labels"][..., 1:] != -100).sum()
     assert torch.isclose(out.loss, out.lm_loss + out.bow_loss + out.kl_loss, rtol=1e-5)  # elbo: all weights 1

@@ -287,10 +287,14 @@ class TopicLMTrainer(Trainer):
       those of the carried state (``eval_perplexity`` equals ``causal-carry``'s on the same rows), and no
       predictions are gathered (``compute_metrics`` gets none). Multi-process (DDP) training calls the
       wrapped model once per chunk before one backward pass; it is not tested.
+    * ``compile_output_layer=True``: the output layer and its loss run as one ``torch.compile``'d function
+      (``model.compile_output_layer()``; eager, with a warning, where no compiler works). With
+      ``TrainingArguments(bf16=True)`` (autocast, on a CPU as on a GPU) this is the package's fast path
+      (:mod:`topic_lm_hf.fast_path`).
     """
 
     def __init__(self, *args, pretraining_phases=None, carry_state: bool = False, bptt_chunks: int | None = None,
-                 **kwargs):
+                 compile_output_layer: bool = False, **kwargs):
         args_ = kwargs.get("args") if "args" in kwargs else (args[1] if len(args) > 1 else None)
         if args_ is not None:
             if args_.remove_unused_columns:
@@ -309,6 +313,12 @@ class TopicLMTrainer(Trainer):
             # Models whose sampler scales minibatch statistics to the corpus (rGBN-RNN's TLASGR-MCMC).
             set_corpus_size(len(self.train_dataset))
         self.carry_state, self.bptt_chunks = self._check_carry_state(carry_state, bptt_chunks)
+        if compile_output_layer:
+            compile_ = getattr(_unwrap(self.model), "compile_output_layer", None)
+            if compile_ is None:
+                raise ValueError(f"compile_output_layer=True: {type(_unwrap(self.model)).__name__} has no language "
+                                 "model output layer to compile")
+            compile_(True)
         collator = self.data_collator
         if isinstance(collator, TopicContextCollator) and getattr(self.model.config, "vocab_size", None) is not None:
             # The config (saved in every checkpoint) records which vocabularies the model is trained on.

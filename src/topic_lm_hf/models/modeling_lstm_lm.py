@@ -13,7 +13,7 @@ from transformers import GenerationMixin
 
 from .configuration_lstm_lm import LSTMLMConfig
 from .modeling_document import DocumentClassifierMixin, DocumentRepresentationDelegate, DocumentRepresentationMixin
-from .modeling_recurrent import RecurrentBodyMixin, RecurrentPreTrainedModel, TopicLMOutput, causal_lm_loss
+from .modeling_recurrent import RecurrentBodyMixin, RecurrentPreTrainedModel, TopicLMOutput
 
 
 class LSTMLMPreTrainedModel(RecurrentPreTrainedModel):
@@ -76,8 +76,7 @@ class LSTMLMForCausalLM(DocumentRepresentationDelegate, LSTMLMPreTrainedModel, G
         h = self.dropout(hidden)
         if self.proj is not None:
             h = self.proj(h)
-        logits = self.lm_head(h)  # (b, s, V)
-        loss = causal_lm_loss(logits, labels) if labels is not None else None
+        logits, loss = self.output_layer(h, labels)  # (b, s, V); None in training with labels
         out = TopicLMOutput(loss=loss, logits=logits, state=state, lm_loss=loss.detach() if loss is not None else None,
                             hidden_states=base.hidden_states)
         return out if return_dict is not False else out.to_tuple()

@@ -66,7 +66,7 @@ from .configuration_nclm import NCLMConfig
 from .modeling_conditioning import (TopicGenerationMixin, _broadcast_rows, lm_to_topic_index, normalize_topic_kwargs,
                                     topic_ids_to_mixture, topic_vocabulary)
 from .modeling_document import DocumentClassifierMixin, DocumentRepresentationDelegate, DocumentRepresentationMixin
-from .modeling_recurrent import (RecurrentBodyMixin, RecurrentPreTrainedModel, TopicLMOutput, causal_lm_loss,
+from .modeling_recurrent import (RecurrentBodyMixin, RecurrentPreTrainedModel, TopicLMOutput,
                                  detach_or_none, last_columns, last_token_positions)
 
 TRAINING_PHASES = ("joint", "lm", "topic_model")
@@ -583,11 +583,10 @@ class NCLMForCausalLM(DocumentRepresentationDelegate, NCLMPreTrainedModel, Topic
             pre_out = pre_out + F.linear(c_doc.to(W.dtype), W[:, H:H + Cd]).unsqueeze(1)
             if c_sent is not None:
                 pre_out = pre_out + F.linear(c_sent.to(W.dtype), W[:, H + Cd:])
-        logits = self.lm_head(torch.sigmoid(pre_out))  # (b, s, V)
+        logits, lm_loss = self.output_layer(torch.sigmoid(pre_out), labels)  # (b, s, V); None in training
 
-        loss = lm_loss = bow_loss = kl_loss = None
+        loss = bow_loss = kl_loss = None
         if labels is not None:
-            lm_loss = causal_lm_loss(logits, labels)
             loss = lm_loss
             if compute_ntm and posterior is not None:
                 reconstruction, kl = self.model.topic_model.row_losses(*posterior[:3], h, posterior[3])

@@ -62,7 +62,7 @@ from .configuration_rgbn_rnn import RGBNRNNConfig
 from .modeling_conditioning import (TopicGenerationMixin, check_at_most_one, normalize_topic_ids,
                                     normalize_topic_kwargs, topic_vocabulary)
 from .modeling_document import DocumentClassifierMixin, DocumentRepresentationDelegate, DocumentRepresentationMixin
-from .modeling_recurrent import (RecurrentModelOutput, RecurrentPreTrainedModel, TopicLMOutput, causal_lm_loss,
+from .modeling_recurrent import (RecurrentModelOutput, RecurrentPreTrainedModel, TopicLMOutput,
                                  detach_or_none, embed_checked, last_columns, last_token_positions, run_rnn)
 
 logger = logging.getLogger(__name__)
@@ -951,24 +951,24 @@ class RGBNRNNForCausalLM(DocumentRepresentationDelegate, RGBNRNNPreTrainedModel,
             chunk_mask, sentence_index, bool(output_hidden_states), topic_representation)
         if logits_to_keep and labels is None and doc is None:
             features = features[:, -logits_to_keep:]
-        logits = self.lm_head(features)
-        loss = lm_loss = kl_loss = bow_loss = None
+        loss = kl_loss = bow_loss = None
         if doc is not None:
             rows, cols, b, c = doc
             if labels is not None:
-                lm_loss = causal_lm_loss(logits, labels.to(logits.device)[rows, cols])
-                tokens = (labels[rows, cols][:, 1:] != -100).sum()
-            full = logits.new_zeros(b, c, *logits.shape[1:])
-            full[rows, cols] = logits
-            logits = full
-        elif labels is not None:
-            lm_loss = causal_lm_loss(logits, labels)
-            tokens = (labels[:, 1:] != -100).sum()
+                labels = labels.to(features.device)[rows, cols]  # the chunks' labels, as rows of a chunk batch
+            logits, lm_loss = self.output_layer(features, labels)
+            if logits is not None:
+                full = logits.new_zeros(b, c, *logits.shape[1:])
+                full[rows, cols] = logits
+                logits = full
+        else:
+            logits, lm_loss = self.output_layer(features, labels)
         if labels is not None:
+            tokens = (labels[:, 1:] != -100).sum()
             loss = lm_loss
             if tp is not None:
                 poisson, kls = self.model.topic_terms(tp)
-                n = tokens.clamp_min(1).to(logits.device).float()
+                n = tokens.clamp_min(1).to(features.device).float()
                 w_poisson, w_kl = cfg.loss_weights
                 loss = lm_loss + (w_poisson * poisson + sum(w * kl for w, kl in zip(w_kl, kls))) / n
                 bow_loss, kl_loss = (poisson / n).detach(), (sum(kls) / n).detach()

@@ -567,11 +567,13 @@ class TCNLMForCausalLM(DocumentRepresentationDelegate, TCNLMPreTrainedModel, Top
 
     # -- output layer ---------------------------------------------------------------------------
 
-    def _head(self, hidden: torch.Tensor) -> torch.Tensor:
+    def _features(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The output layer's input: dropout, then the projection to E when the embeddings are tied."""
         h = self.dropout(hidden)
-        if self.proj is not None:
-            h = self.proj(h)
-        return self.lm_head(h)
+        return self.proj(h) if self.proj is not None else h
+
+    def _head(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self._features(hidden))
 
     def _expert_target_log_probs(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """log softmax(V h^(k))[y] for one expert: (b, s, H), (b, s) -> (b, s)."""
@@ -641,14 +643,18 @@ class TCNLMForCausalLM(DocumentRepresentationDelegate, TCNLMPreTrainedModel, Top
         logits, lm_loss = None, None
         if self.config.lm_type == "naive_moe" and labels is not None and torch.is_grad_enabled():
             lm_loss = self._mixture_lm_loss(hidden, t, labels)
-        else:
-            logits = self._mixture_log_probs(hidden, t) if self.config.lm_type == "naive_moe" else self._head(hidden)
-            if self.topic_bias is not None:
-                logits = logits + self.topic_bias(t.to(logits.dtype)).unsqueeze(1)  # (b, 1, V): B t
-            if self.topic_prior_weight is not None:
-                logits = logits + self.topic_word_prior(t).to(logits.dtype).unsqueeze(1)  # (b, 1, V)
+        elif self.config.lm_type == "naive_moe":
+            logits = self._mixture_log_probs(hidden, t)
             if labels is not None:
                 lm_loss = causal_lm_loss(logits, labels)
+        else:
+            row_bias = None  # (b, V): B t and the topic-word prior
+            if self.topic_bias is not None:
+                row_bias = self.topic_bias(t.to(self.topic_bias.weight.dtype))
+            if self.topic_prior_weight is not None:
+                prior = self.topic_word_prior(t)
+                row_bias = prior if row_bias is None else row_bias + prior.to(row_bias.dtype)
+            logits, lm_loss = self.output_layer(self._features(hidden), labels, row_bias)
 
         loss = lm_loss
         bow_loss = kl_loss = aux_loss = None

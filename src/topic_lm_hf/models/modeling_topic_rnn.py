@@ -71,7 +71,7 @@ from .configuration_topic_rnn import TopicRNNConfig
 from .modeling_conditioning import (TopicGenerationMixin, normalize_topic_kwargs, lm_to_topic_index,
                                     topic_ids_to_mixture, topic_scores_to_vocab, topic_vocabulary)
 from .modeling_document import DocumentClassifierMixin, DocumentRepresentationDelegate, DocumentRepresentationMixin
-from .modeling_recurrent import RecurrentPreTrainedModel, TopicLMOutput, run_token_rnn
+from .modeling_recurrent import RecurrentPreTrainedModel, TopicLMOutput, next_token_loss, run_token_rnn
 
 _CELLS = {"rnn": nn.RNN, "lstm": nn.LSTM, "gru": nn.GRU}
 
@@ -329,20 +329,19 @@ class TopicRNNForCausalLM(DocumentRepresentationDelegate, TopicRNNPreTrainedMode
         if logits_to_keep and labels is None:
             hidden = hidden[:, -logits_to_keep:]
         h = self.dropout(hidden)
-        word_logits = self.lm_head(h).float()  # (b, s, V): v_i^T h_t + c_i
         stop_logits = self.stop_head(h).squeeze(-1).float()  # (b, s): Gamma^T h_t
-        bias = self.topic_bias(theta).float().unsqueeze(1)  # (b, 1, V): b_i^T theta, 0 at stop words
+        bias = self.topic_bias(theta).float()  # (b, V): b_i^T theta, 0 at stop words
 
         loss = lm_loss = aux_loss = kl_loss = None
         if labels is not None:
             targets = labels[:, 1:].to(hidden.device)  # y_t for the input at t (no off-by-one)
             valid = targets != -100
             is_stop = self.lm_to_topic_index(hidden.device)[targets.clamp(min=0)] < 0  # observed l_t
-            # p(y_t | h_t, theta, l_t): one softmax over V, the topic bias only where l_t = 0.
-            conditional = word_logits[:, :-1] + (~is_stop).unsqueeze(-1).float() * bias  # (b, s-1, V)
+            # p(y_t | h_t, theta, l_t): one softmax over V of v_i^T h_t + c_i, plus the topic bias where l_t = 0
+            # (only at the predicted positions).
             n_tokens = valid.sum().clamp(min=1)
-            lm_loss = F.cross_entropy(conditional.reshape(-1, conditional.shape[-1]), targets.reshape(-1),
-                                      ignore_index=-100, reduction="sum") / n_tokens
+            lm_loss = next_token_loss(h, labels, self.lm_head, bias, (~is_stop).float(),
+                                      compiled=self.output_layer_compiled)
             # log p(l_t | h_t): binary cross-entropy on the logits (never on sigmoid(logits)).
             bce = F.binary_cross_entropy_with_logits(stop_logits[:, :-1], is_stop.float(), reduction="none")
             aux_loss = (bce * valid).sum() / n_tokens
@@ -357,9 +356,10 @@ class TopicRNNForCausalLM(DocumentRepresentationDelegate, TopicRNNPreTrainedMode
         log_marginal = None
         if not (self.training and labels is not None):
             # p(y_t) = sigmoid(z_t) p(y_t | l = 1) + (1 - sigmoid(z_t)) p(y_t | l = 0), in log space.
+            word_logits = self.lm_head(h).float()  # (b, s, V): v_i^T h_t + c_i
             log_marginal = torch.logaddexp(
                 F.logsigmoid(stop_logits).unsqueeze(-1) + torch.log_softmax(word_logits, dim=-1),
-                F.logsigmoid(-stop_logits).unsqueeze(-1) + torch.log_softmax(word_logits + bias, dim=-1))
+                F.logsigmoid(-stop_logits).unsqueeze(-1) + torch.log_softmax(word_logits + bias.unsqueeze(1), dim=-1))
         out = TopicLMOutput(loss=loss, logits=log_marginal, state=new_state if use_cache else None,
                             hidden_states=all_hidden,
                             lm_loss=lm_loss.detach() if lm_loss is not None else None,

@@ -1,0 +1,103 @@
+"""The fast training path: bf16 autocast where the device runs it fast, and the compiled output layer.
+
+``TrainingArguments(bf16=True)`` runs every family under the Trainer's own autocast (accelerate's, on a CPU as on a
+GPU); the parts that are numerically sensitive stay in float32 or float64 inside the models (the topic simplex and
+KL terms, the output layer's log-sum-exp, TLASGR-MCMC's sampler state). On a CPU bf16 is fast only with native
+bf16 instructions (AVX512-BF16 or AMX); elsewhere it is emulated and slower than float32, so ``precision="auto"``
+checks. ``TopicLMTrainer(compile_output_layer=True)`` compiles the output layer and its loss
+(:meth:`~topic_lm_hf.models.modeling_recurrent.RecurrentPreTrainedModel.compile_output_layer`).
+
+``topic-lm train``, ``topic-lm demo`` and the benchmark scripts take this path by default (``--precision fp32``
+and ``--compile_output_layer false`` turn it off)::
+
+    args = fast_training_arguments(TrainingArguments(output_dir="out"))   # bf16 where it helps, one log line
+    TopicLMTrainer(model=model, args=args, compile_output_layer=True, ...)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import platform
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+PRECISIONS = ("auto", "bf16", "fp32")
+CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # /proc/cpuinfo flags of native bf16 arithmetic
+
+
+@dataclass
+class FastPathArguments:
+    """The ``--precision`` and ``--compile_output_layer`` flags of ``topic-lm train`` and ``topic-lm demo``."""
+
+    precision: str = field(default="auto", metadata={
+        "help": "auto: bf16 autocast where the device runs it fast (a CPU with AVX512-BF16 or AMX, a GPU with bf16), "
+                "float32 elsewhere; bf16: always (on a CPU without those instructions it is slower); fp32: never. "
+                "--bf16 true is the same as bf16."})
+    compile_output_layer: bool = field(default=True, metadata={
+        "help": "Compile the output layer and its loss with torch.compile (eager, with a one-line warning, where "
+                "no compiler works)."})
+
+
+def cpu_bf16_flags(cpuinfo: str | None = None) -> list[str]:
+    """The native bf16 instruction sets of this CPU (``CPU_BF16_FLAGS`` found in ``/proc/cpuinfo``); empty where
+    there are none or the file does not exist (not Linux)."""
+    if cpuinfo is None:
+        path = Path("/proc/cpuinfo")
+        cpuinfo = path.read_text(errors="replace") if path.exists() else ""
+    flags = set()
+    for line in cpuinfo.splitlines():
+        if line.startswith("flags"):
+            flags.update(line.partition(":")[2].split())
+    return [f for f in CPU_BF16_FLAGS if f in flags]
+
+
+def on_gpu(training_args) -> bool:
+    """Whether ``training_args`` train on a CUDA GPU (not ``use_cpu``, and one is there)."""
+    return not training_args.use_cpu and torch.cuda.is_available()
+
+
+def bf16_is_fast(training_args, cpuinfo: str | None = None) -> tuple[bool, str]:
+    """(whether bf16 autocast speeds up training on the device of ``training_args``, why in a few words)."""
+    if on_gpu(training_args):
+        if torch.cuda.is_bf16_supported():
+            return True, f"{torch.cuda.get_device_name()} supports bf16"
+        return False, f"{torch.cuda.get_device_name()} lacks bf16"
+    flags = cpu_bf16_flags(cpuinfo)
+    if flags:
+        return True, f"this CPU has {' and '.join(f.upper().replace('_', '-') for f in flags)}"
+    return False, (f"this CPU ({platform.machine()}) lacks AVX512-BF16 and AMX: bf16 would be emulated, slower "
+                   "than float32")
+
+
+def fast_training_arguments(training_args, precision: str = "auto", compile_output_layer: bool | None = None,
+                            cpuinfo: str | None = None):
+    """``training_args`` with bf16 autocast on where it is fast (``precision="auto"``), always (``"bf16"``) or
+    never (``"fp32"``); an explicit ``bf16=True`` in ``training_args`` counts as ``"bf16"``. Logs one line saying
+    which path training takes and why (``compile_output_layer``, when given, is named in it). Returns new
+    arguments (``dataclasses.replace``: their checks run again); on a CPU ``use_cpu`` is set, as transformers
+    requires for bf16 there."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    if training_args.fp16:
+        logger.info("Training in fp16 mixed precision (--fp16).")
+        return training_args
+    if training_args.bf16 and precision == "fp32":
+        raise ValueError("--precision fp32 contradicts --bf16 true: drop one of them")
+    fast, why = bf16_is_fast(training_args, cpuinfo)
+    bf16 = training_args.bf16 or precision == "bf16" or (precision == "auto" and fast)
+    compiled = {None: "", True: " with the compiled output layer", False: ""}[compile_output_layer]
+    if bf16:
+        how = "--bf16 true" if training_args.bf16 else (f"--precision {precision}" if precision == "bf16" else why)
+        logger.info("Training in bf16 autocast%s (%s; --precision fp32 turns it off).", compiled, how)
+    elif precision == "fp32":
+        logger.info("Training in float32%s (--precision fp32).", compiled)
+    else:
+        logger.info("Training in float32%s: %s (--precision bf16 forces bf16).", compiled, why)
+    if bf16 == training_args.bf16:
+        return training_args
+    return dataclasses.replace(training_args, bf16=True, use_cpu=training_args.use_cpu or not on_gpu(training_args))
