@@ -126,39 +126,20 @@ from transformers import TrainingArguments
 from transformers.trainer_callback import PrinterCallback
 from transformers.utils import logging as hf_logging
 
-from topic_lm_hf import (LSTMLMForCausalLM, NCLMForCausalLM, RGBNRNNForCausalLM, TCNLMForCausalLM,
-                         TopicContextCollator, TopicRNNConfig, TopicRNNForCausalLM, build_vocabularies,
-                         evaluate_topics, load_documents, record_vocabularies, save_vocabularies)
+from topic_lm_hf import (build_vocabularies, evaluate_topics, load_documents, record_vocabularies,
+                         save_vocabularies)
 from topic_lm_hf.benchmark_training import (BatchTokens, BenchmarkTrainer, DevEarlyStopping, StepTimer, batch_order,
-                                            best_dirs, pretrain_topic_model_phase, step_throughput, stopped)
-from topic_lm_hf.benchmarking import (DATA, PROTOCOLS, Tee, add_common_arguments, build_lstm, build_nclm,
-                                      build_rgbn, build_tcnlm, cached_lda_judge, check_settings, code_version,
-                                      evaluate_protocols, fmt, interleaved_step_times, publish, read_json,
-                                      read_jsonl, steer, write_json)
+                                            best_dirs, fast_path, pretrain_topic_model_phase, step_throughput,
+                                            stopped)
+from topic_lm_hf.benchmarking import (CLASSES, DATA, MODELS, PROTOCOLS, SIZES, TRAINING_FLAGS, CarriedLoss, OnDevice, Tee,
+                                      add_common_arguments, build_model, cached_lda_judge, check_settings,
+                                      code_version, evaluate_protocols, fmt, interleaved_step_times, make_collator,
+                                      publish, read_json, read_jsonl, steer, write_json)
 from topic_lm_hf.evaluation.topics import load_reference_corpus
-from topic_lm_hf.trainer import carried_state_loss, last_complete_checkpoint
+from topic_lm_hf.trainer import last_complete_checkpoint
 
-# name -> family, label, training context, carry_state; "published" = the family's name in PUBLISHED
-MODELS = {
-    "lstm": dict(family="lstm", label="LSTM", context="none", published="LSTM"),
-    "lstm-carry": dict(family="lstm", label="LSTM, carried state", context="none", carry=True),
-    "tcnlm": dict(family="tcnlm", label="TCNLM", context="others", published="TCNLM"),
-    "tcnlm-carry": dict(family="tcnlm", label="TCNLM, carried state", context="preceding", carry=True),
-    "topic-lstm": dict(family="topic_rnn", label="TopicLSTM", context="others", published="TopicRNN"),
-    "topic-lstm-carry": dict(family="topic_rnn", label="TopicLSTM, carried state", context="preceding", carry=True),
-    "nclm-lta": dict(family="nclm", label="NCLM LTA", context="others", nclm="lta", published="NCLM LTA"),
-    "nclm-leta": dict(family="nclm", label="NCLM LETA", context="others", nclm="leta", published="NCLM LETA"),
-    "nclm-leta-carry": dict(family="nclm", label="NCLM LETA, carried state", context="preceding", nclm="leta",
-                            carry=True),
-    "gbn": dict(family="rgbn", label="GBN-RNN", context="preceding", recurrent=False, published="GBN-RNN"),
-    "rgbn": dict(family="rgbn", label="rGBN-RNN", context="preceding", recurrent=True, published="rGBN-RNN"),
-}
-SIZES = {"cpu": dict(embedding_size=128, hidden_size=128, num_topics=50),
-         "paper": dict(embedding_size=300, hidden_size=600, num_topics=50)}
 MAX_STEPS = {"cpu": 1000, "paper": 10000}
 BATCH_DOCUMENTS = {"apnews": 4, "brown": 1, "imdb": 6}  # about 60 chunks on APNEWS and IMDB, 100 on Brown
-CLASSES = {"lstm": LSTMLMForCausalLM, "tcnlm": TCNLMForCausalLM, "topic_rnn": TopicRNNForCausalLM,
-           "nclm": NCLMForCausalLM, "rgbn": RGBNRNNForCausalLM}
 CORPORA = {"apnews": "APNEWS", "brown": "Brown", "imdb": "IMDB"}
 IMDB_DEFAULT_DOCS = (5000, 500)  # train, valid reviews when --max-*-docs are not given
 
@@ -183,7 +164,7 @@ SETTINGS = ("corpus", "size", "embedding_size", "hidden_size", "num_topics", "dr
             "patience", "batch_size", "lr", "clip", "kl_annealing_steps", "alpha", "topic_model_steps",
             "topic_model_lr", "topic_model_batch_size", "min_freq", "seed", "dev_fraction", "dev_seed",
             "max_train_docs", "max_valid_docs", "npmi_max_documents", "steer_topics", "steer_samples",
-            "max_new_tokens", "lda_max_iter", "device")
+            "max_new_tokens", "lda_max_iter", "device", "precision", "compile_output_layer")
 
 
 def is_topic_model(name: str) -> bool:
@@ -223,72 +204,9 @@ def load_corpus(args):
     return train.select(train_idx), train.select(dev_idx), valid
 
 
-class DocumentChunks:
-    """The chunks of a documents batch as one batch of chunks, each with its context (and sentence prefix): the
-    chunk-trained models read exactly the tokens of the documents-trained ones. ``collator``: layout="sentences"."""
-
-    def __init__(self, collator: TopicContextCollator):
-        self.collator = collator
-
-    def __call__(self, features):
-        keys = [k for k in ("input_ids", "context_ids", "prefix_ids") if k in features[0]]
-        return self.collator([{k: f[k][n] for k in keys} for f in features for n in range(len(f["input_ids"]))])
-
-
-def make_collator(name: str, tok, topic_tok):
-    """(documents collator that prepares the rows, the collator the trainer uses), from what the family declares
-    it reads (TopicContextCollator.for_model) with the run's training context."""
-    spec = MODELS[name]
-    family = CLASSES[spec["family"]]
-    documents = TopicContextCollator.for_model(family, tok, topic_tok, context=spec["context"], layout="documents")
-    if spec.get("carry") or spec["family"] == "rgbn":
-        return documents, documents
-    return documents, DocumentChunks(TopicContextCollator.for_model(family, tok, topic_tok, context=spec["context"]))
-
-
-class OnDevice:
-    """A collator whose tensors are moved to ``device`` (the interleaved timing runs the models there)."""
-
-    def __init__(self, collator, device):
-        self.collator, self.device = collator, device
-
-    def __call__(self, features):
-        batch = self.collator(features)
-        return {k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
-
-
-class CarriedLoss(torch.nn.Module):
-    """``model(**documents_batch).loss`` with the state carried (``carried_state_loss``), for the interleaved timing
-    of the ``*-carry`` models: the same computation as their training step."""
-
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, **batch):
-        return carried_state_loss(self.model, batch)
-
-
 # ----------------------------------------------------------------------------------------------
 # models and training
 # ----------------------------------------------------------------------------------------------
-
-
-def build(name: str, args, tok, topic_tok):
-    spec = MODELS[name]
-    if spec["family"] == "lstm":
-        return build_lstm(args, len(tok))
-    if spec["family"] == "tcnlm":
-        return build_tcnlm(args, len(tok), len(topic_tok))
-    if spec["family"] == "nclm":
-        return build_nclm(args, tok, topic_tok, spec["nclm"])
-    if spec["family"] == "rgbn":
-        return build_rgbn(args, tok, topic_tok, layers=1, recurrent=spec["recurrent"])
-    torch.manual_seed(args.seed)
-    config = TopicRNNConfig.from_tokenizers(tok, topic_tok, cell="lstm", embedding_size=args.embedding_size,
-                                            hidden_size=args.hidden_size, num_topics=args.num_topics,
-                                            dropout=args.dropout)
-    return TopicRNNForCausalLM(config)
 
 
 def load_model(name: str, path: Path, device: str):
@@ -328,10 +246,11 @@ def train(name: str, model, rows, collator, args, mdir: Path, tok, topic_tok, tr
                                   save_strategy="steps", save_steps=args.eval_steps, save_total_limit=2,
                                   eval_strategy="no", report_to=[], use_cpu=args.device == "cpu",
                                   disable_tqdm=True, seed=args.seed, dataloader_num_workers=0)
+        targs, compile_output_layer = fast_path(targs, args)
         record_vocabularies(model.config, tok, topic_tok if topics else None)  # BatchTokens hides the collator
         trainer = BenchmarkTrainer(model=model, args=targs, train_dataset=rows, data_collator=counting,
                                    order=batch_order(len(rows), args.max_steps, args.batch_size, args.seed),
-                                   carry_state=bool(spec.get("carry")))
+                                   carry_state=bool(spec.get("carry")), compile_output_layer=compile_output_layer)
         trainer.remove_callback(PrinterCallback)
         # StepTimer first: the dev evaluation runs after it has timed the step (and on_save restarts its clock)
         trainer.add_callback(StepTimer(name, counting, steps_path, lambda step: "joint", args.max_steps))
@@ -396,7 +315,7 @@ def parse_args(argv=None):
                              "first time)")
     parser.add_argument("--dev-fraction", type=float, default=0.05, help="training documents held out as dev")
     parser.add_argument("--dev-seed", type=int, default=0, help="seed of the dev split")
-    add_common_arguments(parser, "--batch-size", "--dropout", "--lr", "--clip", "--kl-annealing-steps", "--alpha",
+    add_common_arguments(parser, *TRAINING_FLAGS, "--batch-size", "--dropout", "--lr", "--clip", "--kl-annealing-steps", "--alpha",
                          "--topic-model-steps", "--topic-model-lr", "--min-freq", "--max-train-docs",
                          "--max-valid-docs", "--npmi-max-documents", "--steer-topics", "--steer-samples",
                          "--max-new-tokens", "--lda-max-iter", "--speed-repeats", "--threads", "--seed",
@@ -496,7 +415,7 @@ def run(args) -> dict:
         if (mdir / "train.json").exists():
             print(f"\n== [{i + 1}/{len(names)}] {name}: trained earlier", flush=True)
         else:
-            model = build(name, args, tok, topic_tok)
+            model = build_model(name, args, tok, topic_tok)
             print(f"\n== [{i + 1}/{len(names)}, {elapsed:.1f} min] training {name}: {spec['label']} "
                   f"({sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters), context "
                   f"{spec['context']!r}, carry_state {bool(spec.get('carry'))}", flush=True)

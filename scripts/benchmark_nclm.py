@@ -89,7 +89,7 @@ from transformers.utils import logging as hf_logging
 from topic_lm_hf import (LSTMLMForCausalLM, NCLMForCausalLM, TopicContextCollator, build_vocabularies,
                          evaluate_topics, load_documents)
 from topic_lm_hf.benchmark_training import train_resumable
-from topic_lm_hf.benchmarking import (DATA, PROTOCOLS, add_common_arguments, build_lstm, build_nclm,
+from topic_lm_hf.benchmarking import (DATA, PROTOCOLS, TRAINING_FLAGS, add_common_arguments, build_lstm, build_nclm,
                                       cached_lda_judge, check_settings, code_version, evaluate_protocols, fmt,
                                       interleaved_step_times, read_json, steer, write_json)
 from topic_lm_hf.evaluation.steering import format_steering_table
@@ -172,7 +172,7 @@ def main() -> None:
     parser.add_argument("--embedding", dest="embedding_size", type=int, default=None, help="E (default: H)")
     parser.add_argument("--layers", type=int, default=1)
     parser.add_argument("--topics", dest="num_topics", type=int, default=50)
-    add_common_arguments(parser, "--steps", "--topic-model-steps", "--topic-model-lr", "--alpha", "--dropout",
+    add_common_arguments(parser, *TRAINING_FLAGS, "--steps", "--topic-model-steps", "--topic-model-lr", "--alpha", "--dropout",
                          "--batch-size", "--lr", "--clip", "--min-freq", "--max-train-docs", "--max-valid-docs",
                          "--npmi-max-documents", "--steer-topics", "--steer-samples", "--max-new-tokens",
                          "--speed-repeats", "--save-steps", "--threads", "--seed", steps=1200,

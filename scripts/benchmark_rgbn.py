@@ -101,7 +101,7 @@ from transformers.utils import logging as hf_logging
 from topic_lm_hf import (LSTMLMForCausalLM, RGBNRNNForCausalLM, TopicContextCollator, build_vocabularies,
                          evaluate_topics, load_documents)
 from topic_lm_hf.benchmark_training import train_resumable
-from topic_lm_hf.benchmarking import (DATA, PROTOCOLS, Tee, add_common_arguments, build_lstm, build_rgbn,
+from topic_lm_hf.benchmarking import (DATA, PROTOCOLS, TRAINING_FLAGS, Tee, add_common_arguments, build_lstm, build_rgbn,
                                       cached_lda_judge, check_settings, code_version, evaluate_protocols, fmt,
                                       interleaved_step_times, read_json, steer, write_json)
 from topic_lm_hf.evaluation import texygen_bleu, texygen_self_bleu
@@ -230,7 +230,7 @@ def main() -> None:
                         help="E 300, H 600 in every layer (the official code's 600-600-600), topics 100 80 50")
     parser.add_argument("--bleu-samples", type=int, default=1000, help="generated sentences per model for BLEU")
     parser.add_argument("--bleu-temperature", type=float, default=1.0, help="sampling temperature of the BLEU texts")
-    add_common_arguments(parser, "--steps", "--batch-size", "--dropout", "--lr", "--clip", "--min-freq",
+    add_common_arguments(parser, *TRAINING_FLAGS, "--steps", "--batch-size", "--dropout", "--lr", "--clip", "--min-freq",
                          "--max-train-docs", "--max-valid-docs", "--npmi-max-documents", "--steer-topics",
                          "--steer-samples", "--lda-max-iter", "--max-new-tokens", "--speed-repeats", "--save-steps",
                          "--threads", "--seed", steps=300, batch_size=4, clip=5.0, save_steps=50,

@@ -36,7 +36,7 @@ from topic_lm_hf import (LSTMLMConfig, LSTMLMForCausalLM, TCNLMConfig, TCNLMForC
                          TopicRNNConfig, TopicRNNForCausalLM, build_vocabularies, evaluate_perplexity, load_documents,
                          pretrain_topic_model)
 from topic_lm_hf.benchmark_training import train_for_steps
-from topic_lm_hf.benchmarking import DATA, add_common_arguments, cached_lda_judge, steer
+from topic_lm_hf.benchmarking import DATA, TRAINING_FLAGS, add_common_arguments, cached_lda_judge, steer
 from topic_lm_hf.evaluation.steering import format_steering_table
 
 # name -> (family, config overrides, topic-model pre-training steps, what it tests)
@@ -156,7 +156,7 @@ def main() -> None:
     parser.add_argument("--hidden-size", type=int, default=128)
     parser.add_argument("--num-topics", type=int, default=50)
     parser.add_argument("--output-dir", default="out/benchmark_steering")
-    add_common_arguments(parser, "--steps", "--batch-size", "--dropout", "--lr", "--clip", "--kl-annealing-steps",
+    add_common_arguments(parser, *TRAINING_FLAGS, "--steps", "--batch-size", "--dropout", "--lr", "--clip", "--kl-annealing-steps",
                          "--min-freq", "--steer-topics", "--steer-samples", "--max-new-tokens", "--threads", "--seed",
                          steps=500)
     args = parser.parse_args()

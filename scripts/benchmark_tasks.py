@@ -60,8 +60,9 @@ from transformers.utils import logging as hf_logging
 
 from topic_lm_hf import (LSTMLMConfig, NCLMConfig, TCNLMConfig, TopicContextCollator, TopicLMTrainer, TopicRNNConfig,
                          build_vocabularies, save_vocabularies)
-from topic_lm_hf.benchmark_training import pretrain_topic_model_phase
-from topic_lm_hf.benchmarking import DATA, add_common_arguments, check_settings, read_json, write_json
+from topic_lm_hf.benchmark_training import fast_path, pretrain_topic_model_phase
+from topic_lm_hf.benchmarking import (DATA, TRAINING_FLAGS, add_common_arguments, check_settings, read_json,
+                                      write_json)
 from topic_lm_hf.tasks import (FeatureCollator, bow_logistic_regression, classification_accuracy, document_collator,
                                extract_document_features, lda_retrieval, load_classification_splits,
                                majority_accuracy, normalize_blocks, retrieval_precision, tfidf_retrieval,
@@ -108,7 +109,9 @@ def train_lm(name, model, train_docs, tok, topic_tok, args, out: Path) -> dict:
                               lr_scheduler_type="linear", warmup_steps=max(1, args.steps // 50),
                               logging_steps=max(1, args.steps // 5), save_strategy="steps", save_steps=200,
                               save_total_limit=1, report_to=[], use_cpu=True, disable_tqdm=True, seed=args.seed)
-    trainer = TopicLMTrainer(model=model, args=targs, train_dataset=rows, data_collator=collator)
+    targs, compile_output_layer = fast_path(targs, args)
+    trainer = TopicLMTrainer(model=model, args=targs, train_dataset=rows, data_collator=collator,
+                             compile_output_layer=compile_output_layer)
     last = None
     checkpoints = sorted((out / "checkpoints").glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
     if checkpoints:
@@ -208,7 +211,7 @@ def main() -> None:
     parser.add_argument("--cnn-epochs", type=float, default=3)
     parser.add_argument("--max-test-docs", type=int, default=None)
     parser.add_argument("--out", type=Path, default=Path("out/tasks"))
-    add_common_arguments(parser, "--dropout", "--steps", "--topic-model-steps", "--topic-model-lr", "--min-freq",
+    add_common_arguments(parser, *TRAINING_FLAGS, "--dropout", "--steps", "--topic-model-steps", "--topic-model-lr", "--min-freq",
                          "--max-train-docs", "--threads", "--seed", steps=400, min_freq=5, threads=2)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)

@@ -41,7 +41,7 @@ from transformers.utils import logging as hf_logging
 from topic_lm_hf import (LSTMLMForCausalLM, TCNLMForCausalLM, TopicContextCollator, build_vocabularies,
                          evaluate_perplexity, load_documents)
 from topic_lm_hf.benchmark_training import train_for_steps
-from topic_lm_hf.benchmarking import (DATA, PROTOCOLS, add_common_arguments, build_lstm, build_tcnlm,
+from topic_lm_hf.benchmarking import (DATA, PROTOCOLS, TRAINING_FLAGS, add_common_arguments, build_lstm, build_tcnlm,
                                       interleaved_step_times)
 from topic_lm_hf.evaluation.topic_eval import evaluate_topics
 from topic_lm_hf.evaluation.topics import load_reference_corpus
@@ -64,7 +64,7 @@ def main() -> None:
     parser.add_argument("--skip-npmi", action="store_true")
     parser.add_argument("--output-dir", default="/tmp/benchmark_tcnlm")
     parser.add_argument("--json", default=None, help="also write the results to this JSON file")
-    add_common_arguments(parser, "--steps", "--batch-size", "--dropout", "--lr", "--clip", "--kl-annealing-steps",
+    add_common_arguments(parser, *TRAINING_FLAGS, "--steps", "--batch-size", "--dropout", "--lr", "--clip", "--kl-annealing-steps",
                          "--min-freq", "--max-train-docs", "--max-valid-docs", "--npmi-max-documents",
                          "--speed-repeats", "--threads", "--seed", steps=1200)
     args = parser.parse_args()

@@ -43,8 +43,8 @@ from transformers import AutoModelForSequenceClassification, TrainingArguments, 
 from topic_lm_hf import (LSTMLMConfig, LSTMLMForCausalLM, TopicContextCollator, TopicLMTrainer, TopicRNNConfig,
                          TopicRNNForCausalLM, build_vocabularies, evaluate_perplexity, load_documents,
                          save_vocabularies)
-from topic_lm_hf.benchmark_training import CountingCollator
-from topic_lm_hf.benchmarking import DATA, add_common_arguments
+from topic_lm_hf.benchmark_training import CountingCollator, fast_path
+from topic_lm_hf.benchmarking import DATA, TRAINING_FLAGS, add_common_arguments
 from topic_lm_hf.evaluation.sliding_window import evaluate_perplexity_sliding_window
 from topic_lm_hf.tasks.classification import (FeatureCollator, add_document_features, bow_logistic_regression,
                                               classification_accuracy, load_imdb_splits, majority_accuracy,
@@ -64,7 +64,9 @@ def train_lm(model, rows, collator, args, output_dir: Path, steps: int) -> dict:
         learning_rate=args.learning_rate, max_grad_norm=args.max_grad_norm, lr_scheduler_type="constant",
         logging_steps=max(1, steps // 10), save_strategy="no", report_to=[], use_cpu=True, seed=args.seed,
         disable_tqdm=True, dataloader_num_workers=0)
-    trainer = TopicLMTrainer(model=model, args=training_args, train_dataset=rows, data_collator=counting)
+    training_args, compile_output_layer = fast_path(training_args, args)
+    trainer = TopicLMTrainer(model=model, args=training_args, train_dataset=rows, data_collator=counting,
+                             compile_output_layer=compile_output_layer)
     start = time.perf_counter()
     trainer.train()
     seconds = time.perf_counter() - start
@@ -284,7 +286,7 @@ def main(argv=None) -> None:
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--task", choices=["lm", "imdb", "all"], default="all")
     p.add_argument("--output_dir", type=Path, default=Path("out/benchmark_topicrnn"))
-    add_common_arguments(p, "--threads", "--seed")
+    add_common_arguments(p, *TRAINING_FLAGS, "--threads", "--seed")
     p.add_argument("--stopwords", default=str(DATA / "stopwords" / "mallet_en.txt"))
     g = p.add_argument_group("(a) language modelling")
     g.add_argument("--apnews", type=Path, default=DATA / "apnews")

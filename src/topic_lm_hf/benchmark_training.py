@@ -23,7 +23,8 @@ from transformers.trainer_callback import PrinterCallback
 from topic_lm_hf import (NCLMForCausalLM, TopicContextCollator, TopicLMTrainer, evaluate_perplexity,
                          record_vocabularies, save_vocabularies)
 from topic_lm_hf.benchmarking import read_json, read_jsonl, write_json
-from topic_lm_hf.trainer import last_complete_checkpoint
+from topic_lm_hf.fast_path import fast_training_arguments, resolve_precision
+from topic_lm_hf.trainer import float32_forward, last_complete_checkpoint
 
 
 
@@ -175,6 +176,18 @@ class StepTimer(TrainerCallback):
 # ----------------------------------------------------------------------------------------------
 
 
+def fast_path(targs: TrainingArguments, args) -> tuple[TrainingArguments, bool]:
+    """(training arguments, compile the output layer?) of a run: bf16 autocast where the device runs it natively
+    (``args.precision``, default "auto") and the compiled output layer (``args.compile_output_layer``, default on);
+    prints the one sentence that says which (``fast_training_arguments``)."""
+    compile_output_layer = getattr(args, "compile_output_layer", True)
+    bf16, sentence = resolve_precision(targs, getattr(args, "precision", "auto"), compile_output_layer)
+    print(f"   {sentence}", flush=True)
+    if bf16 != targs.bf16:
+        targs = fast_training_arguments(targs, "bf16")
+    return targs, compile_output_layer
+
+
 def train_for_steps(model, rows, collator, args, out_dir: Path) -> dict:
     """``args.steps`` steps of ``TopicLMTrainer`` (Adam ``args.lr``, linear warm-up over 2 % then decay to 0, clip
     ``args.clip``, batches of ``args.batch_size`` rows in the trainer's seeded order); no checkpoint."""
@@ -184,7 +197,9 @@ def train_for_steps(model, rows, collator, args, out_dir: Path) -> dict:
                               warmup_steps=max(1, args.steps // 50), logging_steps=max(1, args.steps // 10),
                               save_strategy="no", eval_strategy="no", report_to=[], use_cpu=True, disable_tqdm=True,
                               seed=args.seed, dataloader_num_workers=0)
-    trainer = TopicLMTrainer(model=model, args=targs, train_dataset=rows, data_collator=counting)
+    targs, compile_output_layer = fast_path(targs, args)
+    trainer = TopicLMTrainer(model=model, args=targs, train_dataset=rows, data_collator=counting,
+                             compile_output_layer=compile_output_layer)
     start = time.perf_counter()
     trainer.train()
     seconds = time.perf_counter() - start
@@ -272,10 +287,11 @@ def train_resumable(name: str, model, rows, collator, args, mdir: Path, tok, top
                               save_strategy="steps", save_steps=args.save_steps, save_total_limit=2,
                               eval_strategy="no", report_to=[], use_cpu=True, disable_tqdm=True, seed=args.seed,
                               dataloader_num_workers=0)
+    targs, compile_output_layer = fast_path(targs, args)
     record_vocabularies(model.config, tok, topic_tok if topics else None)  # the counting wrapper hides the collator
     trainer = BenchmarkTrainer(model=model, args=targs, train_dataset=rows, data_collator=counting,
                                pretraining_phases=[("topic_model", pre)] if pre else None, order=order,
-                               topic_model_steps=pre)
+                               topic_model_steps=pre, compile_output_layer=compile_output_layer)
     phase_of = trainer.training_phase if pre else (lambda step: "joint")
     trainer.remove_callback(PrinterCallback)
     trainer.add_callback(StepTimer(name, counting, steps_path, phase_of, total))
@@ -343,7 +359,7 @@ class DevEarlyStopping(TrainerCallback):
         cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
         start = time.perf_counter()
         model.eval()
-        with torch.no_grad():
+        with torch.no_grad(), float32_forward(model):  # as the saved weights will be evaluated
             r = evaluate_perplexity(model, self.dev_docs, self.protocol, tokenizer=self.tok,
                                     topic_tokenizer=self.topic_tok)
         model.train()

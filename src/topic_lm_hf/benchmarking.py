@@ -7,7 +7,9 @@ records and measures its runs the same way. Their training pieces are in ``topic
 * **Result folders.** ``write_json`` (atomic) / ``read_json``, ``check_settings`` (a rerun with other settings is
   refused), ``code_version`` (the commit and a hash of uncommitted changes), ``Tee`` (a log of everything
   printed), and ``publish`` (a finished table into ``results/README.md``).
-* **Models.** ``build_lstm``, ``build_tcnlm``, ``build_nclm``, ``build_rgbn``: a seeded model at the run's sizes.
+* **Models.** ``build_lstm``, ``build_tcnlm``, ``build_nclm``, ``build_rgbn``: a seeded model at the run's sizes;
+  the unified benchmark's table (``MODELS``, ``SIZES``, ``build_model``, ``make_collator``, ``DocumentChunks``,
+  ``CarriedLoss``), which ``benchmark_all.py`` trains and ``benchmark_speed.py`` times.
 * **Measurements.** ``evaluate_protocols`` (perplexity under every protocol and the mismatched-context ablation),
   ``interleaved_step_times`` (speed with the models' steps interleaved on identical batches), ``steer`` and
   ``cached_lda_judge`` (the steering evaluation).
@@ -33,10 +35,11 @@ from pathlib import Path
 import torch
 
 from topic_lm_hf import (LSTMLMConfig, LSTMLMForCausalLM, NCLMConfig, NCLMForCausalLM, RGBNRNNConfig,
-                         RGBNRNNForCausalLM, TCNLMConfig, TCNLMForCausalLM, evaluate_perplexity, evaluate_steering,
-                         fit_lda_judge)
+                         RGBNRNNForCausalLM, TCNLMConfig, TCNLMForCausalLM, TopicContextCollator, TopicRNNConfig,
+                         TopicRNNForCausalLM, evaluate_perplexity, evaluate_steering, fit_lda_judge)
 from topic_lm_hf.data import shared_data_dir
 from topic_lm_hf.evaluation import PROTOCOLS as PROTOCOL_CONTEXTS
+from topic_lm_hf.trainer import carried_state_loss
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout: src/topic_lm_hf/benchmarking.py
 # $TOPIC_LM_DATA or ../shared/data (data.shared_data_dir); where it is absent, the path the error messages name
@@ -75,7 +78,15 @@ COMMON_ARGUMENTS = {
     "--save-steps": dict(type=int, default=100, help="checkpoint every N steps (resume points)"),
     "--threads": dict(type=int, default=1, help="torch threads"),
     "--seed": dict(type=int, default=0),
+    "--precision": dict(choices=("auto", "bf16", "fp32"), default="auto",
+                        help="training precision: auto = bf16 autocast where the device runs it natively (a CPU "
+                             "with AVX512-BF16 or AMX, a bf16 GPU), else float32 (topic_lm_hf.fast_path)"),
+    "--compile-output-layer": dict(action=argparse.BooleanOptionalAction, default=True,
+                                   help="compile the output layer and its loss (torch.compile; eager where no "
+                                        "compiler works)"),
 }
+# the fast training path's flags: every script that trains takes them (benchmark_training.fast_path reads them)
+TRAINING_FLAGS = ("--precision", "--compile-output-layer")
 
 
 def add_common_arguments(parser: argparse.ArgumentParser, *flags: str, helps: dict | None = None,
@@ -253,6 +264,96 @@ def build_rgbn(args, tok, topic_tok, layers: int, recurrent: bool, loss_preset: 
 
 
 # ----------------------------------------------------------------------------------------------
+# the unified benchmark's models (scripts/benchmark_all.py; scripts/benchmark_speed.py times the same ones)
+# ----------------------------------------------------------------------------------------------
+
+# name -> family, label, training context, carry_state; "published" = the family's name in PUBLISHED
+MODELS = {
+    "lstm": dict(family="lstm", label="LSTM", context="none", published="LSTM"),
+    "lstm-carry": dict(family="lstm", label="LSTM, carried state", context="none", carry=True),
+    "tcnlm": dict(family="tcnlm", label="TCNLM", context="others", published="TCNLM"),
+    "tcnlm-carry": dict(family="tcnlm", label="TCNLM, carried state", context="preceding", carry=True),
+    "topic-lstm": dict(family="topic_rnn", label="TopicLSTM", context="others", published="TopicRNN"),
+    "topic-lstm-carry": dict(family="topic_rnn", label="TopicLSTM, carried state", context="preceding", carry=True),
+    "nclm-lta": dict(family="nclm", label="NCLM LTA", context="others", nclm="lta", published="NCLM LTA"),
+    "nclm-leta": dict(family="nclm", label="NCLM LETA", context="others", nclm="leta", published="NCLM LETA"),
+    "nclm-leta-carry": dict(family="nclm", label="NCLM LETA, carried state", context="preceding", nclm="leta",
+                            carry=True),
+    "gbn": dict(family="rgbn", label="GBN-RNN", context="preceding", recurrent=False, published="GBN-RNN"),
+    "rgbn": dict(family="rgbn", label="rGBN-RNN", context="preceding", recurrent=True, published="rGBN-RNN"),
+}
+SIZES = {"cpu": dict(embedding_size=128, hidden_size=128, num_topics=50),
+         "paper": dict(embedding_size=300, hidden_size=600, num_topics=50)}
+CLASSES = {"lstm": LSTMLMForCausalLM, "tcnlm": TCNLMForCausalLM, "topic_rnn": TopicRNNForCausalLM,
+           "nclm": NCLMForCausalLM, "rgbn": RGBNRNNForCausalLM}
+
+
+class DocumentChunks:
+    """The chunks of a documents batch as one batch of chunks, each with its context (and sentence prefix): the
+    chunk-trained models read exactly the tokens of the documents-trained ones. ``collator``: layout="sentences"."""
+
+    def __init__(self, collator: TopicContextCollator):
+        self.collator = collator
+
+    def __call__(self, features):
+        keys = [k for k in ("input_ids", "context_ids", "prefix_ids") if k in features[0]]
+        return self.collator([{k: f[k][n] for k in keys} for f in features for n in range(len(f["input_ids"]))])
+
+
+def make_collator(name: str, tok, topic_tok):
+    """(documents collator that prepares the rows, the collator the trainer uses), from what the family declares
+    it reads (TopicContextCollator.for_model) with the run's training context."""
+    spec = MODELS[name]
+    family = CLASSES[spec["family"]]
+    documents = TopicContextCollator.for_model(family, tok, topic_tok, context=spec["context"], layout="documents")
+    if spec.get("carry") or spec["family"] == "rgbn":
+        return documents, documents
+    return documents, DocumentChunks(TopicContextCollator.for_model(family, tok, topic_tok, context=spec["context"]))
+
+
+class OnDevice:
+    """A collator whose tensors are moved to ``device`` (the interleaved timing runs the models there)."""
+
+    def __init__(self, collator, device):
+        self.collator, self.device = collator, device
+
+    def __call__(self, features):
+        batch = self.collator(features)
+        return {k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+
+
+class CarriedLoss(torch.nn.Module):
+    """``model(**documents_batch).loss`` with the state carried (``carried_state_loss``), for the interleaved timing
+    of the ``*-carry`` models: the same computation as their training step."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, **batch):
+        return carried_state_loss(self.model, batch)
+
+
+def build_model(name: str, args, tok, topic_tok):
+    """Model ``name`` of ``MODELS``, seeded with ``args.seed``, at the run's sizes."""
+    spec = MODELS[name]
+    if spec["family"] == "lstm":
+        return build_lstm(args, len(tok))
+    if spec["family"] == "tcnlm":
+        return build_tcnlm(args, len(tok), len(topic_tok))
+    if spec["family"] == "nclm":
+        return build_nclm(args, tok, topic_tok, spec["nclm"])
+    if spec["family"] == "rgbn":
+        return build_rgbn(args, tok, topic_tok, layers=1, recurrent=spec["recurrent"])
+    torch.manual_seed(args.seed)
+    config = TopicRNNConfig.from_tokenizers(tok, topic_tok, cell="lstm", embedding_size=args.embedding_size,
+                                            hidden_size=args.hidden_size, num_topics=args.num_topics,
+                                            dropout=args.dropout)
+    return TopicRNNForCausalLM(config)
+
+
+
+# ----------------------------------------------------------------------------------------------
 # measurements
 # ----------------------------------------------------------------------------------------------
 
@@ -288,9 +389,26 @@ def evaluate_protocols(model, valid_docs, tok, topic_tok, mdir: Path, ablation: 
     return ev
 
 
-def interleaved_step_times(models: dict, collators: dict, rows: dict, args, repeats: int) -> dict:
+# how a training step runs: (bf16 autocast, compiled output layer)
+SPEED_MODES = {"fp32": (False, False), "bf16": (True, False), "bf16+compiled": (True, True),
+               "fp32+compiled": (False, True)}
+
+
+def speed_mode(precision_bf16: bool, compiled: bool) -> str:
+    """The ``SPEED_MODES`` name of a run's training path."""
+    return {v: k for k, v in SPEED_MODES.items()}[(bool(precision_bf16), bool(compiled))]
+
+
+def _lm_of(model):
+    return model.model if isinstance(model, CarriedLoss) else model
+
+
+def interleaved_step_times(models: dict, collators: dict, rows: dict, args, repeats: int,
+                           modes: dict | None = None) -> dict:
     """Median seconds per training step (fwd + bwd + Adam) of each model, steps interleaved on identical batches
-    (``args.batch_size`` rows, clip ``args.clip``). The steps update the models (Adam, lr 1e-6): measure last."""
+    (``args.batch_size`` rows, clip ``args.clip``). The steps update the models (Adam, lr 1e-6): measure last.
+    ``modes``: name -> a ``SPEED_MODES`` key (default "fp32"): bf16 autocast and / or the compiled output layer
+    for that entry's steps (entries may share one model under different modes)."""
     times = {name: [] for name in models}
     optimizers = {name: torch.optim.Adam(m.parameters(), lr=1e-6) for name, m in models.items()}
     n = len(next(iter(rows.values())))
@@ -298,9 +416,15 @@ def interleaved_step_times(models: dict, collators: dict, rows: dict, args, repe
         idx = [(r * args.batch_size + i) % n for i in range(args.batch_size)]
         for name, model in models.items():
             batch = collators[name]([rows[name][i] for i in idx])
+            bf16, compiled = SPEED_MODES[(modes or {}).get(name, "fp32")]
+            lm = _lm_of(model)
+            lm.output_layer_compiled = compiled and lm.compile_output_layer(True)
+            device = next(model.parameters()).device.type
             model.train()
             start = time.perf_counter()
-            model(**batch).loss.backward()
+            with torch.autocast(device, dtype=torch.bfloat16, enabled=bf16):
+                loss = model(**batch).loss
+            loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
             optimizers[name].step()
             optimizers[name].zero_grad(set_to_none=True)

@@ -31,6 +31,7 @@ from .data import DataArguments, load_corpora, resolve_stopwords, shared_data_di
 from .collator import TopicContextCollator, make_bow
 from .models.configuration_common import config_kwargs_from_tokenizers
 from .evaluation import evaluate_perplexity
+from .fast_path import FastPathArguments, fast_training_arguments
 from .demo import DemoArguments, run_demo
 from .tasks.commands import (ClassifyArguments, RetrieveArguments, TaskDataArguments, WSDEvaluateArguments,
                              WSDTrainArguments, run_classify, run_retrieve, run_wsd_evaluate, run_wsd_train)
@@ -206,9 +207,13 @@ def pin_memory_only_with_accelerator(training_args: TrainingArguments) -> None:
 
 
 def train(data_args: DataArguments, model_args: ModelArguments, training_args: TrainingArguments,
-          train_docs=None, valid_docs=None, callbacks=None):
-    """Train (resuming from the last complete checkpoint in ``output_dir`` if there is one) and save."""
+          train_docs=None, valid_docs=None, callbacks=None, fast: FastPathArguments | None = None):
+    """Train (resuming from the last complete checkpoint in ``output_dir`` if there is one) and save. ``fast``:
+    bf16 autocast where the device runs it fast and the compiled output layer (``topic_lm_hf.fast_path``)."""
     set_seed(training_args.seed)
+    compile_output_layer = fast is not None and fast.compile_output_layer
+    if fast is not None:
+        training_args = fast_training_arguments(training_args, fast.precision, compile_output_layer)
     pin_memory_only_with_accelerator(training_args)
     if train_docs is None:
         train_docs, valid_docs, source = load_corpora(data_args)
@@ -228,7 +233,8 @@ def train(data_args: DataArguments, model_args: ModelArguments, training_args: T
     eval_rows = collator.prepare(valid_docs) if valid_docs is not None and training_args.eval_strategy != "no" else None
     trainer = TopicLMTrainer(model=model, args=training_args, train_dataset=train_rows, eval_dataset=eval_rows,
                              data_collator=collator, processing_class=tok, callbacks=callbacks,
-                             pretraining_phases=parse_phases(model_args.pretraining_phases))
+                             pretraining_phases=parse_phases(model_args.pretraining_phases),
+                             compile_output_layer=compile_output_layer)
     from .trainer import last_complete_checkpoint
 
     last = last_complete_checkpoint(out)  # skips a checkpoint the previous run did not finish writing
@@ -280,8 +286,9 @@ def generate_text(model, tokenizer, prompt: str = "", topic_tokenizer=None, topi
 # ----------------------------------------------------------------------------------------------
 
 
-def run_train(data_args: DataArguments, model_args: ModelArguments, training_args: TrainingArguments) -> None:
-    train(data_args, model_args, training_args)
+def run_train(data_args: DataArguments, model_args: ModelArguments, training_args: TrainingArguments,
+              fast: FastPathArguments) -> None:
+    train(data_args, model_args, training_args, fast=fast)
     print(f"saved to {training_args.output_dir}")
 
 
@@ -370,10 +377,12 @@ class Command:
 COMMANDS: dict[str, Command] = {
     "train": Command(
         "Train a model on a corpus and save it with its tokenizers.",
-        (DataArguments, ModelArguments, TrainingArguments), run_train,
+        (DataArguments, ModelArguments, TrainingArguments, FastPathArguments), run_train,
         help="Resumes from the last checkpoint-* in --output_dir. Every TrainingArguments flag works; defaults that "
              "differ from TrainingArguments: --learning_rate 1e-3, --logging_steps 50, progress bar on "
-             "(--disable_tqdm true turns it off; the logs are then printed as lines).",
+             "(--disable_tqdm true turns it off; the logs are then printed as lines). Trains in bf16 autocast with "
+             "a compiled output layer where the device runs bf16 natively (one log line says which; --precision "
+             "fp32 and --compile_output_layer false turn them off).",
         defaults={"learning_rate": 1e-3, "logging_steps": 50, "disable_tqdm": False}),
     "evaluate": Command(
         "Perplexity of a saved model under each context protocol.", (EvaluateArguments,), run_evaluate,
@@ -400,7 +409,7 @@ COMMANDS: dict[str, Command] = {
              "and LDA cosine retrieval."),
     "demo": Command(
         "The first thing to run: train a TCNLM and the same-size LSTM, show topics, steered text and perplexity.",
-        (DemoArguments,), run_demo,
+        (DemoArguments, FastPathArguments), run_demo,
         help="Uses ../shared/data/apnews when it exists, --train_file when given, else a synthetic corpus (the "
              "output says SYNTHETIC). About 3 minutes on 2 CPU cores."),
     # two-word commands: "topic-lm wsd train ..." (main joins the words)

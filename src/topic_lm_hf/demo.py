@@ -22,6 +22,7 @@ from transformers import AutoModelForCausalLM, PrinterCallback, TrainerCallback,
 from . import data as data_lib
 from .collator import TopicContextCollator, make_bow
 from .evaluation import evaluate_perplexity
+from .fast_path import FastPathArguments, resolve_precision
 from .models import LSTMLMConfig, LSTMLMForCausalLM, TCNLMConfig, TCNLMForCausalLM
 from .pretraining import pretrain_topic_model
 from .trainer import TopicLMTrainer
@@ -98,15 +99,20 @@ def locate_corpus(train_file: Optional[str], synthetic: bool = False):
     return train, valid, source, resolve_stopwords("mallet" if on_apnews else "default")
 
 
-def train_for(model, rows, collator, seconds: float, out_dir: str, label: str, learning_rate: float,
-              max_steps: int = 100_000):
-    """Train until ``seconds`` of wall time or ``max_steps`` have passed; returns the steps taken."""
-    args = TrainingArguments(output_dir=out_dir, max_steps=max_steps, per_device_train_batch_size=64,
+def training_arguments(out_dir: str, learning_rate: float, max_steps: int = 100_000, bf16: bool = False):
+    return TrainingArguments(output_dir=out_dir, max_steps=max_steps, per_device_train_batch_size=64,
                              learning_rate=learning_rate, max_grad_norm=0.5, lr_scheduler_type="constant",
                              logging_steps=25, save_strategy="no", eval_strategy="no", report_to=[], use_cpu=True,
-                             disable_tqdm=True, seed=0, dataloader_pin_memory=False)
+                             disable_tqdm=True, seed=0, dataloader_pin_memory=False, bf16=bf16)
+
+
+def train_for(model, rows, collator, seconds: float, out_dir: str, label: str, learning_rate: float,
+              max_steps: int = 100_000, bf16: bool = False, compile_output_layer: bool = False):
+    """Train until ``seconds`` of wall time or ``max_steps`` have passed; returns the steps taken."""
+    args = training_arguments(out_dir, learning_rate, max_steps, bf16)
     budget = TimeBudget(seconds, label)
-    trainer = TopicLMTrainer(model=model, args=args, train_dataset=rows, data_collator=collator, callbacks=[budget])
+    trainer = TopicLMTrainer(model=model, args=args, train_dataset=rows, data_collator=collator, callbacks=[budget],
+                             compile_output_layer=compile_output_layer)
     trainer.remove_callback(PrinterCallback)  # one line per logging step (TimeBudget), not the raw log dicts
     trainer.train()
     model.eval()
@@ -120,8 +126,10 @@ def words(tokenizer, ids) -> str:
     return text or "(empty)"
 
 
-def run_demo(args: DemoArguments) -> None:
-    """The demo (see the module docstring); ``topic-lm demo`` parses ``args``."""
+def run_demo(args: DemoArguments, fast: FastPathArguments | None = None) -> None:
+    """The demo (see the module docstring); ``topic-lm demo`` parses ``args`` and ``fast`` (default: bf16 autocast
+    where the CPU runs it natively, and the compiled output layer)."""
+    fast = fast if fast is not None else FastPathArguments()
     import datasets
     import transformers
 
@@ -158,11 +166,15 @@ def run_demo(args: DemoArguments) -> None:
 
     start = phase(3, total, f"training TCNLM ({TCNLM_OPTIONS['num_topics']} topics) for {args.train_seconds:.0f} s, "
                             "then the same-size LSTM for as many steps")
+    bf16, sentence = resolve_precision(training_arguments(args.output_dir, 3e-3), fast.precision,
+                                       fast.compile_output_layer)
+    print(f"       {sentence}", flush=True)
+    speed = dict(bf16=bf16, compile_output_layer=fast.compile_output_layer)
     steps = {}
     steps["TCNLM"] = train_for(tcnlm, topic_rows, topic_collator, args.train_seconds,
-                               os.path.join(args.output_dir, "tcnlm"), "TCNLM", 3e-3)
+                               os.path.join(args.output_dir, "tcnlm"), "TCNLM", 3e-3, **speed)
     steps["LSTM"] = train_for(lstm, lm_collator.prepare(train_docs), lm_collator, 10 * args.train_seconds,
-                              os.path.join(args.output_dir, "lstm"), "LSTM ", 3e-3, max_steps=steps["TCNLM"])
+                              os.path.join(args.output_dir, "lstm"), "LSTM ", 3e-3, max_steps=steps["TCNLM"], **speed)
     print(f"       {steps['TCNLM']} steps of 64 sentence chunks each ({done(start)})", flush=True)
 
     start = phase(4, total, "saving, and reloading with AutoModelForCausalLM")

@@ -74,30 +74,36 @@ def bf16_is_fast(training_args, cpuinfo: str | None = None) -> tuple[bool, str]:
                    "than float32")
 
 
-def fast_training_arguments(training_args, precision: str = "auto", compile_output_layer: bool | None = None,
-                            cpuinfo: str | None = None):
-    """``training_args`` with bf16 autocast on where it is fast (``precision="auto"``), always (``"bf16"``) or
-    never (``"fp32"``); an explicit ``bf16=True`` in ``training_args`` counts as ``"bf16"``. Logs one line saying
-    which path training takes and why (``compile_output_layer``, when given, is named in it). Returns new
-    arguments (``dataclasses.replace``: their checks run again); on a CPU ``use_cpu`` is set, as transformers
-    requires for bf16 there."""
+def resolve_precision(training_args, precision: str = "auto", compile_output_layer: bool | None = None,
+                      cpuinfo: str | None = None) -> tuple[bool, str]:
+    """(whether to train in bf16 autocast, the one sentence that says so and why): ``precision="auto"`` where it
+    is fast, ``"bf16"`` always, ``"fp32"`` never; an explicit ``bf16=True`` in ``training_args`` counts as
+    ``"bf16"``. ``compile_output_layer``, when given, is named in the sentence."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
-    if training_args.fp16:
-        logger.info("Training in fp16 mixed precision (--fp16).")
-        return training_args
     if training_args.bf16 and precision == "fp32":
         raise ValueError("--precision fp32 contradicts --bf16 true: drop one of them")
+    compiled = " with the compiled output layer" if compile_output_layer else ""
+    if training_args.fp16:
+        return False, f"Training in fp16 mixed precision{compiled} (--fp16)."
     fast, why = bf16_is_fast(training_args, cpuinfo)
-    bf16 = training_args.bf16 or precision == "bf16" or (precision == "auto" and fast)
-    compiled = {None: "", True: " with the compiled output layer", False: ""}[compile_output_layer]
-    if bf16:
-        how = "--bf16 true" if training_args.bf16 else (f"--precision {precision}" if precision == "bf16" else why)
-        logger.info("Training in bf16 autocast%s (%s; --precision fp32 turns it off).", compiled, how)
-    elif precision == "fp32":
-        logger.info("Training in float32%s (--precision fp32).", compiled)
-    else:
-        logger.info("Training in float32%s: %s (--precision bf16 forces bf16).", compiled, why)
+    if training_args.bf16 or precision == "bf16":
+        how = "--bf16 true" if training_args.bf16 else "--precision bf16"
+        return True, f"Training in bf16 autocast{compiled} ({how}; --precision fp32 turns it off)."
+    if precision == "fp32":
+        return False, f"Training in float32{compiled} (--precision fp32)."
+    if fast:
+        return True, f"Training in bf16 autocast{compiled} ({why}; --precision fp32 turns it off)."
+    return False, f"Training in float32{compiled}: {why} (--precision bf16 forces bf16)."
+
+
+def fast_training_arguments(training_args, precision: str = "auto", compile_output_layer: bool | None = None,
+                            cpuinfo: str | None = None):
+    """``training_args`` with bf16 autocast where ``resolve_precision`` chooses it, after logging its sentence.
+    Returns new arguments (``dataclasses.replace``: their checks run again); on a CPU ``use_cpu`` is set, as
+    transformers requires for bf16 there."""
+    bf16, sentence = resolve_precision(training_args, precision, compile_output_layer, cpuinfo)
+    logger.info(sentence)
     if bf16 == training_args.bf16:
         return training_args
     return dataclasses.replace(training_args, bf16=True, use_cpu=training_args.use_cpu or not on_gpu(training_args))

@@ -5,6 +5,7 @@ Shapes: b documents, c chunks of a document, l tokens of a chunk, V_c topic voca
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -90,6 +91,30 @@ def _unwrap(model):
         if not isinstance(inner, torch.nn.Module):
             return model
         model = inner
+
+
+@contextlib.contextmanager
+def float32_forward(model):
+    """Run ``model`` outside the mixed-precision wrapper that accelerate puts on ``model.forward`` for a
+    ``TrainingArguments(bf16=True)`` (or fp16) run: inside this block ``model.forward`` is the class's own again,
+    so an evaluation made during training (a callback's) measures the float32 model, as it would after
+    loading the saved weights. A model without the wrapper is left as it is."""
+    model = _unwrap(model)
+    patched = model.__dict__.pop("forward", None) if "_original_forward" in model.__dict__ else None
+    try:
+        yield model
+    finally:
+        if patched is not None:
+            model.__dict__["forward"] = patched
+
+
+def remove_mixed_precision_wrapper(model) -> None:
+    """Undo accelerate's autocast wrapper of ``model.forward`` (what ``TopicLMTrainer.train`` does when it ends),
+    so that the trained model object computes in float32 like the saved one."""
+    model = _unwrap(model)
+    if "_original_forward" in model.__dict__:
+        model.__dict__.pop("forward", None)
+        del model.__dict__["_original_forward"]
 
 
 def check_bptt_chunks(bptt_chunks) -> None:
@@ -365,6 +390,9 @@ class TopicLMTrainer(Trainer):
         finally:
             if self.pretraining_phases:  # a run that stopped within a phase leaves the model whole
                 self.model.set_training_phase("joint")
+            # With bf16 (fp16) accelerate leaves model.forward wrapped in autocast: the trained model would then
+            # evaluate in bf16 while the saved weights load and evaluate in float32.
+            remove_mixed_precision_wrapper(self.model)
 
     def training_phase(self, step: int) -> str:
         """The phase of optimizer step ``step`` (0-based): one of ``pretraining_phases``, then ``"joint"``."""
