@@ -178,11 +178,14 @@ def test_an_abbreviated_flag_is_an_error(capsys):
 
 
 def test_train_defaults_suit_these_models_and_flags_still_win():
-    _, _, args = parse_command("train", ["--output_dir", "x"])
+    _, _, args, fast = parse_command("train", ["--output_dir", "x"])
     assert (args.learning_rate, args.logging_steps, args.disable_tqdm) == (1e-3, 50, False)
-    _, _, args = parse_command("train", ["--output_dir", "x", "--learning_rate", "3e-4", "--logging_steps", "7",
-                                         "--disable_tqdm", "true"])
+    assert (fast.precision, fast.compile_output_layer) == ("auto", True)  # the fast path where the CPU has bf16
+    _, _, args, fast = parse_command("train", ["--output_dir", "x", "--learning_rate", "3e-4", "--logging_steps", "7",
+                                               "--disable_tqdm", "true", "--precision", "fp32",
+                                               "--compile_output_layer", "false"])
     assert (args.learning_rate, args.logging_steps, args.disable_tqdm) == (3e-4, 7, True)
+    assert (fast.precision, fast.compile_output_layer) == ("fp32", False)
 
 
 def test_config_overrides_go_through_transformers_and_the_config_class():

@@ -35,7 +35,7 @@ class FastPathArguments:
     """The ``--precision`` and ``--compile_output_layer`` flags of ``topic-lm train`` and ``topic-lm demo``."""
 
     precision: str = field(default="auto", metadata={
-        "help": "auto: bf16 autocast where the device runs it fast (a CPU with AVX512-BF16 or AMX, a GPU with bf16), "
+        "choices": PRECISIONS, "help": "auto: bf16 autocast where the device runs it fast (a CPU with AVX512-BF16 or AMX, a GPU with bf16), "
                 "float32 elsewhere; bf16: always (on a CPU without those instructions it is slower); fp32: never. "
                 "--bf16 true is the same as bf16."})
     compile_output_layer: bool = field(default=True, metadata={
