@@ -63,6 +63,11 @@ def parse_args(argv=None):
                         help="also train the LSTM and TCNLM this many steps in float32 and on the fast path and "
                              "compare validation perplexity (0: skip)")
     parser.add_argument("--valid-docs", type=int, default=200, help="validation documents of the quality check")
+    parser.add_argument("--quality-models", nargs="+", default=["lstm", "tcnlm"], choices=["lstm", "tcnlm"],
+                        help="the models of the quality check")
+    parser.add_argument("--quality-modes", nargs="+", default=["fp32", "bf16+compiled"],
+                        choices=["fp32", "fp32+compiled", "bf16", "bf16+compiled"],
+                        help="the training paths of the quality check")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--out", default="out/speed", help="results.json and the quality runs' checkpoints")
     add_common_arguments(parser, "--batch-size", "--dropout", "--lr", "--clip", "--kl-annealing-steps", "--alpha",
@@ -146,9 +151,11 @@ def quality(args, train_docs, valid_docs, tok, topic_tok) -> dict:
     path, from the same seed and batch order."""
     results = {}
     for name, protocol in (("lstm", "causal"), ("tcnlm", "paper")):
+        if name not in args.quality_models:
+            continue
         documents, collator = make_collator(name, tok, topic_tok)
         rows = documents.prepare(train_docs)
-        for mode in ("fp32", FAST):
+        for mode in args.quality_modes:
             bf16, compiled = SPEED_MODES[mode]
             run = argparse.Namespace(**{**vars(args), "precision": "bf16" if bf16 else "fp32",
                                         "compile_output_layer": compiled})
@@ -260,7 +267,9 @@ def main(argv=None) -> dict:
         quality_results = quality(args, train_docs, valid_docs, tok, topic_tok)
         print("\n| model | protocol | float32 perplexity | fast path perplexity | difference | training time, "
               "float32 / fast path |\n|---|---|---|---|---|---|")
-        for name in ("lstm", "tcnlm"):
+        for name in args.quality_models:
+            if f"{name}/fp32" not in quality_results or f"{name}/{FAST}" not in quality_results:
+                continue
             a, b = quality_results[f"{name}/fp32"], quality_results[f"{name}/{FAST}"]
             print(f"| {MODELS[name]['label']} | {a['protocol']} | {a['perplexity']:.2f} | {b['perplexity']:.2f} | "
                   f"{b['perplexity'] / a['perplexity'] - 1:+.2%} | {a['train_seconds']:.0f} s / "
