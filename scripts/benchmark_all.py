@@ -386,9 +386,11 @@ def run(args) -> dict:
     def training_rows(name):
         if name not in rows:
             documents, collators[name] = make_collator(name, tok, topic_tok)
-            if documents.context not in rows_by_context:
-                rows_by_context[documents.context] = documents.prepare(train_docs)
-            rows[name] = rows_by_context[documents.context]
+            # rows per context, and with the sentence prefixes for NCLM (TCNLM's "others" rows lack them)
+            kind = (documents.context, CLASSES[MODELS[name]["family"]].reads_sentence_prefix)
+            if kind not in rows_by_context:
+                rows_by_context[kind] = documents.prepare(train_docs)
+            rows[name] = rows_by_context[kind]
             first = next(iter(rows_by_context.values()))
             if rows[name][:8]["input_ids"] != first[:8]["input_ids"]:
                 raise RuntimeError("the models' rows differ: they would not see the same batches")

@@ -130,22 +130,44 @@ def _linear_cross_entropy(features: torch.Tensor, weight: torch.Tensor, bias: Op
     return nn.functional.cross_entropy(logits.float(), targets, reduction="sum")
 
 
-_COMPILED: dict = {}  # "fn": _linear_cross_entropy compiled once per process; "error": why it cannot be
+_COMPILED: dict = {}  # variant -> _linear_cross_entropy compiled for it; "error": why compiling fails here
 
 
-def compiled_linear_cross_entropy():
-    """``_linear_cross_entropy`` under ``torch.compile`` (dynamic shapes: the number of predicted positions changes
-    every batch), or ``None`` with the reason in ``_COMPILED["error"]`` where compiling fails here (no C++
-    compiler, an unsupported platform). Tried once per process on a tiny forward and backward pass."""
-    if "fn" not in _COMPILED:
-        fn = torch.compile(_linear_cross_entropy, dynamic=True)
+def compiled_linear_cross_entropy(variant: tuple = (False, False)):
+    """``_linear_cross_entropy`` under ``torch.compile`` for one ``variant`` (with a row bias?, with its mask?), each
+    compiled on its own so that their graphs do not share one recompilation budget (dynamic shapes: the number of
+    predicted positions changes every batch); ``None`` with the reason in ``_COMPILED["error"]`` where compiling
+    fails here (no C++ compiler, an unsupported platform), tried once per process on a tiny forward and backward."""
+    if "error" not in _COMPILED:
+        probe = torch.compile(_linear_cross_entropy, dynamic=True)
         try:
             weight = torch.zeros(5, 3, requires_grad=True)
-            fn(torch.ones(4, 3), weight, None, torch.tensor([0, 1, 2, 3]), None, None, None).backward()
-            _COMPILED["fn"] = fn
+            probe(torch.ones(4, 3), weight, None, torch.tensor([0, 1, 2, 3]), None, None, None).backward()
+            _COMPILED["error"] = None
         except Exception as error:  # the toolchain, not the model: fall back to eager
-            _COMPILED["fn"], _COMPILED["error"] = None, f"{type(error).__name__}: {str(error).splitlines()[0]}"
-    return _COMPILED["fn"]
+            _COMPILED["error"] = f"{type(error).__name__}: {str(error).splitlines()[0]}"
+    if _COMPILED["error"] is not None:
+        return None
+    if variant not in _COMPILED:
+        _COMPILED[variant] = torch.compile(_VARIANTS[variant], dynamic=True)
+    return _COMPILED[variant]
+
+
+# One function (one code object: torch.compile's cache and recompilation limit are per code object) per variant.
+def _plain_linear_cross_entropy(features, weight, bias, targets, row_bias, rows, row_bias_scale):
+    return _linear_cross_entropy(features, weight, bias, targets, None, None, None)
+
+
+def _row_bias_linear_cross_entropy(features, weight, bias, targets, row_bias, rows, row_bias_scale):
+    return _linear_cross_entropy(features, weight, bias, targets, row_bias, rows, None)
+
+
+def _masked_row_bias_linear_cross_entropy(features, weight, bias, targets, row_bias, rows, row_bias_scale):
+    return _linear_cross_entropy(features, weight, bias, targets, row_bias, rows, row_bias_scale)
+
+
+_VARIANTS = {(False, False): _plain_linear_cross_entropy, (True, False): _row_bias_linear_cross_entropy,
+             (True, True): _masked_row_bias_linear_cross_entropy}
 
 
 def next_token_loss(features: torch.Tensor, labels: torch.Tensor, output: nn.Linear,
@@ -172,7 +194,8 @@ def next_token_loss(features: torch.Tensor, labels: torch.Tensor, output: nn.Lin
     if row_bias is not None:
         rows = torch.arange(targets.shape[0], device=features.device).unsqueeze(1).expand_as(targets)[keep]
         scale = row_bias_mask[keep] if row_bias_mask is not None else None
-    fn = (compiled and compiled_linear_cross_entropy()) or _linear_cross_entropy
+    fn = (compiled and compiled_linear_cross_entropy((row_bias is not None, scale is not None))) \
+        or _linear_cross_entropy
     total = fn(selected, output.weight, output.bias, targets[keep], row_bias, rows, scale)
     return total / keep.sum().clamp_min(1)
 
