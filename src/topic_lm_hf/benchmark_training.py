@@ -23,7 +23,7 @@ from transformers.trainer_callback import PrinterCallback
 from topic_lm_hf import (NCLMForCausalLM, TopicContextCollator, TopicLMTrainer, evaluate_perplexity,
                          record_vocabularies, save_vocabularies)
 from topic_lm_hf.benchmarking import read_json, read_jsonl, write_json
-from topic_lm_hf.fast_path import fast_training_arguments, resolve_precision
+from topic_lm_hf.fast_path import fast_training_arguments
 from topic_lm_hf.trainer import float32_forward, last_complete_checkpoint
 
 
@@ -181,10 +181,8 @@ def fast_path(targs: TrainingArguments, args) -> tuple[TrainingArguments, bool]:
     (``args.precision``, default "auto") and the compiled output layer (``args.compile_output_layer``, default on);
     prints the one sentence that says which (``fast_training_arguments``)."""
     compile_output_layer = getattr(args, "compile_output_layer", True)
-    bf16, sentence = resolve_precision(targs, getattr(args, "precision", "auto"), compile_output_layer)
-    print(f"   {sentence}", flush=True)
-    if bf16 != targs.bf16:
-        targs = fast_training_arguments(targs, "bf16")
+    targs = fast_training_arguments(targs, getattr(args, "precision", "auto"), compile_output_layer,
+                                    say=lambda sentence: print(f"   {sentence}", flush=True))
     return targs, compile_output_layer
 
 

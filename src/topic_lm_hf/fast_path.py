@@ -21,6 +21,7 @@ import logging
 import platform
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -98,12 +99,12 @@ def resolve_precision(training_args, precision: str = "auto", compile_output_lay
 
 
 def fast_training_arguments(training_args, precision: str = "auto", compile_output_layer: bool | None = None,
-                            cpuinfo: str | None = None):
-    """``training_args`` with bf16 autocast where ``resolve_precision`` chooses it, after logging its sentence.
-    Returns new arguments (``dataclasses.replace``: their checks run again); on a CPU ``use_cpu`` is set, as
-    transformers requires for bf16 there."""
+                            cpuinfo: str | None = None, say: Callable[[str], None] = logger.info):
+    """``training_args`` with bf16 autocast where ``resolve_precision`` chooses it, after passing its sentence to
+    ``say`` (default: this module's logger at INFO). Returns new arguments (``dataclasses.replace``: their checks
+    run again); on a CPU ``use_cpu`` is set, as transformers requires for bf16 there."""
     bf16, sentence = resolve_precision(training_args, precision, compile_output_layer, cpuinfo)
-    logger.info(sentence)
+    say(sentence)
     if bf16 == training_args.bf16:
         return training_args
     return dataclasses.replace(training_args, bf16=True, use_cpu=training_args.use_cpu or not on_gpu(training_args))

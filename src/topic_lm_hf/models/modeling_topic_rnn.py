@@ -331,6 +331,8 @@ class TopicRNNForCausalLM(DocumentRepresentationDelegate, TopicRNNPreTrainedMode
         h = self.dropout(hidden)
         stop_logits = self.stop_head(h).squeeze(-1).float()  # (b, s): Gamma^T h_t
         bias = self.topic_bias(theta).float()  # (b, V): b_i^T theta, 0 at stop words
+        # The full (b, s, V) scores v_i^T h_t + c_i only where the marginal is returned (not in training with labels)
+        word_logits = None if self.training and labels is not None else self.lm_head(h).float()
 
         loss = lm_loss = aux_loss = kl_loss = None
         if labels is not None:
@@ -340,8 +342,14 @@ class TopicRNNForCausalLM(DocumentRepresentationDelegate, TopicRNNPreTrainedMode
             # p(y_t | h_t, theta, l_t): one softmax over V of v_i^T h_t + c_i, plus the topic bias where l_t = 0
             # (only at the predicted positions).
             n_tokens = valid.sum().clamp(min=1)
-            lm_loss = next_token_loss(h, labels, self.lm_head, bias, (~is_stop).float(),
-                                      compiled=self.output_layer_compiled)
+            bias_mask = (~is_stop).float()
+            if word_logits is None:  # training: the output layer at the predicted positions only
+                lm_loss = next_token_loss(h, labels, self.lm_head, bias, bias_mask,
+                                          compiled=self.output_layer_compiled)
+            else:  # the full scores are there already
+                conditional = word_logits[:, :-1] + bias_mask.unsqueeze(-1) * bias.unsqueeze(1)  # (b, s-1, V)
+                lm_loss = F.cross_entropy(conditional.reshape(-1, conditional.shape[-1]), targets.reshape(-1),
+                                          ignore_index=-100, reduction="sum") / n_tokens
             # log p(l_t | h_t): binary cross-entropy on the logits (never on sigmoid(logits)).
             bce = F.binary_cross_entropy_with_logits(stop_logits[:, :-1], is_stop.float(), reduction="none")
             aux_loss = (bce * valid).sum() / n_tokens
@@ -354,9 +362,8 @@ class TopicRNNForCausalLM(DocumentRepresentationDelegate, TopicRNNPreTrainedMode
             loss = lm_loss + aux_loss + self.kl_annealing_weight(count=True) * kl_objective
 
         log_marginal = None
-        if not (self.training and labels is not None):
+        if word_logits is not None:
             # p(y_t) = sigmoid(z_t) p(y_t | l = 1) + (1 - sigmoid(z_t)) p(y_t | l = 0), in log space.
-            word_logits = self.lm_head(h).float()  # (b, s, V): v_i^T h_t + c_i
             log_marginal = torch.logaddexp(
                 F.logsigmoid(stop_logits).unsqueeze(-1) + torch.log_softmax(word_logits, dim=-1),
                 F.logsigmoid(-stop_logits).unsqueeze(-1) + torch.log_softmax(word_logits + bias.unsqueeze(1), dim=-1))
