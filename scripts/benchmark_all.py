@@ -131,10 +131,11 @@ from topic_lm_hf import (build_vocabularies, evaluate_topics, load_documents, re
 from topic_lm_hf.benchmark_training import (BatchTokens, BenchmarkTrainer, DevEarlyStopping, StepTimer, batch_order,
                                             best_dirs, fast_path, pretrain_topic_model_phase, step_throughput,
                                             stopped)
-from topic_lm_hf.benchmarking import (CLASSES, DATA, MODELS, PROTOCOLS, SIZES, TRAINING_FLAGS, CarriedLoss, OnDevice, Tee,
-                                      add_common_arguments, build_model, cached_lda_judge, check_settings,
-                                      code_version, evaluate_protocols, fmt, interleaved_step_times, make_collator,
-                                      publish, read_json, read_jsonl, steer, write_json)
+from topic_lm_hf.benchmarking import (CLASSES, DATA, MODELS, PROTOCOLS, SIZES, TRAINING_FLAGS, CarriedLoss,
+                                      OnDevice, Tee, add_common_arguments, build_model, cached_lda_judge,
+                                      check_settings, code_version, evaluate_protocols, fmt, interleaved_step_times,
+                                      make_collator, prepared_rows, publish, read_json, read_jsonl, steer,
+                                      write_json)
 from topic_lm_hf.evaluation.topics import load_reference_corpus
 from topic_lm_hf.trainer import last_complete_checkpoint
 
@@ -386,11 +387,7 @@ def run(args) -> dict:
     def training_rows(name):
         if name not in rows:
             documents, collators[name] = make_collator(name, tok, topic_tok)
-            # rows per context, and with the sentence prefixes for NCLM (TCNLM's "others" rows lack them)
-            kind = (documents.context, CLASSES[MODELS[name]["family"]].reads_sentence_prefix)
-            if kind not in rows_by_context:
-                rows_by_context[kind] = documents.prepare(train_docs)
-            rows[name] = rows_by_context[kind]
+            rows[name] = prepared_rows(rows_by_context, name, documents, train_docs)
             first = next(iter(rows_by_context.values()))
             if rows[name][:8]["input_ids"] != first[:8]["input_ids"]:
                 raise RuntimeError("the models' rows differ: they would not see the same batches")

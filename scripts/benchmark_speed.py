@@ -41,8 +41,8 @@ from transformers import TrainingArguments
 
 from topic_lm_hf import build_vocabularies, load_documents
 from topic_lm_hf.benchmark_training import BatchTokens, BenchmarkTrainer, batch_order, fast_path
-from topic_lm_hf.benchmarking import (CLASSES, DATA, MODELS, SIZES, SPEED_MODES, CarriedLoss, OnDevice, add_common_arguments,
-                                      build_model, interleaved_step_times, make_collator, write_json)
+from topic_lm_hf.benchmarking import (DATA, MODELS, SIZES, SPEED_MODES, CarriedLoss, OnDevice, add_common_arguments,
+                                      build_model, interleaved_step_times, make_collator, prepared_rows, write_json)
 from topic_lm_hf.evaluation import evaluate_perplexity
 from topic_lm_hf.fast_path import cpu_bf16_flags
 
@@ -209,17 +209,14 @@ def main(argv=None) -> dict:
     documents_rows = {}
     for name in args.names:
         documents, collator = make_collator(name, tok, topic_tok)
-        # rows per context, and with the sentence prefixes for NCLM (the same documents, the same order)
-        kind = (documents.context, CLASSES[MODELS[name]["family"]].reads_sentence_prefix)
-        if kind not in documents_rows:
-            documents_rows[kind] = documents.prepare(train_docs)
+        name_rows = prepared_rows(documents_rows, name, documents, train_docs)
         model = build_model(name, args, tok, topic_tok).to(args.device)
         models[name] = CarriedLoss(model) if MODELS[name].get("carry") else model
         for mode in (TIMED_MODES if not MODELS[name].get("carry") else (FAST,)):
             key = f"{name}/{mode}"
             entries[key], modes[key] = models[name], mode
             collators[key] = OnDevice(collator, args.device)
-            rows[key] = documents_rows[kind]
+            rows[key] = name_rows
     start = time.perf_counter()
     timing_args = argparse.Namespace(batch_size=args.batch_size, clip=args.clip)
     timed = interleaved_step_times(entries, collators, rows, timing_args, args.repeats, modes)

@@ -1,5 +1,6 @@
 """The `topic-lm` command as a user runs it: the README's main job, and train / evaluate / generate."""
 
+import logging
 import re
 
 import pytest
@@ -12,6 +13,8 @@ def test_demo_on_the_synthetic_corpus_says_so(tmp_path, capsys):
     main(["demo", "--synthetic", "--train_seconds", "2", "--eval_documents", "8", "--output_dir", str(tmp_path)])
     out = capsys.readouterr().out
     assert "SYNTHETIC" in out
+    assert re.search(r"Training in (bf16 autocast|float32) with the compiled output layer", out)  # the fast path
+    # the trained objects compute as their saved weights do (bf16 training leaves no autocast wrapper behind)
     assert out.count("same logits after reloading: True") == 2
     for model in ("LSTM", "TCNLM"):
         for protocol in ("paper", "causal", "causal-carry"):
@@ -25,13 +28,16 @@ def test_demo_on_the_synthetic_corpus_says_so(tmp_path, capsys):
 
 
 @requires_data("apnews", "train.txt")
-def test_train_evaluate_generate_commands_on_apnews(tmp_path, capsys):
+def test_train_evaluate_generate_commands_on_apnews(tmp_path, capsys, caplog):
     out_dir = tmp_path / "lstm"
-    main(["train", "--train_file", str(DATA / "apnews" / "train.txt"), "--max_train_documents", "150",
-          "--validation_file", str(DATA / "apnews" / "valid.txt"), "--max_eval_documents", "20",
-          "--config_overrides", "embedding_size=32,hidden_size=32", "--min_freq", "3",
-          "--output_dir", str(out_dir), "--max_steps", "20", "--per_device_train_batch_size", "16",
-          "--report_to", "none", "--use_cpu", "--eval_strategy", "steps", "--eval_steps", "20"])
+    with caplog.at_level(logging.INFO, logger="topic_lm_hf.fast_path"):
+        main(["train", "--train_file", str(DATA / "apnews" / "train.txt"), "--max_train_documents", "150",
+              "--validation_file", str(DATA / "apnews" / "valid.txt"), "--max_eval_documents", "20",
+              "--config_overrides", "embedding_size=32,hidden_size=32", "--min_freq", "3",
+              "--output_dir", str(out_dir), "--max_steps", "20", "--per_device_train_batch_size", "16",
+              "--report_to", "none", "--use_cpu", "--eval_strategy", "steps", "--eval_steps", "20"])
+    # one line says which training path the run took, and why
+    assert len([r for r in caplog.records if r.getMessage().startswith("Training in ")]) == 1
     assert (out_dir / "model.safetensors").exists()
     main(["evaluate", "--model_name_or_path", str(out_dir), "--validation_file", str(DATA / "apnews" / "valid.txt"),
           "--max_eval_documents", "10"])

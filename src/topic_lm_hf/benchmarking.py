@@ -311,6 +311,16 @@ def make_collator(name: str, tok, topic_tok):
     return documents, DocumentChunks(TopicContextCollator.for_model(family, tok, topic_tok, context=spec["context"]))
 
 
+def prepared_rows(cache: dict, name: str, documents: TopicContextCollator, train_docs):
+    """``documents.prepare(train_docs)`` for model ``name``, prepared once per context and sentence-prefix need
+    (NCLM's rows carry the prefixes that TCNLM's ``others`` rows lack) and kept in ``cache``: every model reads the
+    same documents in the same order."""
+    kind = (documents.context, CLASSES[MODELS[name]["family"]].reads_sentence_prefix)
+    if kind not in cache:
+        cache[kind] = documents.prepare(train_docs)
+    return cache[kind]
+
+
 class OnDevice:
     """A collator whose tensors are moved to ``device`` (the interleaved timing runs the models there)."""
 
