@@ -117,8 +117,14 @@ def run_torchrun(script: Path, *args: str, processes: int = 2):
 
 
 def finish_distributed(trainer):
-    """End a torchrun test script: wait for every rank, then tear the process group down, so no rank exits while
-    its gloo threads still run (that aborts with "terminate called without an active exception")."""
+    """End a torchrun test script: wait for every rank, drop every reference to the DDP-wrapped model (its reducer
+    holds the gloo process group), then tear the group down. A group still referenced at interpreter exit is
+    destroyed during static destruction, with its gloo threads running, and aborts the rank ("terminate called
+    without an active exception")."""
+    import gc
+
     trainer.accelerator.wait_for_everyone()
-    if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
+    trainer.model_wrapped = trainer.model
+    trainer.accelerator.free_memory()
+    gc.collect()
+    trainer.accelerator.end_training()
