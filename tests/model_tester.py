@@ -430,8 +430,7 @@ class ModelTester:
         lm_module = f"modeling_{f.config_class.model_type}"
         saved = json.loads((folder / "config.json").read_text())
         assert saved["model_type"] == f.config_class.model_type
-        assert saved["auto_map"] == {"AutoConfig": f"{config_module}.{f.config_class.__name__}",
-                                     "AutoModelForCausalLM": f"{lm_module}.{f.lm_class.__name__}"}
+        assert saved["auto_map"] == self.full_auto_map()  # every Auto class of the family, from any save
         todo, seen = [config_module, lm_module], set()
         while todo:
             module = todo.pop()
@@ -580,15 +579,25 @@ class ModelTester:
 
     # -- remote code ----------------------------------------------------------------------------
 
-    def remote_code_job(self, folder: Path) -> tuple[dict, dict]:
-        """Save for the Hub; the inputs a process without the package runs on the folder, and what this process
-        gets from them: the logits under every conditioning the family takes, greedy generation from the padded
-        prompts (without conditioning and with one row each of the documents' bags of words), and from <bos>
-        under each shared conditioning."""
+    def remote_code_job(self, root: Path, name: str) -> tuple[dict, dict]:
+        """Save for the Hub, into ``root/hub``, a Hub cache in huggingface_hub's own layout
+        (``models--org--name/refs/main`` naming the revision, ``snapshots/<revision>/`` its files), as a download
+        leaves it; and with a plain ``save_pretrained`` (what a Trainer checkpoint writes) into ``root/name-saved``.
+        Returns the inputs a process without the package runs on them (by repo id, offline), and what this
+        process gets from them: the logits under every conditioning the family takes, greedy generation from the
+        padded prompts (without conditioning and with one row each of the documents' bags of words), and from
+        <bos> under each shared conditioning."""
         from topic_lm_hf.hub import save_for_hub
 
         model, d = self.model, self.data
-        save_for_hub(model, folder, d.tok, d.topic_tok)
+        repo_id, revision = f"topic-lm-hf/{name}", "0123456789abcdef0123456789abcdef01234567"
+        repo = root / "hub" / f"models--{repo_id.replace('/', '--')}"
+        folder = repo / "snapshots" / revision
+        save_for_hub(model, folder, d.tok, d.topic_tok, repo_id=repo_id)
+        (repo / "refs").mkdir(parents=True)
+        (repo / "refs" / "main").write_text(revision)
+        saved = root / f"{name}-saved"
+        model.save_pretrained(saved)
         batch = d.padded("left")
         forward = {f"{kind} {i}": v for i, (kind, v) in enumerate(self.supported_conditions(forward=True))}
         decoding = dict(max_new_tokens=5, min_new_tokens=5, do_sample=False)
@@ -597,10 +606,11 @@ class ModelTester:
         for i, (kind, v) in enumerate(self.supported_conditions()):  # from <bos>, under the conditioning alone
             if kind == "prior" or kind.endswith("-shared"):
                 generate[f"{kind} {i} without a prompt"] = {**v, **decoding}
-        job = {"folder": str(folder), "prompts": d.prompts, "forward": {k: {**batch, **v} for k, v in forward.items()},
+        job = {"repo_id": repo_id, "saved": str(saved), "prompts": d.prompts, "forward": {k: {**batch, **v} for k, v in forward.items()},
                "generate": generate, "topics": hasattr(model, "get_topics")}
         expected = {"ids": batch["input_ids"], "logits": {}, "generated": {},
-                    "auto_map": json.loads((folder / "config.json").read_text())["auto_map"]}
+                    "auto_map": json.loads((folder / "config.json").read_text())["auto_map"],
+                    "saved_auto_map": json.loads((saved / "config.json").read_text())["auto_map"]}
         with torch.no_grad():
             for name, inputs in job["forward"].items():
                 torch.manual_seed(11)
@@ -612,19 +622,29 @@ class ModelTester:
             expected["topics"] = model.get_topics(top_n=3, topic_tokenizer=d.topic_tok)
         return job, expected
 
+    def full_auto_map(self) -> dict:
+        f = self.family
+        model_type, lm = f.config_class.model_type, f.lm_class.__name__
+        return {"AutoConfig": f"configuration_{model_type}.{f.config_class.__name__}",
+                "AutoModel": f"modeling_{model_type}.{f.base_class.__name__}",
+                "AutoModelForCausalLM": f"modeling_{model_type}.{lm}",
+                "AutoModelForSequenceClassification":
+                    f"modeling_{model_type}.{lm.replace('ForCausalLM', 'ForSequenceClassification')}"}
+
     def check_remote_code(self, result: dict, expected: dict):
         f = self.family
         lm, model_type = f.lm_class.__name__, f.config_class.model_type
         classifier = lm.replace("ForCausalLM", "ForSequenceClassification")
-        assert expected["auto_map"] == {  # save_for_hub maps every Auto class the family has
-            "AutoConfig": f"configuration_{model_type}.{f.config_class.__name__}",
-            "AutoModel": f"modeling_{model_type}.{f.base_class.__name__}",
-            "AutoModelForCausalLM": f"modeling_{model_type}.{lm}",
-            "AutoModelForSequenceClassification": f"modeling_{model_type}.{classifier}"}
+        assert expected["auto_map"] == self.full_auto_map()  # save_for_hub maps every Auto class the family has
+        assert expected["saved_auto_map"] == self.full_auto_map()  # and so does save_pretrained
+        # every Auto class loads the save_pretrained folder without the package
+        assert result["saved"] == {"AutoConfig": type(self.model.config).__name__, "AutoModel": f.base_class.__name__,
+                                   "AutoModelForCausalLM": lm, "AutoModelForSequenceClassification": classifier}
         # without trust_remote_code, transformers asks for it instead of suggesting an upgrade
         assert "trust_remote_code=True" in result["message"] and "upgrade" not in result["message"]
         assert result["module"].startswith("transformers_modules") and result["class"] == f.lm_class.__name__
         assert torch.equal(result["ids"], expected["ids"])  # the tokenizer loads from the folder too
+        assert result["topic_vocabulary"] == len(self.data.topic_tok)  # and the topic tokenizer
         assert result["logits"].keys() == expected["logits"].keys()
         for name, logits in expected["logits"].items():
             torch.testing.assert_close(result["logits"][name], logits, rtol=1e-5, atol=1e-6, msg=name)
@@ -643,12 +663,14 @@ REMOTE_SCRIPT = """
 import os, sys
 sys.stdin = open(os.devnull)  # transformers' "run the custom code? [y/N]" prompt gets no answer: an error at once
 import torch
-from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+os.environ["HF_HUB_CACHE"] = os.path.abspath("hub")  # before transformers reads it
+from transformers import (AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification,
+                          AutoTokenizer, PreTrainedTokenizerFast)
 torch.set_num_threads(1)  # it runs beside the tests of the module
 jobs = torch.load("jobs.pt", weights_only=False)
 results = {}
 for name, job in jobs.items():
-    path, r = job["folder"], {}
+    path, r = job["repo_id"], {}  # a repo id, found offline in the Hub cache (HF_HUB_CACHE, HF_HUB_OFFLINE=1)
     try:
         AutoModelForCausalLM.from_pretrained(path)
         r["message"] = ""
@@ -656,6 +678,8 @@ for name, job in jobs.items():
         r["message"] = str(error)
     model = AutoModelForCausalLM.from_pretrained(path, trust_remote_code=True).eval()
     tok = AutoTokenizer.from_pretrained(path, trust_remote_code=True)
+    topic_tok = PreTrainedTokenizerFast.from_pretrained(path, subfolder="topic_tokenizer")
+    r["topic_vocabulary"] = len(topic_tok)
     r["module"], r["class"] = type(model).__module__, type(model).__name__
     r["ids"] = tok(job["prompts"], return_tensors="pt", padding=True, padding_side="left")["input_ids"]
     r["logits"], r["generated"] = {}, {}
@@ -671,6 +695,9 @@ for name, job in jobs.items():
     clf = AutoModelForSequenceClassification.from_pretrained(path, num_labels=2, trust_remote_code=True)
     r["classifier"] = type(clf).__name__
     r["frozen"] = not any(p.requires_grad for p in clf.model.parameters())
+    r["saved"] = {"AutoConfig": type(AutoConfig.from_pretrained(job["saved"], trust_remote_code=True)).__name__}
+    for auto in (AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification):
+        r["saved"][auto.__name__] = type(auto.from_pretrained(job["saved"], trust_remote_code=True)).__name__
     results[name] = r
 torch.save(results, "results.pt")
 print()  # the prompt above ends without a newline
@@ -692,7 +719,7 @@ class RemoteCodeRun:
         self.families, self.root, self.expected, self.error = sorted(testers), root, {}, None
         jobs = {}
         for name, tester in testers.items():
-            jobs[name], self.expected[name] = tester.remote_code_job(root / name)
+            jobs[name], self.expected[name] = tester.remote_code_job(root, name)
         torch.save(jobs, root / "jobs.pt")
 
         def run():

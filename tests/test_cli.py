@@ -45,6 +45,17 @@ def test_train_evaluate_generate_commands_on_apnews(tmp_path, capsys, caplog):
     rows = re.findall(r"\| (paper|causal|causal-carry) \| .*? \| ([\d.]+) \| (\d+) \|", out)
     assert [r[0] for r in rows] == ["paper", "causal", "causal-carry"]
     assert all(1 < float(r[1]) < 5000 for r in rows)
+    # export: an upload-ready folder whose card carries the rows evaluate wrote next to the model
+    main(["export", "--model_name_or_path", str(out_dir), "--repo_id", "me/lstm-apnews",
+          "--output_dir", str(tmp_path / "export")])
+    assert "upload it with `hf upload me/lstm-apnews" in capsys.readouterr().out
+    from huggingface_hub import ModelCard
+
+    card = ModelCard.load(tmp_path / "export" / "README.md")
+    measured = {r.metric_config: r.metric_value for r in card.data.eval_results}
+    assert measured == {protocol: round(float(value), 2) for protocol, value, _ in rows}
+    assert card.data.eval_results[0].dataset_name == "apnews/valid.txt" and 'repo = "me/lstm-apnews"' in card.text
+    assert {"modeling_lstm_lm.py", "tokenizer.json", "model.safetensors"} <= {p.name for p in (tmp_path / "export").iterdir()}
     main(["generate", "--model_name_or_path", str(out_dir), "--prompt", "The Senate voted", "--max_new_tokens", "5",
           "--num_beams", "2", "--num_return_sequences", "2"])
     lines = [l for l in capsys.readouterr().out.splitlines() if l.startswith("the senate ")]
@@ -149,7 +160,7 @@ def test_each_subcommand_help_names_it_and_documents_every_flag(name):
 def test_evaluate_help_lists_only_the_flags_evaluate_uses():
     flags = {a.option_strings[0] for a in command_parser("evaluate")._actions}
     assert flags == {"-h", "--model_name_or_path", "--validation_file", "--text_column", "--max_eval_documents",
-                     "--protocols", "--max_sentence_length", "--max_context_tokens", "--batch_size"}
+                     "--protocols", "--max_sentence_length", "--max_context_tokens", "--batch_size", "--output_json"}
 
 
 def test_stopwords_help_documents_mallet():

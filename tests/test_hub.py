@@ -4,6 +4,7 @@ import json
 import os
 from pathlib import Path
 
+import pytest
 import torch
 from huggingface_hub import ModelCard
 
@@ -61,7 +62,7 @@ def test_push_to_hub_uploads_the_saved_folder(monkeypatch, tmp_path):
     monkeypatch.setattr("topic_lm_hf.hub.HfApi", FakeApi)
     tok, topic_tok = build_vocabularies(synthetic_documents(20), min_freq=1)
     model = LSTMLMForCausalLM(LSTMLMConfig(vocab_size=len(tok), embedding_size=4, hidden_size=4))
-    push_to_hub(model, "me/lstm-test", tok, topic_tok)
+    push_to_hub(model, "me/lstm-test", tok, topic_tok, local_dir=tmp_path / "ready")
     assert uploaded["repo"] == "me/lstm-test"
     assert "model.safetensors" in uploaded["files"] and "topic_tokenizer/tokenizer.json" in uploaded["files"]
 
@@ -140,3 +141,97 @@ print(json.dumps({{"values": [r.metric_value for r in card.data.eval_results], "
                           env={**os.environ, "PYTHONPATH": "", "HF_HUB_OFFLINE": "1"})
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"values": [77.7], "table": True}
+
+
+UNREACHABLE = "http://127.0.0.1:9"  # a closed port: the Hub "cannot be reached" at once, the same on every machine
+
+
+def _cli(tmp_path, *argv, env=None):
+    """``topic-lm argv`` in its own process (the exit code and stderr a user sees)."""
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "topic_lm_hf.cli", *map(str, argv)], capture_output=True, text=True,
+                          cwd=tmp_path, env={**os.environ, "HF_HUB_CACHE": str(tmp_path / "hub-cache"), **(env or {})},
+                          timeout=300)
+
+
+def test_push_without_a_network_leaves_the_ready_folder_and_says_how_to_upload_it(tmp_path, monkeypatch):
+    """The package's push_to_hub, the model's own push_to_hub, and `topic-lm export --push_to_hub`."""
+    import huggingface_hub
+
+    from topic_lm_hf.hub import HubUnreachableError
+
+    tok, topic_tok = build_vocabularies(synthetic_documents(20), min_freq=1)
+    model = LSTMLMForCausalLM(LSTMLMConfig(vocab_size=len(tok), embedding_size=4, hidden_size=4))
+    monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", UNREACHABLE)
+    with pytest.raises(HubUnreachableError) as error:
+        push_to_hub(model, "me/lstm-offline", tok, topic_tok, local_dir=tmp_path / "ready")
+    message = str(error.value)
+    assert "\n" not in message and "The Hub cannot be reached" in message
+    assert f"hf upload me/lstm-offline {tmp_path / 'ready'}" in message
+    assert {"model.safetensors", "config.json", "README.md", "topic_tokenizer"} <= {p.name for p in (tmp_path / "ready").iterdir()}
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(huggingface_hub.hf_api.api, "endpoint", UNREACHABLE)  # transformers' push uses this one
+    with pytest.raises(HubUnreachableError, match=r"the upload-ready folder is lstm-model-hub: upload it later with "
+                                                  r"`hf upload me/lstm-model lstm-model-hub`"):
+        model.push_to_hub("me/lstm-model")
+    assert (tmp_path / "lstm-model-hub" / "model.safetensors").exists()
+
+    model.save_pretrained(tmp_path / "saved")
+    tok.save_pretrained(tmp_path / "saved")
+    proc = _cli(tmp_path, "export", "--model_name_or_path", "saved", "--repo_id", "me/lstm-cli", "--output_dir", "out",
+                "--push_to_hub", env={"HF_ENDPOINT": UNREACHABLE})
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("topic-lm export: error: The Hub cannot be reached") and "`hf upload me/lstm-cli out`" in last
+    assert (tmp_path / "out" / "model.safetensors").exists()
+
+
+@pytest.mark.parametrize("env", [{"HF_HUB_OFFLINE": "1"}, {"HF_ENDPOINT": UNREACHABLE}], ids=["offline", "no-network"])
+def test_a_missing_folder_is_one_line_not_a_hub_traceback(tmp_path, env):
+    proc = _cli(tmp_path, "topics", "--model_name_or_path", "out/tcnlm-cli", env=env)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("topic-lm topics: error: there is no folder out/tcnlm-cli, and ")
+    (tmp_path / "empty").mkdir()
+    proc = _cli(tmp_path, "generate", "--model_name_or_path", "empty", env=env)
+    assert proc.returncode == 2 and proc.stderr.strip() == ("topic-lm generate: error: empty is a folder without "
+                                                            "config.json: not a saved model (give the folder that "
+                                                            "save_pretrained, a Trainer checkpoint or topic-lm train "
+                                                            "wrote)")
+
+
+def test_each_head_gets_its_own_card(tmp_path):
+    """A classifier reports accuracy, the sense tagger F1 per evaluation set, rGBN-RNN every size; NaN stays out."""
+    from topic_lm_hf import (RGBNRNNConfig, RGBNRNNForCausalLM, SenseTaggerConfig, SenseTaggerForTokenClassification,
+                             TCNLMConfig, TCNLMForSequenceClassification)
+    from topic_lm_hf.hub import write_model_card
+
+    tok, topic_tok = build_vocabularies(synthetic_documents(30), min_freq=1)
+    clf = TCNLMForSequenceClassification(TCNLMConfig(vocab_size=len(tok), topic_vocab_size=len(topic_tok), num_topics=3,
+                                                     embedding_size=4, hidden_size=4, num_labels=8))
+    card = write_model_card(clf, tmp_path / "clf", repo_id="me/tcnlm-r8",
+                            results=[{"dataset": "R8 test", "metric": "accuracy", "value": 0.9312}])
+    assert card.data.pipeline_tag == "text-classification"
+    (result,) = card.data.eval_results
+    assert (result.metric_type, result.metric_value, result.task_type) == ("accuracy", 0.9312, "text-classification")
+    assert "Perplexity" not in card.text and "| R8 test |  | accuracy | 0.9312 |" in card.text
+    assert "AutoModelForSequenceClassification.from_pretrained(repo, trust_remote_code=True)" in card.text
+
+    tagger = SenseTaggerForTokenClassification(SenseTaggerConfig(vocab_size=len(tok), num_labels=5))
+    card = write_model_card(tagger, tmp_path / "tagger", repo_id="me/wsd", results=[
+        {"dataset": "Raganato ALL", "metric": "f1", "value": v, "config": name}
+        for name, v in (("senseval2", 0.61), ("semeval2015", float("nan")))])
+    assert card.data.pipeline_tag == "token-classification"
+    assert [(r.metric_name, r.metric_value) for r in card.data.eval_results] == [("F1 (senseval2)", 0.61)]
+    assert "| Raganato ALL | semeval2015 | f1 | n/a |" in card.text and "nan" not in card.content.split("---")[1].lower()
+
+    rgbn = RGBNRNNForCausalLM(RGBNRNNConfig.from_tokenizers(tok, topic_tok, topic_sizes=[6, 4], hidden_sizes=[8, 6],
+                                                            embedding_size=4))
+    card = write_model_card(rgbn, tmp_path / "rgbn", repo_id="me/rgbn", results=[
+        {"dataset": "APNEWS valid", "protocol": "paper", "perplexity": float("nan")}])
+    assert "| topic_sizes | [6, 4] |" in card.text and "| hidden_sizes | [8, 6] |" in card.text
+    assert card.data.eval_results is None and ".nan" not in card.content
+    assert card.data.pipeline_tag == "text-generation" and "generate(topic_ids=[3]" in card.text

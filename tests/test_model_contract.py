@@ -20,10 +20,10 @@ def test_the_table_holds_every_family_of_the_package():
 @pytest.fixture(scope="module")
 def contract(request, tmp_path_factory):
     """The data, one tester (with its model) per family, and the remote-code run of every family, started at
-    once in the background (test_saved_folder_loads_with_remote_code_without_the_package, last, collects it)."""
+    once in the background (test_hub_repo_and_saved_folder_load_with_remote_code_without_the_package, last, collects it)."""
     data = load_contract_data(request)
     testers = {name: ModelTester(name, data) for name in FAMILIES}
-    remote_selected = any(item.originalname == "test_saved_folder_loads_with_remote_code_without_the_package"
+    remote_selected = any(item.originalname == "test_hub_repo_and_saved_folder_load_with_remote_code_without_the_package"
                           for item in request.session.items)
     return testers, RemoteCodeRun(testers, tmp_path_factory.mktemp("remote")) if remote_selected else None
 
@@ -57,7 +57,7 @@ def test_cached_generation_equals_uncached(tester, condition, mode):
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
-def test_saved_folder_loads_with_remote_code_without_the_package(contract, family):
+def test_hub_repo_and_saved_folder_load_with_remote_code_without_the_package(contract, family):
     testers, remote = contract
     results, expected = remote.result()
     testers[family].check_remote_code(results[family], expected[family])

@@ -32,6 +32,7 @@ from .collator import TopicContextCollator, make_bow
 from .models.configuration_common import config_kwargs_from_tokenizers
 from .evaluation import evaluate_perplexity
 from .fast_path import FastPathArguments, fast_training_arguments
+from .hub import HubUnreachableError, ModelSourceError, load_pretrained, resolve_model_source
 from .demo import DemoArguments, run_demo
 from .tasks.commands import (ClassifyArguments, RetrieveArguments, TaskDataArguments, WSDEvaluateArguments,
                              WSDTrainArguments, run_classify, run_retrieve, run_wsd_evaluate, run_wsd_train)
@@ -82,6 +83,26 @@ class EvaluateArguments:
     max_sentence_length: int = field(default=30, metadata={"help": _HELP["max_sentence_length"]})
     max_context_tokens: int = field(default=300, metadata={"help": _HELP["max_context_tokens"]})
     batch_size: int = field(default=64, metadata={"help": "Chunks (or documents, for causal-carry) per forward pass."})
+    output_json: Optional[str] = field(default=None, metadata={
+        "help": "Also write the rows as JSON here (default: perplexity.json in the model folder, where "
+                "`topic-lm export` finds them for the model card; 'none': nowhere)."})
+
+
+@dataclass
+class ExportArguments:
+    model_name_or_path: str = field(metadata={"help": "A saved model folder (topic-lm train's output, a Trainer "
+                                                      "checkpoint or a save_pretrained folder)."})
+    repo_id: str = field(metadata={"help": "The Hub repository it is for, e.g. org/tcnlm-apnews (the card's "
+                                           "examples load it)."})
+    output_dir: str = field(metadata={"help": "Where to write the upload-ready folder."})
+    results: Optional[str] = field(default=None, metadata={
+        "help": "Evaluation rows (JSON list) for the card; default: the model folder's perplexity.json (written by "
+                "topic-lm evaluate) when there is one."})
+    dataset: Optional[str] = field(default=None, metadata={
+        "help": "The evaluation data's name in the card, for rows that have none (default: their validation file)."})
+    push_to_hub: bool = field(default=False, metadata={
+        "help": "Also upload the folder (without a network: one line says how to upload it later)."})
+    private: bool = field(default=False, metadata={"help": "Create the repository private (with --push_to_hub)."})
 
 
 @dataclass
@@ -172,7 +193,7 @@ def make_config(model_args: ModelArguments) -> PretrainedConfig:
 def build_model(model_args: ModelArguments, tokenizer, topic_tokenizer):
     """A new model of ``model_type`` sized to the vocabularies, or a saved one."""
     if model_args.model_name_or_path:
-        model = AutoModelForCausalLM.from_pretrained(model_args.model_name_or_path)
+        model = load_pretrained(AutoModelForCausalLM, model_args.model_name_or_path)
         data_lib.check_vocabularies(tokenizer, topic_tokenizer, model.config)
         return model
     config = make_config(model_args)
@@ -293,7 +314,7 @@ def run_train(data_args: DataArguments, model_args: ModelArguments, training_arg
 
 
 def run_evaluate(args: EvaluateArguments) -> None:
-    model = AutoModelForCausalLM.from_pretrained(args.model_name_or_path)
+    model = load_pretrained(AutoModelForCausalLM, args.model_name_or_path)
     if args.validation_file is None and shared_data_dir() is None:
         raise SystemExit("topic-lm evaluate: error: give --validation_file (../shared/data is absent)")
     valid_file = args.validation_file or str(shared_data_dir() / "apnews" / "valid.txt")
@@ -303,11 +324,54 @@ def run_evaluate(args: EvaluateArguments) -> None:
                     batch_size=args.batch_size)
     print(f"validation: {valid_file} ({len(docs)} documents)\n")
     print(format_perplexity_table(rows))
+    output = args.output_json
+    if output is None and Path(args.model_name_or_path).is_dir():
+        output = str(Path(args.model_name_or_path) / "perplexity.json")
+    if output and output != "none":
+        import json
+
+        dataset = f"{Path(valid_file).parent.name}/{Path(valid_file).name}"
+        Path(output).write_text(json.dumps([{**r, "dataset": dataset} for r in rows], indent=1))
+        print(f"\nrows written to {output}")
+
+
+def run_export(args: ExportArguments) -> None:
+    import json
+
+    from transformers import AutoConfig
+
+    from .hub import auto_class_for, push_to_hub, save_for_hub
+
+    source = resolve_model_source(args.model_name_or_path)
+    config = AutoConfig.from_pretrained(source)
+    model = load_pretrained(auto_class_for(config), source)
+    try:
+        tok, topic_tok = data_lib.load_vocabularies(source)
+    except OSError:
+        from transformers import AutoTokenizer
+
+        tok, topic_tok = AutoTokenizer.from_pretrained(source), None  # an LSTM LM folder may have no topic vocabulary
+    results_file = args.results or (str(Path(source) / "perplexity.json")
+                                    if (Path(source) / "perplexity.json").is_file() else None)
+    results = json.loads(Path(results_file).read_text()) if results_file else []
+    if not isinstance(results, list):
+        raise ModelSourceError(f"{results_file} holds {type(results).__name__}, not a list of evaluation rows")
+    results = [{**r, "dataset": r.get("dataset") or args.dataset or "evaluation data"} for r in results]
+    card = dict(results=results, repo_id=args.repo_id)
+    if args.push_to_hub:
+        push_to_hub(model, args.repo_id, tok, topic_tok, private=args.private, local_dir=args.output_dir,
+                    results=results)
+        print(f"uploaded {args.output_dir} to https://huggingface.co/{args.repo_id}")
+    else:
+        save_for_hub(model, args.output_dir, tok, topic_tok, **card)
+        print(f"upload-ready folder: {args.output_dir} ({len(results)} evaluation rows in its card"
+              f"{', from ' + results_file if results_file else ''}); upload it with "
+              f"`hf upload {args.repo_id} {args.output_dir}`")
 
 
 def run_generate(args: GenerateArguments) -> None:
     set_seed(args.seed)
-    model = AutoModelForCausalLM.from_pretrained(args.model_name_or_path).eval()
+    model = load_pretrained(AutoModelForCausalLM, args.model_name_or_path).eval()
     tok, topic_tok = data_lib.load_vocabularies(args.model_name_or_path)
     topic_ids = [int(x) for x in args.topic_ids.split(",")] if args.topic_ids else None
     texts = generate_text(model, tok, args.prompt, topic_tokenizer=topic_tok, topic_ids=topic_ids,
@@ -321,7 +385,7 @@ def run_generate(args: GenerateArguments) -> None:
 def run_steer(args: SteerArguments) -> None:
     from .evaluation.steering import evaluate_steering, fit_lda_judge, format_steering_table
 
-    model = AutoModelForCausalLM.from_pretrained(args.model_name_or_path).eval()
+    model = load_pretrained(AutoModelForCausalLM, args.model_name_or_path).eval()
     tok, topic_tok = data_lib.load_vocabularies(args.model_name_or_path)
     judge = None
     if args.judge_corpus:
@@ -332,7 +396,7 @@ def run_steer(args: SteerArguments) -> None:
                     args.judge_corpus)
         judge = fit_lda_judge(docs, topic_tok, num_topics=model.config.num_topics, seed=args.seed)
         logger.info("%s (%.0f s)", judge.description, time.perf_counter() - start)
-    fluency = AutoModelForCausalLM.from_pretrained(args.fluency_model).eval() if args.fluency_model else None
+    fluency = load_pretrained(AutoModelForCausalLM, args.fluency_model).eval() if args.fluency_model else None
     topics = [int(x) for x in args.topics.split(",")] if args.topics else None
     logger.info("Generating %d texts per topic ...", args.num_samples)
     result = evaluate_steering(model, topics=topics, num_topics_sampled=args.num_topics_sampled,
@@ -354,7 +418,7 @@ def run_steer(args: SteerArguments) -> None:
 
 
 def run_topics(args: TopicsArguments) -> None:
-    model = AutoModelForCausalLM.from_pretrained(args.model_name_or_path)
+    model = load_pretrained(AutoModelForCausalLM, args.model_name_or_path)
     if not hasattr(model, "get_topics"):
         raise SystemExit(f"{type(model).__name__} has no topics (it is not a topic model)")
     for k, words in enumerate(model.get_topics(top_n=args.top_n)):
@@ -391,6 +455,11 @@ COMMANDS: dict[str, Command] = {
         "Generate text from a saved model: from a prompt, from topics or from a document's topics.",
         (GenerateArguments,), run_generate),
     "topics": Command("Print the top words of every topic of a saved topic model.", (TopicsArguments,), run_topics),
+    "export": Command(
+        "Write a saved model as an upload-ready Hub folder: weights, code, tokenizers and a card with its results.",
+        (ExportArguments,), run_export,
+        help="The folder loads with every Auto class and trust_remote_code=True, without the package. The card "
+             "reports the rows of --results or of the model folder's perplexity.json (topic-lm evaluate writes it)."),
     "steer": Command(
         "Does generate(topic_ids=[k]) write about topic k? Topic accuracy, topic-word lift, fluency, Dist-n.",
         (SteerArguments,), run_steer,
@@ -475,7 +544,11 @@ def main(argv: Optional[list[str]] = None) -> None:
     transformers.utils.logging.disable_progress_bar()
     transformers.utils.logging.set_verbosity_error()
     parsed = parse_command(name, argv)
-    COMMANDS[name].handler(*parsed)
+    try:
+        COMMANDS[name].handler(*parsed)
+    except (ModelSourceError, HubUnreachableError) as error:  # what to do is in the one line
+        print(f"topic-lm {name}: error: {error}", file=sys.stderr)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -7,85 +7,128 @@ LM tokenizer, the ``topic_tokenizer/`` subfolder and a model card. Users then lo
 ``AutoModelForCausalLM.from_pretrained(repo, trust_remote_code=True)`` even without
 ``pip install topic-lm-hf``; with the package installed the registered classes are used.
 
-The model card is rendered from ``templates/model_card.md``, package data that ships in the wheel.
-Its metadata carries the family's tags and the perplexities as a ``model-index`` (one
-``EvalResult`` per protocol), so the Hub shows them as evaluation results.
+The model card is rendered from ``templates/model_card.md``, package data that ships in the wheel, for every
+head: a language model's card reports perplexity per context protocol, a classifier's accuracy, the sense
+tagger's F1 per evaluation set; each also goes into the card's ``model-index`` (the protocol or evaluation set in
+the metric's name), so the Hub shows them as evaluation results. ``render_card`` renders one from a config alone
+(the cards of ``modeling_cards/``, ``scripts/make_cards.py``).
+
+``push_to_hub`` writes the upload-ready folder first; when the Hub cannot be reached it says so in one line
+(:class:`HubUnreachableError`) with the folder and the command that uploads it later. ``resolve_model_source``
+tells a mistyped folder from a Hub id before transformers retries the network.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import re
-import sys
-import tempfile
 from importlib import resources
 from pathlib import Path
 from typing import Any, Optional
 
-from huggingface_hub import EvalResult, HfApi, ModelCard, ModelCardData
+from huggingface_hub import EvalResult, HfApi, ModelCard, ModelCardData, constants, try_to_load_from_cache
+from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError
 from transformers import PreTrainedModel
 
 from .data import save_vocabularies
+from .models.modeling_recurrent import (AUTO_CLASS_SUFFIXES, HubUnreachableError, auto_class_of, is_network_error,
+                                        unreachable_message)
 
-_AUTO_SUFFIXES = {"Model": "AutoModel", "ForCausalLM": "AutoModelForCausalLM",
-                  "ForSequenceClassification": "AutoModelForSequenceClassification",
-                  "ForTokenClassification": "AutoModelForTokenClassification"}
 CARD_TEMPLATE = "templates/model_card.md"  # inside the package (package data, see pyproject.toml)
-
-
-def auto_map_for(model: PreTrainedModel) -> dict[str, str]:
-    """``auto_map`` entries for the config and every model class of ``model``'s family."""
-    config_cls = type(model.config)
-    auto_map = {"AutoConfig": f"{config_cls.__module__.rsplit('.', 1)[-1]}.{config_cls.__name__}"}
-    module = sys.modules[type(model).__module__]
-    for name, obj in vars(module).items():
-        if isinstance(obj, type) and issubclass(obj, PreTrainedModel) and getattr(obj, "config_class", None) is config_cls:
-            for suffix, auto in _AUTO_SUFFIXES.items():
-                if name.endswith(suffix) and not name.endswith("PreTrainedModel"):
-                    auto_map[auto] = f"{module.__name__.rsplit('.', 1)[-1]}.{name}"
-    return auto_map
 
 
 def save_for_hub(model: PreTrainedModel, directory: str | os.PathLike, tokenizer=None, topic_tokenizer=None,
                  results: Optional[list[dict[str, Any]]] = None, datasets: Optional[list[str]] = None,
-                 description: str = "", repo_id: Optional[str] = None) -> Path:
+                 description: str = "", repo_id: Optional[str] = None, **card) -> Path:
     """Save ``model`` (+ code, tokenizers, model card) so that it loads with ``trust_remote_code``.
 
     Args:
-        results: evaluation rows as :func:`~topic_lm_hf.evaluate_perplexity` returns them (``protocol``,
-            ``perplexity``, optionally ``tokens``), each with a ``dataset`` name (and optionally
-            ``dataset_type``, a Hub dataset id, and ``dataset_split``): they go into the card's table
-            and its ``model-index``, with their protocol named.
+        results: evaluation rows (see :func:`eval_results`): perplexity rows as
+            :func:`~topic_lm_hf.evaluate_perplexity` returns them (``protocol``, ``perplexity``, optionally
+            ``tokens``), or ``{"metric": "accuracy" | "f1", "value": ...}`` rows; each with a ``dataset`` name (and
+            optionally ``dataset_type``, a Hub dataset id, and ``dataset_split``). They go into the card's table
+            and its ``model-index``.
         datasets: Hub ids of the training datasets, for the card's metadata.
         repo_id: the Hub repository the folder is for; the card's example loads it (default: the folder).
+        card: more of the card (:func:`render_card`): ``training``, ``topics``, ``steering``, ``measured_note``.
     """
     directory = Path(directory)
     type(model.config).register_for_auto_class()
-    type(model).register_for_auto_class(_suffix_auto(type(model).__name__))
-    model.config.auto_map = auto_map_for(model)
-    model.save_pretrained(directory)
+    type(model).register_for_auto_class(auto_class_of(type(model)))
+    model.save_pretrained(directory)  # writes the family's full auto_map
     if tokenizer is not None:
         if topic_tokenizer is not None:
             save_vocabularies(tokenizer, topic_tokenizer, directory)
         else:
             tokenizer.save_pretrained(directory)
     write_model_card(model, directory, results=results, datasets=datasets, description=description,
-                     repo_id=repo_id)
+                     repo_id=repo_id, **card)
     return directory
 
 
-def _suffix_auto(class_name: str) -> str:
-    for suffix, auto in _AUTO_SUFFIXES.items():
-        if class_name.endswith(suffix):
-            return auto
-    return "AutoModel"
+# What the Hub shows for each head: its pipeline tag and the task of its evaluation results.
+PIPELINE_TAGS = {"AutoModelForCausalLM": "text-generation", "AutoModelForSequenceClassification": "text-classification",
+                 "AutoModelForTokenClassification": "token-classification", "AutoModel": "feature-extraction"}
+TASK_NAMES = {"text-generation": "Language modeling", "text-classification": "Text classification",
+              "token-classification": "Word sense disambiguation", "feature-extraction": "Document representation"}
+
+# Each family in one paragraph: the paper, its equation in one line, and where the package departs from it.
+FAMILY_CARDS = {
+    "lstm_lm": dict(
+        name="LSTM language model",
+        paper="the baseline of every topic-guided LM paper (Lau, Baldwin & Cohn 2017; Wang et al. 2018)",
+        equation="p(w_t | w_<t) = softmax(W h_t + b), h_t = LSTM(x_t, h_{t-1})",
+        departures="none: it is the same-size baseline every topic model here is compared with."),
+    "tcnlm": dict(
+        name="TCNLM (topic compositional neural language model)",
+        paper="Wang et al., AISTATS 2018, \"Topic Compositional Neural Language Model\"",
+        equation="every LSTM weight is W(t) = W_a diag(W_b t) W_c, with t the document's topic proportions from a "
+                 "neural topic model (a VAE over the bag of words)",
+        departures="the KL term is annealed from 0 over `kl_annealing_steps` (without it the topic posterior "
+                   "collapsed on APNEWS); the topic model's loss is normalised per `topic_loss_normalization`."),
+    "topic_rnn": dict(
+        name="TopicRNN",
+        paper="Dieng, Wang, Gao & Paisley, ICLR 2017, \"TopicRNN: A Recurrent Neural Network with Long-Range "
+              "Semantic Dependency\"",
+        equation="p(w_t | h_t, theta, l_t) = softmax(V h_t + (1 - l_t) B theta), with l_t the stop-word indicator, "
+                 "marginalised at evaluation",
+        departures="the cell (RNN, LSTM, GRU) is a configuration field; theta is inferred from the context the "
+                   "collator gives (the preceding sentences under the causal protocols)."),
+    "nclm": dict(
+        name="NCLM (neural composite language model)",
+        paper="Chaudhary, Schütze & Gupta, ICML 2020, \"Explainable and Discourse Topic-aware Neural Language "
+              "Understanding\"",
+        equation="the LSTM reads [x_t; document topics] (LTA), the output reads them (ETA: explainable topic "
+                 "words as an embedding), or both (LETA); SDT adds sentence-level topics",
+        departures="see the package's notes on NCLM (the official code's choices where the paper is silent)."),
+    "rgbn_rnn": dict(
+        name="rGBN-RNN (recurrent gamma belief network guided RNN)",
+        paper="Guo, Chen, Lu & Zhou, ICML 2020, \"Recurrent Hierarchical Topic-Guided RNN for Language "
+              "Generation\"",
+        equation="a multi-layer recurrent gamma belief network over the sentences of a document (Weibull "
+                 "encoder) gates a stacked RNN, layer by layer; the topics Phi are sampled by TLASGR-MCMC",
+        departures="Phi's sampler state is stored in the weights file (`phi`, `pi` buffers), so training resumes "
+                   "exactly."),
+    "sense_tagger": dict(
+        name="BiLSTM word sense tagger",
+        paper="the WSD evaluation of NCLM (Chaudhary et al. 2020): a BiLSTM tagger, optionally with a frozen topic "
+              "model's document topics",
+        equation="sense(w_t) = argmax softmax(U [h_t; topics]) over the word's WordNet senses",
+        departures="scored with the Raganato et al. 2017 framework (P / R / F1 per evaluation set)."),
+}
+
+# Every size of every family, in the order the card's table shows them.
+SIZE_FIELDS = ("vocab_size", "topic_vocab_size", "num_topics", "topic_sizes", "embedding_size", "hidden_size",
+               "hidden_sizes", "num_hidden_layers", "num_factors", "encoder_hidden_size", "topic_embedding_size",
+               "inference_hidden_size", "cell", "lm_type", "variant", "num_labels")
 
 
 def card_tags(config) -> list[str]:
     """Hub tags of a model family: what it is (a language model, a topic model), its recurrent cell,
     its ``model_type`` and variant, and ``custom_code`` (it loads with ``trust_remote_code``)."""
     tags = ["language-model", config.model_type]
-    if hasattr(config, "num_topics"):
+    if hasattr(config, "num_topics") or hasattr(config, "topic_sizes"):
         tags.append("topic-model")
     cell = getattr(config, "cell", None)
     if cell is not None:  # TopicRNN / TopicLSTM / TopicGRU
@@ -97,48 +140,169 @@ def card_tags(config) -> list[str]:
     return tags + ["custom_code"]
 
 
-def eval_results(results: list[dict[str, Any]]) -> list[EvalResult]:
-    """One ``model-index`` entry per evaluation row; the protocol is the metric's configuration."""
+def card_sizes(config) -> dict[str, Any]:
+    """Every size field the config has (:data:`SIZE_FIELDS`), as the card's table shows them."""
+    return {k: getattr(config, k) for k in SIZE_FIELDS if getattr(config, k, None) is not None}
+
+
+def _finite(value) -> bool:
+    return value is not None and isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def result_metric(row: dict[str, Any]) -> tuple[str, float, str]:
+    """``(metric type, value, metric name)`` of an evaluation row: a perplexity row names its protocol, an
+    accuracy or F1 row its evaluation set (``config``) when it has one."""
+    if "perplexity" in row and "metric" not in row:
+        return "perplexity", row["perplexity"], f"Perplexity ({row['protocol']} protocol)"
+    metric = row.get("metric")
+    if metric not in ("perplexity", "accuracy", "f1"):
+        raise ValueError(f"an evaluation row is a perplexity, accuracy or f1 row, got {row}")
+    config = row.get("protocol") or row.get("config")
+    name = {"perplexity": "Perplexity", "accuracy": "Accuracy", "f1": "F1"}[metric]
+    return metric, row["value"], f"{name} ({config}{' protocol' if metric == 'perplexity' else ''})" if config \
+        else name
+
+
+def eval_results(results: list[dict[str, Any]], pipeline_tag: str = "text-generation") -> list[EvalResult]:
+    """One ``model-index`` entry per evaluation row with a finite value (a NaN is no result: it stays out of
+    the metadata); the protocol or evaluation set is in the metric's name and configuration."""
     out = []
     for r in results:
         if "dataset" not in r:
             raise ValueError(f"an evaluation row needs a 'dataset' name for the model card: {r}")
+        metric, value, name = result_metric(r)
+        if not _finite(value):
+            continue
         out.append(EvalResult(
-            task_type="text-generation", task_name="Language modeling", dataset_name=r["dataset"],
+            task_type=pipeline_tag, task_name=TASK_NAMES[pipeline_tag], dataset_name=r["dataset"],
             dataset_type=r.get("dataset_type", re.sub(r"[^\w.-]+", "-", r["dataset"]).strip("-").lower()),
-            dataset_split=r.get("dataset_split"), metric_type="perplexity",
-            metric_name=f"Perplexity ({r['protocol']} protocol)", metric_config=r["protocol"],
-            metric_value=round(float(r["perplexity"]), 2)))
+            dataset_split=r.get("dataset_split"), metric_type=metric, metric_name=name,
+            metric_config=r.get("protocol") or r.get("config"), metric_value=round(float(value), 4 if metric != "perplexity" else 2)))
     return out
 
 
-def write_model_card(model: PreTrainedModel, directory: str | os.PathLike, results=None, datasets=None,
-                     description: str = "", repo_id: Optional[str] = None) -> ModelCard:
-    """Render the package's card template (``templates/model_card.md``) into ``directory/README.md``."""
-    config = model.config
-    auto_class = _suffix_auto(type(model).__name__)
-    repo_id = repo_id or str(directory)
+def render_card(config, model_class: str, repo_id: str, results=None, datasets=None, description: str = "",
+                training: Optional[dict[str, str]] = None, topics: Optional[list[dict[str, Any]]] = None,
+                steering: Optional[dict[str, Any]] = None, measured_note: str = "") -> ModelCard:
+    """The model card of a model of class ``model_class`` with ``config``, for ``repo_id``.
+
+    Args:
+        results: evaluation rows (:func:`eval_results`).
+        training: how it was trained, as ``{"data": ..., "vocabulary": ..., "budget": ..., "recipe": ...}``.
+        topics: the topic table, ``[{"words": [...], "npmi": float | None}, ...]``.
+        steering: ``evaluate_steering``'s figures (``accuracy_own``, ``accuracy_lda``, ``chance``,
+            ``fluency_ratio``, ...).
+        measured_note: where the numbers come from when not from this very model (said above every table).
+    """
+    auto_class = next((auto for suffix, auto in AUTO_CLASS_SUFFIXES.items() if model_class.endswith(suffix)),
+                      "AutoModel")
+    pipeline_tag = PIPELINE_TAGS[auto_class]
+    results = list(results or [])
+    rows = []
+    for r in results:
+        metric, value, name = result_metric(r)
+        rows.append({"dataset": r.get("dataset", ""), "what": r.get("protocol") or r.get("config") or "",
+                     "metric": metric, "value": f"{value:.2f}" if _finite(value) and metric == "perplexity"
+                     else f"{value:.4f}" if _finite(value) else "n/a", "tokens": r.get("tokens", "")})
     card_data = ModelCardData(
         language="en", license="apache-2.0", library_name="transformers", datasets=datasets,
-        pipeline_tag="text-classification" if auto_class == "AutoModelForSequenceClassification" else "text-generation",
-        tags=card_tags(config), model_name=Path(repo_id).name, eval_results=eval_results(results or []) or None)
-    sizes = {k: getattr(config, k) for k in ("vocab_size", "topic_vocab_size", "num_topics", "embedding_size",
-                                             "hidden_size", "num_hidden_layers") if hasattr(config, k)}
+        pipeline_tag=pipeline_tag, tags=card_tags(config), model_name=Path(repo_id).name,
+        eval_results=eval_results(results, pipeline_tag) or None)
     template = resources.files(__package__).joinpath(CARD_TEMPLATE)
+    family = FAMILY_CARDS.get(config.model_type, {})
     with resources.as_file(template) as path:
-        card = ModelCard.from_template(card_data, template_path=str(path), model_type=config.model_type,
-                                       model_class=type(model).__name__, auto_class=auto_class, repo_id=repo_id,
-                                       sizes=sizes, results=results or [], model_description=description)
-    card.save(Path(directory) / "README.md")
-    return card
+        return ModelCard.from_template(
+            card_data, template_path=str(path), model_type=config.model_type, model_class=model_class,
+            auto_class=auto_class, pipeline_tag=pipeline_tag, repo_id=repo_id, sizes=card_sizes(config), rows=rows,
+            model_description=description, family=family, training=training or {}, topics=topics or [],
+            steering=steering or {}, measured_note=measured_note,
+            topic_model=hasattr(config, "num_topics") or hasattr(config, "topic_sizes"),
+            reads_context=config.model_type not in ("lstm_lm", "sense_tagger"))
+
+
+def write_model_card(model: PreTrainedModel, directory: str | os.PathLike, results=None, datasets=None,
+                     description: str = "", repo_id: Optional[str] = None, **card) -> ModelCard:
+    """Render the package's card template (``templates/model_card.md``) into ``directory/README.md``."""
+    card_ = render_card(model.config, type(model).__name__, repo_id or str(directory), results=results,
+                        datasets=datasets, description=description, **card)
+    card_.save(Path(directory) / "README.md")
+    return card_
 
 
 def push_to_hub(model: PreTrainedModel, repo_id: str, tokenizer=None, topic_tokenizer=None, private: bool = False,
-                token: Optional[str] = None, **card_kwargs) -> str:
-    """Create ``repo_id`` if needed and upload everything :func:`save_for_hub` writes."""
+                token: Optional[str] = None, local_dir: Optional[str | os.PathLike] = None, **card_kwargs) -> str:
+    """Write everything :func:`save_for_hub` writes into ``local_dir`` (default: ``./<repo name>-hub``), then
+    create ``repo_id`` if needed and upload the folder.
+
+    Where the Hub cannot be reached, raises :class:`HubUnreachableError` with one line: the Hub is unreachable,
+    the upload-ready folder, and the command that uploads it later. Returns ``repo_id``."""
+    folder = Path(local_dir) if local_dir is not None else Path(f"{repo_id.rsplit('/', 1)[-1]}-hub")
+    save_for_hub(model, folder, tokenizer, topic_tokenizer, repo_id=repo_id, **card_kwargs)
     api = HfApi(token=token)
-    api.create_repo(repo_id, private=private, exist_ok=True)
-    with tempfile.TemporaryDirectory() as tmp:
-        save_for_hub(model, tmp, tokenizer, topic_tokenizer, repo_id=repo_id, **card_kwargs)
-        api.upload_folder(repo_id=repo_id, folder_path=tmp, commit_message="Upload with topic-lm-hf")
+    try:
+        api.create_repo(repo_id, private=private, exist_ok=True)
+        api.upload_folder(repo_id=repo_id, folder_path=str(folder), commit_message="Upload with topic-lm-hf")
+    except Exception as error:
+        if is_network_error(error):
+            raise HubUnreachableError(unreachable_message(repo_id, folder, error)) from None
+        raise
     return repo_id
+
+
+class ModelSourceError(ValueError):
+    """``model_name_or_path`` is neither a saved model folder nor a model on the Hub (one line says which)."""
+
+
+REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+
+
+def resolve_model_source(name_or_path: str | os.PathLike, token: Optional[str] = None) -> str:
+    """Check that ``name_or_path`` is a saved model folder, or a Hub repo id that is in the Hub cache or on the
+    Hub, before transformers tries the network (it retries for half a minute, then prints a long traceback
+    about connecting that never says the folder is missing). Returns it; raises :class:`ModelSourceError` with
+    one line otherwise, without retries (and without the network when ``HF_HUB_OFFLINE`` is set)."""
+    name = str(name_or_path)
+    if os.path.isdir(name):
+        if not os.path.isfile(os.path.join(name, "config.json")):
+            raise ModelSourceError(f"{name} is a folder without config.json: not a saved model (give the folder "
+                                   "that save_pretrained, a Trainer checkpoint or topic-lm train wrote)")
+        return name
+    if os.path.exists(name):
+        raise ModelSourceError(f"{name} is a file, not a saved model folder")
+    if not REPO_ID.match(name) or name.startswith((".", "~")):
+        raise ModelSourceError(f"there is no folder {name} (and it is not a Hub repo id)")
+    if isinstance(try_to_load_from_cache(name, "config.json"), str):
+        return name  # downloaded before: transformers loads it from the Hub cache
+    if constants.HF_HUB_OFFLINE:
+        raise ModelSourceError(f"there is no folder {name}, and {name} is not in the Hub cache (HF_HUB_OFFLINE is set, "
+                               "so the Hub was not asked)")
+    try:
+        HfApi(token=token).model_info(name, timeout=10)
+    except RepositoryNotFoundError:
+        raise ModelSourceError(f"there is no folder {name}, and the Hub has no model {name} (or it is private: "
+                               "log in with `hf auth login`)") from None
+    except HfHubHTTPError:
+        return name  # the Hub answered (gated, rate-limited ...): transformers says what it needs
+    except Exception as error:
+        if is_network_error(error):
+            raise ModelSourceError(f"there is no folder {name}, and the Hub cannot be reached to look for a model "
+                                   f"{name} ({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''})"
+                                   ) from None
+        raise
+    return name
+
+
+def auto_class_for(config):
+    """The transformers Auto class that loads a saved model with ``config`` (from its ``architectures``)."""
+    import transformers
+
+    architecture = (getattr(config, "architectures", None) or ["ForCausalLM"])[0]
+    auto = next((auto for suffix, auto in AUTO_CLASS_SUFFIXES.items() if architecture.endswith(suffix)
+                 and not architecture.endswith("PreTrainedModel")), "AutoModel")
+    return getattr(transformers, auto)
+
+
+def load_pretrained(auto_class, name_or_path: str | os.PathLike, **kwargs):
+    """``auto_class.from_pretrained(name_or_path, **kwargs)`` after :func:`resolve_model_source`: a missing folder
+    or an unreachable repo id is one line (:class:`ModelSourceError`), not half a minute of retries."""
+    return auto_class.from_pretrained(resolve_model_source(name_or_path), **kwargs)

@@ -329,7 +329,7 @@ def load_topic_tokenizer(source, **kwargs):
     """
     import os
 
-    from transformers import AutoTokenizer
+    from transformers import PreTrainedTokenizerFast
 
     folder = os.path.join(str(source), TOPIC_TOKENIZER_SUBFOLDER)
     if os.path.isdir(str(source)) and not os.path.isfile(os.path.join(folder, "tokenizer.json")):
@@ -337,7 +337,9 @@ def load_topic_tokenizer(source, **kwargs):
                       "topic_tokenizer=, or save one there with topic_lm_hf.save_vocabularies(tokenizer, "
                       "topic_tokenizer, folder)")
     try:
-        return AutoTokenizer.from_pretrained(source, subfolder=TOPIC_TOKENIZER_SUBFOLDER, **kwargs)
+        # Not AutoTokenizer: it first reads the subfolder's config.json, which a Hub repo does not have, and
+        # fails offline on a Hub id; the topic tokenizer is always a word-level fast tokenizer.
+        return PreTrainedTokenizerFast.from_pretrained(source, subfolder=TOPIC_TOKENIZER_SUBFOLDER, **kwargs)
     except (OSError, ValueError) as error:
         raise OSError(f"Could not load the topic tokenizer of {source} (its {TOPIC_TOKENIZER_SUBFOLDER}/ subfolder): "
                       f"{error}") from error

@@ -13,6 +13,7 @@ log-probabilities as ``logits``.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
@@ -394,6 +395,71 @@ class WordStopStringCriteria(StopStringCriteria):
 # ----------------------------------------------------------------------------------------------
 
 
+class HubUnreachableError(OSError):
+    """The Hub could not be reached; the message says where the upload-ready folder is and how to upload it."""
+
+
+def is_network_error(error: BaseException) -> bool:
+    """Whether ``error`` (or an error it was raised from) is a failure to reach a server: no network, a DNS
+    failure, a refused connection, a timeout, or huggingface_hub's offline mode. An HTTP error response (the
+    server answered) is not one."""
+    import importlib
+
+    from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
+
+    kinds = [ConnectionError, TimeoutError, OfflineModeIsEnabled]
+    for name in ("httpx2", "httpx", "requests"):  # the HTTP clients huggingface_hub versions use
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            continue
+        kinds += [k for k in (getattr(module, "TransportError", None), getattr(module, "ConnectionError", None),
+                              getattr(module, "Timeout", None)) if isinstance(k, type)]
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, HfHubHTTPError) and not isinstance(error, OfflineModeIsEnabled):
+            return False
+        if isinstance(error, tuple(kinds)):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
+def unreachable_message(repo_id: str, folder, error: BaseException) -> str:
+    """One line: the Hub is unreachable (and why), where the upload-ready folder is, how to upload it later."""
+    reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+    return (f"The Hub cannot be reached ({reason}); the upload-ready folder is {folder}: upload it later with "
+            f"`hf upload {repo_id} {folder}`")
+
+
+# The Auto class of a model class, by the suffix of its name (transformers' naming).
+AUTO_CLASS_SUFFIXES = {"Model": "AutoModel", "ForCausalLM": "AutoModelForCausalLM",
+                       "ForSequenceClassification": "AutoModelForSequenceClassification",
+                       "ForTokenClassification": "AutoModelForTokenClassification"}
+
+
+def auto_class_of(model_class: type) -> str:
+    """The Auto class that loads ``model_class`` (``"AutoModel"`` for a base model)."""
+    for suffix, auto in AUTO_CLASS_SUFFIXES.items():
+        if model_class.__name__.endswith(suffix) and not model_class.__name__.endswith("PreTrainedModel"):
+            return auto
+    return "AutoModel"
+
+
+def auto_map_for(model: PreTrainedModel) -> dict[str, str]:
+    """``config.json``'s ``auto_map`` for ``model``: the config and every model class of its family (every class of
+    its modeling file with its config class), so that each Auto class loads a saved folder as remote code."""
+    config_cls = type(model.config)
+    auto_map = {"AutoConfig": f"{config_cls.__module__.rsplit('.', 1)[-1]}.{config_cls.__name__}"}
+    module = sys.modules[type(model).__module__]
+    for name, obj in sorted(vars(module).items()):
+        if (isinstance(obj, type) and issubclass(obj, PreTrainedModel) and obj.__module__ == module.__name__
+                and getattr(obj, "config_class", None) is config_cls and not name.endswith("PreTrainedModel")):
+            auto_map[auto_class_of(obj)] = f"{module.__name__.rsplit('.', 1)[-1]}.{name}"
+    return auto_map
+
+
 class RecurrentPreTrainedModel(PreTrainedModel):
     """Flags every recurrent LM of the package needs under transformers 5.x (hf-notes §0)."""
 
@@ -483,6 +549,28 @@ class RecurrentPreTrainedModel(PreTrainedModel):
             generation_config.stop_strings = stop_strings
         criteria.append(WordStopStringCriteria(stop_strings=stop_strings, tokenizer=tokenizer))
         return criteria
+
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        """``PreTrainedModel.save_pretrained``, with the family's full ``auto_map`` in ``config.json`` (every Auto
+        class of the family, not only the saved one's), so that every saved folder (Trainer checkpoints
+        included) loads with any of them as remote code, without the package. (A class not registered for an Auto
+        class, e.g. a user's subclass, saves no code and no ``auto_map``.)"""
+        if type(self)._auto_class is not None:  # its code is saved with it (the package registers every class)
+            self.config.auto_map = auto_map_for(self)
+        return super().save_pretrained(save_directory, *args, **kwargs)
+
+    def push_to_hub(self, repo_id: str, *args, **kwargs):
+        """``PreTrainedModel.push_to_hub``; where the Hub cannot be reached, the model is saved to
+        ``./<repo name>-hub`` instead and :class:`HubUnreachableError` says in one line where, and how to upload
+        it later."""
+        try:
+            return super().push_to_hub(repo_id, *args, **kwargs)
+        except Exception as error:
+            if not is_network_error(error):
+                raise
+            folder = f"{repo_id.rsplit('/', 1)[-1]}-hub"
+            self.save_pretrained(folder)
+            raise HubUnreachableError(unreachable_message(repo_id, folder, error)) from None
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):

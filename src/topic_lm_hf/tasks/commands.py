@@ -21,6 +21,7 @@ from typing import Optional
 
 from transformers import TrainingArguments, set_seed
 
+from ..hub import load_pretrained
 from ..models.configuration_sense_tagger import INPUT_FEATURES, OUTPUT_MODES
 
 _SPLIT_HELP = ("The held-out share of --dataset (a stratified Dataset.train_test_split with --seed): the test "
@@ -89,7 +90,7 @@ def run_classify(data_args: TaskDataArguments, args: ClassifyArguments) -> None:
 
     train, test = _splits(data_args)
     num_labels = int(max(max(train["label"]), max(test["label"]))) + 1
-    clf = AutoModelForSequenceClassification.from_pretrained(data_args.model_name_or_path, num_labels=num_labels,
+    clf = load_pretrained(AutoModelForSequenceClassification, data_args.model_name_or_path, num_labels=num_labels,
                                                              freeze_backbone=args.freeze_backbone,
                                                              classifier_head=args.head)
     collator = document_collator(clf, max_document_length=data_args.max_document_length)
@@ -134,7 +135,7 @@ def run_retrieve(data_args: TaskDataArguments, args: RetrieveArguments) -> None:
     train, test = _splits(data_args)
     ks = [int(x) for x in args.k.split(",") if x.strip()]
     fractions = [float(x) for x in args.fractions.split(",") if x.strip()]
-    model = AutoModelForCausalLM.from_pretrained(data_args.model_name_or_path)
+    model = load_pretrained(AutoModelForCausalLM, data_args.model_name_or_path)
     results = [(type(model).__name__, evaluate_retrieval(model, test, train, ks, fractions, normalize=args.normalize,
                                                           batch_size=data_args.batch_size,
                                                           max_document_length=data_args.max_document_length))]
@@ -241,7 +242,7 @@ def run_wsd_evaluate(args: WSDEvaluateArguments) -> None:
     bad = [m for m in modes if m not in OUTPUT_MODES]
     if bad or not modes:
         raise SystemExit(f"topic-lm wsd evaluate: error: --modes takes {OUTPUT_MODES}, got {args.modes!r}")
-    model = AutoModelForTokenClassification.from_pretrained(args.model_name_or_path)
+    model = load_pretrained(AutoModelForTokenClassification, args.model_name_or_path)
     corpus = load_wsd_corpus(args.dataset)
     inventory = None
     if "candidates" in modes:

@@ -1,0 +1,367 @@
+"""Topic conditioning: what ``topic_ids`` / ``topic_mixture`` / ``context_bow`` may be and how they are
+validated, the generation path that resolves them once, and the map between the LM and topic vocabularies.
+
+Copied next to the weights with a family's own files when a model is shared with remote code.
+
+Notation: b batch, k topics asked for per row, T topics, V LM vocabulary, V_c topic vocabulary.
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Optional
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from .modeling_recurrent import reorder_state
+
+
+# ----------------------------------------------------------------------------------------------
+# topic conditioning given to generate() / forward()
+# ----------------------------------------------------------------------------------------------
+
+
+def _broadcast_rows(x: torch.Tensor, batch_size: Optional[int], name: str) -> torch.Tensor:
+    if batch_size is None or x.shape[0] == batch_size:
+        return x
+    if x.shape[0] == 1:
+        return x.expand(batch_size, *x.shape[1:])
+    if batch_size % x.shape[0] == 0:
+        # generate() expanded the prompts (beams / num_return_sequences) but not this input.
+        return x.repeat_interleave(batch_size // x.shape[0], dim=0)
+    raise ValueError(f"{name} has {x.shape[0]} rows but the batch has {batch_size}")
+
+
+_TOPIC_IDS_FORMS = "an int, a list of ints, a list of lists of ints or an integer tensor of shape (k,) or (b, k)"
+
+
+def _is_integer_tensor(x: torch.Tensor) -> bool:
+    return not (torch.is_floating_point(x) or torch.is_complex(x) or x.dtype == torch.bool)
+
+
+def _topic_id(value, row: Optional[int] = None) -> int:
+    """One topic id: a Python / NumPy int or a 0-d integer tensor; never a bool, float or string."""
+    if isinstance(value, torch.Tensor) and value.dim() == 0 and _is_integer_tensor(value):
+        return int(value)
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return int(value)
+    where = "" if row is None else f" in row {row}"
+    raise ValueError(f"topic_ids must be integer topic ids, got {value!r} ({type(value).__name__}){where}; "
+                     f"give {_TOPIC_IDS_FORMS}")
+
+
+def _is_topic_row(value) -> bool:
+    return isinstance(value, (list, tuple)) or getattr(value, "ndim", None) == 1  # a list, 1-D tensor or array
+
+
+def normalize_topic_ids(topic_ids, num_topics: int, batch_size: Optional[int] = None) -> torch.Tensor:
+    """Validate ``topic_ids`` and return a (b, k) long tensor padded with -1.
+
+    Accepted: an int (one topic for the whole batch), a flat list / 1-D tensor (one set of topics
+    shared by the batch), a list of lists (one set per row, ragged allowed), a (b, k) tensor
+    (-1 = padding); NumPy ints and arrays too. Every row needs at least one topic in
+    ``[0, num_topics)``. Anything else (floats, bools, strings, deeper nesting) is a ``ValueError``
+    that names the bad value: ``int()`` would silently turn 1.7 or True into topic 1, and a string
+    "37" into the topics 3 and 7.
+    """
+    if isinstance(topic_ids, (str, bytes)):
+        raise ValueError(f"topic_ids must be integer topic ids, got the string {topic_ids!r}; give {_TOPIC_IDS_FORMS} "
+                         "(e.g. [3, 7])")
+    if not isinstance(topic_ids, (torch.Tensor, list, tuple)) and hasattr(topic_ids, "__array__") \
+            and getattr(topic_ids, "ndim", 0) > 0:
+        try:
+            topic_ids = torch.as_tensor(topic_ids)  # a NumPy array
+        except (TypeError, ValueError, RuntimeError) as error:
+            raise ValueError(f"topic_ids must be integer topic ids, got {topic_ids!r}") from error
+    if isinstance(topic_ids, torch.Tensor):
+        if not _is_integer_tensor(topic_ids):
+            raise ValueError(f"topic_ids must be integer topic ids, got a tensor of dtype {topic_ids.dtype} "
+                             f"({topic_ids!r:.80}); give {_TOPIC_IDS_FORMS}")
+        ids = topic_ids.long()
+        if ids.dim() == 0:
+            ids = ids.view(1, 1)
+        elif ids.dim() == 1:
+            ids = ids.unsqueeze(0)
+        elif ids.dim() != 2:
+            raise ValueError(f"topic_ids must have 1 or 2 dimensions, got shape {tuple(ids.shape)}")
+        rows = ids
+    else:
+        if not isinstance(topic_ids, (list, tuple)):
+            topic_ids = [_topic_id(topic_ids)]  # a single id (or a clear error naming what it is)
+        topic_ids = list(topic_ids)
+        if len(topic_ids) == 0:
+            raise ValueError("topic_ids is empty: give at least one topic id")
+        nested = [_is_topic_row(r) for r in topic_ids]
+        if not any(nested):
+            topic_ids = [topic_ids]
+        elif not all(nested):
+            raise ValueError(f"topic_ids mixes single ids and lists ({topic_ids!r:.80}); give {_TOPIC_IDS_FORMS}")
+        width = max(len(r) for r in topic_ids)
+        if width == 0:
+            raise ValueError("topic_ids has an empty row: give at least one topic id per row")
+        rows = torch.full((len(topic_ids), width), -1, dtype=torch.long)
+        for i, r in enumerate(topic_ids):
+            for j, t in enumerate(r):
+                t = _topic_id(t, i)
+                if t < 0:
+                    raise ValueError(f"topic_ids must be non-negative, got {t}")
+                rows[i, j] = t
+    if rows.numel() == 0:
+        raise ValueError("topic_ids is empty: give at least one topic id")
+    if bool((rows < -1).any()):
+        raise ValueError(f"topic_ids must be in [0, {num_topics}) (-1 pads a row), got {rows.min().item()}")
+    if bool((rows >= num_topics).any()):
+        raise ValueError(f"topic_ids must be in [0, {num_topics}), got {rows.max().item()} "
+                         f"(the model has {num_topics} topics)")
+    if bool(((rows >= 0).sum(1) == 0).any()):
+        raise ValueError("topic_ids has a row without any topic id")
+    return _broadcast_rows(rows, batch_size, "topic_ids")
+
+
+def topic_ids_to_mixture(topic_ids: torch.Tensor, num_topics: int) -> torch.Tensor:
+    """(b, k) ids padded with -1 -> (b, T) equal mixture over each row's distinct topics."""
+    onehot = torch.zeros(topic_ids.shape[0], num_topics + 1, device=topic_ids.device)
+    onehot.scatter_(1, topic_ids.clamp(min=-1) % (num_topics + 1), 1.0)  # -1 -> the extra column
+    onehot = onehot[:, :num_topics]
+    return onehot / onehot.sum(1, keepdim=True)
+
+
+def _float_rows(value, name: str, expected: str) -> torch.Tensor:
+    """``value`` as a (b, n) float tensor (a 1-D input is one row); ``ValueError`` naming ``name`` otherwise."""
+    try:
+        x = value.float() if isinstance(value, torch.Tensor) else torch.as_tensor(value, dtype=torch.float32)
+    except (TypeError, ValueError, RuntimeError) as error:
+        raise ValueError(f"{name} must be numbers of shape {expected}, got {value!r:.80}") from error
+    if x.dim() == 1:
+        x = x.unsqueeze(0)
+    if x.dim() != 2:
+        raise ValueError(f"{name} must have shape {expected}; got shape {tuple(x.shape)}")
+    return x
+
+
+def check_at_most_one(**named) -> list[str]:
+    """The names of the given (non-None) values; more than one is a ``ValueError`` naming them."""
+    given = [name for name, value in named.items() if value is not None]
+    if len(given) > 1:
+        raise ValueError(f"Give at most one of {', '.join(named)} (got {given})")
+    return given
+
+
+def normalize_topic_kwargs(num_topics: int, topic_vocab_size: int, batch_size: Optional[int] = None,
+                           topic_ids=None, topic_mixture=None, context_bow=None,
+                           mixture_on_simplex: bool = True) -> dict:
+    """Validate the topic conditioning of ``generate()`` / ``forward()``; at most one may be given.
+
+    Returns a dict with the one given input as a batch-first float/long tensor of ``batch_size``
+    rows. ``mixture_on_simplex`` requires mixtures to be non-negative and sum to 1 (TCNLM's t);
+    models with an unconstrained topic vector (TopicRNN's theta) pass False.
+    """
+    check_at_most_one(topic_ids=topic_ids, topic_mixture=topic_mixture, context_bow=context_bow)
+    if topic_ids is not None:
+        return {"topic_ids": normalize_topic_ids(topic_ids, num_topics, batch_size)}
+    if topic_mixture is not None:
+        mix = _float_rows(topic_mixture, "topic_mixture", f"(b, {num_topics}) or ({num_topics},)")
+        if mix.shape[-1] != num_topics:
+            raise ValueError(f"topic_mixture must have shape (b, {num_topics}), got {tuple(mix.shape)}")
+        if not bool(torch.isfinite(mix).all()):
+            raise ValueError("topic_mixture contains NaN or inf")
+        if mixture_on_simplex:
+            if bool((mix < 0).any()):
+                raise ValueError("topic_mixture must be non-negative (it is a distribution over topics)")
+            sums = mix.sum(-1)
+            if not torch.allclose(sums, torch.ones_like(sums), atol=1e-3):
+                raise ValueError(f"each topic_mixture row must sum to 1, got sums {sums.tolist()}")
+        return {"topic_mixture": _broadcast_rows(mix, batch_size, "topic_mixture")}
+    if context_bow is not None:
+        bow = _float_rows(context_bow, "context_bow", f"(b, {topic_vocab_size}) or ({topic_vocab_size},), one bag "
+                          "of words over the topic vocabulary per row (flatten a documents-layout batch's "
+                          "(b, chunks, V_c) bags to one row per chunk)")
+        if bow.shape[-1] != topic_vocab_size:
+            raise ValueError(f"context_bow must have {topic_vocab_size} columns (the topic vocabulary), "
+                             f"got {bow.shape[-1]}: mismatched vocabularies?")
+        if bool((bow < 0).any()) or not bool(torch.isfinite(bow).all()):
+            raise ValueError("context_bow must hold finite, non-negative counts")
+        return {"context_bow": _broadcast_rows(bow, batch_size, "context_bow")}
+    return {}
+
+
+# The raw conditioning keywords generate() may be given; a family accepts those it declares in conditioning_inputs.
+RAW_CONDITIONING = ("topic_ids", "topic_mixture", "context_bow", "theta")
+
+
+class TopicLMCache:
+    """What generation carries from one step to the next, as one field (``state`` in the generation kwargs, as
+    Mamba carries one cache object): the recurrent state and the resolved topic conditioning.
+
+    Args:
+        state: the batch-first recurrent state (a tuple of (b, ...) tensors) or None.
+        conditioning: the resolved topic representation as the ``forward`` keywords that take it (e.g.
+            ``{"topic_representation": t}``), each (b, ...); resolved once, on the first step, never re-validated.
+
+    ``generate(..., return_dict_in_generate=True).past_key_values`` is this object: pass it back as
+    ``generate(next_tokens, state=cache)`` to continue with the same topics.
+    """
+
+    is_compileable = False
+
+    def __init__(self, state, conditioning: dict):
+        self.state = state
+        self.conditioning = dict(conditioning)
+
+    def reorder(self, beam_idx: torch.Tensor) -> "TopicLMCache":
+        """The rows ``beam_idx`` of the state and of the conditioning (beam search)."""
+        return TopicLMCache(reorder_state(self.state, beam_idx),
+                            {name: value.index_select(0, beam_idx.to(value.device))
+                             for name, value in self.conditioning.items()})
+
+
+class TopicGenerationMixin:
+    """``generate()`` with topic conditioning, for a ``*ForCausalLM`` that also inherits ``GenerationMixin``.
+
+    Put it before ``GenerationMixin`` in the bases. What the model accepts is what it declares
+    (``conditioning_inputs``, plus ``conditioning_options`` such as rGBN-RNN's ``topic_layer``); the
+    conditioning is resolved once:
+
+    * ``generate`` validates the raw conditioning (:meth:`prepare_generation_conditioning`) and makes it
+      batch-first tensors *before* transformers expands the batch for beams and ``num_return_sequences``
+      (a 1-D tensor would otherwise be repeat-interleaved, hf-notes §2). Without a prompt, one ``<bos>`` row
+      is generated per conditioning row.
+    * The first forward resolves it into the model's topic representation and returns it (the outputs named
+      by ``_cached_conditioning``); :meth:`_update_model_kwargs_for_generation` keeps that representation
+      with the recurrent state in one :class:`TopicLMCache`, and every later step reads it from there as the
+      trusted ``forward`` keywords of the same names: the document is encoded and the conditioning
+      checked once, not at every token (hf-notes §1.5).
+    """
+
+    _topic_mixture_on_simplex = True  # TCNLM's t is a distribution; TopicRNN's theta is any vector
+    # The outputs of the first forward that stand for the conditioning at every later step (forward takes them by
+    # these names, trusted): the resolved topic representation (NCLM adds its topic vectors).
+    _cached_conditioning = ("topic_representation",)
+    conditioning_options: tuple[str, ...] = ()  # generate() keywords that only shape the conditioning
+
+    def prepare_generation_conditioning(self, batch_size: Optional[int], **given) -> dict:
+        """The raw conditioning of ``generate`` (at most one of ``conditioning_inputs``) validated as batch-first
+        tensors of ``batch_size`` rows (the forward keywords that take them)."""
+        return normalize_topic_kwargs(self.config.num_topics, self.config.topic_vocab_size, batch_size, **given,
+                                      mixture_on_simplex=self._topic_mixture_on_simplex)
+
+    def generate(self, inputs=None, generation_config=None, **kwargs):
+        prompt = inputs if inputs is not None else kwargs.get("input_ids", kwargs.get("inputs_embeds"))
+        batch_size = prompt.shape[0] if isinstance(prompt, torch.Tensor) else None
+        given = {}
+        for name in (*RAW_CONDITIONING, *self.conditioning_options):
+            value = kwargs.pop(name, None)
+            if value is None:
+                continue
+            if name not in self.conditioning_inputs and name not in self.conditioning_options:
+                raise ValueError(f"{type(self).__name__} does not take {name}; it is conditioned by "
+                                 f"{list(self.conditioning_inputs)}")
+            given[name] = value
+        cache = kwargs.get("state")
+        if isinstance(cache, TopicLMCache):  # continuing an earlier generation (its past_key_values)
+            kwargs["state"] = cache.state
+            if not given:  # with the same topics, already resolved
+                return super().generate(inputs, generation_config, **cache.conditioning, **kwargs)
+        resolved = self.prepare_generation_conditioning(batch_size, **given)
+        resolved = {name: value.to(self.device).contiguous() for name, value in resolved.items()}
+        return super().generate(inputs, generation_config, **resolved, **kwargs)
+
+    def prepare_inputs_for_generation(self, *args, **kwargs):
+        inputs = super().prepare_inputs_for_generation(*args, **kwargs)
+        cache = inputs.get("state")
+        if isinstance(cache, TopicLMCache):
+            inputs["state"] = cache.state
+            inputs.update(cache.conditioning)
+        return inputs
+
+    def _update_model_kwargs_for_generation(self, outputs, model_kwargs, is_encoder_decoder=False, num_new_tokens=1):
+        previous = model_kwargs.get("state")
+        model_kwargs = super()._update_model_kwargs_for_generation(outputs, model_kwargs, is_encoder_decoder,
+                                                                   num_new_tokens)
+        if isinstance(previous, TopicLMCache):
+            conditioning = previous.conditioning
+        else:
+            conditioning = {name: model_kwargs.get(name) if model_kwargs.get(name) is not None
+                            else getattr(outputs, name, None) for name in self._cached_conditioning}
+            conditioning = {name: value for name, value in conditioning.items() if value is not None}
+        for name in (*RAW_CONDITIONING, *self.conditioning_options, *self._cached_conditioning):
+            model_kwargs.pop(name, None)
+        model_kwargs["state"] = TopicLMCache(getattr(outputs, "state", None), conditioning)
+        return model_kwargs
+
+
+def lm_to_topic_index(module: nn.Module, config, device, validate=None) -> torch.Tensor:
+    """(V,) topic id of every LM word, -1 for words outside the topic vocabulary (stop words), from
+    ``config.topic_word_ids``; cached on ``module``, and ``validate()`` is called whenever it is rebuilt.
+    ``vocab_size`` is part of the cache key: ``resize_token_embeddings`` changes it (the new words are
+    stop words)."""
+    ids = config.topic_word_ids
+    key = (id(ids), len(ids) if ids is not None else -1, config.vocab_size, str(device))
+    cached = module.__dict__.get("_lm_to_topic_cache")
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    if validate is not None:
+        validate()
+    topic_word_ids = torch.tensor(ids, dtype=torch.long)
+    real = topic_word_ids >= 0
+    lm_to_topic = torch.full((config.vocab_size,), -1, dtype=torch.long)
+    lm_to_topic[topic_word_ids[real]] = torch.arange(len(ids))[real]
+    lm_to_topic = lm_to_topic.to(device)
+    module.__dict__["_lm_to_topic_cache"] = (key, lm_to_topic)
+    return lm_to_topic
+
+
+def topic_scores_to_vocab(scores: torch.Tensor, lm_to_topic: torch.Tensor) -> torch.Tensor:
+    """Scores over the topic vocabulary (b, V_c) -> the LM vocabulary (b, V), 0 at words that are not topic words."""
+    return F.pad(scores, (1, 0)).index_select(1, lm_to_topic + 1)  # column 0: the stop words' zero
+
+
+TOPIC_TOKENIZER_SUBFOLDER = "topic_tokenizer"
+
+
+def load_topic_tokenizer(source, **kwargs):
+    """The topic tokenizer saved in ``<source>/topic_tokenizer/`` (``source``: a local folder or a Hub id).
+
+    Raises ``OSError`` saying so when the folder has none (transformers' own error there asks
+    for sentencepiece or tiktoken, which would not help).
+    """
+    import os
+
+    from transformers import PreTrainedTokenizerFast
+
+    folder = os.path.join(str(source), TOPIC_TOKENIZER_SUBFOLDER)
+    if os.path.isdir(str(source)) and not os.path.isfile(os.path.join(folder, "tokenizer.json")):
+        raise OSError(f"{source} has no topic tokenizer (no {TOPIC_TOKENIZER_SUBFOLDER}/tokenizer.json in it): pass "
+                      "topic_tokenizer=, or save one there with topic_lm_hf.save_vocabularies(tokenizer, "
+                      "topic_tokenizer, folder)")
+    try:
+        # Not AutoTokenizer: it first reads the subfolder's config.json, which a Hub repo does not have, and
+        # fails offline on a Hub id; the topic tokenizer is always a word-level fast tokenizer.
+        return PreTrainedTokenizerFast.from_pretrained(source, subfolder=TOPIC_TOKENIZER_SUBFOLDER, **kwargs)
+    except (OSError, ValueError) as error:
+        raise OSError(f"Could not load the topic tokenizer of {source} (its {TOPIC_TOKENIZER_SUBFOLDER}/ subfolder): "
+                      f"{error}") from error
+
+
+def topic_vocabulary(model, topic_tokenizer=None) -> list[str]:
+    """Topic-vocabulary words by id (``<unk>`` at id 0), for ``get_topics``.
+
+    Uses ``topic_tokenizer`` if given, else the ``topic_tokenizer/`` subfolder saved next to the
+    model (``model.name_or_path``: a local folder or a Hub id).
+    """
+    if topic_tokenizer is None:
+        source = getattr(model, "name_or_path", "") or getattr(model.config, "_name_or_path", "")
+        if not source:
+            raise ValueError("This model was not loaded from a folder with a topic_tokenizer/: pass topic_tokenizer=")
+        topic_tokenizer = load_topic_tokenizer(source)
+    vocab = topic_tokenizer.get_vocab()
+    expected = getattr(model.config, "topic_vocab_size", None)
+    if expected is not None and len(vocab) != expected:
+        raise ValueError(f"The topic tokenizer has {len(vocab)} entries but the model's topic_vocab_size is "
+                         f"{expected}: mismatched vocabularies")
+    words = [""] * len(vocab)
+    for word, index in vocab.items():
+        words[index] = word
+    return words

@@ -1,0 +1,676 @@
+"""The recurrent machinery every family shares: outputs, running ``nn.LSTM``/``nn.GRU``/``nn.RNN`` on padded
+batches, the batch-first state, and the ``PreTrainedModel`` base with the flags a recurrent LM needs.
+
+Copied next to the weights with a family's own files when a model is shared with remote code, so it imports
+only torch and transformers.
+
+Notation: b batch, s tokens, L recurrent layers, H hidden size, E embedding size.
+
+Contract with the evaluation code: ``log_softmax(output.logits)`` is the model's predictive distribution of
+the next token. A model with a marginal likelihood (TopicRNN's stop-word indicator) returns
+log-probabilities as ``logits``.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import torch
+from torch import nn
+from transformers import PreTrainedModel
+from transformers.generation.stopping_criteria import StopStringCriteria
+from transformers.utils import ModelOutput, logging
+
+logger = logging.get_logger(__name__)
+
+
+@dataclass
+class TopicLMOutput(ModelOutput):
+    """Output of every causal LM in the package.
+
+    Args:
+        loss: the training objective that is minimised (LM loss plus every auxiliary term).
+        logits: (b, s, V) next-token scores; ``log_softmax`` of them is the predictive distribution.
+        state: tuple of (b, L, H) tensors, the recurrent state after the last real token.
+        hidden_states: with ``output_hidden_states=True``, a tuple of L + 1 tensors as in every
+            transformers model: the embeddings as fed to the first recurrent layer (after dropout),
+            then the outputs of each recurrent layer l = 1..L at every position (b, s, H), zero at
+            padding, before the dropout between layers; the last entry is the base model's
+            ``last_hidden_state``. For a recurrent layer, its output at position i is its hidden
+            state h_i (what the next layer reads). TCNLM's naive MoE gives (b, s, T, H) per layer
+            (every expert's layer l).
+        lm_loss: mean negative log-likelihood per predicted token (nats).
+        kl_loss: KL divergence of the topic posterior from its prior, on the scale the model documents.
+        bow_loss: reconstruction loss of the context bag of words.
+        aux_loss: any other regulariser (diversity, stop-word indicator, ...).
+        topic_mixture: (b, T) topic representation used for this batch.
+        topic_representation: the resolved topic conditioning, as ``forward`` takes it back under the same name
+            (trusted, not re-validated): what generation caches after its first step.
+    """
+
+    loss: Optional[torch.Tensor] = None
+    logits: Optional[torch.Tensor] = None
+    state: Optional[tuple[torch.Tensor, ...]] = None
+    hidden_states: Optional[tuple[torch.Tensor, ...]] = None
+    lm_loss: Optional[torch.Tensor] = None
+    kl_loss: Optional[torch.Tensor] = None
+    bow_loss: Optional[torch.Tensor] = None
+    aux_loss: Optional[torch.Tensor] = None
+    topic_mixture: Optional[torch.Tensor] = None
+    topic_representation: Optional[torch.Tensor] = None
+
+
+@dataclass
+class RecurrentModelOutput(ModelOutput):
+    """Output of a base model (no output layer).
+
+    Args:
+        last_hidden_state: (b, s, H) outputs of the top recurrent layer (zero at padding).
+        state: the batch-first recurrent state after each row's last real token (with ``use_cache``).
+        hidden_states: the per-layer tuple of :class:`TopicLMOutput`, with ``output_hidden_states=True``.
+    """
+
+    last_hidden_state: Optional[torch.Tensor] = None
+    state: Optional[tuple[torch.Tensor, ...]] = None
+    hidden_states: Optional[tuple[torch.Tensor, ...]] = None
+
+
+def reorder_state(state, beam_idx: torch.Tensor):
+    """Select batch rows of a (nested) tuple of batch-first tensors, or of a cache object with ``reorder``
+    (generation's ``TopicLMCache``: the state with the resolved topic conditioning)."""
+    if state is None:
+        return None
+    if hasattr(state, "reorder"):
+        return state.reorder(beam_idx)
+    if isinstance(state, torch.Tensor):
+        return state.index_select(0, beam_idx.to(state.device))
+    return type(state)(*(reorder_state(s, beam_idx) for s in state)) if hasattr(state, "_fields") \
+        else tuple(reorder_state(s, beam_idx) for s in state)
+
+
+def embed_checked(embed_tokens: nn.Embedding, input_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """(b, s) ids -> (b, s, E) embeddings; ids outside [0, vocab_size) are a ``ValueError`` (a mismatched
+    tokenizer), not an index error deep in the embedding."""
+    if bool((input_ids >= vocab_size).any()) or bool((input_ids < 0).any()):
+        raise ValueError(f"input_ids must be in [0, {vocab_size}): mismatched tokenizer?")
+    return embed_tokens(input_ids)
+
+
+def last_columns(attention_mask: Optional[torch.Tensor], length: int) -> Optional[torch.Tensor]:
+    """The mask of a call's own ``length`` tokens: ``generate()`` passes the mask of the whole sequence so far."""
+    if attention_mask is not None and attention_mask.shape[1] != length:
+        return attention_mask[:, -length:]
+    return attention_mask
+
+
+def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy: logits at position i predict labels at i + 1; -100 is ignored."""
+    shift_logits = logits[:, :-1].reshape(-1, logits.size(-1))
+    shift_labels = labels[:, 1:].reshape(-1).to(logits.device)
+    return nn.functional.cross_entropy(shift_logits.float(), shift_labels, ignore_index=-100)
+
+
+# ----------------------------------------------------------------------------------------------
+# the output layer in training: only at the predicted positions, optionally compiled
+# ----------------------------------------------------------------------------------------------
+
+
+def _linear_cross_entropy(features: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                          targets: torch.Tensor, row_bias: Optional[torch.Tensor], rows: Optional[torch.Tensor],
+                          row_bias_scale: Optional[torch.Tensor]) -> torch.Tensor:
+    """Summed NLL of ``targets`` (n,) under softmax(features W^T + b + s_i row_bias[rows_i]) for features (n, F);
+    the log-sum-exp runs in float32 whatever the autocast dtype of the matrix product."""
+    logits = nn.functional.linear(features, weight, bias)
+    if row_bias is not None:
+        extra = row_bias.to(logits.dtype)[rows]
+        if row_bias_scale is not None:
+            extra = extra * row_bias_scale.to(logits.dtype).unsqueeze(-1)
+        logits = logits + extra
+    return nn.functional.cross_entropy(logits.float(), targets, reduction="sum")
+
+
+_COMPILED: dict = {}  # variant -> _linear_cross_entropy compiled for it; "error": why compiling fails here
+
+
+def compiled_linear_cross_entropy(variant: tuple = (False, False)):
+    """``_linear_cross_entropy`` under ``torch.compile`` for one ``variant`` (with a row bias?, with its mask?), each
+    compiled on its own so that their graphs do not share one recompilation budget (dynamic shapes: the number of
+    predicted positions changes every batch); ``None`` with the reason in ``_COMPILED["error"]`` where compiling
+    fails here (no C++ compiler, an unsupported platform), tried once per process on a tiny forward and backward."""
+    if "error" not in _COMPILED:
+        probe = torch.compile(_linear_cross_entropy, dynamic=True)
+        try:
+            weight = torch.zeros(5, 3, requires_grad=True)
+            probe(torch.ones(4, 3), weight, None, torch.tensor([0, 1, 2, 3]), None, None, None).backward()
+            _COMPILED["error"] = None
+        except Exception as error:  # the toolchain, not the model: fall back to eager
+            _COMPILED["error"] = f"{type(error).__name__}: {str(error).splitlines()[0]}"
+    if _COMPILED["error"] is not None:
+        return None
+    if variant not in _COMPILED:
+        _COMPILED[variant] = torch.compile(_VARIANTS[variant], dynamic=True)
+    return _COMPILED[variant]
+
+
+# One function (one code object: torch.compile's cache and recompilation limit are per code object) per variant.
+def _plain_linear_cross_entropy(features, weight, bias, targets, row_bias, rows, row_bias_scale):
+    return _linear_cross_entropy(features, weight, bias, targets, None, None, None)
+
+
+def _row_bias_linear_cross_entropy(features, weight, bias, targets, row_bias, rows, row_bias_scale):
+    return _linear_cross_entropy(features, weight, bias, targets, row_bias, rows, None)
+
+
+def _masked_row_bias_linear_cross_entropy(features, weight, bias, targets, row_bias, rows, row_bias_scale):
+    return _linear_cross_entropy(features, weight, bias, targets, row_bias, rows, row_bias_scale)
+
+
+_VARIANTS = {(False, False): _plain_linear_cross_entropy, (True, False): _row_bias_linear_cross_entropy,
+             (True, True): _masked_row_bias_linear_cross_entropy}
+
+
+def next_token_loss(features: torch.Tensor, labels: torch.Tensor, output: nn.Linear,
+                    row_bias: Optional[torch.Tensor] = None, row_bias_mask: Optional[torch.Tensor] = None,
+                    compiled: bool = False) -> torch.Tensor:
+    """Mean next-token NLL of ``output(features)`` (+ a per-row bias) computed only at the predicted positions.
+
+    The same value as ``causal_lm_loss(output(features) + row_bias[:, None], labels)`` without the (b, s, V)
+    logits of padding and of the last column, which is what makes it the training path of every family.
+
+    Args:
+        features: (b, s, F) inputs of the output layer (after dropout).
+        labels: (b, s) with -100 at ignored positions; position t predicts ``labels[:, t + 1]``.
+        output: the ``nn.Linear`` output layer.
+        row_bias: (b, V) added to every position of its row (a topic bias).
+        row_bias_mask: (b, s - 1), aligned with the shifted labels: the bias is scaled by it per position.
+        compiled: run the output layer and its loss as one ``torch.compile``'d function (eager where compiling
+            is not possible here; ``compiled_linear_cross_entropy``).
+    """
+    targets = labels[:, 1:].to(features.device)
+    keep = targets != -100
+    selected = features[:, :-1][keep]  # (n, F)
+    rows = scale = None
+    if row_bias is not None:
+        rows = torch.arange(targets.shape[0], device=features.device).unsqueeze(1).expand_as(targets)[keep]
+        scale = row_bias_mask[keep] if row_bias_mask is not None else None
+    fn = (compiled and compiled_linear_cross_entropy((row_bias is not None, scale is not None))) \
+        or _linear_cross_entropy
+    total = fn(selected, output.weight, output.bias, targets[keep], row_bias, rows, scale)
+    return total / keep.sum().clamp_min(1)
+
+
+# ----------------------------------------------------------------------------------------------
+# running a recurrent layer on padded batches
+# ----------------------------------------------------------------------------------------------
+
+
+def _is_right_padded(mask: torch.Tensor) -> bool:
+    return bool((mask[:, :-1] >= mask[:, 1:]).all())
+
+
+def _to_layer_first(state):
+    if state is None:
+        return None
+    if isinstance(state, torch.Tensor):
+        return state.transpose(0, 1).contiguous()
+    return tuple(_to_layer_first(s) for s in state)
+
+
+def run_rnn(rnn: nn.RNNBase, x: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
+            state=None, need_state: bool = True):
+    """Run a batch-first ``nn.LSTM`` / ``nn.GRU`` / ``nn.RNN`` on a padded batch.
+
+    Args:
+        rnn: a batch-first recurrent module.
+        x: (b, s, E) inputs.
+        attention_mask: (b, s), 1 for real tokens; padding may be on the left or the right.
+        state: batch-first initial state: ``(h, c)`` for an LSTM, ``(h,)`` otherwise, each (b, L, H).
+        need_state: return the final state; when False and padding is on the right (training),
+            the fast unpacked path is used, since outputs at real positions do not depend on
+            what follows them.
+
+    Returns:
+        ``(outputs (b, s, H), state)``: outputs at padded positions are zero, and the state is
+        the one after each row's last real token (the initial state for rows with no token).
+    """
+    is_lstm = isinstance(rnn, nn.LSTM)
+    hx = _to_layer_first(state)
+    if hx is not None and not is_lstm:
+        hx = hx[0]
+    if attention_mask is None or bool(attention_mask.all()) or (not need_state and _is_right_padded(attention_mask)):
+        out, hn = rnn(x, hx)
+        if attention_mask is not None and not bool(attention_mask.all()):
+            out = out * attention_mask.unsqueeze(-1).to(out.dtype)
+    else:
+        mask = attention_mask.bool()
+        b, s = mask.shape
+        lengths = mask.sum(1)
+        # Move each row's real tokens to the front (stable), pack, run, move outputs back.
+        order = torch.argsort((~mask).to(torch.int8), dim=1, stable=True)
+        x_front = x.gather(1, order.unsqueeze(-1).expand_as(x))
+        packed = nn.utils.rnn.pack_padded_sequence(x_front, lengths.clamp(min=1).cpu(), batch_first=True,
+                                                   enforce_sorted=False)
+        out_packed, hn = rnn(packed, hx)
+        out_front, _ = nn.utils.rnn.pad_packed_sequence(out_packed, batch_first=True, total_length=s)
+        out = torch.zeros_like(out_front).scatter(1, order.unsqueeze(-1).expand_as(out_front), out_front)
+        out = out * mask.unsqueeze(-1).to(out.dtype)
+        empty = lengths == 0
+        if bool(empty.any()):
+            # Rows without any token keep their initial state (zeros when none was given).
+            hn_list = list(hn) if is_lstm else [hn]
+            if hx is None:
+                init = [torch.zeros_like(h) for h in hn_list]
+            else:
+                init = list(hx) if is_lstm else [hx]
+            for i, h in enumerate(hn_list):
+                hn_list[i] = torch.where(empty.view(1, -1, 1), init[i], h)
+            hn = tuple(hn_list) if is_lstm else hn_list[0]
+    new_state = tuple(h.transpose(0, 1) for h in (hn if is_lstm else (hn,)))
+    return out, new_state
+
+
+def single_layer_view(rnn: nn.RNNBase, layer: int) -> nn.RNNBase:
+    """A one-layer module of the same kind whose parameters *are* layer ``layer`` of ``rnn`` (shared,
+    not copied: gradients reach ``rnn``). Built on the meta device, so it costs no memory."""
+    kwargs = {"num_layers": 1, "bias": rnn.bias, "batch_first": rnn.batch_first}
+    if isinstance(rnn, nn.RNN):
+        kwargs["nonlinearity"] = rnn.nonlinearity
+    with torch.device("meta"):
+        view = type(rnn)(rnn.input_size if layer == 0 else rnn.hidden_size, rnn.hidden_size, **kwargs)
+    for name in view._flat_weights_names:  # weight_ih_l0, weight_hh_l0, bias_ih_l0, bias_hh_l0
+        setattr(view, name, getattr(rnn, name[:-1] + str(layer)))
+    return view.train(rnn.training)
+
+
+def _run_one_layer(view, x, attention_mask, need_state, *state):
+    out, new_state = run_rnn(view, x, attention_mask, state or None, need_state=need_state)
+    return (out, *new_state)  # flat: a reentrant checkpoint only sees top-level tensors
+
+
+def run_rnn_layers(rnn: nn.RNNBase, x: torch.Tensor, attention_mask: Optional[torch.Tensor] = None, state=None,
+                   need_state: bool = True, checkpoint_fn=None):
+    """:func:`run_rnn` one layer at a time, for ``output_hidden_states`` and gradient checkpointing.
+
+    Returns ``(outputs (b, s, H), state, layer_outputs)``, where ``layer_outputs`` holds the outputs of
+    every layer (each (b, s, H), zero at padding; the last one is ``outputs``), taken before the dropout
+    that ``nn.LSTM(dropout=p)`` applies between layers in training (applied here with
+    ``F.dropout``, so with that dropout the masks are drawn differently from the fused module; in
+    evaluation the outputs equal :func:`run_rnn`'s up to float rounding). With ``checkpoint_fn``
+    (``model._gradient_checkpointing_func``) every layer is a checkpoint: only the layer inputs are
+    kept for the backward pass, and each layer is recomputed there.
+    """
+    is_lstm = isinstance(rnn, nn.LSTM)
+    hidden, states, layer_outputs = x, [], []
+    for layer in range(rnn.num_layers):
+        if layer > 0 and rnn.training and rnn.dropout > 0:
+            hidden = nn.functional.dropout(hidden, rnn.dropout, training=True)
+        view = single_layer_view(rnn, layer)
+        layer_state = () if state is None else tuple(s[:, layer:layer + 1] for s in state)[:2 if is_lstm else 1]
+        if checkpoint_fn is None:
+            hidden, *new_state = _run_one_layer(view, hidden, attention_mask, need_state, *layer_state)
+        else:
+            hidden, *new_state = checkpoint_fn(_run_one_layer, view, hidden, attention_mask, need_state, *layer_state)
+        layer_outputs.append(hidden)
+        states.append(new_state)
+    new_state = tuple(torch.cat([s[i] for s in states], dim=1) for i in range(len(states[0])))
+    return hidden, new_state, tuple(layer_outputs)
+
+
+def run_token_rnn(module, rnn: nn.RNNBase, input_ids=None, attention_mask=None, inputs_embeds=None, state=None,
+                  need_state: bool = False, output_hidden_states: bool = False):
+    """Embed tokens and run a stack of recurrent layers: the body of every family with an ``nn.LSTM`` /
+    ``nn.GRU`` / ``nn.RNN`` (``module`` has ``embed_tokens``, ``dropout``, ``config.vocab_size`` and
+    ``checkpoint_function``).
+
+    (b, s) tokens (or (b, s, E) ``inputs_embeds``) -> ((b, s, H) top-layer outputs, zero at padding; the
+    state after each row's last real token (when ``need_state``); the per-layer tuple of
+    :class:`TopicLMOutput` ``hidden_states`` with ``output_hidden_states``, else None). The embeddings go
+    through ``module.dropout``; ``attention_mask`` may cover the whole sequence (``generate()``): its last
+    s columns are used."""
+    if (input_ids is None) == (inputs_embeds is None):
+        raise ValueError("Give exactly one of input_ids and inputs_embeds")
+    if inputs_embeds is None:
+        inputs_embeds = embed_checked(module.embed_tokens, input_ids, module.config.vocab_size)  # (b, s, E)
+    attention_mask = last_columns(attention_mask, inputs_embeds.shape[1])
+    x = module.dropout(inputs_embeds)
+    checkpoint_fn = module.checkpoint_function()
+    if output_hidden_states or checkpoint_fn is not None:
+        hidden, new_state, layers = run_rnn_layers(rnn, x, attention_mask, state, need_state, checkpoint_fn)
+        return hidden, new_state, ((x, *layers) if output_hidden_states else None)
+    rnn.flatten_parameters()
+    return (*run_rnn(rnn, x, attention_mask, state, need_state=need_state), None)
+
+
+class RecurrentBodyMixin:
+    """``forward`` and the input-embedding accessors of a base model that is ``embed_tokens``, ``dropout`` and
+    one ``nn.LSTM`` named ``lstm`` (the LSTM LM's and NCLM's bodies): ``forward`` returns a
+    :class:`RecurrentModelOutput` with the top layer's outputs (b, s, H), zero at padding. Put it before
+    the ``PreTrainedModel`` class in the bases."""
+
+    def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, state=None, use_cache=None,
+                output_hidden_states=None, return_dict=None, **kwargs) -> RecurrentModelOutput:
+        use_cache = use_cache if use_cache is not None else (self.config.use_cache and not self.training)
+        output_hidden_states = (output_hidden_states if output_hidden_states is not None
+                                else self.config.output_hidden_states)
+        hidden, new_state, all_hidden = run_token_rnn(self, self.lstm, input_ids, attention_mask, inputs_embeds, state,
+                                                      use_cache or state is not None, output_hidden_states)
+        out = RecurrentModelOutput(last_hidden_state=hidden, state=new_state if use_cache else None,
+                                   hidden_states=all_hidden)
+        return out if return_dict is not False else out.to_tuple()
+
+
+# ----------------------------------------------------------------------------------------------
+# stop strings
+# ----------------------------------------------------------------------------------------------
+
+
+class WordStopStringCriteria(StopStringCriteria):
+    """transformers' ``StopStringCriteria`` for word-level vocabularies.
+
+    transformers finds the text of each token by decoding it after the tokens of a probe word
+    ("abcdef"); a word-level tokenizer turns the probe into ``<unk>``, and ``StopStringCriteria``
+    fails with ``ValueError: substring not found``. Here the text of a token is its own decoding
+    (the package's tokenizers decode every token independently: " said", ","), which is exact for
+    them; tokenizers with which the probe works keep transformers' method.
+    """
+
+    @staticmethod
+    def clean_tokenizer_vocab(tokenizer, static_prefix="abcdef", stop_string_matching_mode=None):
+        probe = tokenizer(static_prefix, add_special_tokens=False)["input_ids"]
+        if static_prefix in tokenizer.decode(probe):
+            return StopStringCriteria.clean_tokenizer_vocab(tokenizer, static_prefix, stop_string_matching_mode)
+        vocab = tokenizer.get_vocab()
+        strings, indices = [], []
+        for token, index in vocab.items():
+            text = tokenizer.convert_tokens_to_string([token])
+            strings.append(text.encode("utf-8") if stop_string_matching_mode is not None else text)
+            indices.append(index)
+        return tuple(strings), tuple(indices)
+
+
+# ----------------------------------------------------------------------------------------------
+# PreTrainedModel base
+# ----------------------------------------------------------------------------------------------
+
+
+class HubUnreachableError(OSError):
+    """The Hub could not be reached; the message says where the upload-ready folder is and how to upload it."""
+
+
+def is_network_error(error: BaseException) -> bool:
+    """Whether ``error`` (or an error it was raised from) is a failure to reach a server: no network, a DNS
+    failure, a refused connection, a timeout, or huggingface_hub's offline mode. An HTTP error response (the
+    server answered) is not one."""
+    import importlib
+
+    from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
+
+    kinds = [ConnectionError, TimeoutError, OfflineModeIsEnabled]
+    for name in ("httpx2", "httpx", "requests"):  # the HTTP clients huggingface_hub versions use
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            continue
+        kinds += [k for k in (getattr(module, "TransportError", None), getattr(module, "ConnectionError", None),
+                              getattr(module, "Timeout", None)) if isinstance(k, type)]
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, HfHubHTTPError) and not isinstance(error, OfflineModeIsEnabled):
+            return False
+        if isinstance(error, tuple(kinds)):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
+def unreachable_message(repo_id: str, folder, error: BaseException) -> str:
+    """One line: the Hub is unreachable (and why), where the upload-ready folder is, how to upload it later."""
+    reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+    return (f"The Hub cannot be reached ({reason}); the upload-ready folder is {folder}: upload it later with "
+            f"`hf upload {repo_id} {folder}`")
+
+
+# The Auto class of a model class, by the suffix of its name (transformers' naming).
+AUTO_CLASS_SUFFIXES = {"Model": "AutoModel", "ForCausalLM": "AutoModelForCausalLM",
+                       "ForSequenceClassification": "AutoModelForSequenceClassification",
+                       "ForTokenClassification": "AutoModelForTokenClassification"}
+
+
+def auto_class_of(model_class: type) -> str:
+    """The Auto class that loads ``model_class`` (``"AutoModel"`` for a base model)."""
+    for suffix, auto in AUTO_CLASS_SUFFIXES.items():
+        if model_class.__name__.endswith(suffix) and not model_class.__name__.endswith("PreTrainedModel"):
+            return auto
+    return "AutoModel"
+
+
+def auto_map_for(model: PreTrainedModel) -> dict[str, str]:
+    """``config.json``'s ``auto_map`` for ``model``: the config and every model class of its family (every class of
+    its modeling file with its config class), so that each Auto class loads a saved folder as remote code."""
+    config_cls = type(model.config)
+    auto_map = {"AutoConfig": f"{config_cls.__module__.rsplit('.', 1)[-1]}.{config_cls.__name__}"}
+    module = sys.modules[type(model).__module__]
+    for name, obj in sorted(vars(module).items()):
+        if (isinstance(obj, type) and issubclass(obj, PreTrainedModel) and obj.__module__ == module.__name__
+                and getattr(obj, "config_class", None) is config_cls and not name.endswith("PreTrainedModel")):
+            auto_map[auto_class_of(obj)] = f"{module.__name__.rsplit('.', 1)[-1]}.{name}"
+    return auto_map
+
+
+class RecurrentPreTrainedModel(PreTrainedModel):
+    """Flags every recurrent LM of the package needs under transformers 5.x (hf-notes §0)."""
+
+    base_model_prefix = "model"
+    _is_stateful = True  # assisted decoding cannot roll a recurrent state back
+    accepts_loss_kwargs = False  # our loss is a mean per token: Trainer must scale for accumulation
+    # model.gradient_checkpointing_enable() / Trainer(gradient_checkpointing=True): every recurrent layer is a
+    # checkpoint (as the blocks of transformers' RWKV and Mamba); see checkpoint_function.
+    supports_gradient_checkpointing = True
+
+    # What the model reads, declared as transformers declares what a model supports (never probed from
+    # signatures). ``TopicContextCollator.for_model`` builds the batches of training and of every evaluation
+    # protocol from these, and ``generate`` accepts exactly ``conditioning_inputs``.
+    conditioning_inputs: tuple[str, ...] = ()  # the topic keywords of forward()/generate(): "context_bow", ...
+    training_context: str = "none"  # the context mode of the documented training batches ("others": the papers')
+    reads_sentence_prefix: bool = False  # forward() takes sentence_prefix_bow (NCLM's sentence-level topics)
+    reads_documents: bool = False  # forward() takes whole documents (b, c, l) with chunk_mask (rGBN-RNN)
+
+    # compile_output_layer(): the training loss's output layer runs as one torch.compile'd function
+    output_layer_compiled: bool = False
+
+    def compile_output_layer(self, enabled: bool = True) -> bool:
+        """Compute the training loss's output layer and cross-entropy as one ``torch.compile``'d function (with
+        bf16 autocast it ran 2.5 times faster than eager on a CPU; see the README's performance section).
+
+        It applies in training mode with ``labels``, where every family computes the output layer only at the
+        predicted positions and returns ``logits=None``; evaluation and generation are unchanged. Where
+        ``torch.compile`` does not work (no C++ compiler), logs one warning and stays eager. Returns whether the
+        output layer is compiled. ``TopicLMTrainer(compile_output_layer=True)`` calls it."""
+        if enabled and compiled_linear_cross_entropy() is None:
+            logger.warning("The output layer stays eager: torch.compile does not work here (%s).",
+                           _COMPILED["error"])
+            enabled = False
+        self.output_layer_compiled = bool(enabled)
+        return self.output_layer_compiled
+
+    def output_layer(self, features: torch.Tensor, labels: Optional[torch.Tensor] = None,
+                     row_bias: Optional[torch.Tensor] = None) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
+        """``(logits, lm_loss)`` of ``self.lm_head`` on ``features`` (b, s, F), plus ``row_bias`` (b, V) at every
+        position. In training mode with ``labels`` only the loss is computed, at the predicted positions
+        (``next_token_loss``: the same value), and ``logits`` is None; otherwise the full (b, s, V) logits and,
+        with ``labels``, ``causal_lm_loss``."""
+        if labels is not None and self.training:
+            return None, next_token_loss(features, labels, self.lm_head, row_bias,
+                                         compiled=self.output_layer_compiled)
+        logits = self.lm_head(features)
+        if row_bias is not None:
+            logits = logits + row_bias.to(logits.dtype).unsqueeze(1)
+        return logits, (causal_lm_loss(logits, labels) if labels is not None else None)
+
+    @classmethod
+    def _supports_default_dynamic_cache(cls) -> bool:
+        # Without this, generate() passes an empty DynamicCache as past_key_values on every step.
+        return False
+
+    def checkpoint_function(self):
+        """The checkpoint function for this module's recurrent layers (``None`` unless gradient
+        checkpointing is on and the module is training). Base models set ``gradient_checkpointing``."""
+        if getattr(self, "gradient_checkpointing", False) and self.training and torch.is_grad_enabled():
+            return self._gradient_checkpointing_func
+        return None
+
+    def _reorder_cache(self, state, beam_idx):
+        return reorder_state(state, beam_idx)
+
+    def post_init(self):
+        super().post_init()
+        self._suppress_unk_in_generation()
+
+    def _suppress_unk_in_generation(self) -> None:
+        """``<unk>`` is never generated unless asked for: the default generation config suppresses
+        ``config.unk_token_id``. ``generate(..., suppress_tokens=[])`` turns it back on."""
+        unk = getattr(self.config, "unk_token_id", None)
+        generation_config = getattr(self, "generation_config", None)
+        if generation_config is not None and unk is not None and generation_config.suppress_tokens is None:
+            generation_config.suppress_tokens = [int(unk)]
+
+    def _get_stopping_criteria(self, generation_config, stopping_criteria, tokenizer=None, **kwargs):
+        # generate(stop_strings=..., tokenizer=tok) with a word-level tokenizer: see WordStopStringCriteria.
+        stop_strings = generation_config.stop_strings
+        if stop_strings is None or tokenizer is None:
+            return super()._get_stopping_criteria(generation_config, stopping_criteria, tokenizer, **kwargs)
+        generation_config.stop_strings = None
+        try:
+            criteria = super()._get_stopping_criteria(generation_config, stopping_criteria, tokenizer, **kwargs)
+        finally:
+            generation_config.stop_strings = stop_strings
+        criteria.append(WordStopStringCriteria(stop_strings=stop_strings, tokenizer=tokenizer))
+        return criteria
+
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        """``PreTrainedModel.save_pretrained``, with the family's full ``auto_map`` in ``config.json`` (every Auto
+        class of the family, not only the saved one's), so that every saved folder (Trainer checkpoints
+        included) loads with any of them as remote code, without the package. (A class not registered for an Auto
+        class, e.g. a user's subclass, saves no code and no ``auto_map``.)"""
+        if type(self)._auto_class is not None:  # its code is saved with it (the package registers every class)
+            self.config.auto_map = auto_map_for(self)
+        return super().save_pretrained(save_directory, *args, **kwargs)
+
+    def push_to_hub(self, repo_id: str, *args, **kwargs):
+        """``PreTrainedModel.push_to_hub``; where the Hub cannot be reached, the model is saved to
+        ``./<repo name>-hub`` instead and :class:`HubUnreachableError` says in one line where, and how to upload
+        it later."""
+        try:
+            return super().push_to_hub(repo_id, *args, **kwargs)
+        except Exception as error:
+            if not is_network_error(error):
+                raise
+            folder = f"{repo_id.rsplit('/', 1)[-1]}-hub"
+            self.save_pretrained(folder)
+            raise HubUnreachableError(unreachable_message(repo_id, folder, error)) from None
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
+        """``PreTrainedModel.from_pretrained``, but weights the checkpoint lacks are an error (see
+        :meth:`check_missing_weights`), not a warning above a model that is partly random."""
+        from safetensors import SafetensorError
+
+        want_info = kwargs.pop("output_loading_info", False)
+        try:
+            model, info = super().from_pretrained(pretrained_model_name_or_path, *args, output_loading_info=True,
+                                                  **kwargs)
+        except SafetensorError as error:
+            raise OSError(
+                f"The weights in {pretrained_model_name_or_path} are corrupt or truncated ({error}). Copy or "
+                "download the checkpoint again, or load an earlier one (the checkpoint-* folders of a training "
+                "run).") from error
+        model.check_missing_weights(info["missing_keys"], pretrained_model_name_or_path, info["unexpected_keys"])
+        # A generation_config.json saved before <unk> was suppressed by default does not say so.
+        model._suppress_unk_in_generation()
+        return (model, info) if want_info else model
+
+    @classmethod
+    def _may_be_missing(cls, key: str) -> bool:
+        """Weights a checkpoint may lack: the KL-annealing counter (older checkpoints have none; it
+        starts at 0), and the task head of a ``*ForSequenceClassification`` /
+        ``*ForTokenClassification`` model loaded from a language model (it starts untrained, as
+        in transformers)."""
+        if key == "kl_annealing_step":
+            return True
+        is_task_model = cls.__name__.endswith(("ForSequenceClassification", "ForTokenClassification"))
+        return is_task_model and not key.startswith(cls.base_model_prefix + ".")
+
+    def check_missing_weights(self, missing_keys, source, unexpected_keys=()) -> None:
+        """Raise ``OSError`` when a checkpoint (``source``) lacks weights of this model.
+
+        transformers only warns and initialises them at random, so a checkpoint of another model
+        family, or a ``config.json`` next to another run's weights, gave a random model that still
+        evaluated and generated. Tied weights and :meth:`_may_be_missing` keys are allowed."""
+        tied = set(getattr(self, "all_tied_weights_keys", None) or {})
+        missing = sorted(k for k in missing_keys if k not in tied and not self._may_be_missing(k))
+        if not missing:
+            return
+        message = (f"{source} lacks {len(missing)} weight(s) of {type(self).__name__} (e.g. {missing[:4]}), which "
+                   "would be left random.")
+        unexpected = sorted(unexpected_keys)
+        if unexpected:
+            message += (f" It holds {len(unexpected)} weight(s) this model does not have (e.g. {unexpected[:4]}): is "
+                        "it a checkpoint of another model, or a config.json next to another run's weights?")
+        raise OSError(message + " Load it with the class it was saved from (a training run of another model needs "
+                      "its own output_dir).")
+
+    def _register_kl_annealing(self):
+        """A saved counter of training forward passes (so that a resumed run goes on annealing)."""
+        self.register_buffer("kl_annealing_step", torch.zeros((), dtype=torch.long))
+
+    def kl_annealing_ramp(self, count: bool):
+        """``min(1, passes / config.kl_annealing_steps)`` (1 when annealing is off). ``count=True`` in
+        training mode first counts this forward pass; evaluation never counts."""
+        if count and self.training:
+            self.kl_annealing_step += 1
+        steps = self.config.kl_annealing_steps
+        if steps == 0:
+            return 1.0
+        return (self.kl_annealing_step.float() / steps).clamp(max=1.0)  # a tensor: no device sync
+
+    def _init_weights(self, module):
+        step = getattr(module, "kl_annealing_step", None)
+        if isinstance(step, torch.Tensor):  # also when a checkpoint without it is loaded: never left uninitialised
+            step.zero_()
+        std = getattr(self.config, "initializer_range", 0.1)
+        if isinstance(module, nn.Embedding):
+            nn.init.uniform_(module.weight, -std, std)
+        elif isinstance(module, (nn.Linear, nn.Conv1d)):
+            nn.init.uniform_(module.weight, -std, std)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.RNNBase):
+            for name, param in module.named_parameters():
+                if "weight" in name:
+                    nn.init.uniform_(param, -std, std)
+                else:
+                    nn.init.zeros_(param)
+
+
+def last_token_positions(attention_mask: Optional[torch.Tensor], seq_len: int, batch_size: int,
+                         device) -> torch.Tensor:
+    """Index of each row's last real token (left or right padding)."""
+    if attention_mask is None:
+        return torch.full((batch_size,), seq_len - 1, dtype=torch.long, device=device)
+    positions = torch.arange(seq_len, device=device).expand(batch_size, seq_len)
+    return (positions * attention_mask.to(device).long()).max(1).values
+
+
+def detach_or_none(x: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """``x.detach()``, ``None`` for ``None`` (the loss terms a model reports beside its loss)."""
+    return x.detach() if x is not None else None
+
+
+def select_state_rows(state: Optional[Sequence[torch.Tensor]], rows: int):
+    """Keep the first ``rows`` rows of a batch-first state (documents that still have chunks)."""
+    if state is None:
+        return None
+    return tuple(s[:rows] for s in state)
