@@ -235,3 +235,26 @@ def test_each_head_gets_its_own_card(tmp_path):
     assert "| topic_sizes | [6, 4] |" in card.text and "| hidden_sizes | [8, 6] |" in card.text
     assert card.data.eval_results is None and ".nan" not in card.content
     assert card.data.pipeline_tag == "text-generation" and "generate(topic_ids=[3]" in card.text
+
+
+def test_modeling_cards_are_in_sync_with_the_configurations_and_the_benchmark():
+    """modeling_cards/ holds one card per hub_configs/ configuration, exactly as scripts/make_cards.py writes it
+    from the template and results/apnews-cpu; its model-index carries the benchmark's perplexities."""
+    import importlib.util
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("make_cards", root / "scripts" / "make_cards.py")
+    make_cards = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(make_cards)
+    cards = make_cards.render_all(root / "hub_configs", root / "results" / "apnews-cpu" / "results.json")
+    assert set(cards) == {f"{p.stem}.md" for p in (root / "hub_configs").glob("*.json")}
+    on_disk = {p.name for p in (root / "modeling_cards").glob("*.md") if p.name != "README.md"}
+    assert on_disk == set(cards), "run python scripts/make_cards.py"
+    for name, text in cards.items():
+        assert (root / "modeling_cards" / name).read_text() == text, f"{name}: run python scripts/make_cards.py"
+    benchmark = json.loads((root / "results" / "apnews-cpu" / "results.json").read_text())
+    card = ModelCard.load(root / "modeling_cards" / "tcnlm-apnews-small.md")
+    measured = {r.metric_config: r.metric_value for r in card.data.eval_results}
+    assert measured["causal"] == round(benchmark["results"]["tcnlm"]["perplexity"]["causal"]["perplexity"], 2)
+    assert "Not measured on this configuration" in card.text and "| 0 |" in card.text  # topic table
+    assert "Not measured yet: IMDB" in (root / "modeling_cards" / "topicgru-imdb.md").read_text()

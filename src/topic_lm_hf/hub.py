@@ -197,6 +197,9 @@ def render_card(config, model_class: str, repo_id: str, results=None, datasets=N
     auto_class = next((auto for suffix, auto in AUTO_CLASS_SUFFIXES.items() if model_class.endswith(suffix)),
                       "AutoModel")
     pipeline_tag = PIPELINE_TAGS[auto_class]
+    sizes = card_sizes(config)
+    if pipeline_tag not in ("text-classification", "token-classification"):
+        sizes.pop("num_labels", None)  # transformers' default, meaningless for a language model
     results = list(results or [])
     rows = []
     for r in results:
@@ -213,7 +216,7 @@ def render_card(config, model_class: str, repo_id: str, results=None, datasets=N
     with resources.as_file(template) as path:
         return ModelCard.from_template(
             card_data, template_path=str(path), model_type=config.model_type, model_class=model_class,
-            auto_class=auto_class, pipeline_tag=pipeline_tag, repo_id=repo_id, sizes=card_sizes(config), rows=rows,
+            auto_class=auto_class, pipeline_tag=pipeline_tag, repo_id=repo_id, sizes=sizes, rows=rows,
             model_description=description, family=family, training=training or {}, topics=topics or [],
             steering=steering or {}, measured_note=measured_note,
             topic_model=hasattr(config, "num_topics") or hasattr(config, "topic_sizes"),
