@@ -9,6 +9,16 @@ from conftest import DATA, requires_data
 from topic_lm_hf.cli import main
 
 
+def user_error(capsys, argv) -> str:
+    """Run ``topic-lm argv``, which must stop on a user error: exit code 2 and one line on stderr, returned."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert exit_.value.code == 2 and len(err) == 1, err
+    return err[0]
+
+
 def test_demo_on_the_synthetic_corpus_says_so(tmp_path, capsys):
     main(["demo", "--synthetic", "--train_seconds", "2", "--eval_documents", "8", "--output_dir", str(tmp_path)])
     out = capsys.readouterr().out
@@ -60,8 +70,11 @@ def test_train_evaluate_generate_commands_on_apnews(tmp_path, capsys, caplog):
           "--num_beams", "2", "--num_return_sequences", "2"])
     lines = [l for l in capsys.readouterr().out.splitlines() if l.startswith("the senate ")]
     assert len(lines) == 2 and all(3 < len(l.split()) <= 3 + 5 for l in lines)  # prompt + up to 5 new tokens
-    with pytest.raises(SystemExit, match="not a topic model"):
+    with pytest.raises(SystemExit) as exit_:
         main(["topics", "--model_name_or_path", str(out_dir)])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.strip() == ("topic-lm topics: error: LSTMLMForCausalLM has no topics (it is not a "
+                                               "topic model)")
 
 
 def test_build_model_sizes_a_topic_rnn_to_the_vocabularies():
@@ -81,7 +94,7 @@ def test_build_model_sizes_a_topic_rnn_to_the_vocabularies():
 
 
 @requires_data("apnews", "train.txt")
-def test_evaluate_refuses_a_folder_whose_weights_belong_to_another_model(apnews, tmp_path):
+def test_evaluate_refuses_a_folder_whose_weights_belong_to_another_model(apnews, tmp_path, capsys):
     """config.json of a TCNLM next to an LSTM's weights (a folder two runs wrote into): evaluate
     used to print a perplexity of a random model and exit 0."""
     from conftest import tiny_model
@@ -91,9 +104,11 @@ def test_evaluate_refuses_a_folder_whose_weights_belong_to_another_model(apnews,
     tiny_model("lstm_lm", apnews["tok"], apnews["topic_tok"]).save_pretrained(folder)
     save_vocabularies(apnews["tok"], apnews["topic_tok"], folder)
     tiny_model("tcnlm", apnews["tok"], apnews["topic_tok"]).config.save_pretrained(folder)
-    with pytest.raises(OSError, match=r"lacks \d+ weight\(s\) of TCNLMForCausalLM"):
+    with pytest.raises(SystemExit) as exit_:
         main(["evaluate", "--model_name_or_path", str(folder), "--validation_file",
               str(DATA / "apnews" / "valid.txt"), "--max_eval_documents", "5", "--protocols", "causal"])
+    assert exit_.value.code == 2
+    assert re.match(r"topic-lm evaluate: error: .*lacks \d+ weight\(s\) of TCNLMForCausalLM", capsys.readouterr().err)
 
 
 @requires_data("apnews", "train.txt")
@@ -119,11 +134,11 @@ def test_a_checkpoint_holds_both_tokenizers_and_is_evaluated_and_its_topics_prin
     assert re.search(r"\| paper \| .*? \| [\d.]+ \| \d+ \|", capsys.readouterr().out)
 
     shutil.rmtree(checkpoint / "topic_tokenizer")  # e.g. a checkpoint written by an older version
-    with pytest.raises(OSError, match=r"checkpoint-2 has no topic tokenizer \(no topic_tokenizer/tokenizer\.json"):
-        main(["topics", "--model_name_or_path", str(checkpoint)])
-    with pytest.raises(OSError, match="has no topic tokenizer"):
-        main(["evaluate", "--model_name_or_path", str(checkpoint), "--validation_file",
-              str(DATA / "apnews" / "valid.txt"), "--max_eval_documents", "3", "--protocols", "paper"])
+    assert re.search(r"checkpoint-2 has no topic tokenizer \(no topic_tokenizer/tokenizer\.json",
+                     user_error(capsys, ["topics", "--model_name_or_path", str(checkpoint)]))
+    assert "has no topic tokenizer" in user_error(capsys, [
+        "evaluate", "--model_name_or_path", str(checkpoint), "--validation_file", str(DATA / "apnews" / "valid.txt"),
+        "--max_eval_documents", "3", "--protocols", "paper"])
 # ----------------------------------------------------------------------------------------------
 # the command line itself: help, unknown flags, configuration overrides, progress, no noise
 # ----------------------------------------------------------------------------------------------
@@ -260,8 +275,8 @@ def test_train_an_nclm_with_a_topic_model_phase_then_evaluate_and_generate_from_
     main(["generate", "--model_name_or_path", str(out_dir), "--topic_ids", "2", "--max_new_tokens", "5"])
     main(["topics", "--model_name_or_path", str(out_dir), "--top_n", "4"])
     assert len([l for l in capsys.readouterr().out.splitlines() if l.strip()]) >= 6
-    with pytest.raises(ValueError, match="phase:steps"):
-        main(["train", "--model_type", "nclm", "--pretraining_phases", "topic_model", "--output_dir", str(tmp_path)])
+    assert "phase:steps" in user_error(capsys, ["train", "--model_type", "nclm", "--pretraining_phases", "topic_model",
+                                                "--output_dir", str(tmp_path)])
 
 
 @requires_data("r8", "train.jsonl.gz")
@@ -285,5 +300,35 @@ def test_classify_and_retrieve_commands_on_r8(tmp_path, capsys):
     out = capsys.readouterr().out
     assert re.search(r"\| NCLMForCausalLM: \[o_N; c\] \(raw\) \| [01]\.\d{4} \| [01]\.\d{4} \| [01]\.\d{4} \|", out), out
     assert "| precision@1 | precision@5 | precision@fraction=0.02 |" in out
-    with pytest.raises(ValueError, match="normalize must be one of"):
-        main(["retrieve", *common, "--normalize", "l2"])
+    assert "normalize must be one of" in user_error(capsys, ["retrieve", *common, "--normalize", "l2"])
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["generate", "--model_name_or_path", "{model}", "--topic_ids", "1,x"],
+     "topic-lm generate: error: --topic_ids takes comma-separated integers, e.g. --topic_ids 3,7 (got '1,x')"),
+    (["generate", "--model_name_or_path", "{model}", "--topic_ids", "99"], "topic-lm generate: error: "),
+    (["evaluate", "--model_name_or_path", "{model}", "--validation_file", "{missing}"], "topic-lm evaluate: error: "),
+    (["evaluate", "--model_name_or_path", "{model}", "--protocols", "causl"], "topic-lm evaluate: error: "),
+])
+def test_a_user_error_is_one_line_and_exit_code_2_and_debug_shows_the_traceback(argv, message, tmp_path, capsys):
+    from topic_lm_hf import TCNLMConfig, TCNLMForCausalLM, build_vocabularies, save_vocabularies, synthetic_documents
+
+    tok, topic_tok = build_vocabularies(synthetic_documents(30), min_freq=1)
+    model = TCNLMForCausalLM(TCNLMConfig.from_tokenizers(tok, topic_tok, num_topics=3, embedding_size=4,
+                                                         hidden_size=4))
+    model.save_pretrained(tmp_path / "m")
+    save_vocabularies(tok, topic_tok, tmp_path / "m")
+    argv = [a.format(model=tmp_path / "m", missing=tmp_path / "missing.txt") for a in argv]
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_.value.code == 2 and len(err) == 1 and err[0].startswith(message), err
+    with pytest.raises((ValueError, OSError)):  # --debug: the exception itself, with its traceback
+        main([*argv, "--debug"])
+
+
+def test_a_command_group_lists_its_commands(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["wsd", "--help"])
+    out = capsys.readouterr().out
+    assert exit_.value.code == 0 and out.startswith("usage: topic-lm wsd {train,evaluate}") and "evaluate  " in out

@@ -21,6 +21,18 @@ def test_lau_format_matches_the_raw_file():
     assert len(docs[0]["sentences"]) == len([s for s in first if s.strip()])
 
 
+@requires_data("apnews", "valid.txt")
+@pytest.mark.parametrize("streaming", [False, True])
+def test_a_byte_order_mark_is_not_part_of_the_first_word(tmp_path, streaming):
+    """A Lau-format file saved by a Windows editor starts with a UTF-8 byte-order mark."""
+    lines = (DATA / "apnews" / "valid.txt").read_text(encoding="utf-8").splitlines()[:20]
+    (tmp_path / "bom.txt").write_bytes(b"\xef\xbb\xbf" + "\n".join(lines).encode("utf-8") + b"\n")
+    docs = list(load_documents(tmp_path / "bom.txt", streaming=streaming))
+    assert docs[0]["sentences"][0] == lines[0].split("\t")[0].split()
+    tok, _ = build_vocabularies(docs, min_freq=1)
+    assert not any(w.startswith("\ufeff") for w in tok.get_vocab())
+
+
 @requires_data("imdb", "train.jsonl.gz")
 def test_raw_text_jsonl_is_split_tokenized_lowercased_and_keeps_labels():
     docs = load_documents(DATA / "imdb" / "train.jsonl.gz", text_column="text", max_documents=50)

@@ -151,7 +151,7 @@ def test_gradient_checkpointing_gives_the_same_gradients(family, layers, dropout
         return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
     loss, grads = loss_and_grads()
-    model.gradient_checkpointing_enable()
+    model.activation_checkpointing_enable()
     assert model.model.gradient_checkpointing
     calls = []
     layer_fn = "_run_layer" if family == "tcnlm" else "_run_one_layer"
@@ -165,7 +165,7 @@ def test_gradient_checkpointing_gives_the_same_gradients(family, layers, dropout
     assert grads_ckpt.keys() == grads.keys()
     for name in grads:
         torch.testing.assert_close(grads_ckpt[name], grads[name], rtol=1e-4, atol=1e-6, msg=name)
-    model.gradient_checkpointing_disable()
+    model.activation_checkpointing_disable()
     assert not model.model.gradient_checkpointing
 
 
@@ -199,7 +199,7 @@ def test_trainer_with_gradient_checkpointing_trains_the_same_weights(family, apn
         model = make(family, tok, topic_tok)
         args = TrainingArguments(output_dir=str(tmp_path / str(checkpointing)), max_steps=3,
                                  per_device_train_batch_size=8, learning_rate=1e-2, report_to=[], use_cpu=True,
-                                 disable_tqdm=True, save_strategy="no", seed=0, gradient_checkpointing=checkpointing)
+                                 disable_tqdm=True, save_strategy="no", seed=0, activation_checkpointing=checkpointing)
         trainer = TopicLMTrainer(model=model, args=args, train_dataset=rows, data_collator=collator)
         trainer.train()
         assert model.model.gradient_checkpointing is checkpointing

@@ -65,7 +65,7 @@ def test_next_token_loss_equals_a_naive_loop_over_positions(bias):
 
 def test_next_token_loss_of_a_batch_without_labels_is_zero_not_nan():
     features, labels, output, _, _ = random_case()
-    assert float(next_token_loss(features, torch.full_like(labels, -100), output)) == 0.0
+    assert next_token_loss(features, torch.full_like(labels, -100), output).item() == 0.0
 
 
 def grads(loss, *tensors):

@@ -553,3 +553,25 @@ def test_hub_configs_are_the_papers_sizes_and_build(size, hidden, layers):
     assert isinstance(config, NCLMConfig) and config.leaky_modes() == []
     assert (config.hidden_size, config.num_hidden_layers, config.num_topics, config.alpha) == (hidden, layers, 150, 0.01)
     assert config.topic_representation_size == 2 * (300 + 150)  # LETA + SDT, E = 300
+
+
+def test_a_leaky_model_is_labelled_by_the_trainer_and_the_command_line(apnews, tmp_path, capsys):
+    """Trainer.evaluate names a leaky model's perplexity eval_perplexity_leaky; `topic-lm evaluate` with its default
+    protocols reports it under paper (labelled) and says which protocols it skipped, instead of failing."""
+    from topic_lm_hf.cli import main
+
+    model = make(apnews, "lta", True, sdt_mode="minus_target")
+    collator = TopicContextCollator.for_model(model, apnews["tok"], apnews["topic_tok"])
+    args = TrainingArguments(str(tmp_path / "out"), per_device_eval_batch_size=16, report_to=[], use_cpu=True)
+    trainer = TopicLMTrainer(model=model, args=args, eval_dataset=collator.prepare(apnews["valid"].select(range(5))),
+                             data_collator=collator)
+    metrics = trainer.evaluate()
+    assert "eval_perplexity_leaky" in metrics and "eval_perplexity" not in metrics
+    model.save_pretrained(tmp_path / "m")
+    save_vocabularies(apnews["tok"], apnews["topic_tok"], tmp_path / "m")
+    valid = tmp_path / "valid.txt"
+    valid.write_text("\n".join("\t".join(" ".join(s) for s in d["sentences"]) for d in apnews["valid"].select(range(3))))
+    main(["evaluate", "--model_name_or_path", str(tmp_path / "m"), "--validation_file", str(valid)])
+    out = capsys.readouterr().out
+    assert "reads words it predicts (sdt_mode=minus_target" in out and "skipped: causal, causal-carry" in out
+    assert "| paper+sdt_mode=minus_target |" in out

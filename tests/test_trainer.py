@@ -247,3 +247,39 @@ def test_no_pin_memory_warning_when_training_on_cpu(tmp_path, recwarn):
     trainer.train()
     assert not args.dataloader_pin_memory
     assert not [w for w in recwarn.list if "pin_memory" in str(w.message)]
+
+
+@pytest.mark.parametrize("family", ["lstm", "nclm"])
+def test_gradient_accumulation_equals_the_big_batch(family, apnews, tmp_path):
+    """Two micro-batches of 6 documents' chunks accumulated make the same SGD update as one batch of both: each
+    micro-batch's token mean is weighted by its share of the step's predicted tokens (rows differ in length)."""
+    from transformers import TrainingArguments
+
+    from topic_lm_hf import (LSTMLMConfig, LSTMLMForCausalLM, NCLMConfig, NCLMForCausalLM, TopicContextCollator,
+                             TopicLMTrainer)
+
+    def make():
+        torch.manual_seed(0)
+        if family == "lstm":
+            return LSTMLMForCausalLM(LSTMLMConfig(vocab_size=len(apnews["tok"]), embedding_size=16, hidden_size=16,
+                                                  dropout=0.0))
+        return NCLMForCausalLM(NCLMConfig.from_tokenizers(apnews["tok"], apnews["topic_tok"], variant="leta",
+                                                          num_topics=5, embedding_size=12, hidden_size=16,
+                                                          encoder_hidden_size=10, dropout=0.0, etr_top_n=4,
+                                                          num_topic_samples=0))  # no sampling: deterministic
+
+    updates = {}
+    for batch, accumulation in ((16, 1), (8, 2), (4, 4)):
+        model = make()
+        before = {k: v.detach().clone() for k, v in model.named_parameters()}
+        collator = TopicContextCollator.for_model(model, apnews["tok"], apnews["topic_tok"])
+        args = TrainingArguments(str(tmp_path / f"{batch}"), max_steps=1, per_device_train_batch_size=batch,
+                                 gradient_accumulation_steps=accumulation, learning_rate=0.5, optim="sgd",
+                                 lr_scheduler_type="constant", max_grad_norm=0.0, report_to=[], use_cpu=True,
+                                 save_strategy="no", seed=0, disable_tqdm=True)
+        trainer = TopicLMTrainer(model=model, args=args, data_collator=collator,
+                                 train_dataset=collator.prepare(apnews["train"].select(range(12))))
+        trainer.train()
+        updates[accumulation] = torch.cat([(p.detach() - before[k]).flatten() for k, p in model.named_parameters()])
+    for accumulation in (2, 4):
+        torch.testing.assert_close(updates[accumulation], updates[1], rtol=1e-4, atol=1e-6)

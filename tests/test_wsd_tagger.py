@@ -2,6 +2,8 @@
 candidate restriction and back-off, document topics from a real topic model of the package, and
 the ``topic-lm wsd`` commands."""
 
+import re
+
 import pytest
 import torch
 from transformers import AutoModelForTokenClassification, TrainingArguments
@@ -315,6 +317,8 @@ def test_wsd_train_and_evaluate_commands(tmp_path, capsys):
         f1 = text.split(f"| {mode} | ")[1].split(" | ")[2]
         assert f1 == score_wsd(key_file, WSD / "semeval2007" / "semeval2007.gold.key.txt").formatted()["F1"]
         assert len(read_key_file(key_file)) > 400
-    with pytest.raises(SystemExit, match="topic model folder .* does not exist"):
+    with pytest.raises(SystemExit) as exit_:
         main(["wsd", "train", "--train", se07, "--output_dir", str(tmp_path / "x"), "--topic_model",
               str(tmp_path / "nowhere")])
+    assert exit_.value.code == 2
+    assert re.match(r"topic-lm wsd train: error: topic model folder .* does not exist", capsys.readouterr().err)

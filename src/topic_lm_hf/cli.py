@@ -15,6 +15,7 @@ Arguments are dataclasses parsed by `HfArgumentParser`, as in transformers' `run
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -32,7 +33,7 @@ from .collator import TopicContextCollator, make_bow
 from .models.configuration_common import config_kwargs_from_tokenizers
 from .evaluation import evaluate_perplexity
 from .fast_path import FastPathArguments, fast_training_arguments
-from .hub import HubUnreachableError, ModelSourceError, load_pretrained, resolve_model_source
+from .hub import ModelSourceError, load_pretrained, resolve_model_source
 from .demo import DemoArguments, run_demo
 from .tasks.commands import (ClassifyArguments, RetrieveArguments, TaskDataArguments, WSDEvaluateArguments,
                              WSDTrainArguments, run_classify, run_retrieve, run_wsd_evaluate, run_wsd_train)
@@ -120,6 +121,9 @@ class GenerateArguments:
     temperature: float = field(default=1.0, metadata={"help": "Sampling temperature (with --do_sample)."})
     top_k: int = field(default=0, metadata={
         "help": "Sample only among the k most probable tokens (with --do_sample; 0: all tokens)."})
+    top_p: float = field(default=1.0, metadata={
+        "help": "Nucleus sampling: sample among the most probable tokens whose probabilities sum to p (with "
+                "--do_sample; 1: all tokens)."})
     seed: int = field(default=0, metadata={"help": "Random seed (sampling)."})
     topic_ids: Optional[str] = field(default=None, metadata={
         "help": "Comma-separated topic ids: generate from an equal mixture of these topics (topic models; see "
@@ -316,10 +320,19 @@ def run_train(data_args: DataArguments, model_args: ModelArguments, training_arg
 def run_evaluate(args: EvaluateArguments) -> None:
     model = load_pretrained(AutoModelForCausalLM, args.model_name_or_path)
     if args.validation_file is None and shared_data_dir() is None:
-        raise SystemExit("topic-lm evaluate: error: give --validation_file (../shared/data is absent)")
+        raise ValueError("give --validation_file (../shared/data is absent)")
     valid_file = args.validation_file or str(shared_data_dir() / "apnews" / "valid.txt")
     docs = data_lib.load_documents(valid_file, text_column=args.text_column, max_documents=args.max_eval_documents)
-    rows = evaluate(model, docs, args.protocols.split(","), name=args.model_name_or_path,
+    protocols = args.protocols.split(",")
+    leaky = list(getattr(model, "leaky_modes", lambda: [])())
+    if leaky and protocols != ["paper"]:
+        skipped = [p for p in protocols if p != "paper"]
+        protocols = ["paper"] if "paper" in protocols else []
+        print(f"{type(model).__name__} reads words it predicts ({', '.join(leaky)}): its perplexity is only "
+              f"reported under the paper protocol, labelled leaky; skipped: {', '.join(skipped)}")
+        if not protocols:
+            raise ValueError("no protocol left to evaluate this model under: add paper to --protocols")
+    rows = evaluate(model, docs, protocols, name=args.model_name_or_path,
                     max_sentence_length=args.max_sentence_length, max_context_tokens=args.max_context_tokens,
                     batch_size=args.batch_size)
     print(f"validation: {valid_file} ({len(docs)} documents)\n")
@@ -373,13 +386,21 @@ def run_generate(args: GenerateArguments) -> None:
     set_seed(args.seed)
     model = load_pretrained(AutoModelForCausalLM, args.model_name_or_path).eval()
     tok, topic_tok = data_lib.load_vocabularies(args.model_name_or_path)
-    topic_ids = [int(x) for x in args.topic_ids.split(",")] if args.topic_ids else None
+    topic_ids = parse_ids(args.topic_ids, "--topic_ids") if args.topic_ids else None
     texts = generate_text(model, tok, args.prompt, topic_tokenizer=topic_tok, topic_ids=topic_ids,
                           context_text=args.context_text, max_new_tokens=args.max_new_tokens,
                           do_sample=args.do_sample, num_beams=args.num_beams,
                           num_return_sequences=args.num_return_sequences, temperature=args.temperature,
-                          top_k=args.top_k or None, allow_unk=args.allow_unk)
+                          top_k=args.top_k or None, top_p=args.top_p, allow_unk=args.allow_unk)
     print("\n".join(texts))
+
+
+def parse_ids(text: str, flag: str) -> list[int]:
+    """Comma-separated integers (``3,7``); anything else is a :class:`UsageError` naming the flag."""
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise UsageError(f"{flag} takes comma-separated integers, e.g. {flag} 3,7 (got {text!r})") from None
 
 
 def run_steer(args: SteerArguments) -> None:
@@ -397,7 +418,7 @@ def run_steer(args: SteerArguments) -> None:
         judge = fit_lda_judge(docs, topic_tok, num_topics=model.config.num_topics, seed=args.seed)
         logger.info("%s (%.0f s)", judge.description, time.perf_counter() - start)
     fluency = load_pretrained(AutoModelForCausalLM, args.fluency_model).eval() if args.fluency_model else None
-    topics = [int(x) for x in args.topics.split(",")] if args.topics else None
+    topics = parse_ids(args.topics, "--topics") if args.topics else None
     logger.info("Generating %d texts per topic ...", args.num_samples)
     result = evaluate_steering(model, topics=topics, num_topics_sampled=args.num_topics_sampled,
                                num_samples=args.num_samples, max_new_tokens=args.max_new_tokens, tokenizer=tok,
@@ -420,7 +441,7 @@ def run_steer(args: SteerArguments) -> None:
 def run_topics(args: TopicsArguments) -> None:
     model = load_pretrained(AutoModelForCausalLM, args.model_name_or_path)
     if not hasattr(model, "get_topics"):
-        raise SystemExit(f"{type(model).__name__} has no topics (it is not a topic model)")
+        raise ValueError(f"{type(model).__name__} has no topics (it is not a topic model)")
     for k, words in enumerate(model.get_topics(top_n=args.top_n)):
         print(f"topic {k:3d}: {' '.join(words)}")
 
@@ -523,14 +544,30 @@ def usage() -> str:
     return "\n".join(lines)
 
 
+class UsageError(ValueError):
+    """A mistake in how a command was called: one line on stderr, exit code 2."""
+
+
 def main(argv: Optional[list[str]] = None) -> None:
+    """``topic-lm COMMAND [flags]``. A user error (a bad value, a missing file or folder, input the package
+    refuses: ``ValueError`` and ``OSError``) is one line on stderr and exit code 2; ``--debug`` (anywhere, or
+    ``TOPIC_LM_DEBUG=1``) shows its traceback instead."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv or os.environ.get("TOPIC_LM_DEBUG", "") not in ("", "0")
+    argv = [a for a in argv if a != "--debug"]
     if not argv or argv[0] in ("-h", "--help"):
         print(usage(), file=sys.stdout if argv else sys.stderr)
         sys.exit(0 if argv else 2)
     name, argv = argv[0], argv[1:]
     if argv and f"{name} {argv[0]}" in COMMANDS:  # a two-word command: topic-lm wsd train ...
         name, argv = f"{name} {argv[0]}", argv[1:]
+    group = [c for c in COMMANDS if c.startswith(f"{name} ")]
+    if name not in COMMANDS and group:  # topic-lm wsd, topic-lm wsd --help
+        lines = [f"usage: topic-lm {name} {{{','.join(c.split(' ', 1)[1] for c in group)}}} [-h] ...", ""]
+        lines += [f"  {c:<{max(map(len, group))}}  {COMMANDS[c].summary}" for c in group]
+        wants_help = bool(argv) and argv[0] in ("-h", "--help")
+        print("\n".join(lines), file=sys.stdout if wants_help else sys.stderr)
+        sys.exit(0 if wants_help else 2)
     if name not in COMMANDS:
         print(usage(), file=sys.stderr)
         sys.exit(f"topic-lm: error: unknown command {name!r} (choose from {', '.join(COMMANDS)})")
@@ -546,8 +583,11 @@ def main(argv: Optional[list[str]] = None) -> None:
     parsed = parse_command(name, argv)
     try:
         COMMANDS[name].handler(*parsed)
-    except (ModelSourceError, HubUnreachableError) as error:  # what to do is in the one line
-        print(f"topic-lm {name}: error: {error}", file=sys.stderr)
+    except (ValueError, OSError) as error:  # the package's user errors: what to do is in the message
+        if debug:
+            raise
+        message = " ".join(str(error).split()) or type(error).__name__
+        print(f"topic-lm {name}: error: {message}", file=sys.stderr)
         sys.exit(2)
 
 

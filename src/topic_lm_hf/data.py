@@ -338,8 +338,9 @@ def load_documents(
             raise ValueError(f"Unknown format {format!r}")
         if format != "parquet":  # text files: not empty, and UTF-8 (a stream's bytes are checked as read)
             check_text_file(path, whole=not streaming)
+        # utf-8-sig: a byte-order mark (Windows editors write one) is not part of the first word
         ds = datasets.load_dataset("text" if format == "lau" else format, data_files=str(path), split="train",
-                                   streaming=streaming)
+                                   streaming=streaming, **({"encoding": "utf-8-sig"} if format == "lau" else {}))
         if streaming and format != "parquet":
             ds = _check_stream_bytes(ds, path)
         elif not streaming and len(ds) == 0:

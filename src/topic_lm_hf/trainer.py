@@ -267,7 +267,8 @@ class TopicLMTrainer(Trainer):
 
     * Logs each loss term the model returns (``lm_loss``, ``kl_loss``, ``bow_loss``, ``aux_loss``)
       next to ``loss``, averaged over the logging interval and over processes.
-    * Evaluation adds ``eval_perplexity``, exp of the mean negative log-likelihood per predicted
+    * Evaluation adds ``eval_perplexity`` (``eval_perplexity_leaky`` for a model whose options let it read the
+      words it predicts, ``leaky_modes()``), exp of the mean negative log-likelihood per predicted
       token under the model's predictive distribution ``log_softmax(logits)`` (the LM alone:
       ``eval_loss`` is the whole training objective, KL and bag-of-words terms included; for
       TopicRNN the stop-word indicator is marginalised, as in ``evaluate_perplexity``), and each
@@ -278,6 +279,8 @@ class TopicLMTrainer(Trainer):
       evaluated, resumed or asked for its topics on its own.
     * Records the hashes of the collator's vocabularies in the model config
       (:func:`~topic_lm_hf.data.record_vocabularies`), so evaluation refuses other tokenizers.
+    * Gradient accumulation equals the big batch: each micro-batch's loss is weighted by its share of the
+      optimizer step's predicted tokens (the Trainer's ``num_items_in_batch``), not averaged as a mean of means.
     * Sets ``remove_unused_columns=False`` (the collator needs its raw columns) and
       ``label_names=["labels"]`` (hf-notes §4).
     * Stops with :class:`NonFiniteLossError` on a NaN / inf loss, and with
@@ -330,6 +333,9 @@ class TopicLMTrainer(Trainer):
                 # Pinned memory only speeds up copies to an accelerator; on CPU, PyTorch warns at every epoch.
                 args_.dataloader_pin_memory = False
         super().__init__(*args, **kwargs)
+        # The Trainer counts each optimizer step's predicted tokens (num_items_in_batch) and compute_loss weights
+        # every micro-batch by its share of them: gradient accumulation then equals the big batch.
+        self.model_accepts_loss_kwargs = True
         self.pretraining_phases = self._check_phases(pretraining_phases)
         self._loss_terms: dict[str, list[torch.Tensor]] = defaultdict(list)
         self._eval_sums: dict[str, torch.Tensor] | None = None  # while evaluating: token-weighted sums
@@ -418,8 +424,9 @@ class TopicLMTrainer(Trainer):
                                                                      "reads_documents", False):
                 raise ValueError("A documents batch (chunk_mask) for a model that reads one sentence chunk at a time: "
                                  "train it with TopicLMTrainer(..., carry_state=True), or use layout='sentences'")
-            loss, outputs = super().compute_loss(model, inputs, return_outputs=True,
-                                                 num_items_in_batch=num_items_in_batch)
+            loss, outputs = super().compute_loss(model, inputs, return_outputs=True)
+        if model.training and num_items_in_batch is not None:
+            loss = self._share_of_the_batch(loss, labels, num_items_in_batch)
         if model.training:
             if not bool(torch.isfinite(loss.detach()).all()):
                 self._stop_on_nonfinite(NonFiniteLossError, f"Training loss is {loss.item()}")
@@ -430,6 +437,18 @@ class TopicLMTrainer(Trainer):
         elif self._eval_sums is not None and not carried:  # carried: summed chunk by chunk
             self._add_eval_terms(labels, outputs)
         return (loss, outputs) if return_outputs else loss
+
+    def _share_of_the_batch(self, loss, labels, num_items_in_batch):
+        """The micro-batch's token-mean ``loss`` weighted by its share of the optimizer step's predicted tokens
+        (``num_items_in_batch``, counted by the Trainer over every micro-batch of the step, and over every process
+        with ``average_tokens_across_devices``): summed over the micro-batches of gradient accumulation, the
+        gradient is that of the whole step's token mean, as one big batch would give."""
+        counted = labels[..., 1:] if self._loss_shifts_labels else labels
+        tokens = counted.ne(-100).sum().to(loss.device, loss.dtype)
+        share = tokens / torch.as_tensor(num_items_in_batch, device=loss.device, dtype=loss.dtype).clamp_min(1)
+        if self.args.average_tokens_across_devices and self.args.world_size > 1:
+            share = share * self.args.world_size  # DDP averages the processes' gradients
+        return loss * share
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
         if not (self.carry_state and "chunk_mask" in inputs):
@@ -473,7 +492,10 @@ class TopicLMTrainer(Trainer):
                                              reduction="sum")
             totals = dict(zip(keys, totals.tolist()))
             tokens = max(totals.pop("tokens"), 1.0)
-            output.metrics[f"{prefix}_perplexity"] = math.exp(totals.pop("nll") / tokens)
+            # A model that reads the words it predicts (leaky_modes(), e.g. NCLM's sdt_mode="minus_target") gets
+            # its perplexity labelled as such: it is not a language-model perplexity.
+            leaky = bool(list(getattr(_unwrap(self.model), "leaky_modes", lambda: [])()))
+            output.metrics[f"{prefix}_perplexity{'_leaky' if leaky else ''}"] = math.exp(totals.pop("nll") / tokens)
             for key, value in totals.items():
                 output.metrics[f"{prefix}_{key}"] = value / tokens
         return output

@@ -466,7 +466,7 @@ class RecurrentPreTrainedModel(PreTrainedModel):
     base_model_prefix = "model"
     _is_stateful = True  # assisted decoding cannot roll a recurrent state back
     accepts_loss_kwargs = False  # our loss is a mean per token: Trainer must scale for accumulation
-    # model.gradient_checkpointing_enable() / Trainer(gradient_checkpointing=True): every recurrent layer is a
+    # model.activation_checkpointing_enable() / TrainingArguments(activation_checkpointing=True): every recurrent layer is a
     # checkpoint (as the blocks of transformers' RWKV and Mamba); see checkpoint_function.
     supports_gradient_checkpointing = True
 

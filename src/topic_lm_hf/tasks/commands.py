@@ -218,7 +218,7 @@ def run_wsd_train(args: WSDTrainArguments, training_args: TrainingArguments) -> 
     dev = load_wsd_corpus(args.dev) if args.dev else None
     topic_tokenizer = load_topic_tokenizer(args.topic_tokenizer) if args.topic_tokenizer else None
     if args.topic_model is not None and not os.path.isdir(args.topic_model):
-        raise SystemExit(f"topic-lm wsd train: error: topic model folder {args.topic_model} does not exist")
+        raise ValueError(f"topic model folder {args.topic_model} does not exist")
     training_args.save_strategy = "no"  # the best epoch on --dev is kept in memory and saved at the end
     model = train_sense_tagger(train, training_args.output_dir, topic_model=args.topic_model,
                                topic_tokenizer=topic_tokenizer, dev=dev, sense_inventory=args.sense_inventory,
@@ -241,7 +241,7 @@ def run_wsd_evaluate(args: WSDEvaluateArguments) -> None:
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     bad = [m for m in modes if m not in OUTPUT_MODES]
     if bad or not modes:
-        raise SystemExit(f"topic-lm wsd evaluate: error: --modes takes {OUTPUT_MODES}, got {args.modes!r}")
+        raise ValueError(f"--modes takes {OUTPUT_MODES}, got {args.modes!r}")
     model = load_pretrained(AutoModelForTokenClassification, args.model_name_or_path)
     corpus = load_wsd_corpus(args.dataset)
     inventory = None
@@ -251,7 +251,7 @@ def run_wsd_evaluate(args: WSDEvaluateArguments) -> None:
     name = Path(args.dataset.rstrip("/")).name.split(".")[0]
     key_file = args.key_file or os.path.join(args.model_name_or_path, f"{name}.{{mode}}.key.txt")
     if len(modes) > 1 and "{mode}" not in key_file:
-        raise SystemExit("topic-lm wsd evaluate: error: --key_file needs '{mode}' in it when several modes are scored")
+        raise ValueError("--key_file needs '{mode}' in it when several modes are scored")
     scores = evaluate_sense_tagger(model, corpus, modes, key_file=key_file, inventory=inventory,
                                    topic_model=args.topic_model, batch_size=args.batch_size)
     print(f"dataset: {args.dataset}; model: {args.model_name_or_path}; topics: "
