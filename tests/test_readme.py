@@ -106,3 +106,14 @@ def test_readme_python_snippets_run_top_to_bottom_in_a_fresh_interpreter(tmp_pat
     for path in ("out/lstm-apnews/model.safetensors", "out/tcnlm-apnews/topic_tokenizer/tokenizer.json",
                  "out/hub/lstm-apnews/README.md", "out/hub/lstm-apnews/modeling_lstm_lm.py"):
         assert (run / path).exists(), path
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_the_readme_speaks_to_users_about_the_package(page):
+    """No work-item or bookkeeping language: what was measured, on what hardware, is what a user needs."""
+    text = (ROOT / page).read_text()
+    for phrase in (r"\bthe issue\b", r"\bissue's\b", r"\bbars?\b(?! of)", r"\blent\b", r"\bwork items?\b",
+                   r"single-thread job running"):
+        found = [line for line in text.splitlines() if re.search(phrase, line, re.I)
+                 and "progress bar" not in line and "error bars" not in line]
+        assert not found, (phrase, found[:3])
