@@ -543,7 +543,7 @@ def test_topic_output_bias_starts_as_the_paper_model_and_adds_B_t(vocab, tmp_pat
     tok, topic_tok = vocab
     plain = small_model(len(tok), len(topic_tok))
     biased = small_model(len(tok), len(topic_tok), topic_output_bias="learned")
-    assert float(biased.topic_bias.weight.abs().sum()) == 0.0  # zero at initialisation
+    assert biased.topic_bias.weight.abs().sum().item() == 0.0  # zero at initialisation
     missing, unexpected = biased.load_state_dict(plain.state_dict(), strict=False)
     assert missing == ["topic_bias.weight"] and not unexpected
     assert small_model(len(tok), len(topic_tok), topic_output_bias=True).config.topic_output_bias == "learned"
