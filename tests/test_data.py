@@ -249,3 +249,8 @@ def test_a_text_column_without_text_is_named():
     with pytest.raises(ValueError, match=r"Column 'body' of the given dataset must hold text, but row 1 holds "
                                          r"the int 42"):
         list(load_documents(stream, text_column="body"))
+
+
+def test_a_folder_for_a_corpus_says_to_give_a_file_in_it(tmp_path):
+    with pytest.raises(IsADirectoryError, match="is a folder: give one corpus file in it"):
+        load_documents(tmp_path)

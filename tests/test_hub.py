@@ -258,3 +258,12 @@ def test_modeling_cards_are_in_sync_with_the_configurations_and_the_benchmark():
     assert measured["causal"] == round(benchmark["results"]["tcnlm"]["perplexity"]["causal"]["perplexity"], 2)
     assert "Not measured on this configuration" in card.text and "| 0 |" in card.text  # topic table
     assert "Not measured yet: IMDB" in (root / "modeling_cards" / "topicgru-imdb.md").read_text()
+
+
+def test_a_folder_whose_config_has_no_model_type_is_one_line_not_a_prompt(tmp_path):
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text('{"hidden_size": 8}')
+    proc = _cli(tmp_path, "topics", "--model_name_or_path", "m", env={"HF_HUB_OFFLINE": "1"})
+    assert proc.returncode == 2 and proc.stderr.strip() == ("topic-lm topics: error: m/config.json has no model_type: "
+                                                            "not a model this package saved (its model_type names the "
+                                                            "family, e.g. \"tcnlm\")")

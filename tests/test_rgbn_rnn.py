@@ -54,6 +54,8 @@ def documents_batch(apnews, docs=(0, 1, 2), context="preceding", max_sentence_le
     (dict(tie_word_embeddings=True), "tie_word_embeddings is not supported"),
     (dict(hidden_size=600), "no hidden_size .*give hidden_sizes"),
     (dict(num_topics=50), "no num_topics .*give topic_sizes"),
+    (dict(topic_sizes=8), r"topic_sizes takes one size per layer, bottom first \(a list such as \[8\]\), got 8"),
+    (dict(hidden_sizes=16), r"hidden_sizes takes one size per layer"),
 ])
 def test_config_rejects_bad_values_naming_them(bad, match):
     kw = {"vocab_size": 50, "topic_vocab_size": 20, "topic_sizes": [5, 4], "hidden_sizes": [8, 6], **bad}

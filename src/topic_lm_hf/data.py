@@ -327,6 +327,9 @@ def load_documents(
         path = Path(source)
         if not path.exists():
             raise FileNotFoundError(f"No corpus at {path}")
+        if path.is_dir():
+            raise IsADirectoryError(f"{path} is a folder: give one corpus file in it (a Lau .txt, .jsonl[.gz] or "
+                                    ".parquet file)")
         name = str(path)
         suffixes = "".join(path.suffixes[-2:]) if path.suffix == ".gz" else path.suffix
         if format is None:

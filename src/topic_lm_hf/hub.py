@@ -269,6 +269,16 @@ def resolve_model_source(name_or_path: str | os.PathLike, token: Optional[str] =
         if not os.path.isfile(os.path.join(name, "config.json")):
             raise ModelSourceError(f"{name} is a folder without config.json: not a saved model (give the folder "
                                    "that save_pretrained, a Trainer checkpoint or topic-lm train wrote)")
+        import json
+
+        try:
+            config = json.loads(Path(name, "config.json").read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as error:
+            raise ModelSourceError(f"{name}/config.json is not valid JSON ({error})") from None
+        if not isinstance(config, dict) or "model_type" not in config:
+            # without it transformers asks interactively whether to run remote code
+            raise ModelSourceError(f"{name}/config.json has no model_type: not a model this package saved (its "
+                                   "model_type names the family, e.g. \"tcnlm\")")
         return name
     if os.path.exists(name):
         raise ModelSourceError(f"{name} is a file, not a saved model folder")

@@ -83,6 +83,10 @@ class RGBNRNNConfig(TopicConfigMixin, ClassifierConfigMixin, PretrainedConfig):
             if name in kwargs:  # the other families' names: a per-layer list here, not one number
                 raise ValueError(f"RGBNRNNConfig has no {name} (got {kwargs[name]!r}); give {instead} (one entry per "
                                  "layer, bottom first)")
+        for name, value in (("topic_sizes", topic_sizes), ("hidden_sizes", hidden_sizes)):
+            if not isinstance(value, (list, tuple)):  # a scalar: one entry per layer is wanted
+                raise ValueError(f"{name} takes one size per layer, bottom first (a list such as [{value!r}]), got "
+                                 f"{value!r}")
         topic_sizes, hidden_sizes = list(topic_sizes), list(hidden_sizes)
         check_integers(1, vocab_size=vocab_size, topic_vocab_size=topic_vocab_size, embedding_size=embedding_size)
         check_integers(0, tlasgr_seed=tlasgr_seed)
