@@ -233,8 +233,18 @@ def test_config_overrides_go_through_transformers_and_the_config_class():
         make_config(ModelArguments(model_type="lstm_lm", config_overrides="hidden_sise=64"))
     with pytest.raises(ValueError, match="dropout must be in"):  # the configuration's own check runs
         make_config(ModelArguments(model_type="tcnlm", config_overrides="dropout=1.5"))
-    with pytest.raises(ValueError, match="topic_word_ids"):  # a list cannot be written as key=value
+    with pytest.raises(ValueError, match="topic_word_ids"):  # a scalar where the config holds a list
         make_config(ModelArguments(model_type="topic_rnn", config_overrides="topic_word_ids=3"))
+    # rGBN-RNN's per-layer sizes are lists, written in brackets; its derived num_topics names what to set
+    config = make_config(ModelArguments(model_type="rgbn_rnn",
+                                        config_overrides="topic_sizes=[8,4],hidden_sizes=[16, 16],embedding_size=12"))
+    assert (config.topic_sizes, config.hidden_sizes, config.embedding_size) == ([8, 4], [16, 16], 12)
+    with pytest.raises(ValueError, match=r"RGBNRNNConfig has no num_topics \(got 5\); give topic_sizes"):
+        make_config(ModelArguments(model_type="rgbn_rnn", config_overrides="num_topics=5"))
+    with pytest.raises(ValueError, match=r"not a list of numbers \(write hidden_sizes=\[16,16\]\)"):
+        make_config(ModelArguments(model_type="rgbn_rnn", config_overrides="hidden_sizes=[16,x]"))
+    with pytest.raises(ValueError, match="key=value pairs"):
+        make_config(ModelArguments(model_type="lstm_lm", config_overrides="hidden_size"))
 
 
 def test_train_and_evaluate_show_progress_without_pin_memory_noise(synthetic_files, tmp_path, capsys, caplog):
@@ -332,3 +342,24 @@ def test_a_command_group_lists_its_commands(capsys):
         main(["wsd", "--help"])
     out = capsys.readouterr().out
     assert exit_.value.code == 0 and out.startswith("usage: topic-lm wsd {train,evaluate}") and "evaluate  " in out
+
+
+def test_rgbn_topics_per_layer_and_generation_from_an_upper_layer(tmp_path, capsys):
+    from topic_lm_hf import RGBNRNNConfig, RGBNRNNForCausalLM, build_vocabularies, save_vocabularies, synthetic_documents
+
+    tok, topic_tok = build_vocabularies(synthetic_documents(30), min_freq=1)
+    model = RGBNRNNForCausalLM(RGBNRNNConfig.from_tokenizers(tok, topic_tok, topic_sizes=[4, 3], hidden_sizes=[8, 8],
+                                                             embedding_size=8))
+    model.save_pretrained(tmp_path / "m")
+    save_vocabularies(tok, topic_tok, tmp_path / "m")
+    main(["topics", "--model_name_or_path", str(tmp_path / "m"), "--top_n", "3"])
+    out = capsys.readouterr().out
+    assert "layer 1 (4 topics)" in out and "layer 2 (3 topics)" in out and out.count("topic ") == 7
+    main(["topics", "--model_name_or_path", str(tmp_path / "m"), "--layer", "2"])
+    out = capsys.readouterr().out
+    assert "layer 1" not in out and out.count("topic ") == 3
+    main(["generate", "--model_name_or_path", str(tmp_path / "m"), "--topic_ids", "2", "--topic_layer", "2",
+          "--max_new_tokens", "4", "--do_sample", "--top_p", "0.9"])
+    assert capsys.readouterr().out.strip()
+    assert "topic_layer must be an integer in [1, 2]" in user_error(capsys, [
+        "generate", "--model_name_or_path", str(tmp_path / "m"), "--topic_ids", "1", "--topic_layer", "3"])

@@ -14,8 +14,10 @@ Arguments are dataclasses parsed by `HfArgumentParser`, as in transformers' `run
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -132,6 +134,8 @@ class GenerateArguments:
         "help": "A document whose topics steer generation (topic models)."})
     allow_unk: bool = field(default=False, metadata={
         "help": "Let the model generate <unk> (suppressed by default, as in every model's generation config)."})
+    topic_layer: Optional[int] = field(default=None, metadata={
+        "help": "rGBN-RNN / GBN-RNN: the layer --topic_ids refer to (1 = bottom, the default)."})
 
 
 @dataclass
@@ -161,6 +165,8 @@ class SteerArguments:
 class TopicsArguments:
     model_name_or_path: str = field(metadata={"help": "A saved topic model folder or Hub id."})
     top_n: int = field(default=10, metadata={"help": "Words printed per topic."})
+    layer: Optional[int] = field(default=None, metadata={
+        "help": "rGBN-RNN / GBN-RNN: the topic layer to print (1 = bottom; default: every layer)."})
 
 
 # ----------------------------------------------------------------------------------------------
@@ -184,14 +190,41 @@ def make_config(model_args: ModelArguments) -> PretrainedConfig:
     model_type = kwargs.pop("model_type", model_args.model_type)
     config = AutoConfig.for_model(model_type, **kwargs)
     if model_args.config_overrides:
-        overrides = ",".join(item.strip() for item in model_args.config_overrides.split(",") if item.strip())
-        keys = [item.split("=", 1)[0] for item in overrides.split(",")]
-        try:
-            config.update_from_string(overrides)
-        except (ValueError, TypeError) as error:
-            raise ValueError(f"--config_overrides {overrides!r}: {error}") from error
-        config = AutoConfig.for_model(model_type, **{**kwargs, **{key: getattr(config, key) for key in keys}})
+        values = {}
+        for key, text in parse_overrides(model_args.config_overrides):
+            prop = getattr(type(config), key, None)
+            if text.startswith("["):  # a per-layer list (rGBN-RNN's topic_sizes, hidden_sizes)
+                try:
+                    values[key] = json.loads(text)
+                except ValueError:
+                    raise ValueError(f"--config_overrides {key}={text}: not a list of numbers (write {key}=[16,16])"
+                                     ) from None
+                if not hasattr(config, key):
+                    raise ValueError(f"--config_overrides: {type(config).__name__} has no {key}")
+            elif isinstance(prop, property) and prop.fset is None:  # derived: the class names what to set instead
+                values[key] = json.loads(text) if re.fullmatch(r"-?\d+(\.\d*)?", text) else text
+            else:
+                try:  # transformers' parser: the key must exist, the value takes the current one's type
+                    config.update_from_string(f"{key}={text}")
+                except (ValueError, TypeError) as error:
+                    raise ValueError(f"--config_overrides {key}={text}: {error}") from error
+                values[key] = getattr(config, key)
+        config = AutoConfig.for_model(model_type, **{**kwargs, **values})
     return config
+
+
+def parse_overrides(text: str) -> list[tuple[str, str]]:
+    """``key=value`` pairs of ``--config_overrides``, comma-separated; a value in brackets is a list
+    (``hidden_sizes=[16,16]``) whose commas do not separate pairs."""
+    pairs, rest = [], text.strip()
+    while rest:
+        match = re.match(r"\s*(\w+)\s*=\s*(\[[^\]]*\]|[^,]*?)\s*(,|$)", rest)
+        if match is None:
+            raise ValueError(f"--config_overrides takes key=value pairs separated by commas (lists in brackets: "
+                             f"hidden_sizes=[16,16]), got {text!r}")
+        pairs.append((match.group(1), match.group(2)))
+        rest = rest[match.end():].strip()
+    return pairs
 
 
 def build_model(model_args: ModelArguments, tokenizer, topic_tokenizer):
@@ -391,7 +424,8 @@ def run_generate(args: GenerateArguments) -> None:
                           context_text=args.context_text, max_new_tokens=args.max_new_tokens,
                           do_sample=args.do_sample, num_beams=args.num_beams,
                           num_return_sequences=args.num_return_sequences, temperature=args.temperature,
-                          top_k=args.top_k or None, top_p=args.top_p, allow_unk=args.allow_unk)
+                          top_k=args.top_k or None, top_p=args.top_p, allow_unk=args.allow_unk,
+                          **({"topic_layer": args.topic_layer} if args.topic_layer is not None else {}))
     print("\n".join(texts))
 
 
@@ -442,8 +476,18 @@ def run_topics(args: TopicsArguments) -> None:
     model = load_pretrained(AutoModelForCausalLM, args.model_name_or_path)
     if not hasattr(model, "get_topics"):
         raise ValueError(f"{type(model).__name__} has no topics (it is not a topic model)")
-    for k, words in enumerate(model.get_topics(top_n=args.top_n)):
-        print(f"topic {k:3d}: {' '.join(words)}")
+    layers = getattr(model.config, "topic_sizes", None)
+    if layers is None:
+        if args.layer is not None:
+            raise ValueError(f"--layer is for models with topic layers (rGBN-RNN); {type(model).__name__} has one")
+        for k, words in enumerate(model.get_topics(top_n=args.top_n)):
+            print(f"topic {k:3d}: {' '.join(words)}")
+        return
+    for layer in ([args.layer] if args.layer is not None else range(1, len(layers) + 1)):
+        topics = model.get_topics(layer=layer, top_n=args.top_n)
+        print(f"layer {layer} ({len(topics)} topics)")
+        for k, words in enumerate(topics):
+            print(f"topic {k:3d}: {' '.join(words)}")
 
 
 @dataclass(frozen=True)
