@@ -194,3 +194,14 @@ def test_every_config_checks_its_integer_sizes_the_same_way(config_cls, bad):
     name, value = next(iter(bad.items()))
     with pytest.raises(ValueError, match=rf"{name} must be a (positive|non-negative) integer, got {value!r}"):
         getattr(topic_lm_hf, config_cls)(**bad)
+
+
+def test_a_printed_config_abbreviates_long_lists_and_a_saved_one_keeps_them(tmp_path):
+    from topic_lm_hf import NCLMConfig, SenseTaggerConfig
+
+    config = NCLMConfig(vocab_size=5000, topic_vocab_size=4000, topic_word_ids=list(range(4000)))
+    text = repr(config)
+    assert len(text.splitlines()) < 80 and "(4,000 entries)" in text and '"topic_word_ids"' in text
+    config.save_pretrained(tmp_path)
+    assert NCLMConfig.from_pretrained(tmp_path).topic_word_ids == list(range(4000))
+    assert len(str(SenseTaggerConfig(vocab_size=50, num_labels=5)).splitlines()) < 80

@@ -51,6 +51,20 @@ def config_kwargs_from_tokenizers(tokenizer, topic_tokenizer, **kwargs) -> dict:
             "topic_word_ids": topic_word_ids_from_tokenizers(tokenizer, topic_tokenizer), **kwargs}
 
 
+class CompactReprMixin:
+    """``print(config)`` shows a long list (``topic_word_ids``, a sense inventory) by its first entries and its
+    length, so the printed form stays readable; ``save_pretrained`` and ``to_dict`` keep every entry."""
+
+    def __repr__(self):
+        import json
+
+        shown = self.to_diff_dict()
+        for key, value in shown.items():
+            if isinstance(value, list) and len(value) > 16:
+                shown[key] = f"[{', '.join(map(str, value[:8]))}, ... ({len(value):,} entries)]"
+        return f"{self.__class__.__name__} {json.dumps(shown, indent=2, sort_keys=True)}\n"
+
+
 class TopicConfigMixin:
     """What every topic model's config has: sizing to an LM tokenizer and a topic tokenizer. Put it before
     ``PretrainedConfig`` in the bases."""
@@ -82,7 +96,7 @@ CLASSIFIER_DEFAULTS = {"classifier_head": "mlp", "classifier_hidden_size": 50, "
                        "classifier_num_filters": 100, "classifier_max_norm": 3.0, "freeze_backbone": True}
 
 
-class ClassifierConfigMixin:
+class ClassifierConfigMixin(CompactReprMixin):
     """The settings of every family's ``*ForSequenceClassification`` head (put it before ``PretrainedConfig``).
 
     * ``classifier_head``: ``"mlp"`` (TopicRNN's recipe: one hidden layer of ``classifier_hidden_size`` units

@@ -2,14 +2,14 @@
 
 from transformers import PretrainedConfig
 
-from .configuration_common import check_integers
+from .configuration_common import CompactReprMixin, check_integers
 
 OUTPUT_MODES = ("all_senses", "candidates")
 TRAINING_OBJECTIVES = ("all_senses", "candidates")
 INPUT_FEATURES = ("lemma", "form")
 
 
-class SenseTaggerConfig(PretrainedConfig):
+class SenseTaggerConfig(CompactReprMixin, PretrainedConfig):
     r"""Configuration of :class:`SenseTaggerForTokenClassification`.
 
     The defaults follow the NCLM paper's WSD setup (``../shared/docs/nclm.md`` §5): one BiLSTM layer of
