@@ -576,7 +576,7 @@ def test_beta_topic_prior_is_lambda_log_ratio_on_topic_words_and_steers(vocab, t
     plain = TCNLMForCausalLM(TCNLMConfig(**{**config.to_dict(), "topic_output_bias": None})).eval()
     plain.load_state_dict(model.state_dict(), strict=False)
     ids = torch.tensor([[2, 5, 6, 7]])
-    assert float(model.topic_prior_weight) == 0.0
+    assert model.topic_prior_weight.item() == 0.0
     assert float(TCNLMForCausalLM(TCNLMConfig(**{**config.to_dict(), "topic_prior_weight_init": 1.5})).topic_prior_weight) == 1.5
     torch.testing.assert_close(model(input_ids=ids, topic_ids=[1]).logits, plain(input_ids=ids, topic_ids=[1]).logits)
     with torch.no_grad():
