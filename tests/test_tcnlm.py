@@ -576,8 +576,8 @@ def test_beta_topic_prior_is_lambda_log_ratio_on_topic_words_and_steers(vocab, t
     plain = TCNLMForCausalLM(TCNLMConfig(**{**config.to_dict(), "topic_output_bias": None})).eval()
     plain.load_state_dict(model.state_dict(), strict=False)
     ids = torch.tensor([[2, 5, 6, 7]])
-    assert model.topic_prior_weight.item() == 0.0
-    assert float(TCNLMForCausalLM(TCNLMConfig(**{**config.to_dict(), "topic_prior_weight_init": 1.5})).topic_prior_weight) == 1.5
+    assert float(model.topic_prior_weight.detach()) == 0.0
+    assert float(TCNLMForCausalLM(TCNLMConfig(**{**config.to_dict(), "topic_prior_weight_init": 1.5})).topic_prior_weight.detach()) == 1.5
     torch.testing.assert_close(model(input_ids=ids, topic_ids=[1]).logits, plain(input_ids=ids, topic_ids=[1]).logits)
     with torch.no_grad():
         model.topic_prior_weight.fill_(2.0)
@@ -594,12 +594,12 @@ def test_beta_topic_prior_is_lambda_log_ratio_on_topic_words_and_steers(vocab, t
     top = [lm_vocab[w] for w in model.get_topics(top_n=5, topic_tokenizer=topic_tok)[3] if w in lm_vocab]
     steered = torch.softmax(model(input_ids=ids, topic_ids=[3]).logits[0, -1], -1)[top].sum()
     prior = torch.softmax(model(input_ids=ids).logits[0, -1], -1)[top].sum()
-    assert float(steered) > 2 * float(prior)
+    assert float(steered.detach()) > 2 * float(prior.detach())
     kw = dict(topic_ids=[3], max_new_tokens=6, do_sample=False, pad_token_id=0, eos_token_id=None)
     assert torch.equal(model.generate(**kw), model.generate(**kw, use_cache=False))
     model.save_pretrained(tmp_path)
     again = AutoModelForCausalLM.from_pretrained(tmp_path)
-    assert float(again.topic_prior_weight) == 2.0 and again.config.topic_word_ids == config.topic_word_ids
+    assert float(again.topic_prior_weight.detach()) == 2.0 and again.config.topic_word_ids == config.topic_word_ids
     with pytest.raises(ValueError, match="needs config.topic_word_ids"):
         small_model(len(tok), len(topic_tok), topic_output_bias="beta")(input_ids=ids)
 
