@@ -171,3 +171,20 @@ def test_training_from_a_stream_that_is_never_fully_loaded(apnews, tmp_path):
     assert len(losses) == 4 and all(torch.isfinite(torch.tensor(losses)))
     assert all(h["bow_loss"] > 1 for h in trainer.state.log_history if "loss" in h)  # the contexts were used
     assert 0 < len(read) < 400  # of 1,800 documents: the corpus was read only as far as training needed
+
+
+def test_a_plain_trainer_that_dropped_the_collators_columns_gets_told_what_to_do(tmp_path):
+    """transformers.Trainer's default remove_unused_columns=True drops context_ids (forward() does not name it)."""
+    from transformers import Trainer, TrainingArguments
+
+    from topic_lm_hf import TCNLMConfig, TCNLMForCausalLM, build_vocabularies, synthetic_documents
+
+    docs = synthetic_documents(20)
+    tok, topic_tok = build_vocabularies(docs, min_freq=1)
+    model = TCNLMForCausalLM(TCNLMConfig.from_tokenizers(tok, topic_tok, num_topics=3, embedding_size=4,
+                                                         hidden_size=4))
+    collator = TopicContextCollator.for_model(model, tok, topic_tok)
+    trainer = Trainer(model=model, args=TrainingArguments(str(tmp_path), max_steps=1, report_to=[], use_cpu=True),
+                      train_dataset=collator.prepare(docs), data_collator=collator)
+    with pytest.raises(ValueError, match=r"lack context_ids .*remove_unused_columns=False\), or use TopicLMTrainer"):
+        trainer.train()

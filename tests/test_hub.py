@@ -267,3 +267,10 @@ def test_a_folder_whose_config_has_no_model_type_is_one_line_not_a_prompt(tmp_pa
     assert proc.returncode == 2 and proc.stderr.strip() == ("topic-lm topics: error: m/config.json has no model_type: "
                                                             "not a model this package saved (its model_type names the "
                                                             "family, e.g. \"tcnlm\")")
+
+
+def test_a_perplexity_row_without_its_protocol_is_a_clear_error(tmp_path):
+    tok, _ = build_vocabularies(synthetic_documents(20), min_freq=1)
+    model = LSTMLMForCausalLM(LSTMLMConfig(vocab_size=len(tok), embedding_size=4, hidden_size=4))
+    with pytest.raises(ValueError, match="a perplexity row needs the protocol it was measured under"):
+        save_for_hub(model, tmp_path / "m", results=[{"perplexity": 80.0, "dataset": "apnews valid"}])

@@ -390,6 +390,13 @@ class TopicContextCollator:
                 else:
                     encoded.append({**rows, **extra})
             features = encoded
+        needed = ["input_ids"] + (["context_ids"] if self.layout == "sentences" and self.context != "none" else []) \
+            + (["prefix_ids"] if self.layout == "sentences" and self.sentence_prefix else [])
+        missing = [c for c in needed if c not in features[0]]
+        if missing:
+            raise ValueError(f"The batch's rows lack {', '.join(missing)} (they have {', '.join(sorted(features[0]))}): "
+                             "a plain transformers.Trainer drops the columns its model's forward() does not name; "
+                             "pass TrainingArguments(remove_unused_columns=False), or use TopicLMTrainer, which sets it")
         if self.layout == "sentences":
             batch = self._lm_batch([f["input_ids"] for f in features])
             if self.context != "none":

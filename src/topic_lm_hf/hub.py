@@ -153,6 +153,9 @@ def result_metric(row: dict[str, Any]) -> tuple[str, float, str]:
     """``(metric type, value, metric name)`` of an evaluation row: a perplexity row names its protocol, an
     accuracy or F1 row its evaluation set (``config``) when it has one."""
     if "perplexity" in row and "metric" not in row:
+        if "protocol" not in row:
+            raise ValueError(f"a perplexity row needs the protocol it was measured under ('protocol': 'causal', "
+                             f"...), as evaluate_perplexity returns it: {row}")
         return "perplexity", row["perplexity"], f"Perplexity ({row['protocol']} protocol)"
     metric = row.get("metric")
     if metric not in ("perplexity", "accuracy", "f1"):
