@@ -205,3 +205,16 @@ def test_a_printed_config_abbreviates_long_lists_and_a_saved_one_keeps_them(tmp_
     config.save_pretrained(tmp_path)
     assert NCLMConfig.from_pretrained(tmp_path).topic_word_ids == list(range(4000))
     assert len(str(SenseTaggerConfig(vocab_size=50, num_labels=5)).splitlines()) < 80
+
+
+@pytest.mark.parametrize("family", ["tcnlm", "topic_rnn", "nclm", "rgbn_rnn"])
+def test_topic_word_ids_outside_the_vocabulary_are_refused_by_the_config(family):
+    from transformers import AutoConfig
+
+    import topic_lm_hf  # noqa: F401 (registers the model types)
+
+    sizes = {"rgbn_rnn": dict(topic_sizes=[3], hidden_sizes=[8])}.get(family, {})
+    with pytest.raises(ValueError, match=r"topic_word_ids\[1\] = 50 is not an LM id \(0 .. 49"):
+        AutoConfig.for_model(family, vocab_size=50, topic_vocab_size=3, topic_word_ids=[-1, 50, 4], **sizes)
+    with pytest.raises(ValueError, match="topic_word_ids is a list"):
+        AutoConfig.for_model(family, vocab_size=50, topic_vocab_size=3, topic_word_ids=3, **sizes)

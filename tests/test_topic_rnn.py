@@ -86,7 +86,7 @@ def test_config_validation(toy):
         TopicRNNConfig(num_topics=0)
     with pytest.raises(ValueError, match="topic_vocab_size"):
         TopicRNNConfig(vocab_size=50, topic_vocab_size=4, topic_word_ids=[-1, 5, 6])
-    with pytest.raises(ValueError, match="LM ids"):
+    with pytest.raises(ValueError, match="is not an LM id"):
         TopicRNNConfig(vocab_size=50, topic_vocab_size=3, topic_word_ids=[-1, 5, 60])
     # A causal LM without the topic vocabulary's LM ids refuses to run instead of training without topics.
     model = TopicRNNForCausalLM(TopicRNNConfig(vocab_size=len(tok), topic_vocab_size=len(topic_tok),
@@ -546,7 +546,7 @@ def test_free_bits_floor_each_dimensions_batch_mean_kl_in_the_loss_only(toy):
     out = plain(**batch)
     assert torch.allclose(out.loss, out.lm_loss + out.aux_loss + out.kl_loss)
     mean, log_sigma = plain.model.inference_net(batch["context_bow"])
-    kl = gaussian_kl(mean, log_sigma, per_dimension=True)  # (b, K)
+    kl = gaussian_kl(mean, log_sigma, per_dimension=True).detach()  # (b, K)
     n_tokens = (batch["labels"][:, 1:] != -100).sum()
     for free_bits in (0.5 * float(kl.mean(0).min() + kl.mean(0).max()), float(kl.mean(0).max()) + 1.0):
         model = tiny_model(tok, topic_tok, kl_free_bits=free_bits).eval()
@@ -555,6 +555,6 @@ def test_free_bits_floor_each_dimensions_batch_mean_kl_in_the_loss_only(toy):
         expected = kl.mean(0).clamp(min=free_bits).sum() * kl.shape[0] / n_tokens
         assert torch.allclose(freed.kl_loss, out.kl_loss)  # reported: the plain KL
         assert torch.allclose(freed.loss, out.lm_loss + out.aux_loss + expected)
-        assert float(freed.loss) > float(out.loss)
+        assert float(freed.loss.detach()) > float(out.loss.detach())
     with pytest.raises(ValueError, match="kl_free_bits"):
         TopicRNNConfig(kl_free_bits=-1.0)

@@ -72,14 +72,24 @@ class TopicConfigMixin:
     topic_word_ids_from_tokenizers = staticmethod(topic_word_ids_from_tokenizers)
 
     @staticmethod
-    def checked_topic_word_ids(topic_word_ids, topic_vocab_size: int) -> Optional[list[int]]:
-        """``topic_word_ids`` as a list of ints (``None`` stays ``None``), one per topic-vocabulary entry."""
+    def checked_topic_word_ids(topic_word_ids, topic_vocab_size: int, vocab_size: Optional[int] = None
+                               ) -> Optional[list[int]]:
+        """``topic_word_ids`` as a list of ints (``None`` stays ``None``), one per topic-vocabulary entry, each an LM
+        id below ``vocab_size`` or -1."""
         if topic_word_ids is None:
             return None
+        if isinstance(topic_word_ids, (str, bytes)) or not hasattr(topic_word_ids, "__iter__"):
+            raise ValueError(f"topic_word_ids is a list (the LM id of every topic word), got {topic_word_ids!r}")
         ids = [int(i) for i in topic_word_ids]
         if len(ids) != topic_vocab_size:
             raise ValueError(f"topic_word_ids has {len(ids)} entries but topic_vocab_size is {topic_vocab_size}: "
                              "mismatched vocabularies")
+        bad = [(j, i) for j, i in enumerate(ids) if i < -1 or (vocab_size is not None and i >= vocab_size)]
+        if bad:
+            (j, i), top = bad[0], vocab_size - 1 if vocab_size is not None else "V - 1"
+            raise ValueError(f"topic_word_ids[{j}] = {i} is not an LM id (0 .. {top}, or -1 for a word the LM lacks); "
+                             f"{len(bad)} entries are out of range: build the config with "
+                             "from_tokenizers(tokenizer, topic_tokenizer)")
         return ids
 
     @classmethod

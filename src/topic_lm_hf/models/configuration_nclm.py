@@ -137,7 +137,7 @@ class NCLMConfig(TopicConfigMixin, ClassifierConfigMixin, PretrainedConfig):
         self.etr_embedding_size = etr_embedding_size
         self.etr_mask_includes_current_sentence = bool(etr_mask_includes_current_sentence)
         self.alpha = float(alpha)
-        self.topic_word_ids = self.checked_topic_word_ids(topic_word_ids, topic_vocab_size)
+        self.topic_word_ids = self.checked_topic_word_ids(topic_word_ids, topic_vocab_size, vocab_size)
         self.initializer_range = initializer_range
         self.tie_word_embeddings = tie_word_embeddings
         self.use_cache = use_cache

@@ -150,7 +150,7 @@ class RGBNRNNConfig(TopicConfigMixin, ClassifierConfigMixin, PretrainedConfig):
         self.k_min = float(k_min)
         self.k_max = float(k_max)
         self.eval_theta = eval_theta
-        self.topic_word_ids = self.checked_topic_word_ids(topic_word_ids, topic_vocab_size)
+        self.topic_word_ids = self.checked_topic_word_ids(topic_word_ids, topic_vocab_size, vocab_size)
         self.initializer_range = float(initializer_range)
         self.tie_word_embeddings = False
         self.use_cache = use_cache

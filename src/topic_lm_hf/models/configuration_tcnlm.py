@@ -140,7 +140,7 @@ class TCNLMConfig(TopicConfigMixin, ClassifierConfigMixin, PretrainedConfig):
         self.lm_topic_input = lm_topic_input
         self.topic_output_bias = topic_output_bias
         self.topic_prior_weight_init = float(topic_prior_weight_init)
-        self.topic_word_ids = self.checked_topic_word_ids(topic_word_ids, topic_vocab_size)
+        self.topic_word_ids = self.checked_topic_word_ids(topic_word_ids, topic_vocab_size, vocab_size)
         self.use_cache = use_cache
         kwargs = self._pop_classifier_settings(kwargs)
         super().__init__(pad_token_id=pad_token_id, bos_token_id=bos_token_id, eos_token_id=eos_token_id,

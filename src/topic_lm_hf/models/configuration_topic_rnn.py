@@ -96,7 +96,7 @@ class TopicRNNConfig(TopicConfigMixin, ClassifierConfigMixin, PretrainedConfig):
         self.cell = cell
         self.vocab_size = vocab_size
         self.topic_vocab_size = topic_vocab_size
-        self.topic_word_ids = self.checked_topic_word_ids(topic_word_ids, topic_vocab_size)
+        self.topic_word_ids = self.checked_topic_word_ids(topic_word_ids, topic_vocab_size, vocab_size)
         self.embedding_size = embedding_size
         self.hidden_size = hidden_size
         self.num_hidden_layers = num_hidden_layers
