@@ -141,7 +141,8 @@ def _document_logits(model, apnews, sentences, context, max_sentence_length=5):
 
 def _perturb(apnews, sentences, rng):
     """Change word t' >= t of sentence j and a word of every later sentence; return (j, t, new sentences)."""
-    vocab_words = [w for w in apnews["topic_tok"].get_vocab() if w != "<unk>"]
+    vocab = apnews["topic_tok"].get_vocab()  # sorted by id: a seeded rng then picks the same words in every process
+    vocab_words = [w for w in sorted(vocab, key=vocab.get) if w != "<unk>"]
     j = rng.randrange(len(sentences) - 1)
     t = rng.randrange(len(sentences[j]))
     new = [list(s) for s in sentences]

@@ -35,7 +35,8 @@ from .collator import TopicContextCollator, make_bow
 from .models.configuration_common import config_kwargs_from_tokenizers
 from .evaluation import evaluate_perplexity
 from .fast_path import FastPathArguments, fast_training_arguments
-from .hub import ModelSourceError, load_pretrained, resolve_model_source
+from .hub import load_pretrained, resolve_model_source
+from .models.modeling_recurrent import leaky_modes_of
 from .demo import DemoArguments, run_demo
 from .tasks.commands import (ClassifyArguments, RetrieveArguments, TaskDataArguments, WSDEvaluateArguments,
                              WSDTrainArguments, run_classify, run_retrieve, run_wsd_evaluate, run_wsd_train)
@@ -357,7 +358,7 @@ def run_evaluate(args: EvaluateArguments) -> None:
     valid_file = args.validation_file or str(shared_data_dir() / "apnews" / "valid.txt")
     docs = data_lib.load_documents(valid_file, text_column=args.text_column, max_documents=args.max_eval_documents)
     protocols = args.protocols.split(",")
-    leaky = list(getattr(model, "leaky_modes", lambda: [])())
+    leaky = leaky_modes_of(model)
     if leaky and protocols != ["paper"]:
         skipped = [p for p in protocols if p != "paper"]
         protocols = ["paper"] if "paper" in protocols else []
@@ -389,8 +390,7 @@ def run_export(args: ExportArguments) -> None:
     from .hub import auto_class_for, push_to_hub, save_for_hub
 
     source = resolve_model_source(args.model_name_or_path)
-    config = AutoConfig.from_pretrained(source)
-    model = load_pretrained(auto_class_for(config), source)
+    model = auto_class_for(AutoConfig.from_pretrained(source)).from_pretrained(source)
     try:
         tok, topic_tok = data_lib.load_vocabularies(source)
     except OSError:
@@ -401,15 +401,14 @@ def run_export(args: ExportArguments) -> None:
                                     if (Path(source) / "perplexity.json").is_file() else None)
     results = json.loads(Path(results_file).read_text()) if results_file else []
     if not isinstance(results, list):
-        raise ModelSourceError(f"{results_file} holds {type(results).__name__}, not a list of evaluation rows")
+        raise ValueError(f"{results_file} holds {type(results).__name__}, not a list of evaluation rows")
     results = [{**r, "dataset": r.get("dataset") or args.dataset or "evaluation data"} for r in results]
-    card = dict(results=results, repo_id=args.repo_id)
     if args.push_to_hub:
         push_to_hub(model, args.repo_id, tok, topic_tok, private=args.private, local_dir=args.output_dir,
                     results=results)
         print(f"uploaded {args.output_dir} to https://huggingface.co/{args.repo_id}")
     else:
-        save_for_hub(model, args.output_dir, tok, topic_tok, **card)
+        save_for_hub(model, args.output_dir, tok, topic_tok, results=results, repo_id=args.repo_id)
         print(f"upload-ready folder: {args.output_dir} ({len(results)} evaluation rows in its card"
               f"{', from ' + results_file if results_file else ''}); upload it with "
               f"`hf upload {args.repo_id} {args.output_dir}`")

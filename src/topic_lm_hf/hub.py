@@ -20,6 +20,7 @@ tells a mistyped folder from a Hub id before transformers retries the network.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -32,8 +33,7 @@ from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError
 from transformers import PreTrainedModel
 
 from .data import save_vocabularies
-from .models.modeling_recurrent import (AUTO_CLASS_SUFFIXES, HubUnreachableError, auto_class_of, is_network_error,
-                                        unreachable_message)
+from .models.modeling_recurrent import HubUnreachableError, auto_class_of, is_network_error, unreachable_message
 
 CARD_TEMPLATE = "templates/model_card.md"  # inside the package (package data, see pyproject.toml)
 
@@ -180,7 +180,8 @@ def eval_results(results: list[dict[str, Any]], pipeline_tag: str = "text-genera
             task_type=pipeline_tag, task_name=TASK_NAMES[pipeline_tag], dataset_name=r["dataset"],
             dataset_type=r.get("dataset_type", re.sub(r"[^\w.-]+", "-", r["dataset"]).strip("-").lower()),
             dataset_split=r.get("dataset_split"), metric_type=metric, metric_name=name,
-            metric_config=r.get("protocol") or r.get("config"), metric_value=round(float(value), 4 if metric != "perplexity" else 2)))
+            metric_config=r.get("protocol") or r.get("config"),
+            metric_value=round(float(value), 2 if metric == "perplexity" else 4)))
     return out
 
 
@@ -197,8 +198,7 @@ def render_card(config, model_class: str, repo_id: str, results=None, datasets=N
             ``fluency_ratio``, ...).
         measured_note: where the numbers come from when not from this very model (said above every table).
     """
-    auto_class = next((auto for suffix, auto in AUTO_CLASS_SUFFIXES.items() if model_class.endswith(suffix)),
-                      "AutoModel")
+    auto_class = auto_class_of(model_class)
     pipeline_tag = PIPELINE_TAGS[auto_class]
     sizes = card_sizes(config)
     if pipeline_tag not in ("text-classification", "token-classification"):
@@ -272,8 +272,6 @@ def resolve_model_source(name_or_path: str | os.PathLike, token: Optional[str] =
         if not os.path.isfile(os.path.join(name, "config.json")):
             raise ModelSourceError(f"{name} is a folder without config.json: not a saved model (give the folder "
                                    "that save_pretrained, a Trainer checkpoint or topic-lm train wrote)")
-        import json
-
         try:
             config = json.loads(Path(name, "config.json").read_text(encoding="utf-8"))
         except (ValueError, UnicodeDecodeError) as error:
@@ -312,10 +310,7 @@ def auto_class_for(config):
     """The transformers Auto class that loads a saved model with ``config`` (from its ``architectures``)."""
     import transformers
 
-    architecture = (getattr(config, "architectures", None) or ["ForCausalLM"])[0]
-    auto = next((auto for suffix, auto in AUTO_CLASS_SUFFIXES.items() if architecture.endswith(suffix)
-                 and not architecture.endswith("PreTrainedModel")), "AutoModel")
-    return getattr(transformers, auto)
+    return getattr(transformers, auto_class_of((getattr(config, "architectures", None) or ["ForCausalLM"])[0]))
 
 
 def load_pretrained(auto_class, name_or_path: str | os.PathLike, **kwargs):

@@ -21,7 +21,7 @@ from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGH
 
 from .collator import TopicContextCollator
 from .data import record_vocabularies, save_vocabularies
-from .models.modeling_recurrent import TopicLMOutput, select_state_rows
+from .models.modeling_recurrent import TopicLMOutput, leaky_modes_of, select_state_rows
 
 logger = logging.getLogger(__name__)
 
@@ -139,7 +139,7 @@ def check_carry_state_model(model) -> None:
     if not getattr(model, "_is_stateful", False):
         raise ValueError(f"{name}.forward takes no recurrent state (state): carry_state needs a model that "
                          "continues from one")
-    leaky = list(getattr(model, "leaky_modes", lambda: [])())
+    leaky = leaky_modes_of(model)
     if leaky:
         raise ValueError(f"{name} reads words it predicts ({', '.join(leaky)}): carry_state trains for the "
                          "causal-carry protocol, under which such a model is not evaluated; turn those options off")
@@ -494,7 +494,7 @@ class TopicLMTrainer(Trainer):
             tokens = max(totals.pop("tokens"), 1.0)
             # A model that reads the words it predicts (leaky_modes(), e.g. NCLM's sdt_mode="minus_target") gets
             # its perplexity labelled as such: it is not a language-model perplexity.
-            leaky = bool(list(getattr(_unwrap(self.model), "leaky_modes", lambda: [])()))
+            leaky = bool(leaky_modes_of(_unwrap(self.model)))
             output.metrics[f"{prefix}_perplexity{'_leaky' if leaky else ''}"] = math.exp(totals.pop("nll") / tokens)
             for key, value in totals.items():
                 output.metrics[f"{prefix}_{key}"] = value / tokens

@@ -33,7 +33,7 @@ import torch
 
 from ..collator import PROTOCOL_BATCHES, TopicContextCollator
 from ..data import check_vocabularies, documents_from_lists, load_vocabularies
-from ..models.modeling_recurrent import select_state_rows
+from ..models.modeling_recurrent import leaky_modes_of, select_state_rows
 
 # protocol -> (collator context mode, carry the LSTM state across a document)
 PROTOCOLS = {name: PROTOCOL_BATCHES[name] for name in ("paper", "causal", "causal-carry")}
@@ -146,7 +146,7 @@ def evaluate_perplexity(model, documents: datasets.Dataset | Sequence, protocol:
     """
     if protocol not in PROTOCOLS:
         raise ValueError(f"protocol must be one of {list(PROTOCOLS)}, got {protocol!r}")
-    leaky = list(getattr(model, "leaky_modes", lambda: [])())
+    leaky = leaky_modes_of(model)
     if leaky and protocol != "paper":
         raise ValueError(f"The model reads words it predicts ({', '.join(leaky)}): its perplexity is not "
                          f"{protocol!r}. Evaluate it under protocol='paper' (labelled leaky), or turn those options "

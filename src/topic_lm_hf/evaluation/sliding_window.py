@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from ..collator import TopicContextCollator
-from ..models.modeling_recurrent import select_state_rows
+from ..models.modeling_recurrent import leaky_modes_of, select_state_rows
 from .perplexity import _chunk_nll, prepare_evaluation
 
 PROTOCOL = "topicrnn-sliding-window"
@@ -51,7 +51,7 @@ def evaluate_perplexity_sliding_window(model, documents: datasets.Dataset | Sequ
     """
     if window < 1:
         raise ValueError(f"window must be >= 1, got {window}")
-    leaky = list(getattr(model, "leaky_modes", lambda: [])())
+    leaky = leaky_modes_of(model)
     if leaky:
         raise ValueError(f"The model reads words it predicts ({', '.join(leaky)}): the sliding-window protocol is "
                          "causal; turn those options off")

@@ -106,7 +106,7 @@ CLASSIFIER_DEFAULTS = {"classifier_head": "mlp", "classifier_hidden_size": 50, "
                        "classifier_num_filters": 100, "classifier_max_norm": 3.0, "freeze_backbone": True}
 
 
-class ClassifierConfigMixin(CompactReprMixin):
+class ClassifierConfigMixin:
     """The settings of every family's ``*ForSequenceClassification`` head (put it before ``PretrainedConfig``).
 
     * ``classifier_head``: ``"mlp"`` (TopicRNN's recipe: one hidden layer of ``classifier_hidden_size`` units

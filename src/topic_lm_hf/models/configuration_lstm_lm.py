@@ -2,10 +2,11 @@
 
 from transformers import PretrainedConfig
 
-from .configuration_common import KEYS_TO_IGNORE_AT_INFERENCE, ClassifierConfigMixin, check_integers
+from .configuration_common import (KEYS_TO_IGNORE_AT_INFERENCE, ClassifierConfigMixin, CompactReprMixin,
+                                   check_integers)
 
 
-class LSTMLMConfig(ClassifierConfigMixin, PretrainedConfig):
+class LSTMLMConfig(ClassifierConfigMixin, CompactReprMixin, PretrainedConfig):
     r"""Configuration of :class:`LSTMLMForCausalLM`.
 
     Args:

@@ -2,7 +2,8 @@
 
 from transformers import PretrainedConfig
 
-from .configuration_common import KEYS_TO_IGNORE_AT_INFERENCE, ClassifierConfigMixin, TopicConfigMixin, check_integers
+from .configuration_common import (KEYS_TO_IGNORE_AT_INFERENCE, ClassifierConfigMixin, CompactReprMixin,
+                                   TopicConfigMixin, check_integers)
 
 VARIANTS = ("lta", "eta", "leta")
 SDT_MODES = ("prefix", "minus_target")
@@ -12,7 +13,7 @@ ETR_EMBEDDINGS = ("lm", "frozen", "decoder")
 ENCODER_ACTIVATIONS = ("sigmoid", "relu", "tanh")
 
 
-class NCLMConfig(TopicConfigMixin, ClassifierConfigMixin, PretrainedConfig):
+class NCLMConfig(TopicConfigMixin, ClassifierConfigMixin, CompactReprMixin, PretrainedConfig):
     r"""Configuration of :class:`NCLMModel` and :class:`NCLMForCausalLM`.
 
     The defaults are the paper's and its official code's (``../shared/docs/nclm.md`` §1): an NVDM

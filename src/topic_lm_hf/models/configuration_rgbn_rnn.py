@@ -2,7 +2,8 @@
 
 from transformers import PretrainedConfig
 
-from .configuration_common import KEYS_TO_IGNORE_AT_INFERENCE, ClassifierConfigMixin, TopicConfigMixin, check_integers
+from .configuration_common import (KEYS_TO_IGNORE_AT_INFERENCE, ClassifierConfigMixin, CompactReprMixin,
+                                   TopicConfigMixin, check_integers)
 
 COUPLINGS = ("same", "reversed")
 GATES = ("paper", "official")
@@ -17,7 +18,7 @@ LOSS_PRESETS = {
 EVAL_THETAS = ("mean", "sample")
 
 
-class RGBNRNNConfig(TopicConfigMixin, ClassifierConfigMixin, PretrainedConfig):
+class RGBNRNNConfig(TopicConfigMixin, ClassifierConfigMixin, CompactReprMixin, PretrainedConfig):
     r"""Configuration of :class:`RGBNRNNModel` and :class:`RGBNRNNForCausalLM`.
 
     ``../shared/docs/rgbn.md`` is the implementation note this follows (paper = the ICLR text, "code" =

@@ -2,7 +2,8 @@
 
 from transformers import PretrainedConfig
 
-from .configuration_common import KEYS_TO_IGNORE_AT_INFERENCE, ClassifierConfigMixin, TopicConfigMixin, check_integers
+from .configuration_common import (KEYS_TO_IGNORE_AT_INFERENCE, ClassifierConfigMixin, CompactReprMixin,
+                                   TopicConfigMixin, check_integers)
 
 LM_TYPES = ("tcnlm", "naive_moe")
 TOPIC_LOSS_NORMALIZATIONS = ("context_tokens", "lm_tokens")
@@ -10,7 +11,7 @@ LM_TOPIC_INPUTS = ("mixture", "gumbel")
 TOPIC_OUTPUT_BIASES = (None, "learned", "beta")
 
 
-class TCNLMConfig(TopicConfigMixin, ClassifierConfigMixin, PretrainedConfig):
+class TCNLMConfig(TopicConfigMixin, ClassifierConfigMixin, CompactReprMixin, PretrainedConfig):
     r"""Configuration of :class:`TCNLMModel` and :class:`TCNLMForCausalLM`.
 
     The paper's settings (section 5): a 2-layer 256-unit ReLU encoder, lambda = 0.1, dropout 0.4,

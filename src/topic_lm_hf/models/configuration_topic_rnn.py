@@ -6,12 +6,13 @@ from typing import Optional, Sequence
 
 from transformers import PretrainedConfig
 
-from .configuration_common import KEYS_TO_IGNORE_AT_INFERENCE, ClassifierConfigMixin, TopicConfigMixin, check_integers
+from .configuration_common import (KEYS_TO_IGNORE_AT_INFERENCE, ClassifierConfigMixin, CompactReprMixin,
+                                   TopicConfigMixin, check_integers)
 
 CELLS = ("rnn", "lstm", "gru")
 
 
-class TopicRNNConfig(TopicConfigMixin, ClassifierConfigMixin, PretrainedConfig):
+class TopicRNNConfig(TopicConfigMixin, ClassifierConfigMixin, CompactReprMixin, PretrainedConfig):
     r"""Configuration of :class:`TopicRNNForCausalLM` and :class:`TopicRNNForSequenceClassification`.
 
     Args:

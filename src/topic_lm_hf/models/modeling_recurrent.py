@@ -439,12 +439,20 @@ AUTO_CLASS_SUFFIXES = {"Model": "AutoModel", "ForCausalLM": "AutoModelForCausalL
                        "ForTokenClassification": "AutoModelForTokenClassification"}
 
 
-def auto_class_of(model_class: type) -> str:
-    """The Auto class that loads ``model_class`` (``"AutoModel"`` for a base model)."""
+def auto_class_of(model_class: type | str) -> str:
+    """The Auto class that loads ``model_class`` (a class or its name, e.g. a config's ``architectures`` entry;
+    ``"AutoModel"`` for a base model)."""
+    name = model_class if isinstance(model_class, str) else model_class.__name__
     for suffix, auto in AUTO_CLASS_SUFFIXES.items():
-        if model_class.__name__.endswith(suffix) and not model_class.__name__.endswith("PreTrainedModel"):
+        if name.endswith(suffix) and not name.endswith("PreTrainedModel"):
             return auto
     return "AutoModel"
+
+
+def leaky_modes_of(model) -> list[str]:
+    """The options in use that let ``model`` read the words it predicts (``model.leaky_modes()``; none for a
+    model that does not declare any): such a model's perplexity is only reported under ``paper``, labelled."""
+    return list(getattr(model, "leaky_modes", lambda: [])())
 
 
 def auto_map_for(model: PreTrainedModel) -> dict[str, str]:
@@ -477,6 +485,10 @@ class RecurrentPreTrainedModel(PreTrainedModel):
     training_context: str = "none"  # the context mode of the documented training batches ("others": the papers')
     reads_sentence_prefix: bool = False  # forward() takes sentence_prefix_bow (NCLM's sentence-level topics)
     reads_documents: bool = False  # forward() takes whole documents (b, c, l) with chunk_mask (rGBN-RNN)
+
+    def leaky_modes(self) -> list[str]:
+        """The options in use that let the model read the words it predicts (NCLM's replication modes); none."""
+        return []
 
     # compile_output_layer(): the training loss's output layer runs as one torch.compile'd function
     output_layer_compiled: bool = False
