@@ -165,6 +165,22 @@ def test_load_wsd_corpus_rows(toy_set):
         load_wsd_corpus(toy_set)
 
 
+def test_gold_key_that_does_not_match_the_data_is_refused(toy_set):
+    # an id the XML lacks would count in the key file's recall denominator but not in the dataset's
+    gold = toy_set / "toy.gold.key.txt"
+    gold.write_text(TOY_GOLD + "d009.s000.t000 bass%1:07:01::\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"toy.gold.key.txt has 1 id\(s\) that are no instance.*'d009.s000.t000'"):
+        load_wsd_corpus(toy_set)
+
+
+def test_truncated_xml_names_the_file(toy_set):
+    xml = toy_set / "toy.data.xml.gz"
+    with gzip.open(xml, "wt", encoding="utf-8") as f:
+        f.write(TOY_XML[: len(TOY_XML) // 2])
+    with pytest.raises(ValueError, match=r"toy.data.xml.gz is not well-formed XML .*truncated"):
+        load_wsd_corpus(toy_set)
+
+
 def test_sense_inventory_rules(toy_set):
     # the training key bank%1:14:00:: of a "bass" instance is another lemma's sense: never a candidate
     inventory = load_sense_inventory(toy_set.parent / "senses.tsv.gz", training=toy_set)

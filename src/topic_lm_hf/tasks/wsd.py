@@ -259,7 +259,9 @@ def load_wsd_corpus(path: PathLike, gold_path: Optional[PathLike] = None) -> dat
         path: the set's folder (``<name>.data.xml[.gz]`` + ``<name>.gold.key.txt[.gz]``, detected)
             or its XML file.
         gold_path: the gold key file, if not the one found beside the XML. The gold file is
-            required: an instance without a gold line gets ``gold = []`` (and a warning).
+            required: an instance without a gold line gets ``gold = []`` (and a warning). A gold
+            id that is no instance of the XML is an error: the dataset and the key file would
+            give different recall denominators.
 
     The XML is parsed as a stream (``iterparse``), so SemCor (37,176 sentences, 234,136
     instances) takes a few seconds and little memory.
@@ -271,8 +273,28 @@ def load_wsd_corpus(path: PathLike, gold_path: Optional[PathLike] = None) -> dat
     gold = read_key_file(gold_file)
 
     columns: dict[str, list] = {name: [] for name in WSD_CORPUS_FEATURES}
-    seen_ids, missing, document_start = set(), 0, 0
-    tokens, lemmas, tags, instances = [], [], [], []
+    seen_ids: set[str] = set()
+    try:
+        _parse_wsd_xml(xml, gold, columns, seen_ids)
+    except ET.ParseError as error:
+        raise ValueError(f"{xml} is not well-formed XML ({error}): the file may be truncated or not "
+                         f"a Raganato-format data file") from None
+    missing = sum(not instance["gold"] for row in columns["instances"] for instance in row)
+    if len(columns["document_id"]) != len(columns["sentence_id"]):
+        raise ValueError(f"{xml}: a <sentence> outside any <text>")
+    if missing:
+        logger.warning("%s: %d of %d instances have no gold key in %s", xml, missing, len(seen_ids), gold_file)
+    if extra := sorted(gold.keys() - seen_ids):
+        raise ValueError(f"{gold_file} has {len(extra)} id(s) that are no instance of {xml} (first: {extra[0]!r}): "
+                         f"the key file does not match the data file; pass the matching gold_path")
+    # straight to an Arrow table: Dataset.from_dict would re-check every nested value (4x slower on SemCor)
+    table = datasets.table.InMemoryTable.from_pydict(columns, schema=WSD_CORPUS_FEATURES.arrow_schema)
+    return datasets.Dataset(table, info=datasets.DatasetInfo(features=WSD_CORPUS_FEATURES))
+
+
+def _parse_wsd_xml(xml: Path, gold: Mapping[str, list[str]], columns: dict[str, list], seen_ids: set[str]) -> None:
+    """Stream ``xml`` into ``columns`` (one row per sentence), recording instance ids in ``seen_ids``."""
+    tokens, lemmas, tags, instances, document_start = [], [], [], [], 0
     with _open_binary(xml) as f:
         # "end" events only (half the events of start+end): a sentence's row is complete at its end,
         # and its document id is filled in at the end of the enclosing <text>
@@ -286,7 +308,6 @@ def load_wsd_corpus(path: PathLike, gold_path: Optional[PathLike] = None) -> dat
                         raise ValueError(f"{xml}: instance id {instance_id!r} occurs twice")
                     seen_ids.add(instance_id)
                     keys = gold.get(instance_id, [])
-                    missing += not keys
                     instances.append({"id": instance_id, "position": len(tokens), "lemma": lemma, "pos": pos,
                                       "gold": keys})
                 tokens.append(element.text or "")
@@ -305,15 +326,6 @@ def load_wsd_corpus(path: PathLike, gold_path: Optional[PathLike] = None) -> dat
                 columns["document_id"].extend([element.get("id", "")] * (n - document_start))
                 document_start = n
                 element.clear()
-    if len(columns["document_id"]) != len(columns["sentence_id"]):
-        raise ValueError(f"{xml}: a <sentence> outside any <text>")
-    if missing:
-        logger.warning("%s: %d of %d instances have no gold key in %s", xml, missing, len(seen_ids), gold_file)
-    if extra := len(gold.keys() - seen_ids):
-        logger.warning("%s: %d gold ids are not instances of %s (the scorer still counts them)", gold_file, extra, xml)
-    # straight to an Arrow table: Dataset.from_dict would re-check every nested value (4x slower on SemCor)
-    table = datasets.table.InMemoryTable.from_pydict(columns, schema=WSD_CORPUS_FEATURES.arrow_schema)
-    return datasets.Dataset(table, info=datasets.DatasetInfo(features=WSD_CORPUS_FEATURES))
 
 
 def _as_corpus(corpus: Union[datasets.Dataset, PathLike]) -> datasets.Dataset:
