@@ -303,6 +303,56 @@ def test_newsgroups_split_hygiene_and_cleaning():
         load_classification_splits(DATA / "20ng" / "train.jsonl.gz", clean="html")
 
 
+def _labelled_file(tmp_path, labels):
+    import json
+
+    texts = [" ".join(w for sentence in doc for w in sentence) for doc in CORPUS]
+    path = tmp_path / "labelled.jsonl"
+    path.write_text("".join(json.dumps({"text": texts[i % len(texts)], "label": label}) + "\n"
+                            for i, label in enumerate(labels)))
+    return path
+
+
+@pytest.mark.parametrize("labels, message", [
+    (["sports"] * 20, "every row has the class 'sports'; a classifier needs at least two classes"),
+    ([1] * 20, "every row has the class '1'"),
+    ([0.5] + [0, 1] * 10, r"'label' must hold class ids 0, 1, 2, ... or class names; row 0 has 0.5"),
+    ([-1] + [0, 1] * 10, "row 0 has -1"),
+    ([None] + [0, 1] * 10, "row 0 has no label"),
+])
+def test_labels_that_would_not_train_a_classifier_are_refused(tmp_path, labels, message):
+    with pytest.raises(ValueError, match=message):
+        load_classification_splits(_labelled_file(tmp_path, labels))
+
+
+def test_class_names_are_kept_and_integral_floats_are_ids(tmp_path):
+    train, test = load_classification_splits(_labelled_file(tmp_path, ["sports", "law"] * 10))
+    assert train.features["label"].names == ["law", "sports"] == test.features["label"].names
+    train, _ = load_classification_splits(_labelled_file(tmp_path, [1.0, 0.0, 2.0] * 7))
+    assert train.features["label"].names == ["0", "1", "2"] and set(train["label"]) == {0, 1, 2}
+
+
+@requires_data("r8", "train.jsonl.gz")
+def test_r8_classes_are_named_by_their_label_text():
+    train, _ = load_classification_splits(DATA / "r8" / "train.jsonl.gz", max_train_documents=10, max_test_documents=5)
+    assert train.features["label"].names == ["acq", "crude", "earn", "grain", "interest", "money-fx", "ship", "trade"]
+
+
+def test_a_label_outside_the_classifier_and_a_one_output_classifier_are_refused(toy, tmp_path):
+    tok, topic_tok = toy
+    model = tiny_model("tcnlm", tok, topic_tok)
+    model.save_pretrained(tmp_path / "lm")
+    clf = AutoModelForSequenceClassification.from_pretrained(tmp_path / "lm", num_labels=2)
+    batch = _batch(tok, topic_tok, label_column="label")
+    batch["labels"] = torch.tensor([0, 1, 2, 1])
+    with pytest.raises(ValueError, match=r"label 2 is not a class of this classifier \(num_labels=2\)"):
+        clf(**batch)
+    regressor = AutoModelForSequenceClassification.from_pretrained(tmp_path / "lm", num_labels=1)
+    rows = documents_from_lists(CORPUS, label=[0, 1, 0, 1])
+    with pytest.raises(ValueError, match="num_labels=1, which transformers trains as a regression"):
+        classification_accuracy(regressor, rows, document_collator(regressor, tok, topic_tok))
+
+
 @requires_data("r8", "train.jsonl.gz")
 def test_classifier_from_a_saved_lm_learns_r8_above_the_majority_class(tmp_path):
     from topic_lm_hf import NCLMConfig, TopicLMTrainer, build_vocabularies, save_vocabularies

@@ -232,6 +232,11 @@ class DocumentClassifierMixin(DocumentRepresentationDelegate):
         logits = self.classifier(features, mask)
         loss = None
         if labels is not None:
+            if self.num_labels > 1 and not labels.is_floating_point():
+                outside = labels[(labels != -100) & ((labels < 0) | (labels >= self.num_labels))]
+                if outside.numel():
+                    raise ValueError(f"label {int(outside[0])} is not a class of this classifier (num_labels="
+                                     f"{self.num_labels}): load it with num_labels=<the number of classes>")
             loss = self.loss_function(labels=labels.to(logits.device), pooled_logits=logits, config=self.config)
         out = SequenceClassifierOutput(loss=loss, logits=logits,
                                        hidden_states=(features,) if output_hidden_states else None)

@@ -85,10 +85,9 @@ def load_classification_splits(path: str | os.PathLike, test_fraction: float = 0
         raise ValueError(f"{path} needs 'text' and 'label' columns (has {raw.column_names})")
     if "id" not in raw.column_names:
         raw = raw.add_column("id", [str(i) for i in range(len(raw))])
+    raw = _with_class_labels(raw, path)
+    class_label = raw.features["label"]
     raw = raw.select_columns(["id", "text", "label"])
-    if not isinstance(raw.features["label"], datasets.ClassLabel):
-        raw = raw.class_encode_column("label") if raw.features["label"].dtype == "string" else raw.cast_column(
-            "label", datasets.ClassLabel(num_classes=int(max(raw["label"])) + 1))
     split = raw.train_test_split(test_size=test_fraction, seed=seed, stratify_by_column="label")
     train, test = split["train"], split["test"]
     if max_train_documents is not None:
@@ -104,8 +103,40 @@ def load_classification_splits(path: str | os.PathLike, test_fraction: float = 0
         if len(docs) < len(part):
             logger.info("%s: %d of %d %s documents have no token left and were dropped", path,
                         len(part) - len(docs), len(part), name)
-        out.append(docs.cast_column("label", datasets.Value("int64")))
+        out.append(docs.cast_column("label", class_label))
     return out[0], out[1]
+
+
+def _with_class_labels(raw: datasets.Dataset, path) -> datasets.Dataset:
+    """``raw`` with a ``ClassLabel`` ``label`` column: class names are kept (string labels, or the names of a
+    ``label_text`` column beside integer ids). Refuses what would train something else than a classifier:
+    labels that are not class ids or names, and fewer than two classes (transformers treats one output as
+    regression)."""
+    feature, values = raw.features["label"], raw["label"]
+    if any(v is None for v in values):
+        raise ValueError(f"{path}: row {values.index(None)} has no label; every row needs one")
+    if isinstance(feature, datasets.ClassLabel):
+        names = feature.names
+    elif getattr(feature, "dtype", None) == "string":
+        raw = raw.class_encode_column("label")
+        names = raw.features["label"].names
+    else:
+        bad = next((i for i, v in enumerate(values) if isinstance(v, bool) or not isinstance(v, (int, float))
+                    or not float(v).is_integer() or v < 0), None)
+        if bad is not None:
+            raise ValueError(f"{path}: 'label' must hold class ids 0, 1, 2, ... or class names; row {bad} has "
+                             f"{values[bad]!r}")
+        ids = np.asarray(values).astype(np.int64)
+        names = [str(i) for i in range(int(ids.max()) + 1)]
+        if "label_text" in raw.column_names:  # R8 and 20 Newsgroups name their classes beside the ids
+            named = dict(zip(ids.tolist(), raw["label_text"]))
+            names = [str(named.get(i, i)) for i in range(len(names))]
+        raw = raw.remove_columns("label").add_column("label", ids.tolist(), feature=datasets.ClassLabel(names=names))
+    present = sorted(set(raw["label"]))
+    if len(present) < 2:
+        raise ValueError(f"{path}: every row has the class {names[present[0]]!r}; a classifier needs at least two "
+                         f"classes (with one, transformers would train a regression)")
+    return raw
 
 
 def load_imdb_splits(path: str | os.PathLike, test_fraction: float = 0.2, seed: int = 0,
@@ -262,6 +293,9 @@ def predict_labels(model, rows: datasets.Dataset, collator, batch_size: int = 64
 
 def classification_accuracy(model, rows: datasets.Dataset, collator, batch_size: int = 64) -> float:
     """Accuracy of a single-label classifier on rows (documents or precomputed features) with labels."""
+    if model.config.num_labels < 2:
+        raise ValueError(f"{type(model).__name__} has num_labels={model.config.num_labels}, which transformers trains "
+                         f"as a regression: accuracy needs a classifier of at least two classes")
     predicted, gold = predict_labels(model, rows, collator, batch_size)
     return float(np.mean(predicted == gold))
 

@@ -89,8 +89,9 @@ def run_classify(data_args: TaskDataArguments, args: ClassifyArguments) -> None:
                                  classification_accuracy, document_collator, majority_accuracy, train_classifier)
 
     train, test = _splits(data_args)
-    num_labels = int(max(max(train["label"]), max(test["label"]))) + 1
-    clf = load_pretrained(AutoModelForSequenceClassification, data_args.model_name_or_path, num_labels=num_labels,
+    names = train.features["label"].names  # the classes' names are kept in the classifier's config
+    clf = load_pretrained(AutoModelForSequenceClassification, data_args.model_name_or_path, num_labels=len(names),
+                          id2label=dict(enumerate(names)), label2id={name: i for i, name in enumerate(names)},
                                                              freeze_backbone=args.freeze_backbone,
                                                              classifier_head=args.head)
     collator = document_collator(clf, max_document_length=data_args.max_document_length)
