@@ -283,3 +283,30 @@ def test_gradient_accumulation_equals_the_big_batch(family, apnews, tmp_path):
         updates[accumulation] = torch.cat([(p.detach() - before[k]).flatten() for k, p in model.named_parameters()])
     for accumulation in (2, 4):
         torch.testing.assert_close(updates[accumulation], updates[1], rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("family, collator_kwargs, message", [
+    ("nclm-leta-sdt", {"context": "none"}, r"NCLMForCausalLM reads the document's bag of words, but the collator gives none"),
+    ("tcnlm", {"context": "none"}, "its topic part would get no training signal"),
+    ("rgbn_rnn", {"context": "preceding", "layout": "sentences"},
+     r"RGBNRNNForCausalLM reads whole documents, but the collator gives layout='sentences'"),
+])
+def test_set_ups_that_would_train_part_of_the_model_on_nothing_are_refused(tmp_path, family, collator_kwargs,
+                                                                          message):
+    from conftest import tiny_model
+    from topic_lm_hf import build_vocabularies, documents_from_lists
+
+    docs = documents_from_lists([[["the", "court", "ruled"], ["the", "judge", "said"]]] * 4)
+    tok, topic_tok = build_vocabularies(docs, min_freq=1, stopwords=["the"], top_fraction=0.0)
+    if family == "rgbn_rnn":
+        from topic_lm_hf import RGBNRNNConfig, RGBNRNNForCausalLM
+
+        model = RGBNRNNForCausalLM(RGBNRNNConfig.from_tokenizers(tok, topic_tok, topic_sizes=[3, 2], hidden_sizes=[8, 8],
+                                                                 embedding_size=8))
+    else:
+        model = tiny_model(family, tok, topic_tok)
+    collator = TopicContextCollator(tok, topic_tok, **collator_kwargs)
+    args = TrainingArguments(output_dir=str(tmp_path), max_steps=1, report_to=[], use_cpu=True, save_strategy="no")
+    trainer = TopicLMTrainer(model=model, args=args, train_dataset=collator.prepare(docs), data_collator=collator)
+    with pytest.raises(ValueError, match=message):
+        trainer.train()

@@ -145,6 +145,17 @@ def test_bad_input_gets_a_clear_error(tmp_path):
         load_frozen_topic_model(tmp_path / "missing-model")
 
 
+def test_a_corpus_without_gold_senses_is_refused(tmp_path):
+    (tmp_path / "plain.data.xml").write_text(
+        '<corpus lang="en"><text id="d0"><sentence id="d0.s0"><wf lemma="the" pos="DET">the</wf>'
+        '<instance id="d0.s0.t0" lemma="bank" pos="NOUN">bank</instance></sentence></text></corpus>',
+        encoding="utf-8")
+    (tmp_path / "plain.gold.key.txt").write_text("", encoding="utf-8")
+    corpus = load_wsd_corpus(tmp_path)  # loads (with a warning): it can still be tagged
+    with pytest.raises(ValueError, match="the training corpus has no gold sense key"):
+        train_sense_tagger(corpus, tmp_path / "tagger", training_args=training_args(tmp_path, max_steps=1))
+
+
 # ----------------------------------------------------------------------------------------------
 # on SemCor (skipped without ../shared/data)
 # ----------------------------------------------------------------------------------------------

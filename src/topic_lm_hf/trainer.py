@@ -390,7 +390,25 @@ class TopicLMTrainer(Trainer):
                              "and compute_loss_func are not supported with it")
         return True, bptt_chunks
 
+    def _check_training_set_up(self) -> None:
+        """Refuse a collator that would leave part of the model untrained: a model that reads the document's bag
+        of words given none, or rGBN-RNN (which reads a document's sentences in order) given sentences as separate
+        rows."""
+        collator, model = self.data_collator, _unwrap(self.model)
+        if not isinstance(collator, TopicContextCollator):
+            return
+        name = type(model).__name__
+        if collator.context == "none" and "context_bow" in getattr(model, "conditioning_inputs", ()):
+            raise ValueError(f"{name} reads the document's bag of words, but the collator gives none (context='none'): "
+                             f"its topic part would get no training signal. Use TopicContextCollator.for_model(model, "
+                             f"...) or context={getattr(model, 'training_context', 'others')!r}")
+        if getattr(model, "reads_documents", False) and collator.layout != "documents":
+            raise ValueError(f"{name} reads whole documents, but the collator gives layout={collator.layout!r}: it "
+                             f"would read every sentence as a one-sentence document. Use "
+                             f"TopicContextCollator.for_model(model, ...) or layout='documents'")
+
     def train(self, *args, **kwargs):
+        self._check_training_set_up()
         try:
             return super().train(*args, **kwargs)
         finally:

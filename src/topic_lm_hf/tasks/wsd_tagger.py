@@ -494,6 +494,9 @@ def train_sense_tagger(train: Union[datasets.Dataset, PathLike], output_dir: Pat
         size = 0
     input_feature = config_kwargs.get("input_feature", "lemma")
     senses = build_sense_vocabulary(train)
+    if not senses:
+        raise ValueError("the training corpus has no gold sense key (its gold file is empty or matches none of its "
+                         "instances): a sense tagger trains on a sense-annotated corpus such as SemCor")
     config = SenseTaggerConfig(word_vocabulary=build_word_vocabulary(train, input_feature, min_word_freq),
                                id2label=dict(enumerate(senses)), label2id={k: i for i, k in enumerate(senses)},
                                topic_representation_size=size, topic_model_name_or_path=topic_path,
