@@ -93,6 +93,33 @@ def test_interrupted_training_resumes_from_its_last_checkpoint(apnews, tmp_path)
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
 
 
+def test_resuming_a_differently_configured_run_and_a_second_live_run_are_refused(apnews, tmp_path):
+    from topic_lm_hf.trainer import OutputDirInUseError, OutputDirLock
+
+    data_args = DataArguments(min_freq=3, stopwords="none")
+    docs = apnews["train"].select(range(16))
+    args = TrainingArguments(output_dir=str(tmp_path / "run"), max_steps=2, save_steps=2,
+                             per_device_train_batch_size=8, report_to=[], use_cpu=True, disable_tqdm=True,
+                             eval_strategy="no")
+    small = ModelArguments(model_type="lstm_lm", config_overrides="embedding_size=16,hidden_size=24")
+    train(data_args, small, args, docs, None)
+    assert not (tmp_path / "run" / ".training.lock").exists()  # a finished run leaves no lock behind
+    other = ModelArguments(model_type="lstm_lm", config_overrides="embedding_size=16,hidden_size=32")
+    with pytest.raises(ValueError, match=r"Cannot resume from .*checkpoint-2: .*hidden_size: 24 in the checkpoint, "
+                                         r"32 in this run"):
+        train(data_args, other, args, docs, None)
+    holder = OutputDirLock(str(tmp_path / "busy"))
+    holder.acquire()  # a live run on the folder
+    try:
+        busy = TrainingArguments(output_dir=str(tmp_path / "busy"), max_steps=1, report_to=[], use_cpu=True,
+                                 save_strategy="no")
+        with pytest.raises(OutputDirInUseError, match=r"Another training run \(pid \d+\) is writing to .*busy"):
+            train(data_args, small, busy, docs, None)
+    finally:
+        holder.release()
+    train(data_args, small, busy, docs, None)  # free again
+
+
 def test_a_nan_loss_stops_training_and_keeps_the_weights(apnews, tmp_path):
     trainer = make_trainer(apnews, tmp_path, max_steps=5)
     with torch.no_grad():
@@ -113,7 +140,8 @@ def test_resuming_a_checkpoint_of_another_model_is_an_error(apnews, tmp_path):
     train(data_args, ModelArguments(model_type="lstm_lm", config_overrides="embedding_size=16,hidden_size=16"),
           args, docs, None)
     tcnlm = ModelArguments(model_type="tcnlm", config_overrides="embedding_size=16,hidden_size=16,num_topics=3")
-    with pytest.raises(OSError, match=r"checkpoint-2 lacks \d+ weight\(s\) of TCNLMForCausalLM.*own output_dir"):
+    with pytest.raises(ValueError, match=r"Cannot resume from .*checkpoint-2: .*model_type: 'lstm_lm' in the "
+                                         r"checkpoint, 'tcnlm' in this run.*another output_dir"):
         train(data_args, tcnlm, args, docs, None)
 
 

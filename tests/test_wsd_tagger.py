@@ -184,6 +184,28 @@ def trained(data, tmp_path_factory):
     return {"model": model, "untrained": untrained, "folder": out / "trained"}
 
 
+def test_a_trained_tagger_runs_in_the_token_classification_pipeline(data, trained):
+    from transformers import pipeline
+
+    tagger = pipeline("token-classification", model=str(trained["folder"]), device="cpu")
+    sentence = data["se07"][0]
+    text = " ".join(sentence["tokens"])
+    tagged = tagger(text)
+    tokenizer, model = tagger.tokenizer, trained["model"].eval()
+    encoded = tokenizer(text, return_tensors="pt")
+    with torch.no_grad():
+        expected = model(**encoded).logits[0].argmax(-1)
+    assert [t["entity"] for t in tagged] == [model.config.id2label[int(i)] for i in expected]  # what the model says
+    words = [w for w, _ in tokenizer.backend_tokenizer.pre_tokenizer.pre_tokenize_str(text.lower())]
+    assert [t["word"].lower() for t in tagged] == words
+    known = encoded["input_ids"][0] != model.config.word_vocabulary.index("<unk>")
+    assert known.float().mean() > 0.5  # the saved tokenizer is the tagger's own vocabulary
+    topic_tagger = tiny_tagger(topic_size=3)
+    topic_tagger.save_pretrained(trained["folder"].parent / "topic-tagger")
+    with pytest.raises(ValueError, match="a text pipeline cannot; tag with topic_lm_hf.tasks.disambiguate"):
+        pipeline("token-classification", model=str(trained["folder"].parent / "topic-tagger"), device="cpu")("the bank")
+
+
 def test_the_full_semcor_has_35399_training_senses(data):
     assert len(build_sense_vocabulary(data["semcor"])) == 35_399
 

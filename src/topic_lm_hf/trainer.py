@@ -63,6 +63,72 @@ def last_complete_checkpoint(output_dir) -> str | None:
     return None
 
 
+# Config entries that differ between a run and its own checkpoints without changing the model.
+RUN_ONLY_CONFIG_KEYS = frozenset({"_name_or_path", "transformers_version", "architectures", "auto_map", "dtype",
+                                  "torch_dtype", "use_cache", "output_hidden_states", "output_attentions",
+                                  "return_dict", "_commit_hash"})
+LOCK_NAME = ".training.lock"
+
+
+def config_differences(checkpoint: str, config) -> list[str]:
+    """``field: checkpoint value != run value`` for every model-config field in which ``checkpoint``'s
+    ``config.json`` differs from ``config`` (empty when the checkpoint has no config or matches)."""
+    path = os.path.join(checkpoint, "config.json")
+    if not os.path.isfile(path):
+        return []
+    with open(path, encoding="utf-8") as f:
+        model_type = json.load(f).get("model_type")
+    if model_type != config.model_type:
+        return [f"model_type: {model_type!r} in the checkpoint, {config.model_type!r} in this run"]
+    saved = json.loads(type(config).from_json_file(path).to_json_string(use_diff=False))
+    current = json.loads(config.to_json_string(use_diff=False))
+    return [f"{key}: {saved.get(key, '(unset)')!r} in the checkpoint, {current.get(key, '(unset)')!r} in this run"
+            for key in sorted(saved.keys() | current.keys())
+            if key not in RUN_ONLY_CONFIG_KEYS and saved.get(key) != current.get(key)]
+
+
+class OutputDirInUseError(OSError):
+    """Raised when another live training run holds the ``output_dir``."""
+
+
+class OutputDirLock:
+    """An exclusive lock on a training ``output_dir`` (``fcntl.flock`` on ``<output_dir>/.training.lock``), held
+    while a run trains: a second run on the same folder is refused instead of resuming from, and overwriting, the
+    first one's checkpoints. The lock goes with the process, so a killed run leaves none behind. Where ``fcntl``
+    does not exist (Windows) there is no guard."""
+
+    def __init__(self, output_dir: str):
+        self.path, self._file = os.path.join(output_dir, LOCK_NAME), None
+
+    def acquire(self) -> None:
+        try:
+            import fcntl
+        except ImportError:
+            return
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        handle = open(self.path, "a+", encoding="utf-8")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            handle.seek(0)
+            holder = handle.read().strip() or "another process"
+            handle.close()
+            raise OutputDirInUseError(f"Another training run ({holder}) is writing to {os.path.dirname(self.path)}: wait for "
+                               f"it to end, or give this run another output_dir") from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"pid {os.getpid()}")
+        handle.flush()
+        self._file = handle
+
+    def release(self) -> None:
+        if self._file is not None:
+            with contextlib.suppress(OSError):
+                os.remove(self.path)  # while still held: the saved model folder keeps no lock file
+            self._file.close()  # closing drops the flock
+            self._file = None
+
+
 def _incomplete_checkpoint(path: str) -> str | None:
     """What a checkpoint folder lacks to be resumed from, or None when it is complete."""
     state = os.path.join(path, TRAINER_STATE_NAME)
@@ -407,11 +473,29 @@ class TopicLMTrainer(Trainer):
                              f"would read every sentence as a one-sentence document. Use "
                              f"TopicContextCollator.for_model(model, ...) or layout='documents'")
 
-    def train(self, *args, **kwargs):
+    def _check_resume(self, resume_from_checkpoint) -> None:
+        """Refuse to resume from a checkpoint of a differently configured model, naming the fields."""
+        if resume_from_checkpoint is True:
+            resume_from_checkpoint = last_complete_checkpoint(self.args.output_dir)
+        if not isinstance(resume_from_checkpoint, (str, os.PathLike)):
+            return
+        config = getattr(_unwrap(self.model), "config", None)
+        differences = config_differences(str(resume_from_checkpoint), config) if config is not None else []
+        if differences:
+            raise ValueError(f"Cannot resume from {resume_from_checkpoint}: it was trained with another configuration "
+                             f"({'; '.join(differences[:3])}{'; ...' if len(differences) > 3 else ''}). Give this "
+                             f"run another output_dir, or the checkpoint's settings to resume it")
+
+    def train(self, resume_from_checkpoint=None, *args, **kwargs):
         self._check_training_set_up()
+        self._check_resume(resume_from_checkpoint)
+        lock = OutputDirLock(self.args.output_dir)
+        if self.args.process_index == 0:  # one run's processes share its folder
+            lock.acquire()
         try:
-            return super().train(*args, **kwargs)
+            return super().train(resume_from_checkpoint, *args, **kwargs)
         finally:
+            lock.release()
             if self.pretraining_phases:  # a run that stopped within a phase leaves the model whole
                 self.model.set_training_phase("joint")
             # With bf16 (fp16) accelerate leaves model.forward wrapped in autocast: the trained model would then

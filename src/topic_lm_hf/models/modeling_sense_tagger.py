@@ -68,6 +68,30 @@ class SenseTaggerForTokenClassification(SenseTaggerPreTrainedModel):
         self.classifier = nn.Linear(width, config.num_labels)  # U, a
         self.post_init()
 
+    def word_tokenizer(self):
+        """A fast tokenizer of the tagger's word vocabulary (``config.word_vocabulary``): lower-cased words split
+        on whitespace and punctuation, unknown words to ``<unk>``. It is saved with the model, so that
+        ``pipeline("token-classification", model=<folder>)`` runs a tagger without topics on raw text: each
+        word then gets the most probable of all training senses, without the candidate restriction and
+        back-off of :func:`topic_lm_hf.tasks.disambiguate` (the scorer's path), and a tagger trained on lemmas
+        (``input_feature="lemma"``) sees word forms."""
+        from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
+        from transformers import PreTrainedTokenizerFast
+
+        words = self.config.word_vocabulary
+        backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token=words[1]))
+        backend.normalizer = normalizers.Lowercase()
+        backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()  # whitespace, then punctuation as its own token
+        return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token=words[0], unk_token=words[1],
+                                       model_input_names=["input_ids", "attention_mask"])
+
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        """The model and its :meth:`word_tokenizer` (what ``AutoTokenizer`` and pipelines load)."""
+        result = super().save_pretrained(save_directory, *args, **kwargs)
+        if kwargs.get("is_main_process", True):
+            self.word_tokenizer().save_pretrained(save_directory)
+        return result
+
     def _init_weights(self, module):
         super()._init_weights(module)
         if module is getattr(self, "topic_projection", None):  # eq. 6: Glorot W_p, b_p = 0 (nclm.md §1.4)
@@ -90,7 +114,8 @@ class SenseTaggerForTokenClassification(SenseTaggerPreTrainedModel):
                                  f"topic_representation of shape {tuple(topic_representation.shape)}")
         elif topic_representation is None:
             raise ValueError(f"this tagger needs the document topic representation (b, {size}) from its topic model "
-                             f"{self.config.topic_model_name_or_path}: pass topic_representation")
+                             f"{self.config.topic_model_name_or_path}: pass topic_representation (a text pipeline "
+                             f"cannot; tag with topic_lm_hf.tasks.disambiguate)")
         elif topic_representation.shape != (input_ids.shape[0], size):
             raise ValueError(f"topic_representation must have shape ({input_ids.shape[0]}, {size}), got "
                              f"{tuple(topic_representation.shape)}: a c from another topic model?")
