@@ -129,6 +129,20 @@ def test_generation_resolves_the_conditioning_once_and_carries_it_in_one_cache(a
     assert resolving == []  # the cache's topics, not a new resolution (rGBN-RNN would draw a prior theta)
 
 
+@pytest.mark.parametrize("family", ["lstm", "tcnlm", "nclm", "rgbn"])
+def test_config_output_hidden_states_is_the_default_of_forward(apnews, family):
+    tok, topic_tok = apnews["tok"], apnews["topic_tok"]
+    model = _models(apnews)[family].eval()
+    collator = TopicContextCollator.for_model(model, tok, topic_tok, protocol="paper")
+    batch = collator(collator.prepare(apnews["valid"].select(range(2))).to_list())
+    with torch.no_grad():
+        assert model(**batch).hidden_states is None
+        model.config.output_hidden_states = True
+        hidden = model(**batch).hidden_states
+        assert hidden is not None and len(hidden) >= 2  # the embeddings and every layer
+        assert model(**batch, output_hidden_states=False).hidden_states is None  # the keyword wins
+
+
 def test_a_family_refuses_conditioning_it_does_not_declare(apnews):
     tok = apnews["tok"]
     rgbn = _models(apnews)["rgbn"].eval()

@@ -724,11 +724,12 @@ class RGBNRNNModel(DocumentRepresentationMixin, RGBNRNNPreTrainedModel):
 
     def _run(self, input_ids=None, attention_mask=None, inputs_embeds=None, state=None, use_cache=None,
              context_bow=None, theta=None, topic_ids=None, topic_layer=None, chunk_mask=None, sentence_index=None,
-             output_hidden_states=False, topic_representation=None):
+             output_hidden_states=None, topic_representation=None):
         """The forward pass shared by the base and the causal LM (see the module docstring).
 
         Returns (features, state or None, hidden states, _TopicPass or None, theta out, documents layout info)."""
         cfg = self.config
+        output_hidden_states = bool(cfg.output_hidden_states if output_hidden_states is None else output_hidden_states)
         tokens = input_ids if input_ids is not None else inputs_embeds
         if tokens is None:
             raise ValueError("Give exactly one of input_ids and inputs_embeds")
@@ -737,7 +738,7 @@ class RGBNRNNModel(DocumentRepresentationMixin, RGBNRNNPreTrainedModel):
         sample = self.training or cfg.eval_theta == "sample"
         if documents:
             return self._run_documents(input_ids, attention_mask, inputs_embeds, context_bow, chunk_mask,
-                                       sentence_index, sample)
+                                       sentence_index, sample, output_hidden_states)
         if chunk_mask is not None or sentence_index is not None:
             raise ValueError("chunk_mask and sentence_index go with documents-shaped input_ids (b, chunks, tokens)")
         b = tokens.shape[0]
@@ -797,7 +798,7 @@ class RGBNRNNModel(DocumentRepresentationMixin, RGBNRNNPreTrainedModel):
         return features, new_state, hidden_states, tp, torch.cat(thetas, -1), None
 
     def _run_documents(self, input_ids, attention_mask, inputs_embeds, context_bow, chunk_mask, sentence_index,
-                       sample):
+                       sample, output_hidden_states=False):
         cfg = self.config
         tokens = input_ids if input_ids is not None else inputs_embeds
         b, c, s = tokens.shape[:3]
@@ -843,8 +844,11 @@ class RGBNRNNModel(DocumentRepresentationMixin, RGBNRNNPreTrainedModel):
         thetas = [t[rows, chunk_slot] for t in tp.thetas]
         ids = input_ids[rows, cols] if input_ids is not None else None
         embeds = inputs_embeds[rows, cols] if inputs_embeds is not None else None
-        features, _, _ = self.lm_features(ids, attention_mask[rows, cols], embeds, thetas)
-        return features, None, None, tp, torch.cat(tp.thetas, -1), (rows, cols, b, c)
+        features, _, hidden = self.lm_features(ids, attention_mask[rows, cols], embeds, thetas,
+                                               output_hidden_states=output_hidden_states)
+        if hidden is not None:  # per document, as the features: (b, c, s, .) with zeros at padding chunks
+            hidden = tuple(h.new_zeros(b, c, *h.shape[1:]).index_put((rows, cols), h) for h in hidden)
+        return features, None, hidden, tp, torch.cat(tp.thetas, -1), (rows, cols, b, c)
 
     # -- downstream: the document as one sequence, its bag of words as one sentence ---------------------
 
@@ -879,7 +883,7 @@ class RGBNRNNModel(DocumentRepresentationMixin, RGBNRNNPreTrainedModel):
         use_cache = use_cache if use_cache is not None else (self.config.use_cache and not self.training)
         features, new_state, hidden, _, _, doc = self._run(
             input_ids, attention_mask, inputs_embeds, state, use_cache, context_bow, theta, topic_ids, topic_layer,
-            chunk_mask, sentence_index, bool(output_hidden_states))
+            chunk_mask, sentence_index, output_hidden_states)
         if doc is not None:
             rows, cols, b, c = doc
             full = features.new_zeros(b, c, *features.shape[1:])
@@ -948,7 +952,7 @@ class RGBNRNNForCausalLM(DocumentRepresentationDelegate, RGBNRNNPreTrainedModel,
         use_cache = use_cache if use_cache is not None else (cfg.use_cache and not self.training)
         features, new_state, hidden, tp, theta_out, doc = self.model._run(
             input_ids, attention_mask, inputs_embeds, state, use_cache, context_bow, theta, topic_ids, topic_layer,
-            chunk_mask, sentence_index, bool(output_hidden_states), topic_representation)
+            chunk_mask, sentence_index, output_hidden_states, topic_representation)
         if logits_to_keep and labels is None and doc is None:
             features = features[:, -logits_to_keep:]
         loss = kl_loss = bow_loss = None
