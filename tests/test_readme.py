@@ -1,6 +1,7 @@
 """The README's examples work as written: its Python snippets run top to bottom in a fresh
-interpreter, every `topic-lm` command it (and results/README.md) shows parses and uses only models
-the same page creates, and its relative links lead to files and headings that exist."""
+interpreter, its `topic-lm` command lines run in order in a fresh clone, every `topic-lm` command it (and
+results/README.md) shows parses and uses only models the same page creates, and its relative links lead to
+files and headings that exist."""
 
 import os
 import re
@@ -106,6 +107,67 @@ def test_readme_python_snippets_run_top_to_bottom_in_a_fresh_interpreter(tmp_pat
     for path in ("out/lstm-apnews/model.safetensors", "out/tcnlm-apnews/topic_tokenizer/tokenizer.json",
                  "out/hub/lstm-apnews/README.md", "out/hub/lstm-apnews/modeling_lstm_lm.py"):
         assert (run / path).exists(), path
+
+
+# Flags appended to a README command line (argparse keeps the last value of a flag): the same commands on a
+# smaller budget. Everything else runs as written.
+BUDGET = {"train": ["--max_steps", "3", "--logging_steps", "1"],
+          "evaluate": ["--max_eval_documents", "20"],
+          "classify": ["--max_train_documents", "120", "--max_test_documents", "60", "--epochs", "1"],
+          "retrieve": ["--max_train_documents", "200", "--max_test_documents", "40"],
+          "wsd train": ["--max_train_documents", "2"]}
+
+
+def _command_lines(text: str = README) -> list[str]:
+    """Every `topic-lm` line of the bash blocks, continuation lines joined, comments kept out."""
+    lines = []
+    for _, code in _blocks("bash", text):
+        for line in code.replace("\\\n", " ").splitlines():
+            words = shlex.split(line, comments=True)
+            if words and words[0] == "topic-lm":
+                lines.append(shlex.join(words))
+    return lines
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not all((DATA / p).exists() for p in ("apnews/train.txt", "apnews/valid.txt", "20ng/train.jsonl.gz",
+                                                          "r8/train.jsonl.gz", "wsd/semcor", "wsd/senseval2",
+                                                          "stopwords/mallet_en.txt")),
+                    reason=f"the README's command lines read the real corpora in {DATA} (../shared/data), which are "
+                           "absent; set TOPIC_LM_DATA to their folder")
+def test_readme_command_lines_run_in_order_in_a_fresh_clone(tmp_path):
+    import shutil
+
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("a fresh clone needs git and the repository's history")
+    clone = tmp_path / "topic-lm-hf"
+    subprocess.run(["git", "clone", "--quiet", str(ROOT), str(clone)], check=True)
+    (tmp_path / "shared").mkdir()
+    (tmp_path / "shared" / "data").symlink_to(DATA.resolve(), target_is_directory=True)  # the README's ../shared
+    # as `source .venv/bin/activate` has it: topic-lm on the PATH, running the clone's code
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+           "PYTHONPATH": str(clone / "src"), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
+           "HF_MODULES_CACHE": str(tmp_path / "modules")}
+    env.pop("TOPIC_LM_DATA", None)
+    lines = _command_lines()
+    assert [line.split()[1] for line in lines] == ["train", "evaluate", "generate", "train", "evaluate", "topics",
+                                                   "generate", "classify", "retrieve", "wsd", "wsd", "export"]
+    for line in lines:
+        words = shlex.split(line)
+        name = " ".join(words[1:3]) if words[1] == "wsd" else words[1]
+        command = line + "".join(f" {shlex.quote(w)}" for w in BUDGET.get(name, []))
+        proc = subprocess.run(command, shell=True, cwd=clone, env=env, capture_output=True, text=True,
+                              stdin=subprocess.DEVNULL, timeout=900)
+        assert proc.returncode == 0, f"{command}\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+        if name == "evaluate":
+            assert "| causal |" in proc.stdout or "causal" in proc.stdout, proc.stdout[-2000:]
+        elif name == "topics":
+            assert len(re.findall(r"^topic\s*\d+", proc.stdout, re.M | re.I)) >= 10, proc.stdout[-2000:]
+        elif name in ("classify", "retrieve", "wsd evaluate"):
+            assert "|" in proc.stdout, proc.stdout[-2000:]  # the result table
+    for path in ("out/lstm-cli/model.safetensors", "out/tcnlm-cli/perplexity.json", "out/wsd-tcnlm/config.json",
+                 "out/hub/lstm-cli/README.md"):
+        assert (clone / path).exists(), path
 
 
 @pytest.mark.parametrize("page", PAGES)
