@@ -8,6 +8,7 @@ from .data import (build_vocabularies, check_vocabularies, documents_from_lists,
                    load_vocabularies, record_vocabularies, save_vocabularies, synthetic_documents, tokenize_text)
 from .evaluation import (PROTOCOLS, evaluate_perplexity, evaluate_steering, fit_lda_judge, topic_coherence,
                          topic_diversity)
+from .evaluation.metrics import METRICS, load_metric, metric_path
 from .evaluation.topic_eval import evaluate_topics
 from .models import (LSTMLMConfig, LSTMLMForCausalLM, LSTMLMForSequenceClassification, LSTMLMModel, NCLMConfig,
                      NCLMForCausalLM, NCLMForSequenceClassification, NCLMModel, RGBNRNNConfig, RGBNRNNForCausalLM,
@@ -52,7 +53,7 @@ __all__ = [
     "TopicContextCollator", "make_bow", "build_vocabularies", "check_vocabularies", "documents_from_lists",
     "load_documents", "load_vocabularies", "record_vocabularies", "save_vocabularies", "synthetic_documents",
     "tokenize_text", "PROTOCOLS", "evaluate_perplexity", "evaluate_steering", "fit_lda_judge", "topic_coherence",
-    "topic_diversity", "evaluate_topics",
+    "topic_diversity", "evaluate_topics", "METRICS", "load_metric", "metric_path",
     "LSTMLMConfig", "LSTMLMForCausalLM", "LSTMLMModel", "TCNLMConfig", "TCNLMModel", "TCNLMForCausalLM",
     "TopicRNNConfig", "TopicRNNModel", "TopicRNNForCausalLM", "TopicRNNForSequenceClassification", "TopicLMTrainer",
     "NCLMConfig", "NCLMModel", "NCLMForCausalLM", "LSTMLMForSequenceClassification", "TCNLMForSequenceClassification",

@@ -25,8 +25,10 @@ Their test splits are held back, so the training file is split with ``Dataset.tr
 ``--`` line, and quoted lines (``>``, ``|``, "... writes:"). IMDB keeps the seeded permutation of
 :func:`load_imdb_splits` (TopicRNN's benchmark).
 
-Baselines, computed by scikit-learn: :func:`majority_accuracy` and :func:`bow_logistic_regression` (tf-idf
-uni+bigrams, logistic regression).
+Scores (:func:`classification_scores`: accuracy and macro-F1) and baselines are computed by scikit-learn:
+:func:`majority_baseline` (``DummyClassifier``) and :func:`bow_logistic_regression` (tf-idf uni+bigrams,
+logistic regression). ``topic_lm_hf.load_metric("classification")`` is the same as an ``evaluate`` module, for
+``Trainer(compute_metrics=...)``.
 """
 
 from __future__ import annotations
@@ -291,19 +293,43 @@ def predict_labels(model, rows: datasets.Dataset, collator, batch_size: int = 64
     return np.concatenate(predicted), np.concatenate(gold)
 
 
-def classification_accuracy(model, rows: datasets.Dataset, collator, batch_size: int = 64) -> float:
-    """Accuracy of a single-label classifier on rows (documents or precomputed features) with labels."""
+def classification_scores(predicted: Sequence[int], gold: Sequence[int]) -> dict[str, float]:
+    """Accuracy and macro-F1 (scikit-learn's ``accuracy_score`` and ``f1_score(average="macro",
+    zero_division=0)``): what the package reports for a classifier, and what its ``evaluate`` module
+    ``load_metric("classification")`` computes."""
+    from sklearn.metrics import accuracy_score, f1_score
+
+    return {"accuracy": float(accuracy_score(gold, predicted)),
+            "macro_f1": float(f1_score(gold, predicted, average="macro", zero_division=0))}
+
+
+def evaluate_classifier(model, rows: datasets.Dataset, collator, batch_size: int = 64) -> dict[str, float]:
+    """:func:`classification_scores` of a single-label classifier on rows (documents or precomputed features)
+    with labels."""
     if model.config.num_labels < 2:
         raise ValueError(f"{type(model).__name__} has num_labels={model.config.num_labels}, which transformers trains "
                          f"as a regression: accuracy needs a classifier of at least two classes")
-    predicted, gold = predict_labels(model, rows, collator, batch_size)
-    return float(np.mean(predicted == gold))
+    return classification_scores(*predict_labels(model, rows, collator, batch_size))
+
+
+def classification_accuracy(model, rows: datasets.Dataset, collator, batch_size: int = 64) -> float:
+    """Accuracy of a single-label classifier on rows (documents or precomputed features) with labels."""
+    return evaluate_classifier(model, rows, collator, batch_size)["accuracy"]
+
+
+def majority_baseline(train_labels: Sequence[int], test_labels: Sequence[int]) -> dict[str, float]:
+    """:func:`classification_scores` of always predicting the most frequent training label (scikit-learn's
+    ``DummyClassifier(strategy="most_frequent")``; a tie goes to the smallest label)."""
+    from sklearn.dummy import DummyClassifier
+
+    train_labels, test_labels = np.asarray(train_labels), np.asarray(test_labels)
+    dummy = DummyClassifier(strategy="most_frequent").fit(np.zeros((len(train_labels), 1)), train_labels)
+    return classification_scores(dummy.predict(np.zeros((len(test_labels), 1))), test_labels)
 
 
 def majority_accuracy(train_labels: Sequence[int], test_labels: Sequence[int]) -> float:
     """Accuracy of always predicting the most frequent training label."""
-    values, counts = np.unique(np.asarray(train_labels), return_counts=True)
-    return float(np.mean(np.asarray(test_labels) == values[counts.argmax()]))
+    return majority_baseline(train_labels, test_labels)["accuracy"]
 
 
 def document_texts(documents: datasets.Dataset) -> list[str]:
@@ -316,7 +342,7 @@ def bow_logistic_regression(train_docs: datasets.Dataset, test_docs: datasets.Da
                             max_iter: int = 1000) -> dict[str, Any]:
     """Bag-of-words baseline: tf-idf (sublinear tf) n-grams + logistic regression (scikit-learn).
 
-    Returns ``{"accuracy", "train_documents", "test_documents", "features", "settings"}``.
+    Returns ``{"accuracy", "macro_f1", "train_documents", "test_documents", "features", "settings"}``.
     """
     from sklearn.feature_extraction.text import TfidfVectorizer
     from sklearn.linear_model import LogisticRegression
@@ -327,8 +353,8 @@ def bow_logistic_regression(train_docs: datasets.Dataset, test_docs: datasets.Da
     x_test = vectorizer.transform(document_texts(test_docs))
     clf = LogisticRegression(C=C, max_iter=max_iter)
     clf.fit(x_train, train_docs[label_column])
-    accuracy = float(np.mean(clf.predict(x_test) == np.asarray(test_docs[label_column])))
-    return {"accuracy": accuracy, "train_documents": len(train_docs), "test_documents": len(test_docs),
+    scores = classification_scores(clf.predict(x_test), test_docs[label_column])
+    return {**scores, "train_documents": len(train_docs), "test_documents": len(test_docs),
             "features": x_train.shape[1],
             "settings": f"tf-idf (sublinear) {ngram_range[0]}-{ngram_range[1]}-grams, min_df={min_df}, "
                         f"LogisticRegression(C={C})"}

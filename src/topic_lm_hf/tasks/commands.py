@@ -86,7 +86,7 @@ def run_classify(data_args: TaskDataArguments, args: ClassifyArguments) -> None:
 
     from ..data import load_vocabularies, save_vocabularies
     from .classification import (FeatureCollator, add_document_features, bow_logistic_regression,
-                                 classification_accuracy, document_collator, majority_accuracy, train_classifier)
+                                 document_collator, evaluate_classifier, majority_baseline, train_classifier)
 
     train, test = _splits(data_args)
     names = train.features["label"].names  # the classes' names are kept in the classifier's config
@@ -105,16 +105,16 @@ def run_classify(data_args: TaskDataArguments, args: ClassifyArguments) -> None:
     out_dir = args.output_dir or str(Path(data_args.model_name_or_path) / "classify-run")
     train_classifier(clf, train_rows, collator, out_dir, epochs=args.epochs, learning_rate=args.learning_rate,
                      batch_size=data_args.batch_size, seed=data_args.seed)
-    accuracy = classification_accuracy(clf, test_rows, collator, data_args.batch_size)
+    scores = evaluate_classifier(clf, test_rows, collator, data_args.batch_size)
     recipe = f"{args.head} head, {'frozen features' if args.freeze_backbone else 'fine-tuned'}, {args.epochs:g} epochs"
-    rows = [(f"{type(clf).__name__} [o_N; c] ({recipe})", accuracy)]
+    rows = [(f"{type(clf).__name__} [o_N; c] ({recipe})", scores)]
     if data_args.baselines:
-        rows.append(("majority class", majority_accuracy(train["label"], test["label"])))
+        rows.append(("majority class", majority_baseline(train["label"], test["label"])))
         bow = bow_logistic_regression(train, test)
-        rows.append((f"tf-idf + logistic regression ({bow['settings']})", bow["accuracy"]))
-    print("\n| model | accuracy |\n|---|---|")
+        rows.append((f"tf-idf + logistic regression ({bow['settings']})", bow))
+    print("\n| model | accuracy | macro-F1 |\n|---|---|---|")
     for name, value in rows:
-        print(f"| {name} | {value:.4f} |")
+        print(f"| {name} | {value['accuracy']:.4f} | {value['macro_f1']:.4f} |")
     print(f"\n({time.perf_counter() - start:.0f} s)")
     if args.output_dir:
         clf.save_pretrained(args.output_dir)
@@ -123,8 +123,9 @@ def run_classify(data_args: TaskDataArguments, args: ClassifyArguments) -> None:
         else:
             AutoTokenizer.from_pretrained(data_args.model_name_or_path).save_pretrained(args.output_dir)
         (Path(args.output_dir) / "classify_result.json").write_text(json.dumps(
-            {"accuracy": accuracy, "recipe": recipe, "dataset": data_args.dataset, "test_fraction":
-             data_args.test_fraction, "seed": data_args.seed, "baselines": dict(rows[1:])}, indent=1))
+            {**scores, "recipe": recipe, "dataset": data_args.dataset, "test_fraction": data_args.test_fraction,
+             "seed": data_args.seed, "baselines": {name: {k: value[k] for k in ("accuracy", "macro_f1")}
+                                                   for name, value in rows[1:]}}, indent=1))
         print(f"saved to {args.output_dir}")
 
 
