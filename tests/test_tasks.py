@@ -233,6 +233,9 @@ def test_retrieval_precision_by_hand():
     sparse = retrieval_precision(sp.csr_matrix(queries), ["A", "B"], sp.csr_matrix(CORPUS_VECTORS), CORPUS_LABELS,
                                  k=(1, 2, 3, 5))
     assert sparse == result
+    # a single cut-off may be a number (it was "'int' object is not iterable")
+    single = retrieval_precision(queries, ["A", "B"], CORPUS_VECTORS, CORPUS_LABELS, k=3, fractions=0.4)
+    assert single["precision@3"] == result["precision@3"] and "precision@fraction=0.4" in single
 
 
 def test_retrieval_multi_label_relevance_and_fraction_rounding():

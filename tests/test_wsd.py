@@ -306,3 +306,10 @@ def test_baselines_reproduce(inventory, test_sets, name, wn_first, semcor_mfs, t
         write_key_file(predictions, tmp_path / "system.key.txt")
         score = score_wsd(tmp_path / "system.key.txt", gold_file)
         assert score.formatted() == {"P": expected, "R": expected, "F1": expected}, baseline.__name__
+
+
+def test_an_answer_that_is_not_a_key_is_a_clear_error():
+    with pytest.raises(TypeError, match=r"an answer is a sense key \(a string\), several keys or None; got 5"):
+        score_wsd({"a": 5}, {"a": "x"})
+    with pytest.raises(TypeError, match="got 5"):
+        score_wsd({"a": "x"}, {"a": 5})  # the gold's keys too

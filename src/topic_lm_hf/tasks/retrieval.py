@@ -62,7 +62,8 @@ def retrieval_precision(query_vectors, query_labels, corpus_vectors, corpus_labe
     "precision@fraction=0.02": .., "queries", "corpus", "relevance", "rounding"}``."""
     if relevance not in RELEVANCE:
         raise ValueError(f"relevance must be one of {RELEVANCE}, got {relevance!r}")
-    ks = [int(x) for x in k]
+    ks = [int(x) for x in ([k] if isinstance(k, (int, np.integer)) else k)]  # k=5 is k=(5,)
+    fractions = [fractions] if isinstance(fractions, (int, float)) else fractions
     n_q, n_c = query_vectors.shape[0], corpus_vectors.shape[0]
     if n_q == 0 or n_c == 0:
         raise ValueError(f"Retrieval needs queries and a corpus, got {n_q} queries and {n_c} corpus documents")

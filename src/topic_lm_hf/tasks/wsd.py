@@ -491,7 +491,10 @@ def _answer_set(answer) -> list[str]:
         return []
     if isinstance(answer, str):
         return [answer]
-    return list(dict.fromkeys(answer))
+    keys = list(dict.fromkeys(answer)) if hasattr(answer, "__iter__") else [answer]
+    if not all(isinstance(key, str) for key in keys):
+        raise TypeError(f"an answer is a sense key (a string), several keys or None; got {answer!r}")
+    return keys
 
 
 def _as_key_sets(keys, role: str) -> dict[str, set[str]]:
