@@ -285,6 +285,16 @@ def test_train_an_nclm_with_a_topic_model_phase_then_evaluate_and_generate_from_
     main(["generate", "--model_name_or_path", str(out_dir), "--topic_ids", "2", "--max_new_tokens", "5"])
     main(["topics", "--model_name_or_path", str(out_dir), "--top_n", "4"])
     assert len([l for l in capsys.readouterr().out.splitlines() if l.strip()]) >= 6
+    # decode-time topic guidance from the command line: s = 1 is the plain text, a scale without topics an error
+    generate = ["generate", "--model_name_or_path", str(out_dir), "--topic_ids", "2", "--max_new_tokens", "6"]
+    main(generate)
+    plain = capsys.readouterr().out
+    main(generate + ["--topic_guidance_scale", "1"])
+    assert capsys.readouterr().out == plain
+    main(generate + ["--topic_guidance_scale", "3"])
+    assert capsys.readouterr().out.strip()
+    assert "topic_guidance_scale guides towards a conditioning" in user_error(
+        capsys, ["generate", "--model_name_or_path", str(out_dir), "--topic_guidance_scale", "3"])
     assert "phase:steps" in user_error(capsys, ["train", "--model_type", "nclm", "--pretraining_phases", "topic_model",
                                                 "--output_dir", str(tmp_path)])
 

@@ -133,6 +133,9 @@ class GenerateArguments:
                 "topic-lm topics)."})
     context_text: Optional[str] = field(default=None, metadata={
         "help": "A document whose topics steer generation (topic models)."})
+    topic_guidance_scale: Optional[float] = field(default=None, metadata={
+        "help": "Decode-time topic guidance with --topic_ids or --context_text: mix the conditioned scores with "
+                "the model's prior, l_cond + (s - 1)(l_cond - l_prior) (1: none; larger: more on topic)."})
     allow_unk: bool = field(default=False, metadata={
         "help": "Let the model generate <unk> (suppressed by default, as in every model's generation config)."})
     topic_layer: Optional[int] = field(default=None, metadata={
@@ -424,7 +427,8 @@ def run_generate(args: GenerateArguments) -> None:
                           do_sample=args.do_sample, num_beams=args.num_beams,
                           num_return_sequences=args.num_return_sequences, temperature=args.temperature,
                           top_k=args.top_k or None, top_p=args.top_p, allow_unk=args.allow_unk,
-                          **({"topic_layer": args.topic_layer} if args.topic_layer is not None else {}))
+                          **{name: getattr(args, name) for name in ("topic_layer", "topic_guidance_scale")
+                             if getattr(args, name) is not None})
     print("\n".join(texts))
 
 

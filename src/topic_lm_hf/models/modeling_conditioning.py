@@ -217,6 +217,55 @@ class TopicLMCache:
                              for name, value in self.conditioning.items()})
 
 
+class TopicGuidanceLogitsProcessor:
+    """Decode-time topic guidance (classifier-free guidance, Sanchez et al. 2024) for a recurrent topic LM:
+    the next-token scores of the topic-conditioned run, ``l_cond``, become ``l_cond + (s - 1) (l_cond - l_prior)``,
+    with ``l_prior`` those of the same model given no conditioning (its prior: no document, no topics) on the
+    same tokens. ``s = 1`` leaves the scores as they are; ``s > 1`` pushes towards what the topics add.
+
+    The prior run keeps its own recurrent state (with ``use_cache``) and follows beam search's reordering by
+    matching each row's prefix to the previous step's rows; without ``use_cache`` it reads the whole sequence at
+    every step. Tokens the conditioned run rules out (``-inf``) stay out. It runs first among the logits
+    processors, on the model's own scores (before temperature, top-k and the rest)."""
+
+    def __init__(self, model, scale: float, attention_mask: Optional[torch.Tensor], use_cache: bool = True):
+        self.model, self.scale, self.use_cache = model, float(scale), bool(use_cache)
+        self.prompt_mask = attention_mask
+        self.state = self.sequences = None
+
+    def _mask(self, input_ids: torch.Tensor) -> Optional[torch.Tensor]:
+        if self.prompt_mask is None:
+            return None
+        prompt = self.prompt_mask.to(input_ids.device)
+        prompt = prompt.repeat_interleave(input_ids.shape[0] // prompt.shape[0], dim=0)  # beams, return sequences
+        new = input_ids.shape[1] - prompt.shape[1]
+        return torch.cat([prompt, prompt.new_ones(input_ids.shape[0], new)], dim=1)
+
+    def prior_scores(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """``l_prior`` (n, V) of the last position of ``input_ids`` (n, t)."""
+        mask = self._mask(input_ids)
+        if self.use_cache and self.sequences is not None and self.sequences.shape[1] == input_ids.shape[1] - 1:
+            previous = self.sequences.to(input_ids.device)
+            match = (input_ids[:, None, :-1] == previous[None]).all(-1)  # (n, n_previous): whose prefix it is
+            if not bool(match.any(1).all()):
+                raise RuntimeError("topic guidance lost track of the sequences (a row's prefix is no earlier row)")
+            state = reorder_state(self.state, match.int().argmax(1))
+            out = self.model(input_ids=input_ids[:, -1:], attention_mask=mask, state=state, use_cache=True,
+                             return_dict=True)
+        else:
+            out = self.model(input_ids=input_ids, attention_mask=mask, use_cache=self.use_cache, return_dict=True)
+        if self.use_cache:
+            self.state, self.sequences = out.state, input_ids
+        return out.logits[:, -1].float()
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        with torch.no_grad():
+            prior = self.prior_scores(input_ids).to(scores.device, scores.dtype)
+        finite = torch.isfinite(scores)
+        difference = torch.where(finite & torch.isfinite(prior), scores - prior, torch.zeros_like(scores))
+        return torch.where(finite, scores + (self.scale - 1.0) * difference, scores)
+
+
 class TopicGenerationMixin:
     """``generate()`` with topic conditioning, for a ``*ForCausalLM`` that also inherits ``GenerationMixin``.
 
@@ -247,7 +296,37 @@ class TopicGenerationMixin:
         return normalize_topic_kwargs(self.config.num_topics, self.config.topic_vocab_size, batch_size, **given,
                                       mixture_on_simplex=self._topic_mixture_on_simplex)
 
-    def generate(self, inputs=None, generation_config=None, **kwargs):
+    def generate(self, inputs=None, generation_config=None, topic_guidance_scale: Optional[float] = None, **kwargs):
+        """``GenerationMixin.generate`` with the family's topic conditioning (its ``conditioning_inputs``) and
+        ``topic_guidance_scale=s``: decode-time topic guidance (:class:`TopicGuidanceLogitsProcessor`), which
+        mixes the scores of the conditioned run with those of the same model under its prior."""
+        if topic_guidance_scale is None:
+            return self._generate(inputs, generation_config, **kwargs)
+        if isinstance(topic_guidance_scale, bool) or not isinstance(topic_guidance_scale, numbers.Real) \
+                or not topic_guidance_scale >= 0:
+            raise ValueError(f"topic_guidance_scale must be a number >= 0 (1: no guidance), got {topic_guidance_scale!r}")
+        if not any(kwargs.get(name) is not None for name in RAW_CONDITIONING) and \
+                not isinstance(kwargs.get("state"), TopicLMCache):
+            raise ValueError(f"topic_guidance_scale guides towards a conditioning: give one of "
+                             f"{list(self.conditioning_inputs)} (e.g. topic_ids=[3])")
+        prompt = inputs if inputs is not None else kwargs.get("input_ids")
+        use_cache = kwargs.get("use_cache", getattr(generation_config or self.generation_config, "use_cache", True))
+        self._topic_guidance = TopicGuidanceLogitsProcessor(
+            self, topic_guidance_scale, kwargs.get("attention_mask") if isinstance(prompt, torch.Tensor) else None,
+            use_cache=use_cache is not False)
+        try:
+            return self._generate(inputs, generation_config, **kwargs)
+        finally:
+            self._topic_guidance = None
+
+    def _get_logits_processor(self, *args, **kwargs):
+        processors = super()._get_logits_processor(*args, **kwargs)
+        guidance = getattr(self, "_topic_guidance", None)
+        if guidance is not None:
+            processors.insert(0, guidance)  # on the model's own scores, before temperature, top-k, ...
+        return processors
+
+    def _generate(self, inputs=None, generation_config=None, **kwargs):
         prompt = inputs if inputs is not None else kwargs.get("input_ids", kwargs.get("inputs_embeds"))
         batch_size = prompt.shape[0] if isinstance(prompt, torch.Tensor) else None
         given = {}

@@ -1,0 +1,98 @@
+"""Decode-time topic guidance, ``generate(topic_ids=[k], topic_guidance_scale=s)``: against a naive loop that runs
+the model twice on the whole sequence at every step, s = 1 as plain generation (exactly), cached as uncached, with
+beam search and several return sequences, for every topic family."""
+
+import pytest
+import torch
+from conftest import tiny_model
+
+from topic_lm_hf import RGBNRNNConfig, RGBNRNNForCausalLM, build_vocabularies, documents_from_lists
+
+CORPUS = [[["the", "court", "ruled", "on", "the", "tax", "case"], ["police", "said", "the", "fire", "spread"]],
+          [["the", "team", "won", "the", "game"], ["fans", "cheered", "the", "players"]]]
+FAMILIES = ["tcnlm", "topic_rnn-lstm", "nclm-leta-sdt", "rgbn_rnn"]
+
+
+@pytest.fixture(scope="module")
+def vocabularies():
+    return build_vocabularies(documents_from_lists(CORPUS * 3), min_freq=1, stopwords=["the"], top_fraction=0.0)
+
+
+def _model(family, tok, topic_tok):
+    if family == "rgbn_rnn":
+        torch.manual_seed(0)
+        config = RGBNRNNConfig.from_tokenizers(tok, topic_tok, topic_sizes=[4, 2], hidden_sizes=[16, 16],
+                                               embedding_size=16)
+        return RGBNRNNForCausalLM(config).eval()
+    return tiny_model(family, tok, topic_tok).eval()
+
+
+def _prompt(tok):
+    tok.padding_side = "left"
+    return tok(["the court", "police said the"], return_tensors="pt", padding=True)
+
+
+def naive_guided_greedy(model, prompt, topic_ids, scale, steps):
+    """At every step: the conditioned and the prior run on the whole sequence, their mix, the same suppressed
+    tokens as generate() (and no end of sequence before ``steps`` tokens)."""
+    ids, mask = prompt["input_ids"], prompt["attention_mask"]
+    banned = [*(model.generation_config.suppress_tokens or []), model.config.eos_token_id]
+    for _ in range(steps):
+        with torch.no_grad():
+            cond = model(input_ids=ids, attention_mask=mask, topic_ids=topic_ids).logits[:, -1].float()
+            prior = model(input_ids=ids, attention_mask=mask).logits[:, -1].float()
+        guided = cond + (scale - 1) * (cond - prior)
+        guided[:, banned] = float("-inf")
+        ids = torch.cat([ids, guided.argmax(-1, keepdim=True)], dim=1)
+        mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
+    return ids
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_guided_greedy_equals_the_naive_loop_and_cached_equals_uncached(vocabularies, family):
+    tok, topic_tok = vocabularies
+    model, prompt = _model(family, tok, topic_tok), _prompt(tok)
+    topic_ids = [[1], [2]]
+    expected = naive_guided_greedy(model, prompt, torch.tensor(topic_ids), 4.0, steps=6)
+    kwargs = dict(topic_ids=topic_ids, topic_guidance_scale=4.0, max_new_tokens=6, min_new_tokens=6, do_sample=False)
+    cached = model.generate(**prompt, **kwargs)
+    assert torch.equal(cached, expected)
+    assert torch.equal(model.generate(**prompt, **kwargs, use_cache=False), expected)
+    first = dict(topic_ids=topic_ids, max_new_tokens=1, do_sample=False, output_scores=True, return_dict_in_generate=True)
+    guided_scores = model.generate(**prompt, **first, topic_guidance_scale=4.0).scores[0]
+    plain_scores = model.generate(**prompt, **first).scores[0]
+    finite = torch.isfinite(plain_scores)
+    assert not torch.allclose(guided_scores[finite], plain_scores[finite])  # the guidance moves the scores
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_scale_one_is_plain_generation_exactly(vocabularies, family):
+    tok, topic_tok = vocabularies
+    model, prompt = _model(family, tok, topic_tok), _prompt(tok)
+    kwargs = dict(topic_ids=[3], max_new_tokens=5, do_sample=False, output_scores=True, return_dict_in_generate=True)
+    guided, plain = model.generate(**prompt, **kwargs, topic_guidance_scale=1.0), model.generate(**prompt, **kwargs)
+    assert torch.equal(guided.sequences, plain.sequences)
+    assert all(torch.equal(a, b) for a, b in zip(guided.scores, plain.scores))
+
+
+@pytest.mark.parametrize("family", ["tcnlm", "rgbn_rnn"])
+def test_beam_search_and_return_sequences_follow_the_beams(vocabularies, family):
+    tok, topic_tok = vocabularies
+    model, prompt = _model(family, tok, topic_tok), _prompt(tok)
+    kwargs = dict(topic_ids=[1], topic_guidance_scale=3.0, max_new_tokens=5, num_beams=3, num_return_sequences=2)
+    cached = model.generate(**prompt, **kwargs)
+    assert cached.shape == (4, prompt["input_ids"].shape[1] + 5)
+    assert torch.equal(cached, model.generate(**prompt, **kwargs, use_cache=False))  # the prior state follows beams
+    torch.manual_seed(0)
+    sampled = model.generate(**prompt, topic_ids=[1], topic_guidance_scale=3.0, max_new_tokens=5, do_sample=True,
+                             num_return_sequences=3, top_k=5)
+    assert sampled.shape[0] == 6
+
+
+def test_guidance_needs_a_conditioning_and_a_scale(vocabularies):
+    tok, topic_tok = vocabularies
+    model, prompt = _model("tcnlm", tok, topic_tok), _prompt(tok)
+    with pytest.raises(ValueError, match=r"topic_guidance_scale guides towards a conditioning: give one of"):
+        model.generate(**prompt, topic_guidance_scale=2.0, max_new_tokens=2)
+    with pytest.raises(ValueError, match="topic_guidance_scale must be a number >= 0"):
+        model.generate(**prompt, topic_ids=[1], topic_guidance_scale=-1.0, max_new_tokens=2)
