@@ -27,15 +27,25 @@ def _blocks(language: str, text: str = README) -> list[tuple[int, str]]:
 
 
 def _commands(text: str = README) -> list[list[str]]:
+    """Every `topic-lm` command of the bash blocks as [command, *arguments] (two-word commands: 'wsd train')."""
     commands = []
+    for line in _command_lines(text):
+        words = shlex.split(line)
+        if len(words) > 2 and f"{words[1]} {words[2]}" in COMMANDS:
+            words = [words[0], f"{words[1]} {words[2]}", *words[3:]]
+        commands.append(words[1:])
+    return commands
+
+
+def _command_lines(text: str = README) -> list[str]:
+    """Every `topic-lm` line of the bash blocks, continuation lines joined, comments left out."""
+    lines = []
     for _, code in _blocks("bash", text):
         for line in code.replace("\\\n", " ").splitlines():
             words = shlex.split(line, comments=True)
             if words and words[0] == "topic-lm":
-                if len(words) > 2 and f"{words[1]} {words[2]}" in COMMANDS:  # two-word commands: wsd train
-                    words = [words[0], f"{words[1]} {words[2]}", *words[3:]]
-                commands.append(words[1:])
-    return commands
+                lines.append(shlex.join(words))
+    return lines
 
 
 def test_readme_shows_python_snippets_and_commands():
@@ -116,17 +126,6 @@ BUDGET = {"train": ["--max_steps", "3", "--logging_steps", "1"],
           "classify": ["--max_train_documents", "120", "--max_test_documents", "60", "--epochs", "1"],
           "retrieve": ["--max_train_documents", "200", "--max_test_documents", "40"],
           "wsd train": ["--max_train_documents", "2"]}
-
-
-def _command_lines(text: str = README) -> list[str]:
-    """Every `topic-lm` line of the bash blocks, continuation lines joined, comments kept out."""
-    lines = []
-    for _, code in _blocks("bash", text):
-        for line in code.replace("\\\n", " ").splitlines():
-            words = shlex.split(line, comments=True)
-            if words and words[0] == "topic-lm":
-                lines.append(shlex.join(words))
-    return lines
 
 
 @pytest.mark.slow

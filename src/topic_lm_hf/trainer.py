@@ -113,8 +113,8 @@ class OutputDirLock:
             handle.seek(0)
             holder = handle.read().strip() or "another process"
             handle.close()
-            raise OutputDirInUseError(f"Another training run ({holder}) is writing to {os.path.dirname(self.path)}: wait for "
-                               f"it to end, or give this run another output_dir") from None
+            raise OutputDirInUseError(f"Another training run ({holder}) is writing to {os.path.dirname(self.path)}: "
+                                      f"wait for it to end, or give this run another output_dir") from None
         handle.seek(0)
         handle.truncate()
         handle.write(f"pid {os.getpid()}")

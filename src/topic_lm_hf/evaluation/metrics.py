@@ -64,9 +64,9 @@ def load_metric(name: str, **kwargs):
     return evaluate.load(str(metric_path(name)), **kwargs)
 
 
-def other_modules_arguments(name: str, kwargs: dict) -> None:
-    """Check the extra keyword arguments a module's compute got: those another of the package's modules takes
-    are theirs (``evaluate.combine`` passes every argument to every module) and are ignored; any other name
+def check_arguments(name: str, kwargs: dict) -> None:
+    """Check the extra keyword arguments module ``name``'s compute got: those another of the package's modules
+    takes are theirs (``evaluate.combine`` passes every argument to every module) and are ignored; any other name
     is a ``TypeError``, as a misspelt argument of a function would be."""
     known = {argument for arguments in COMPUTE_ARGUMENTS.values() for argument in arguments}
     unknown = sorted(set(kwargs) - known)
@@ -74,6 +74,30 @@ def other_modules_arguments(name: str, kwargs: dict) -> None:
         raise TypeError(f"{name} got unexpected argument(s) {unknown}; it takes {list(COMPUTE_ARGUMENTS[name])}")
 
 
-def texts(rows) -> list:
-    """Rows of an ``evaluate`` text input (strings or token lists) as the package's functions take them."""
-    return [row if isinstance(row, str) else list(row) for row in rows]
+# What the modules share: their input features, the Texygen citation, and how a text input reaches the functions.
+
+
+def topic_features():
+    """One topic per row: its top words."""
+    import datasets
+
+    return datasets.Features({"predictions": datasets.Sequence(datasets.Value("string"))})
+
+
+def text_features():
+    """One text per row, a string (split on whitespace) or a list of tokens."""
+    import datasets
+
+    return [datasets.Features({"predictions": datasets.Value("string")}),
+            datasets.Features({"predictions": datasets.Sequence(datasets.Value("string"))})]
+
+
+def token_lists(rows) -> list[list[str]]:
+    """The rows of a text input as token lists (strings split on whitespace, as the package's BLEU splits them)."""
+    return [row.split() if isinstance(row, str) else list(row) for row in rows]
+
+
+TEXYGEN_CITATION = """@inproceedings{zhu2018texygen,
+  title={Texygen: A Benchmarking Platform for Text Generation Models},
+  author={Zhu, Yaoming and Lu, Sidi and Zheng, Lei and Guo, Jiaxian and Zhang, Weinan and Wang, Jun and Yu, Yong},
+  booktitle={SIGIR}, year={2018}}"""

@@ -289,6 +289,7 @@ class TopicGenerationMixin:
     # these names, trusted): the resolved topic representation (NCLM adds its topic vectors).
     _cached_conditioning = ("topic_representation",)
     conditioning_options: tuple[str, ...] = ()  # generate() keywords that only shape the conditioning
+    _topic_guidance: Optional[TopicGuidanceLogitsProcessor] = None  # set by generate() while it runs
 
     def prepare_generation_conditioning(self, batch_size: Optional[int], **given) -> dict:
         """The raw conditioning of ``generate`` (at most one of ``conditioning_inputs``) validated as batch-first
@@ -321,9 +322,8 @@ class TopicGenerationMixin:
 
     def _get_logits_processor(self, *args, **kwargs):
         processors = super()._get_logits_processor(*args, **kwargs)
-        guidance = getattr(self, "_topic_guidance", None)
-        if guidance is not None:
-            processors.insert(0, guidance)  # on the model's own scores, before temperature, top-k, ...
+        if self._topic_guidance is not None:
+            processors.insert(0, self._topic_guidance)  # on the model's own scores, before temperature, top-k, ...
         return processors
 
     def _generate(self, inputs=None, generation_config=None, **kwargs):

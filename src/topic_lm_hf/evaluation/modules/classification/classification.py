@@ -30,5 +30,5 @@ class Classification(evaluate.Metric):
                                                                "references": datasets.Value("int64")}))
 
     def _compute(self, predictions, references, **others):
-        package_metrics.other_modules_arguments("classification", others)
+        package_metrics.check_arguments("classification", others)
         return package_classification.classification_scores(predictions, references)

@@ -1,6 +1,5 @@
 """Distinct-n: the ``evaluate`` module of ``topic_lm_hf.distinct_n``."""
 
-import datasets
 import evaluate
 
 from topic_lm_hf.evaluation import metrics as package_metrics
@@ -27,11 +26,10 @@ class DistinctN(evaluate.Metric):
     def _info(self):
         return evaluate.MetricInfo(
             description=_DESCRIPTION, citation=_CITATION, inputs_description=_KWARGS_DESCRIPTION,
-            features=[datasets.Features({"predictions": datasets.Value("string")}),
-                      datasets.Features({"predictions": datasets.Sequence(datasets.Value("string"))})])
+            features=package_metrics.text_features())
 
     def _compute(self, predictions, n=(1, 2), **others):
-        package_metrics.other_modules_arguments("distinct_n", others)
-        tokens = [text.split() if isinstance(text, str) else text for text in package_metrics.texts(predictions)]
+        package_metrics.check_arguments("distinct_n", others)
+        tokens = package_metrics.token_lists(predictions)
         orders = [n] if isinstance(n, int) else list(n)
         return {f"distinct_{order}": package_steering.distinct_n(tokens, order) for order in orders}

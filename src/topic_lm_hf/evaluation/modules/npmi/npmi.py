@@ -1,6 +1,5 @@
 """NPMI topic coherence under a named protocol: the ``evaluate`` module of ``topic_lm_hf.topic_coherence``."""
 
-import datasets
 import evaluate
 
 from topic_lm_hf.evaluation import metrics as package_metrics
@@ -35,17 +34,16 @@ _CITATION = """@inproceedings{lau2014machine,
 class Npmi(evaluate.Metric):
     def _info(self):
         return evaluate.MetricInfo(description=_DESCRIPTION, citation=_CITATION, inputs_description=_KWARGS_DESCRIPTION,
-                                   features=datasets.Features({"predictions": datasets.Sequence(datasets.Value("string"))}))
+                                   features=package_metrics.topic_features())
 
-    def _compute(self, predictions, reference=None, preset="lau2014", window=package_topics._UNSET,
-                 top_n=package_topics._UNSET, unseen_pair=package_topics._UNSET, edge_windows=package_topics._UNSET,
-                 **others):
-        package_metrics.other_modules_arguments("npmi", others)
+    def _compute(self, predictions, reference=None, preset="lau2014", **others):
+        settings = {name: others.pop(name) for name in ("window", "top_n", "unseen_pair", "edge_windows")
+                    if name in others}  # the preset's own unless given
+        package_metrics.check_arguments("npmi", others)
         if reference is None:
             raise ValueError("npmi needs reference=: the reference corpus (a path, a dataset or a list of documents)")
         result = package_topics.topic_coherence([list(topic) for topic in predictions], reference, preset=preset,
-                                                window=window, top_n=top_n, unseen_pair=unseen_pair,
-                                                edge_windows=edge_windows).as_dict()
+                                                **settings).as_dict()
         return {"npmi": result.pop("score"), "npmi_median": result.pop("median"),
                 "npmi_per_topic": result.pop("per_topic"), "protocol": {
                     key: result[key] for key in ("preset", "window", "top_n", "unseen_pair", "edge_windows",

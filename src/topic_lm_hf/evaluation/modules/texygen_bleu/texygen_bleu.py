@@ -1,6 +1,5 @@
 """Texygen BLEU: the ``evaluate`` module of ``topic_lm_hf.texygen_bleu``."""
 
-import datasets
 import evaluate
 
 from topic_lm_hf.evaluation import bleu as package_bleu
@@ -21,25 +20,19 @@ Returns:
     bleu_1 ... bleu_{max_n}, num_hypotheses, num_references, protocol.
 """
 
-_CITATION = """@inproceedings{zhu2018texygen,
-  title={Texygen: A Benchmarking Platform for Text Generation Models},
-  author={Zhu, Yaoming and Lu, Sidi and Zheng, Lei and Guo, Jiaxian and Zhang, Weinan and Wang, Jun and Yu, Yong},
-  booktitle={SIGIR}, year={2018}}"""
-
-
 class TexygenBleu(evaluate.Metric):
     def _info(self):
         return evaluate.MetricInfo(
-            description=_DESCRIPTION, citation=_CITATION, inputs_description=_KWARGS_DESCRIPTION,
-            features=[datasets.Features({"predictions": datasets.Value("string")}),
-                      datasets.Features({"predictions": datasets.Sequence(datasets.Value("string"))})])
+            description=_DESCRIPTION, citation=package_metrics.TEXYGEN_CITATION,
+            inputs_description=_KWARGS_DESCRIPTION,
+            features=package_metrics.text_features())
 
     def _compute(self, predictions, reference_texts=None, max_n=4, fast=False, **others):
-        package_metrics.other_modules_arguments("texygen_bleu", others)
+        package_metrics.check_arguments("texygen_bleu", others)
         if reference_texts is None:
             raise ValueError("texygen_bleu needs reference_texts=: the reference sentences each prediction is "
                              "scored against")
-        result = package_bleu.texygen_bleu(package_metrics.texts(predictions), package_metrics.texts(reference_texts),
+        result = package_bleu.texygen_bleu(package_metrics.token_lists(predictions), reference_texts,
                                            max_n=max_n, fast=fast)
         return {**{f"bleu_{n}": value for n, value in result.scores.items()},
                 "num_hypotheses": result.num_hypotheses, "num_references": result.num_references,

@@ -1,6 +1,5 @@
 """Texygen self-BLEU: the ``evaluate`` module of ``topic_lm_hf.texygen_self_bleu``."""
 
-import datasets
 import evaluate
 
 from topic_lm_hf.evaluation import bleu as package_bleu
@@ -19,21 +18,15 @@ Returns:
     self_bleu_1 ... self_bleu_{max_n}, num_hypotheses, protocol.
 """
 
-_CITATION = """@inproceedings{zhu2018texygen,
-  title={Texygen: A Benchmarking Platform for Text Generation Models},
-  author={Zhu, Yaoming and Lu, Sidi and Zheng, Lei and Guo, Jiaxian and Zhang, Weinan and Wang, Jun and Yu, Yong},
-  booktitle={SIGIR}, year={2018}}"""
-
-
 class TexygenSelfBleu(evaluate.Metric):
     def _info(self):
         return evaluate.MetricInfo(
-            description=_DESCRIPTION, citation=_CITATION, inputs_description=_KWARGS_DESCRIPTION,
-            features=[datasets.Features({"predictions": datasets.Value("string")}),
-                      datasets.Features({"predictions": datasets.Sequence(datasets.Value("string"))})])
+            description=_DESCRIPTION, citation=package_metrics.TEXYGEN_CITATION,
+            inputs_description=_KWARGS_DESCRIPTION,
+            features=package_metrics.text_features())
 
     def _compute(self, predictions, max_n=4, fast=False, **others):
-        package_metrics.other_modules_arguments("texygen_self_bleu", others)
-        result = package_bleu.texygen_self_bleu(package_metrics.texts(predictions), max_n=max_n, fast=fast)
+        package_metrics.check_arguments("texygen_self_bleu", others)
+        result = package_bleu.texygen_self_bleu(package_metrics.token_lists(predictions), max_n=max_n, fast=fast)
         return {**{f"self_bleu_{n}": value for n, value in result.scores.items()},
                 "num_hypotheses": result.num_hypotheses, "protocol": result.protocol}

@@ -1,6 +1,5 @@
 """Topic diversity: the ``evaluate`` module of ``topic_lm_hf.topic_diversity``."""
 
-import datasets
 import evaluate
 
 from topic_lm_hf.evaluation import metrics as package_metrics
@@ -27,9 +26,9 @@ _CITATION = """@article{dieng2020topic,
 class TopicDiversity(evaluate.Metric):
     def _info(self):
         return evaluate.MetricInfo(description=_DESCRIPTION, citation=_CITATION, inputs_description=_KWARGS_DESCRIPTION,
-                                   features=datasets.Features({"predictions": datasets.Sequence(datasets.Value("string"))}))
+                                   features=package_metrics.topic_features())
 
     def _compute(self, predictions, k=25, variant="unique", **others):
-        package_metrics.other_modules_arguments("topic_diversity", others)
+        package_metrics.check_arguments("topic_diversity", others)
         value = package_topics.topic_diversity([list(topic) for topic in predictions], k=k, variant=variant)
         return {"topic_diversity": value, "k": k, "variant": variant}

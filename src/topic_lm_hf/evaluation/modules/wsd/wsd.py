@@ -34,7 +34,7 @@ class Wsd(evaluate.Metric):
                                         "references": datasets.Sequence(datasets.Value("string"))}))
 
     def _compute(self, predictions, references, **others):
-        package_metrics.other_modules_arguments("wsd", others)
+        package_metrics.check_arguments("wsd", others)
         system = {str(i): list(answers) for i, answers in enumerate(predictions)}
         gold = {str(i): list(keys) for i, keys in enumerate(references) if len(keys)}
         score = package_wsd.score_wsd(system, gold)
