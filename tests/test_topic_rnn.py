@@ -482,6 +482,7 @@ def test_classifier_learns_imdb_above_majority(tmp_path):
     torch.set_num_threads(1)
     train, test = load_imdb_splits(DATA / "imdb" / "train.jsonl.gz", max_train_documents=500,
                                    max_test_documents=200)
+    assert train.features["label"].names == ["0", "1"] and set(test["label"]) == {0, 1}  # the shared label rules
     tok, topic_tok = build_vocabularies(train, min_freq=5, stopwords=DATA / "stopwords" / "mallet_en.txt")
     config = TopicRNNConfig.from_tokenizers(tok, topic_tok, cell="gru", embedding_size=16, hidden_size=16,
                                             num_topics=16, inference_hidden_size=32, inference_input="log1p",

@@ -154,6 +154,7 @@ def load_imdb_splits(path: str | os.PathLike, test_fraction: float = 0.2, seed: 
     raw = datasets.load_dataset("json", data_files=str(path), split="train")
     if "label" not in raw.column_names or "text" not in raw.column_names:
         raise ValueError(f"{path} needs 'text' and 'label' columns (has {raw.column_names})")
+    raw = _with_class_labels(raw, path)  # the same label rules and names as load_classification_splits
     order = np.random.default_rng(seed).permutation(len(raw))
     n_test = int(round(test_fraction * len(raw)))
     test_idx, train_idx = order[:n_test], order[n_test:]
