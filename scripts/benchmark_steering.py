@@ -1,168 +1,180 @@
-"""Do the topics steer? Topic-model variants against the same-size LSTM on APNEWS, one run.
+"""Do the topics steer? Every topic family, as its paper trains it and with the steering recipe, on APNEWS.
 
-Every variant is trained on ``apnews/train.txt`` with the same batches, optimiser and schedule as
-``scripts/benchmark_tcnlm.py`` (30-token chunks, context = document minus the sentence), then
-measured on ``apnews/valid.txt``:
+One command trains the same-size LSTM and, for each topic family (TCNLM, TopicLSTM, NCLM LETA, rGBN-RNN), two
+variants on ``apnews/train.txt`` with the same optimiser, schedule and budget (``--steps`` steps of
+``--batch-size`` 30-token chunks; rGBN-RNN reads whole documents, ``--batch-size`` / 16 of them per step, about as
+many chunks):
 
-* perplexity under ``paper`` and ``causal``, and the mismatched-context ablation (``paper`` with
-  another chunk's context): ``gain from own topics`` = ablation - paper;
-* what the LM is conditioned on: the mean normalised entropy H(t) / log T of the topic proportions
-  of the validation contexts, their mean largest entry, and how many topics are some context's
-  largest (TCNLM; TopicRNN's theta is not a distribution);
-* steering (``topic_lm_hf.evaluate_steering``): topic accuracy by the model's own encoder and by an
-  LDA judge fitted on train.txt, the top-50 topic-word lift, fluency (perplexity of the generated
-  text under the LSTM trained in this run) and Dist-n.
+* ``<family>``: the paper's training and model;
+* ``<family>-recipe``: the steering recipe. The topic model is pre-trained alone on bags of words
+  (``pretrain_topic_model``) until its objective on a development split (5 % of the training documents) has not
+  improved for ``--pretrain-patience`` evaluations (at most ``--pretrain-steps`` steps), then the LM joins, with
+  the shared topic output prior (``topic_output_bias="beta"``: lambda log(V_c p(w | t)) on the topic words, lambda
+  learned from ``--prior-weight-init``). TopicLSTM adds its bag-of-words term (``bow_loss_weight=1``) and NCLM
+  TCNLM's diversity regulariser (``diversity_weight``). Both are departures from the papers, labelled as such.
 
-Each finished variant is written to ``<output-dir>/<variant>/result.json`` (and its weights next to
-it) and skipped when the script is run again, so an interrupted run resumes. Variants::
+Each trained model is measured on ``apnews/valid.txt``: perplexity under ``paper`` and ``causal`` and the
+mismatched-context ablation (``paper`` with another chunk's context; ``own topics`` = ablation - paper), its
+topics (NPMI, lau2014 preset against ``wiki/articles.jsonl.gz``, and top-25 diversity), and steering
+(``evaluate_steering``: accuracy by the model's own encoder and by an LDA judge fitted on train.txt, the top-50
+topic-word lift, fluency as the perplexity of the texts under the LSTM of this run, relative to the same
+model's unconditioned texts, and distinct-n) at every decode-time guidance scale of ``--guidance-scales``
+(``generate(topic_ids=[k], topic_guidance_scale=s)``; s = 1 is plain conditioned generation): the accuracy
+against fluency curve.
 
-    python scripts/benchmark_steering.py --variants lstm tcnlm tcnlm-pretrain tcnlm-spread tcnlm-gumbel
-    python scripts/benchmark_steering.py --list      # every variant and what it changes
+Every finished piece (a trained model, its perplexities and topics, each guidance scale's steering) is written
+to ``<output-dir>/<variant>/result.json`` at once, and a rerun skips what is there: an interrupted run resumes.
+The LSTM is the fluency judge of every variant; a process that does not train it waits for another (same
+``--output-dir``) to finish it, so two single-thread processes can share the work::
+
+    python scripts/benchmark_steering.py                          # every variant
+    python scripts/benchmark_steering.py --variants lstm tcnlm tcnlm-recipe &
+    python scripts/benchmark_steering.py --variants topic-lstm topic-lstm-recipe nclm-leta nclm-leta-recipe \\
+        rgbn rgbn-recipe &                                         # two processes, one thread each
+    python scripts/benchmark_steering.py --list                   # the variants and what each changes
+    python scripts/benchmark_steering.py --table-only             # the tables from what is finished
+
+These runs stop at their step budget, not by early stopping on the LM (``scripts/benchmark_all.py`` trains to
+convergence); the tables say so.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 from transformers import AutoModelForCausalLM
 from transformers.utils import logging as hf_logging
 
-from topic_lm_hf import (LSTMLMConfig, LSTMLMForCausalLM, TCNLMConfig, TCNLMForCausalLM, TopicContextCollator,
-                         TopicRNNConfig, TopicRNNForCausalLM, build_vocabularies, evaluate_perplexity, load_documents,
-                         pretrain_topic_model)
+from topic_lm_hf import (LSTMLMConfig, LSTMLMForCausalLM, NCLMConfig, NCLMForCausalLM, RGBNRNNConfig,
+                         RGBNRNNForCausalLM, TCNLMConfig, TCNLMForCausalLM, TopicContextCollator, TopicRNNConfig,
+                         TopicRNNForCausalLM, build_vocabularies, evaluate_perplexity, evaluate_topics,
+                         load_documents, pretrain_topic_model)
 from topic_lm_hf.benchmark_training import train_for_steps
 from topic_lm_hf.benchmarking import DATA, TRAINING_FLAGS, add_common_arguments, cached_lda_judge, steer
 from topic_lm_hf.evaluation.steering import format_steering_table
+from topic_lm_hf.evaluation.topics import load_reference_corpus
 
-# name -> (family, config overrides, topic-model pre-training steps, what it tests)
+RECIPE = "pre-trained topic model (dev early stopping) + shared topic output prior"
+# name -> (family, config overrides, steering recipe?, what it is)
 VARIANTS = {
-    "lstm": ("lstm", {}, 0, "the same-size LSTM: baseline, and the fluency judge of every variant"),
-    "tcnlm": ("tcnlm", {}, 0, "TCNLM as in the paper (this package's defaults)"),
-    "tcnlm-pretrain": ("tcnlm", {}, 300, "topic model pre-trained alone for 300 steps first"),
-    "tcnlm-spread": ("tcnlm", {"topic_factor_spread": 1.0}, 0, "topic factors W_b, U_b start as U(0, 2), not U(0.9, 1.1)"),
-    "tcnlm-gumbel": ("tcnlm", {"lm_topic_input": "gumbel"}, 0,
-                     "LM trained on one-hot topics drawn from t (straight-through Gumbel), as generation uses"),
-    "tcnlm-bias": ("tcnlm", {"topic_output_bias": "learned"}, 0,
-                   "a learned topic-to-vocabulary bias B t on the logits (TopicRNN/TDLM-style; not in the paper)"),
-    "tcnlm-pretrain-bias": ("tcnlm", {"topic_output_bias": "learned"}, 300, "pre-training and the output bias"),
-    "tcnlm-beta": ("tcnlm", {"topic_output_bias": "beta"}, 0,
-                   "product of experts with the topic model: lambda log(V_c beta^T t) on topic words (not in the paper)"),
-    "tcnlm-pretrain-beta": ("tcnlm", {"topic_output_bias": "beta"}, 300, "pre-training and the beta product of experts"),
-    "tcnlm-pretrain-beta1": ("tcnlm", {"topic_output_bias": "beta", "topic_prior_weight_init": 1.0}, 300,
-                             "pre-training and the beta product of experts, lambda starting at 1"),
-    "tcnlm-pretrain-gumbel-beta": ("tcnlm", {"topic_output_bias": "beta", "lm_topic_input": "gumbel"}, 300,
-                                   "pre-training, one-hot topics and the beta product of experts"),
-    "tcnlm-1topic": ("tcnlm", {"num_topics": 1}, 0,
-                     "a factorised LSTM without topics (T = 1): how much of TCNLM's gap is the factorisation"),
-    "tcnlm-nf2h": ("tcnlm", {"num_factors_multiple": 2}, 0, "n_f = 2 H factors instead of H"),
-    "tcnlm-pretrain-spread": ("tcnlm", {"topic_factor_spread": 1.0}, 300, "pre-training and spread factors"),
-    "tcnlm-pretrain-gumbel": ("tcnlm", {"lm_topic_input": "gumbel"}, 300, "pre-training and one-hot topics"),
-    "tcnlm-all": ("tcnlm", {"topic_factor_spread": 1.0, "lm_topic_input": "gumbel"}, 300,
-                  "pre-training, spread factors and one-hot topics"),
-    "topicgru": ("topic_rnn", {"cell": "gru"}, 0, "TopicGRU, the exact ELBO"),
-    "topicgru-anneal": ("topic_rnn", {"cell": "gru", "kl_annealing_steps": 300}, 0,
-                        "TopicGRU, KL weight annealed 0 -> 1 over 300 steps (a departure from the exact ELBO early on)"),
-    "topicgru-freebits": ("topic_rnn", {"cell": "gru", "kl_free_bits": 0.1}, 0,
-                          "TopicGRU, free bits: each dimension's KL counts at least 0.1 nats (not the ELBO)"),
-    "topicgru-kl0.1": ("topic_rnn", {"cell": "gru", "kl_weight": 0.1}, 0, "TopicGRU, KL weight 0.1 (not the ELBO)"),
+    "lstm": ("lstm", {}, False, "the same-size LSTM: the baseline, and the fluency judge of every variant"),
+    "tcnlm": ("tcnlm", {}, False, "TCNLM as in the paper (KL annealed)"),
+    "tcnlm-recipe": ("tcnlm", {"topic_output_bias": "beta"}, True, f"TCNLM, {RECIPE}"),
+    "topic-lstm": ("topic_rnn", {"cell": "lstm"}, False, "TopicLSTM, the paper's ELBO"),
+    "topic-lstm-recipe": ("topic_rnn", {"cell": "lstm", "topic_output_bias": "beta", "bow_loss_weight": 1.0}, True,
+                          f"TopicLSTM, {RECIPE}, and the bag-of-words term"),
+    "nclm-leta": ("nclm", {"variant": "leta"}, False, "NCLM LETA as in the paper (alpha 0.01)"),
+    "nclm-leta-recipe": ("nclm", {"variant": "leta", "topic_output_bias": "beta", "diversity_weight": 1.0}, True,
+                         f"NCLM LETA, {RECIPE}, and the diversity regulariser"),
+    "rgbn": ("rgbn", {}, False, "rGBN-RNN, one topic layer, the paper's ELBO and TLASGR-MCMC"),
+    "rgbn-recipe": ("rgbn", {"topic_output_bias": "beta"}, True, f"rGBN-RNN, {RECIPE}"),
 }
 
 
 def build(name: str, args, tok, topic_tok):
     family, overrides, _, _ = VARIANTS[name]
     torch.manual_seed(args.seed)
-    sizes = dict(embedding_size=args.embedding_size, hidden_size=args.hidden_size, dropout=args.dropout)
+    sizes = dict(embedding_size=args.embedding_size, dropout=args.dropout)
     overrides = dict(overrides)
-    if "num_factors_multiple" in overrides:
-        overrides["num_factors"] = overrides.pop("num_factors_multiple") * args.hidden_size
+    if overrides.get("topic_output_bias") == "beta":
+        overrides["topic_prior_weight_init"] = args.prior_weight_init
     if family == "lstm":
-        return LSTMLMForCausalLM(LSTMLMConfig(vocab_size=len(tok), **sizes))
+        return LSTMLMForCausalLM(LSTMLMConfig(vocab_size=len(tok), hidden_size=args.hidden_size, **sizes))
+    if family == "rgbn":
+        config = RGBNRNNConfig.from_tokenizers(tok, topic_tok, topic_sizes=[args.num_topics],
+                                               hidden_sizes=[args.hidden_size], tlasgr_seed=args.seed, **sizes,
+                                               **overrides)
+        return RGBNRNNForCausalLM(config)
+    common = dict(num_topics=args.num_topics, hidden_size=args.hidden_size, **sizes, **overrides)
     if family == "tcnlm":
-        config = TCNLMConfig.from_tokenizers(tok, topic_tok, **{"num_topics": args.num_topics, "kl_annealing_steps": args.kl_annealing_steps,
-                                **sizes, **overrides})
-        return TCNLMForCausalLM(config)
-    config = TopicRNNConfig.from_tokenizers(tok, topic_tok, **{"num_topics": args.num_topics, **sizes, **overrides})
-    return TopicRNNForCausalLM(config)
+        return TCNLMForCausalLM(TCNLMConfig.from_tokenizers(tok, topic_tok, kl_annealing_steps=args.kl_annealing_steps,
+                                                            **common))
+    if family == "nclm":
+        return NCLMForCausalLM(NCLMConfig.from_tokenizers(tok, topic_tok, alpha=args.alpha, **common))
+    return TopicRNNForCausalLM(TopicRNNConfig.from_tokenizers(tok, topic_tok, **common))
 
 
-@torch.no_grad()
-def proportion_statistics(model, rows, collator, batch_size: int = 256) -> dict:
-    """What the LM is conditioned on: entropy, largest entry and argmax spread of TCNLM's t."""
-    if not isinstance(model, TCNLMForCausalLM):
-        return {}
-    model.eval()
-    ts = []
-    for start in range(0, len(rows), batch_size):
-        batch = collator([rows[i] for i in range(start, min(start + batch_size, len(rows)))])
-        ts.append(model.infer_topics(batch["context_bow"]))
-    t = torch.cat(ts).double()
-    entropy = -(t * t.clamp_min(1e-30).log()).sum(-1) / math.log(t.shape[1])
-    return {"t_entropy": float(entropy.mean()), "t_max": float(t.max(-1).values.mean()),
-            "t_argmax_topics": int(t.argmax(-1).unique().numel())}
+def write(path: Path, result: dict) -> None:
+    path.write_text(json.dumps(result, indent=1, default=str))
 
 
-def run_variant(name, args, tok, topic_tok, train_docs, valid_docs, judge, fluency) -> dict:
-    """Train, save and measure one variant; ``fluency()`` returns the LSTM fluency judge (waiting for it)."""
-    family, overrides, pretrain_steps, what = VARIANTS[name]
-    out = Path(args.output_dir) / name
+def train_variant(name, args, tok, topic_tok, train_docs, dev_docs, out: Path):
+    family, overrides, recipe, what = VARIANTS[name]
     model = build(name, args, tok, topic_tok)
-    collator = TopicContextCollator.for_model(model, tok, topic_tok)  # the family's training context ("others")
+    collator = TopicContextCollator.for_model(model, tok, topic_tok)  # the family's documented training batches
     rows = collator.prepare(train_docs)
-    result = {"variant": name, "family": family, "overrides": overrides, "pretrain_steps": pretrain_steps,
-              "what": what, "parameters": sum(p.numel() for p in model.parameters())}
+    result = {"variant": name, "family": family, "overrides": overrides, "recipe": recipe, "what": what,
+              "parameters": sum(p.numel() for p in model.parameters())}
     start = time.perf_counter()
-    if pretrain_steps:
-        losses = pretrain_topic_model(model, rows, collator, pretrain_steps, learning_rate=args.lr,
-                                      batch_size=args.batch_size, seed=args.seed)
-        result["pretrain_loss"] = [losses[0], losses[-1]]
-        print(f"   pre-trained the topic model: loss {losses[0]:.3f} -> {losses[-1]:.3f}", flush=True)
-    result.update(train_for_steps(model, rows, collator, args, out))
+    if recipe:
+        pre = pretrain_topic_model(model, rows, collator, args.pretrain_steps, learning_rate=args.pretrain_lr,
+                                   batch_size=args.pretrain_batch_size, seed=args.seed,
+                                   eval_dataset=collator.prepare(dev_docs), eval_every=args.pretrain_eval_every,
+                                   patience=args.pretrain_patience)
+        result["pretraining"] = {"steps": pre.steps, "best_step": pre.best_step, "stopped_by": pre.stopped_by,
+                                 "dev_losses": pre.dev_losses, "seconds": time.perf_counter() - start}
+        print(f"   topic model pre-trained: {pre.steps} steps ({pre.stopped_by}), best dev objective "
+              f"{pre.best_dev_loss:.3f} at step {pre.best_step}", flush=True)
+    step_args = argparse.Namespace(**vars(args))
+    if getattr(model, "reads_documents", False):  # documents per step: about as many chunks as the others
+        step_args.batch_size = max(1, args.batch_size // 16)
+    result.update(train_for_steps(model, rows, collator, step_args, out))
     result["train_seconds"] = time.perf_counter() - start
     model.save_pretrained(out)
-    for protocol in ("paper", "causal"):
-        result[protocol] = evaluate_perplexity(model, valid_docs, protocol, tokenizer=tok,
-                                               topic_tokenizer=topic_tok)["perplexity"]
-    if family != "lstm":
-        result["paper-mismatched"] = evaluate_perplexity(model, valid_docs, "paper", tokenizer=tok,
-                                                         topic_tokenizer=topic_tok,
-                                                         mismatched_context=True)["perplexity"]
-        valid_collator = TopicContextCollator.for_model(model, tok, topic_tok, protocol="paper")
-        result.update(proportion_statistics(model, valid_collator.prepare(valid_docs), valid_collator))
-        if model.config.num_topics > 1:  # one topic: nothing to steer towards
-            result["steering"] = steer(model, args, tok, topic_tok, judge, fluency())
-    print(f"   {name}: paper {result['paper']:.2f}, causal {result['causal']:.2f}"
-          + (f", mismatched {result['paper-mismatched']:.2f}" if family != "lstm" else "")
-          + (f", steering own {result['steering']['accuracy_own']:.3f} / LDA {result['steering']['accuracy_lda']:.3f}"
-             if "steering" in result else ""), flush=True)
-    return result
+    return result, model
+
+
+def measure(name, model, result, args, tok, topic_tok, valid_docs, reference, path: Path) -> None:
+    """Perplexities, the ablation and the topics (each written as soon as it is there)."""
+    if "paper" not in result:
+        for protocol in ("paper", "causal"):
+            result[protocol] = evaluate_perplexity(model, valid_docs, protocol, tokenizer=tok,
+                                                   topic_tokenizer=topic_tok)["perplexity"]
+        if VARIANTS[name][0] != "lstm":
+            result["paper-mismatched"] = evaluate_perplexity(model, valid_docs, "paper", tokenizer=tok,
+                                                             topic_tokenizer=topic_tok,
+                                                             mismatched_context=True)["perplexity"]
+        write(path, result)
+    if VARIANTS[name][0] != "lstm" and "topics" not in result:
+        topics = evaluate_topics(model, reference(), topic_tokenizer=topic_tok)
+        result["topics"] = {k: topics[k] for k in ("npmi", "diversity")}
+        result["top_words"] = model.get_topics(top_n=10, topic_tokenizer=topic_tok)
+        write(path, result)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--variants", nargs="+", default=["lstm", "tcnlm", "tcnlm-pretrain", "tcnlm-spread",
-                                                          "tcnlm-gumbel", "topicgru"])
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS))
     parser.add_argument("--list", action="store_true", help="print the variants and exit")
-    parser.add_argument("--lambda-scales", type=float, nargs="*", default=[],
-                        help="for finished topic_output_bias='beta' variants: also evaluate steering with the learned "
-                             "lambda multiplied by each of these at generation (the steering-strength trade-off)")
-    parser.add_argument("--rescore-steering", action="store_true",
-                        help="re-run only the steering evaluation of finished variants, from their saved weights")
+    parser.add_argument("--table-only", action="store_true", help="print the tables of the finished variants")
+    parser.add_argument("--guidance-scales", type=float, nargs="+", default=[1.0, 1.5, 2.0, 3.0],
+                        help="decode-time topic guidance scales to steer at (1: plain conditioned generation)")
+    parser.add_argument("--prior-weight-init", type=float, default=1.0,
+                        help="lambda of the shared topic output prior at the start of joint training (recipe)")
+    parser.add_argument("--pretrain-steps", type=int, default=3000, help="cap on topic-model pre-training steps")
+    parser.add_argument("--pretrain-lr", type=float, default=3e-3)
+    parser.add_argument("--pretrain-batch-size", type=int, default=64)
+    parser.add_argument("--pretrain-eval-every", type=int, default=100)
+    parser.add_argument("--pretrain-patience", type=int, default=3)
+    parser.add_argument("--dev-fraction", type=float, default=0.05,
+                        help="training documents held out for the pre-training's early stopping")
     parser.add_argument("--embedding-size", type=int, default=128)
     parser.add_argument("--hidden-size", type=int, default=128)
     parser.add_argument("--num-topics", type=int, default=50)
     parser.add_argument("--output-dir", default="out/benchmark_steering")
-    add_common_arguments(parser, *TRAINING_FLAGS, "--steps", "--batch-size", "--dropout", "--lr", "--clip", "--kl-annealing-steps",
-                         "--min-freq", "--steer-topics", "--steer-samples", "--max-new-tokens", "--threads", "--seed",
-                         steps=500)
+    add_common_arguments(parser, *TRAINING_FLAGS, "--steps", "--batch-size", "--dropout", "--lr", "--clip",
+                         "--kl-annealing-steps", "--alpha", "--min-freq", "--max-train-docs", "--max-valid-docs",
+                         "--npmi-max-documents", "--steer-topics", "--steer-samples", "--max-new-tokens",
+                         "--threads", "--seed", steps=1500)
     args = parser.parse_args()
     if args.list:
-        for name, (family, overrides, pretrain, what) in VARIANTS.items():
-            print(f"{name:24s} {family:10s} {what}")
+        for name, (family, overrides, recipe, what) in VARIANTS.items():
+            print(f"{name:20s} {what}")
         return
     unknown = [v for v in args.variants if v not in VARIANTS]
     if unknown:
@@ -174,88 +186,97 @@ def main() -> None:
     datasets.disable_progress_bars()
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
+    all_docs = load_documents(DATA / "apnews" / "train.txt", max_documents=args.max_train_docs)
+    valid_docs = load_documents(DATA / "apnews" / "valid.txt", max_documents=args.max_valid_docs)
+    order = np.random.default_rng(0).permutation(len(all_docs))
+    n_dev = max(1, int(np.ceil(args.dev_fraction * len(all_docs))))
+    dev_docs = all_docs.select(sorted(order[:n_dev].tolist()))
+    train_docs = all_docs.select(sorted(order[n_dev:].tolist()))
+    tok, topic_tok = build_vocabularies(train_docs, min_freq=args.min_freq,
+                                        stopwords=DATA / "stopwords" / "mallet_en.txt")
+    print(f"APNEWS train {len(train_docs)} docs (+ {len(dev_docs)} development), valid {len(valid_docs)}; "
+          f"V = {len(tok)}, V_c = {len(topic_tok)}; E = {args.embedding_size}, H = {args.hidden_size}, "
+          f"T = {args.num_topics}, {args.steps} steps", flush=True)
     (out / "args.json").write_text(json.dumps(vars(args), indent=1))
-    train_docs = load_documents(DATA / "apnews" / "train.txt")
-    valid_docs = load_documents(DATA / "apnews" / "valid.txt")
-    tok, topic_tok = build_vocabularies(train_docs, min_freq=args.min_freq, stopwords=DATA / "stopwords" / "mallet_en.txt")
-    print(f"APNEWS train {len(train_docs)} docs, valid {len(valid_docs)} docs; V = {len(tok)}, V_c = {len(topic_tok)}; "
-          f"E = {args.embedding_size}, H = {args.hidden_size}, T = {args.num_topics}, {args.steps} steps", flush=True)
     judge = cached_lda_judge(out / f"lda_judge_T{args.num_topics}.pkl", train_docs, topic_tok, args.num_topics,
                              args.seed)
+    cache = {}
 
-    # The LSTM is every variant's fluency judge: trained first when listed; a run that does not list it waits
-    # for another run (in parallel, same --output-dir) to finish it.
-    names = (["lstm"] if "lstm" in args.variants else []) + [v for v in args.variants if v != "lstm"]
-    results, fluency_model = {}, None
+    def reference():
+        if "wiki" not in cache:
+            cache["wiki"] = load_reference_corpus(DATA / "wiki" / "articles.jsonl.gz",
+                                                  max_documents=args.npmi_max_documents)
+        return cache["wiki"]
 
     def fluency():
-        nonlocal fluency_model
-        if fluency_model is None:
-            while not (out / "lstm" / "result.json").exists():
+        if "lstm" not in cache:
+            while not (out / "lstm" / "result.json").exists() or "paper" not in read(out / "lstm"):
                 time.sleep(20)
-            results.setdefault("lstm", json.loads((out / "lstm" / "result.json").read_text()))
-            fluency_model = LSTMLMForCausalLM.from_pretrained(out / "lstm").eval()
-        return fluency_model
+            cache["lstm"] = LSTMLMForCausalLM.from_pretrained(out / "lstm").eval()
+        return cache["lstm"]
 
-    for name in names:
-        path = out / name / "result.json"
+    names = [v for v in VARIANTS if v in args.variants]
+    for name in [] if args.table_only else names:
+        mdir, path = out / name, out / name / "result.json"
+        mdir.mkdir(exist_ok=True)
         if path.exists():
-            results[name] = json.loads(path.read_text())
-            print(f"== {name}: done earlier ({path})", flush=True)
-            if args.rescore_steering and "steering" in results[name]:
-                model = AutoModelForCausalLM.from_pretrained(out / name).eval()
-                results[name]["steering"] = steer(model, args, tok, topic_tok, judge, fluency())
-                path.write_text(json.dumps(results[name], indent=1, default=str))
+            result = read(mdir)
+            model = AutoModelForCausalLM.from_pretrained(mdir).eval()
+            print(f"== {name}: trained earlier", flush=True)
         else:
             print(f"\n== {name}: {VARIANTS[name][3]}", flush=True)
-            results[name] = run_variant(name, args, tok, topic_tok, train_docs, valid_docs, judge, fluency)
-            path.write_text(json.dumps(results[name], indent=1, default=str))
-    fluency()  # the table needs the LSTM's row
-    for name in names:
-        r = results[name]
-        if not args.lambda_scales or r.get("overrides", {}).get("topic_output_bias") != "beta":
-            continue
-        model = AutoModelForCausalLM.from_pretrained(out / name).eval()
-        learned = float(model.topic_prior_weight.detach())
-        r["lambda"] = learned
-        for scale in args.lambda_scales:
-            if str(scale) in r.get("steering_by_lambda_scale", {}):
-                continue
-            with torch.no_grad():
-                model.topic_prior_weight.fill_(learned * scale)
-            r.setdefault("steering_by_lambda_scale", {})[str(scale)] = steer(model, args, tok, topic_tok, judge,
-                                                                             fluency())
-            (out / name / "result.json").write_text(json.dumps(r, indent=1, default=str))
-
-    results = {"lstm": results.pop("lstm"), **results}
-    lstm = results["lstm"]
-    print(f"\n### Steering and topic use on APNEWS (E = H = {args.embedding_size}/{args.hidden_size}, "
-          f"T = {args.num_topics}, {args.steps} steps x {args.batch_size} chunks, Adam {args.lr}, clip {args.clip}, "
-          f"dropout {args.dropout}, seed {args.seed}; valid.txt)\n")
-    print("| variant | ppl paper | ppl causal | ppl paper, another chunk's context | perplexity reduction vs LSTM (paper) "
-          "| part from own topics | H(t)/log T | max t | topics that are some argmax |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for name, r in results.items():
+            result, model = train_variant(name, args, tok, topic_tok, train_docs, dev_docs, mdir)
+            write(path, result)
+        measure(name, model, result, args, tok, topic_tok, valid_docs, reference, path)
         if name == "lstm":
-            print(f"| LSTM | {r['paper']:.2f} | {r['causal']:.2f} | - | - | - | - | - | - |")
             continue
-        gain = lstm["paper"] - r["paper"]
-        own = r["paper-mismatched"] - r["paper"]
-        share = f"{own / gain:.0%}" if gain > 0 else "-"
-        stats = [f"{r[k]:.3f}" if k in r else "-" for k in ("t_entropy", "t_max")] + [str(r.get("t_argmax_topics", "-"))]
-        print(f"| {name} | {r['paper']:.2f} | {r['causal']:.2f} | {r['paper-mismatched']:.2f} | "
-              f"{100 * gain / lstm['paper']:+.1f} % | {own:.2f} ({share}) | " + " | ".join(stats) + " |")
-    print()
-    steering = {name: r["steering"] for name, r in results.items() if "steering" in r}
+        for scale in args.guidance_scales:
+            key = f"{scale:g}"
+            if key in result.get("steering", {}):
+                continue
+            r = steer(model, args, tok, topic_tok, judge, fluency(), topic_guidance_scale=scale)
+            result.setdefault("steering", {})[key] = r
+            write(path, result)
+            print(f"   {name}, guidance {key}: LDA judge {r['accuracy_lda']:.3f}, own {r['accuracy_own']:.3f}, lift "
+                  f"{r['lift'] or 0:.2f}, fluency ratio {r['fluency_ratio'] or 0:.2f}", flush=True)
+    print_tables(out, names, args)
+
+
+def read(mdir: Path) -> dict:
+    return json.loads((mdir / "result.json").read_text())
+
+
+def print_tables(out: Path, names, args) -> None:
+    results = {n: read(out / n) for n in names if (out / n / "result.json").exists()}
+    lstm = results.get("lstm")
+    print(f"\n### Steering and topic use on APNEWS (valid.txt; E = H = {args.embedding_size}/{args.hidden_size}, "
+          f"T = {args.num_topics}, {args.steps} steps x {args.batch_size} chunks, Adam {args.lr}, dropout "
+          f"{args.dropout}, seed {args.seed}; stopped at the step budget, not converged)\n")
+    print("| variant | pre-training (steps, what stopped it) | ppl paper | ppl causal | vs LSTM (causal) | own topics "
+          "(ablation - paper) | NPMI | diversity |")
+    print("|---|---|---|---|---|---|---|---|")
     for name, r in results.items():
-        for scale, result in r.get("steering_by_lambda_scale", {}).items():
-            steering[f"{name}, lambda x {scale} ({r['lambda'] * float(scale):.2f})"] = result
-    print(format_steering_table(steering))
-    for name, r in results.items():
-        if "steering" not in r:
+        if "paper" not in r:
             continue
-        print(f"\n{name}: steered samples")
-        for row in r["steering"]["per_topic"][:3]:
+        pre = r.get("pretraining")
+        pre_cell = f"{pre['steps']} ({pre['stopped_by']})" if pre else "-"
+        own = f"{r['paper-mismatched'] - r['paper']:.2f}" if "paper-mismatched" in r else "-"
+        versus = f"{100 * (lstm['causal'] - r['causal']) / lstm['causal']:+.1f} %" if lstm and "paper" in lstm \
+            and name != "lstm" else "-"
+        topics = r.get("topics") or {}
+        print(f"| {name} | {pre_cell} | {r['paper']:.2f} | {r['causal']:.2f} | {versus} | {own} | "
+              f"{topics.get('npmi', float('nan')):.3f} | {topics.get('diversity', float('nan')):.2f} |")
+    steering = {f"{name}, s = {scale}": s for name, r in results.items()
+                for scale, s in r.get("steering", {}).items()}
+    if steering:
+        print()
+        print(format_steering_table(steering))
+    for name, r in results.items():
+        if not r.get("steering"):
+            continue
+        best = max(r["steering"], key=lambda s: r["steering"][s]["accuracy_lda"] or 0)
+        print(f"\n{name}: steered samples at guidance {best}")
+        for row in r["steering"][best]["per_topic"][:3]:
             print(f"- topic {row['topic']} ({' '.join(row['top_words'][:8])}): {row['texts'][0]}")
 
 

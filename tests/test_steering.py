@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import MALLET, requires_data
+from conftest import requires_data
 
 from topic_lm_hf import (LSTMLMConfig, LSTMLMForCausalLM, TCNLMConfig, TCNLMForCausalLM, TopicContextCollator,
                          TopicRNNConfig, TopicRNNForCausalLM, build_vocabularies, save_vocabularies,
@@ -190,3 +190,21 @@ def test_steering_evaluation_on_apnews_from_a_saved_folder(apnews, tmp_path, cap
     saved = json.loads((tmp_path / "steer.json").read_text())
     assert [row["topic"] for row in saved["per_topic"]] == [0, 5] and "100 documents" in saved["judge"]
     assert saved["fluency_ppl_steered"] > 1
+
+
+def test_guided_steering_is_measured_with_the_scale_it_names(apnews):
+    """evaluate_steering(topic_guidance_scale=s) generates the steered texts with guidance s (the unconditioned ones
+    without), and records s in its protocol."""
+    tok, topic_tok = apnews["tok"], apnews["topic_tok"]
+    torch.manual_seed(0)
+    model = TCNLMForCausalLM(TCNLMConfig.from_tokenizers(tok, topic_tok, num_topics=4, embedding_size=16,
+                                                         hidden_size=16, encoder_hidden_size=16,
+                                                         topic_embedding_size=8)).eval()
+    settings = dict(topics=[1, 2], num_samples=2, max_new_tokens=6, tokenizer=tok, topic_tokenizer=topic_tok)
+    plain = evaluate_steering(model, **settings)
+    same = evaluate_steering(model, **settings, topic_guidance_scale=1.0)
+    guided = evaluate_steering(model, **settings, topic_guidance_scale=8.0)
+    assert same["per_topic"][0]["texts"] == plain["per_topic"][0]["texts"]
+    assert guided["unconditioned_texts"] == plain["unconditioned_texts"]
+    assert guided["per_topic"][0]["texts"] != plain["per_topic"][0]["texts"]
+    assert guided["protocol"]["topic_guidance_scale"] == 8.0 and plain["protocol"]["topic_guidance_scale"] is None

@@ -207,6 +207,9 @@ def make_config(model_args: ModelArguments) -> PretrainedConfig:
                     raise ValueError(f"--config_overrides: {type(config).__name__} has no {key}")
             elif isinstance(prop, property) and prop.fset is None:  # derived: the class names what to set instead
                 values[key] = json.loads(text) if re.fullmatch(r"-?\d+(\.\d*)?", text) else text
+            elif hasattr(config, key) and getattr(config, key) is None:  # an option off by default: no type to follow
+                values[key] = None if text in ("None", "null") else (
+                    json.loads(text) if re.fullmatch(r"-?\d+(\.\d*)?|true|false", text) else text)
             else:
                 try:  # transformers' parser: the key must exist, the value takes the current one's type
                     config.update_from_string(f"{key}={text}")

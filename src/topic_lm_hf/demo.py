@@ -161,7 +161,7 @@ def run_demo(args: DemoArguments, fast: FastPathArguments | None = None) -> None
     topic_rows = topic_collator.prepare(train_docs)
 
     start = phase(2, total, f"pre-training TCNLM's topic model on bags of words ({TOPIC_PRETRAINING_STEPS} steps)")
-    losses = pretrain_topic_model(tcnlm, topic_rows, topic_collator, TOPIC_PRETRAINING_STEPS, learning_rate=3e-3)
+    losses = pretrain_topic_model(tcnlm, topic_rows, topic_collator, TOPIC_PRETRAINING_STEPS, learning_rate=3e-3).losses
     print(f"       topic-model loss per word {losses[0]:.2f} -> {losses[-1]:.2f} ({done(start)})", flush=True)
 
     start = phase(3, total, f"training TCNLM ({TCNLM_OPTIONS['num_topics']} topics) for {args.train_seconds:.0f} s, "

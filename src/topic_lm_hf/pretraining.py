@@ -1,54 +1,133 @@
-"""Pre-training a model's topic model on bags of words before joint training.
+"""Pre-training a model's topic model on bags of words before the language model joins.
 
 A topic-guided LM trained jointly from scratch starts with random topics, and its LM learns early
 on to ignore topic proportions that carry no information. Training the topic model alone first
-(a few hundred Adam steps on the context bags of words, seconds on a CPU) gives the LM informative
-proportions from its first step; ``scripts/benchmark_steering.py`` measures what that does to
-steering and perplexity. Works for every model with ``topic_model_loss(context_bow)`` and
-``topic_model_parameters()`` (TCNLM).
+gives the LM informative proportions from its first step. Every topic family has the two methods
+this needs: ``topic_model_loss(context_bow, ...)`` (its topic model's own objective per context
+word) and ``topic_model_parameters()``:
+
+* TCNLM: the neural topic model (encoder, g(theta), beta), its ELBO and diversity term;
+* NCLM: the NVDM (and ``diversity_weight``'s term against redundant topics);
+* TopicRNN / TopicLSTM / TopicGRU: the inference network with B, under the bag-of-words likelihood
+  softmax(B theta) (not in the paper's ELBO, where B learns only through the LM);
+* rGBN-RNN / GBN-RNN: the Weibull encoder by gradient, Phi and Pi by TLASGR-MCMC after every
+  optimizer step (on a documents batch the sentences are read in order).
+
+With ``eval_dataset`` the run stops when the objective on it has not improved for ``patience``
+evaluations and the best topic model is kept; ``steps`` is then a cap.
 """
 
 from __future__ import annotations
 
+import copy
 import math
+from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import torch
 
 
+@dataclass
+class TopicPretrainingResult:
+    """What :func:`pretrain_topic_model` did: the loss of every step, the development objective at every
+    evaluation as ``(step, loss)``, the step whose topic model was kept, and what stopped the run
+    (``"patience"``: the development objective stopped improving; ``"steps"``: the cap)."""
+
+    losses: list[float] = field(default_factory=list)
+    dev_losses: list[tuple[int, float]] = field(default_factory=list)
+    best_step: Optional[int] = None
+    stopped_by: str = "steps"
+
+    @property
+    def steps(self) -> int:
+        return len(self.losses)
+
+    @property
+    def best_dev_loss(self) -> Optional[float]:
+        return min((loss for _, loss in self.dev_losses), default=None)
+
+
+def _topic_inputs(model, batch: dict) -> dict:
+    names = getattr(model, "topic_model_inputs", ("context_bow",))
+    if "context_bow" not in batch:
+        raise ValueError("The collator gives no context_bow: build it with a context mode other than 'none'")
+    return {name: batch[name] for name in names if batch.get(name) is not None}
+
+
+@torch.no_grad()
+def topic_model_objective(model, dataset, collator, batch_size: int = 64) -> float:
+    """The topic model's objective per context word on ``dataset`` (evaluation mode: no sampling, no TLASGR
+    update), each batch weighted by its number of context words."""
+    was_training = model.training
+    model.eval()
+    total = words = 0.0
+    for start in range(0, len(dataset), batch_size):
+        batch = collator([dataset[i] for i in range(start, min(start + batch_size, len(dataset)))])
+        inputs = _topic_inputs(model, batch)
+        n = float(inputs["context_bow"].sum())
+        total += float(model.topic_model_loss(**inputs)) * n
+        words += n
+    model.train(was_training)
+    return total / max(words, 1.0)
+
+
 def pretrain_topic_model(model, dataset, collator, steps: int, learning_rate: float = 2e-3, batch_size: int = 64,
-                         max_grad_norm: float = 5.0, seed: int = 0,
-                         callback: Optional[Callable[[int, float], None]] = None) -> list[float]:
-    """Train only the topic model of ``model`` on the ``context_bow`` of ``collator`` batches.
+                         max_grad_norm: float = 5.0, seed: int = 0, eval_dataset=None, eval_every: int = 100,
+                         patience: int = 3, callback: Optional[Callable[[int, float], None]] = None
+                         ) -> TopicPretrainingResult:
+    """Train only the topic model of ``model`` on the ``context_bow`` of ``collator`` batches (Adam).
 
     Args:
-        model: a topic model with ``topic_model_loss`` and ``topic_model_parameters``.
+        model: a topic family's causal LM (it has ``topic_model_loss`` and ``topic_model_parameters``).
         dataset: rows prepared by ``collator.prepare(documents)`` (with a context mode other than "none").
         collator: the :class:`~topic_lm_hf.TopicContextCollator` that prepared them.
-        steps: Adam steps; each reads ``batch_size`` rows drawn at random (seeded).
+        steps: the most Adam steps; each reads ``batch_size`` rows drawn at random (seeded).
+        eval_dataset: development rows (same collator): every ``eval_every`` steps the objective on them is
+            measured; the run stops after ``patience`` evaluations without improvement, and the topic model of
+            the best evaluation is restored. None: ``steps`` steps, the last topic model kept.
         callback: called as ``callback(step, loss)`` after every step (progress display).
 
     Returns:
-        The loss of every step. The LM's weights are untouched; the model is left in training mode.
+        A :class:`TopicPretrainingResult`. The LM's weights are untouched; the model is left in training mode.
     """
     for method in ("topic_model_loss", "topic_model_parameters"):
         if not hasattr(model, method):
             raise ValueError(f"{type(model).__name__} has no {method}(): its topic model cannot be pre-trained")
-    if steps < 0 or batch_size < 1:
-        raise ValueError(f"steps must be >= 0 and batch_size >= 1, got {steps}, {batch_size}")
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0 or batch_size < 1:
+        raise ValueError(f"steps must be an integer >= 0 and batch_size >= 1, got {steps!r}, {batch_size!r}")
+    if eval_dataset is not None and (eval_every < 1 or patience < 1):
+        raise ValueError(f"eval_every and patience must be >= 1, got {eval_every!r}, {patience!r}")
     if len(dataset) == 0:
         raise ValueError("pretrain_topic_model needs a non-empty dataset")
+    if eval_dataset is not None and len(eval_dataset) == 0:
+        raise ValueError("eval_dataset is empty: give development rows, or None to train for `steps` steps")
+    set_corpus_size = getattr(model, "set_training_corpus_size", None)
+    if set_corpus_size is not None:  # rGBN-RNN's TLASGR-MCMC scales minibatch statistics to the corpus
+        set_corpus_size(len(dataset))
     params = model.topic_model_parameters()
     optimizer = torch.optim.Adam(params, lr=learning_rate)
     generator = torch.Generator().manual_seed(seed)
+    result = TopicPretrainingResult()
+    best_state = None
+
+    def evaluate(step: int) -> bool:
+        """Record the development objective after ``step`` steps; True when the run should stop."""
+        nonlocal best_state
+        loss = topic_model_objective(model, eval_dataset, collator, batch_size)
+        if result.best_dev_loss is None or loss < result.best_dev_loss:
+            result.best_step = step
+            best_state = copy.deepcopy(model.state_dict())
+        result.dev_losses.append((step, loss))
+        since_best = sum(1 for s, _ in result.dev_losses if s > result.best_step)
+        return since_best >= patience
+
     model.train()
-    losses = []
+    if eval_dataset is not None:
+        evaluate(0)  # the topic model as it starts (patience >= 1: never a reason to stop)
     for step in range(steps):
         rows = torch.randint(len(dataset), (batch_size,), generator=generator).tolist()
         batch = collator([dataset[i] for i in rows])
-        if "context_bow" not in batch:
-            raise ValueError("The collator gives no context_bow: build it with a context mode other than 'none'")
-        loss = model.topic_model_loss(batch["context_bow"])
+        loss = model.topic_model_loss(**_topic_inputs(model, batch))
         value = float(loss.detach())
         if not math.isfinite(value):
             raise FloatingPointError(f"Topic-model pre-training loss is {value} at step {step}: lower the learning rate")
@@ -56,7 +135,17 @@ def pretrain_topic_model(model, dataset, collator, steps: int, learning_rate: fl
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
         optimizer.step()
-        losses.append(value)
+        result.losses.append(value)
         if callback is not None:
             callback(step, value)
-    return losses
+        done = step + 1
+        if eval_dataset is not None and (done % eval_every == 0 or done == steps):
+            if evaluate(done):
+                result.stopped_by = "patience"
+                break
+    if best_state is not None and result.best_step != result.steps:
+        model.load_state_dict(best_state)
+    if eval_dataset is None:
+        result.best_step = result.steps
+    model.train()
+    return result

@@ -200,7 +200,8 @@ def evaluate_steering(model, topics: Optional[Sequence[int]] = None, num_topics_
                       num_samples: int = 20, max_new_tokens: int = 30, tokenizer=None, topic_tokenizer=None,
                       judge: Optional[LDAJudge] = None, fluency_model=None, top_words: int = 50,
                       do_sample: bool = True, top_p: float = 0.9, top_k: Optional[int] = None,
-                      temperature: float = 1.0, seed: int = 0, keep_texts: int = 3) -> dict[str, Any]:
+                      temperature: float = 1.0, seed: int = 0, keep_texts: int = 3,
+                      topic_guidance_scale: Optional[float] = None) -> dict[str, Any]:
     """Steering evaluation of a topic model (see the module docstring for the protocol).
 
     Args:
@@ -219,6 +220,9 @@ def evaluate_steering(model, topics: Optional[Sequence[int]] = None, num_topics_
         do_sample, top_p, top_k, temperature: the decoding (nucleus sampling by default, as PPLM).
         seed: seeds the topic sample and each condition's sampling (reproducible).
         keep_texts: generated texts kept per topic in the result (for display).
+        topic_guidance_scale: decode-time topic guidance of the steered texts (``generate(topic_ids=[k],
+            topic_guidance_scale=s)``); None or 1: plain conditioned generation. The unconditioned texts are
+            never guided.
 
     Returns:
         ``{"accuracy_own", "accuracy_own_topics", "accuracy_lda", "chance", "share_steered", "share_unconditioned", "lift",
@@ -249,9 +253,10 @@ def evaluate_steering(model, topics: Optional[Sequence[int]] = None, num_topics_
 
     generation_kwargs = {"do_sample": do_sample, "temperature": temperature}
     if do_sample:
+        # top_k=None is nucleus sampling alone: transformers would otherwise apply its default top_k = 50, which
+        # on a near-uniform distribution keeps exactly the 50 words a topic favours most (a steering artefact).
         generation_kwargs["top_p"] = top_p
-        if top_k is not None:
-            generation_kwargs["top_k"] = top_k
+        generation_kwargs["top_k"] = 0 if top_k is None else top_k
     special = {tokenizer.pad_token_id, tokenizer.bos_token_id}
     eos_id = tokenizer.eos_token_id
     # Topic words as LM tokens: the topic vocabulary's words are LM words.
@@ -290,8 +295,9 @@ def evaluate_steering(model, topics: Optional[Sequence[int]] = None, num_topics_
         per_topic = []
         steer_nll, steer_n = 0.0, 0
         for k in topics:
+            guidance = {} if topic_guidance_scale is None else {"topic_guidance_scale": topic_guidance_scale}
             texts, ids = decode(_sample(model, num_samples, max_new_tokens, generation_kwargs, seed + 1 + k,
-                                        topic_ids=[k]))
+                                        topic_ids=[k], **guidance))
             bows = make_bow(texts, topic_tokenizer)  # (n, V_c)
             has_words = bows.sum(1) > 0
             own = model.infer_topics(bows.to(model.device)).float().argmax(-1).cpu()
@@ -346,6 +352,7 @@ def evaluate_steering(model, topics: Optional[Sequence[int]] = None, num_topics_
                      "decoding": ({"top_p": top_p, "top_k": top_k, "temperature": temperature} if do_sample
                                   else "greedy"),
                      "start": "<bos>", "top_words": top_words, "seed": seed,
+                     "topic_guidance_scale": topic_guidance_scale,
                      "own_judge": "argmax of model.infer_topics(bag of words)",
                      "own_topics_judge": "argmax_k sum_w n_w log p(w | topic k)",
                      "fluency_model": getattr(fluency_model, "name_or_path", None) or

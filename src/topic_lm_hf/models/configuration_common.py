@@ -51,6 +51,20 @@ def config_kwargs_from_tokenizers(tokenizer, topic_tokenizer, **kwargs) -> dict:
             "topic_word_ids": topic_word_ids_from_tokenizers(tokenizer, topic_tokenizer), **kwargs}
 
 
+def check_topic_output_prior(topic_output_bias, topic_prior_weight_init, allowed=(None, "beta")):
+    """``(topic_output_bias, float(topic_prior_weight_init))`` checked: the value must be one of ``allowed``
+    (``"beta"`` is the shared topic output prior, :class:`~topic_lm_hf.models.modeling_conditioning.TopicWordPriorMixin`;
+    a config saved with ``False`` reads as ``None``), and lambda's initial value a finite number."""
+    if topic_output_bias is False:  # configs saved when this was a flag
+        topic_output_bias = None
+    if topic_output_bias not in allowed:
+        raise ValueError(f"topic_output_bias must be one of {tuple(allowed)}, got {topic_output_bias!r}")
+    if isinstance(topic_prior_weight_init, bool) or not isinstance(topic_prior_weight_init, numbers.Real) \
+            or topic_prior_weight_init != topic_prior_weight_init or abs(topic_prior_weight_init) == float("inf"):
+        raise ValueError(f"topic_prior_weight_init must be a finite number, got {topic_prior_weight_init!r}")
+    return topic_output_bias, float(topic_prior_weight_init)
+
+
 class CompactReprMixin:
     """``print(config)`` shows a long list (``topic_word_ids``, a sense inventory) by its first entries and its
     length, so the printed form stays readable; ``save_pretrained`` and ``to_dict`` keep every entry."""

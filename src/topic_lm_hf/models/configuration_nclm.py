@@ -3,7 +3,7 @@
 from transformers import PretrainedConfig
 
 from .configuration_common import (KEYS_TO_IGNORE_AT_INFERENCE, ClassifierConfigMixin, CompactReprMixin,
-                                   TopicConfigMixin, check_integers)
+                                   TopicConfigMixin, check_integers, check_topic_output_prior)
 
 VARIANTS = ("lta", "eta", "leta")
 SDT_MODES = ("prefix", "minus_target")
@@ -68,6 +68,15 @@ class NCLMConfig(TopicConfigMixin, ClassifierConfigMixin, CompactReprMixin, Pret
             the official code (0.01 for APNEWS and BNC, 0.1 for IMDB); see the modeling module.
         topic_word_ids: the LM id of every topic-vocabulary entry (-1 for the topic ``<unk>``); set by
             :meth:`from_tokenizers`. Needed by ``etr_embedding="lm"`` and by the sentence topics.
+        diversity_weight: lambda of TCNLM's diversity regulariser (Wang et al. 2018), here on the decoder rows
+            W_k: the loss gets ``- diversity_weight * (mean - variance)`` of the pairwise angles between topics,
+            against the NVDM's redundant topics (the same topic learnt several times). Not in the NCLM paper;
+            0 = the paper.
+        topic_output_bias, topic_prior_weight_init: ``"beta"`` adds the shared topic output prior
+            (:class:`~topic_lm_hf.models.modeling_conditioning.TopicWordPriorMixin`, not in the paper):
+            lambda * log(V_c p(w | h)) at every topic word, p(w | h) = softmax(W h + b) the NVDM decoder at the
+            document's proportions h, lambda learned from ``topic_prior_weight_init``. Needs h: the ``"lta"``
+            and ``"leta"`` variants. ``None``: the paper.
         initializer_range: scale r of the uniform initialisation U(-r, r) of the LM.
         tie_word_embeddings: share the input embeddings and the output matrix (needs E == H).
         classifier_*, freeze_backbone: the head of the ``*ForSequenceClassification`` model
@@ -89,7 +98,8 @@ class NCLMConfig(TopicConfigMixin, ClassifierConfigMixin, CompactReprMixin, Pret
                  num_hidden_layers=1, dropout=0.4, variant="lta", sentence_topics=False, sdt_mode="prefix",
                  etr_top_n=20, etr_weighting="proportions", etr_selection="masked_topk", etr_embedding="lm",
                  etr_embedding_size=None, etr_mask_includes_current_sentence=False, alpha=0.01, topic_word_ids=None,
-                 initializer_range=0.1, tie_word_embeddings=False, use_cache=True, pad_token_id=0, bos_token_id=2,
+                 initializer_range=0.1, tie_word_embeddings=False, diversity_weight=0.0, topic_output_bias=None,
+                 topic_prior_weight_init=0.0, use_cache=True, pad_token_id=0, bos_token_id=2,
                  eos_token_id=3, unk_token_id=1, **kwargs):
         check_integers(1, vocab_size=vocab_size, topic_vocab_size=topic_vocab_size, num_topics=num_topics,
                        encoder_hidden_size=encoder_hidden_size, embedding_size=embedding_size, hidden_size=hidden_size,
@@ -115,6 +125,13 @@ class NCLMConfig(TopicConfigMixin, ClassifierConfigMixin, CompactReprMixin, Pret
                     or etr_embedding_size < 1:
                 raise ValueError("etr_embedding='frozen' needs etr_embedding_size, the width of the matrix given to "
                                  f"set_etr_embeddings, got {etr_embedding_size!r}")
+        if not diversity_weight >= 0:
+            raise ValueError(f"diversity_weight must be >= 0, got {diversity_weight!r}")
+        topic_output_bias, topic_prior_weight_init = check_topic_output_prior(topic_output_bias,
+                                                                              topic_prior_weight_init)
+        if topic_output_bias and variant == "eta":
+            raise ValueError("topic_output_bias='beta' reads the proportions h of the latent representation: use "
+                             "variant='lta' or 'leta' (ETA has none)")
         if tie_word_embeddings and embedding_size != hidden_size:
             raise ValueError(f"tie_word_embeddings needs embedding_size == hidden_size (the output layer reads the "
                              f"H-dimensional composition), got {embedding_size} and {hidden_size}")
@@ -141,6 +158,9 @@ class NCLMConfig(TopicConfigMixin, ClassifierConfigMixin, CompactReprMixin, Pret
         self.topic_word_ids = self.checked_topic_word_ids(topic_word_ids, topic_vocab_size, vocab_size)
         self.initializer_range = initializer_range
         self.tie_word_embeddings = tie_word_embeddings
+        self.diversity_weight = float(diversity_weight)
+        self.topic_output_bias = topic_output_bias
+        self.topic_prior_weight_init = topic_prior_weight_init
         self.use_cache = use_cache
         kwargs = self._pop_classifier_settings(kwargs)
         super().__init__(pad_token_id=pad_token_id, bos_token_id=bos_token_id, eos_token_id=eos_token_id,

@@ -3,7 +3,7 @@
 from transformers import PretrainedConfig
 
 from .configuration_common import (KEYS_TO_IGNORE_AT_INFERENCE, ClassifierConfigMixin, CompactReprMixin,
-                                   TopicConfigMixin, check_integers)
+                                   TopicConfigMixin, check_integers, check_topic_output_prior)
 
 COUPLINGS = ("same", "reversed")
 GATES = ("paper", "official")
@@ -59,6 +59,11 @@ class RGBNRNNConfig(TopicConfigMixin, ClassifierConfigMixin, CompactReprMixin, P
         eval_theta: theta outside training: ``"mean"`` (lambda Gamma(1 + 1/k), deterministic) or ``"sample"``
             (one Weibull draw, as the code).
         initializer_range: r of the uniform initialisation U(-r, r) of the LM and gate weights (0.05, the code's).
+        topic_output_bias, topic_prior_weight_init: ``"beta"`` adds the shared topic output prior
+            (:class:`~topic_lm_hf.models.modeling_conditioning.TopicWordPriorMixin`, not in the paper):
+            lambda * log(V_c p(w | theta^1)) at every topic word, p(w | theta^1) = Phi^1 theta^1 normalised (the
+            first layer's Poisson rate of the sentence's words as a distribution), lambda learned from
+            ``topic_prior_weight_init``. ``None``: the paper.
         tie_word_embeddings: not supported (the output layer reads sum_l H_l features).
         classifier_*, freeze_backbone: the head of :class:`RGBNRNNForSequenceClassification`
             (:class:`~topic_lm_hf.models.configuration_common.ClassifierConfigMixin`).
@@ -77,7 +82,8 @@ class RGBNRNNConfig(TopicConfigMixin, ClassifierConfigMixin, CompactReprMixin, P
                  theta_normalization="max", topic_learning="tlasgr", tau0=1.0, eta_phi=0.1, eta_pi=1.0,
                  tlasgr_step_tau=20.0, tlasgr_step_kappa=0.7, tlasgr_step_epsilon=1.0, tlasgr_fisher_kappa=0.9,
                  tlasgr_corpus_size=None, tlasgr_seed=0, loss_preset="elbo", k_min=0.1, k_max=10.0, eval_theta="mean",
-                 topic_word_ids=None, initializer_range=0.05, tie_word_embeddings=False, use_cache=True,
+                 topic_word_ids=None, initializer_range=0.05, tie_word_embeddings=False, topic_output_bias=None,
+                 topic_prior_weight_init=0.0, use_cache=True,
                  pad_token_id=0, bos_token_id=2, eos_token_id=3, unk_token_id=1, **kwargs):
         for name, instead in (("num_topics", "topic_sizes"), ("hidden_size", "hidden_sizes"),
                               ("num_hidden_layers", "len(topic_sizes)")):
@@ -123,6 +129,8 @@ class RGBNRNNConfig(TopicConfigMixin, ClassifierConfigMixin, CompactReprMixin, P
             raise ValueError(f"k_max must exceed k_min, got k_min={k_min!r}, k_max={k_max!r}")
         if tlasgr_corpus_size is not None:
             check_integers(1, tlasgr_corpus_size=tlasgr_corpus_size)
+        topic_output_bias, topic_prior_weight_init = check_topic_output_prior(topic_output_bias,
+                                                                              topic_prior_weight_init)
         if tie_word_embeddings:
             raise ValueError("tie_word_embeddings is not supported: the output layer reads the concatenation of all "
                              "layers' outputs (sum of hidden_sizes), not an embedding")
@@ -154,6 +162,8 @@ class RGBNRNNConfig(TopicConfigMixin, ClassifierConfigMixin, CompactReprMixin, P
         self.topic_word_ids = self.checked_topic_word_ids(topic_word_ids, topic_vocab_size, vocab_size)
         self.initializer_range = float(initializer_range)
         self.tie_word_embeddings = False
+        self.topic_output_bias = topic_output_bias
+        self.topic_prior_weight_init = topic_prior_weight_init
         self.use_cache = use_cache
         kwargs = self._pop_classifier_settings(kwargs)
         super().__init__(pad_token_id=pad_token_id, bos_token_id=bos_token_id, eos_token_id=eos_token_id,

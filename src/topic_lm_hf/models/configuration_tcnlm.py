@@ -3,7 +3,7 @@
 from transformers import PretrainedConfig
 
 from .configuration_common import (KEYS_TO_IGNORE_AT_INFERENCE, ClassifierConfigMixin, CompactReprMixin,
-                                   TopicConfigMixin, check_integers)
+                                   TopicConfigMixin, check_integers, check_topic_output_prior)
 
 LM_TYPES = ("tcnlm", "naive_moe")
 TOPIC_LOSS_NORMALIZATIONS = ("context_tokens", "lm_tokens")
@@ -109,12 +109,11 @@ class TCNLMConfig(TopicConfigMixin, ClassifierConfigMixin, CompactReprMixin, Pre
             raise ValueError(f"initializer_range must be positive, got {initializer_range!r}")
         if topic_factor_spread is not None and not 0 <= topic_factor_spread:
             raise ValueError(f"topic_factor_spread must be >= 0 or None, got {topic_factor_spread!r}")
-        if topic_output_bias is False:  # configs saved when this was a flag
-            topic_output_bias = None
-        elif topic_output_bias is True:
+        if topic_output_bias is True:  # configs saved when this was a flag
             topic_output_bias = "learned"
-        if topic_output_bias not in TOPIC_OUTPUT_BIASES:
-            raise ValueError(f"topic_output_bias must be one of {TOPIC_OUTPUT_BIASES}, got {topic_output_bias!r}")
+        topic_output_bias, topic_prior_weight_init = check_topic_output_prior(topic_output_bias,
+                                                                              topic_prior_weight_init,
+                                                                              TOPIC_OUTPUT_BIASES)
         if topic_output_bias and lm_type != "tcnlm":
             raise ValueError(f"topic_output_bias needs lm_type='tcnlm', got {lm_type!r}")
         if lm_topic_input not in LM_TOPIC_INPUTS:
@@ -140,7 +139,7 @@ class TCNLMConfig(TopicConfigMixin, ClassifierConfigMixin, CompactReprMixin, Pre
         self.topic_factor_spread = None if topic_factor_spread is None else float(topic_factor_spread)
         self.lm_topic_input = lm_topic_input
         self.topic_output_bias = topic_output_bias
-        self.topic_prior_weight_init = float(topic_prior_weight_init)
+        self.topic_prior_weight_init = topic_prior_weight_init
         self.topic_word_ids = self.checked_topic_word_ids(topic_word_ids, topic_vocab_size, vocab_size)
         self.use_cache = use_cache
         kwargs = self._pop_classifier_settings(kwargs)

@@ -7,7 +7,7 @@ from typing import Optional, Sequence
 from transformers import PretrainedConfig
 
 from .configuration_common import (KEYS_TO_IGNORE_AT_INFERENCE, ClassifierConfigMixin, CompactReprMixin,
-                                   TopicConfigMixin, check_integers)
+                                   TopicConfigMixin, check_integers, check_topic_output_prior)
 
 CELLS = ("rnn", "lstm", "gru")
 
@@ -43,6 +43,16 @@ class TopicRNNConfig(TopicConfigMixin, ClassifierConfigMixin, CompactReprMixin, 
         kl_free_bits: free bits (Kingma et al. 2016), in nats per topic dimension and document: in
             ``loss`` each dimension's batch-mean KL counts as max(kl_free_bits, KL_k), so the optimiser
             gains nothing by collapsing a dimension below it. 0 = the exact ELBO (the paper).
+        bow_loss_weight: w of a bag-of-words likelihood term added to the loss, w * -sum_w n_w log p(w | theta)
+            over the context's topic words with p(w | theta) = softmax(B theta) over the topic words, per
+            predicted token (as the KL). Not in the paper's ELBO (a departure, like NCLM's alpha term): it gives
+            the inference network and B a signal from the document's words themselves, against the posterior
+            collapse. 0 = the paper. :meth:`TopicRNNForCausalLM.topic_model_loss` is this term plus the KL, per
+            context word, the objective of :func:`~topic_lm_hf.pretrain_topic_model`.
+        topic_output_bias, topic_prior_weight_init: ``"beta"`` adds the shared topic output prior
+            (:class:`~topic_lm_hf.models.modeling_conditioning.TopicWordPriorMixin`, not in the paper):
+            lambda * log(V_c p(w | theta)) at every topic word, p(w | theta) = softmax(B theta) over the topic
+            words, lambda learned from ``topic_prior_weight_init``. ``None``: the paper.
         dropout: dropout on embeddings, between recurrent layers and before the output layers
             (the paper uses none).
         feature_log_sigma: the document topic representation (``document_topic_representation``, the
@@ -72,7 +82,8 @@ class TopicRNNConfig(TopicConfigMixin, ClassifierConfigMixin, CompactReprMixin, 
                  num_hidden_layers: int = 1, num_topics: int = 50, inference_hidden_size: int = 200,
                  inference_num_layers: int = 2, inference_input: str = "counts", max_log_sigma: float = 10.0,
                  kl_weight: float = 1.0, kl_annealing_steps: int = 0, kl_free_bits: float = 0.0,
-                 dropout: float = 0.0,
+                 dropout: float = 0.0, bow_loss_weight: float = 0.0, topic_output_bias: Optional[str] = None,
+                 topic_prior_weight_init: float = 0.0,
                  feature_log_sigma: bool = True, initializer_range: float = 0.1,
                  use_cache: bool = True, pad_token_id: int = 0, bos_token_id: int = 2, eos_token_id: int = 3,
                  unk_token_id: int = 1, steering_scale: float = 3.0, **kwargs):
@@ -91,6 +102,10 @@ class TopicRNNConfig(TopicConfigMixin, ClassifierConfigMixin, CompactReprMixin, 
             raise ValueError(f"steering_scale must be positive, got {steering_scale!r}")
         if not kl_free_bits >= 0:
             raise ValueError(f"kl_free_bits must be >= 0, got {kl_free_bits!r}")
+        if not bow_loss_weight >= 0:
+            raise ValueError(f"bow_loss_weight must be >= 0, got {bow_loss_weight!r}")
+        topic_output_bias, topic_prior_weight_init = check_topic_output_prior(topic_output_bias,
+                                                                              topic_prior_weight_init)
         if not kl_weight >= 0:
             raise ValueError(f"kl_weight must be >= 0, got {kl_weight}")
         check_integers(0, kl_annealing_steps=kl_annealing_steps)
@@ -110,6 +125,9 @@ class TopicRNNConfig(TopicConfigMixin, ClassifierConfigMixin, CompactReprMixin, 
         self.kl_annealing_steps = kl_annealing_steps
         self.kl_free_bits = float(kl_free_bits)
         self.dropout = dropout
+        self.bow_loss_weight = float(bow_loss_weight)
+        self.topic_output_bias = topic_output_bias
+        self.topic_prior_weight_init = topic_prior_weight_init
         self.feature_log_sigma = feature_log_sigma
         self.initializer_range = initializer_range
         self.steering_scale = float(steering_scale)

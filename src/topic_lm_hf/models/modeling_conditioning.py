@@ -8,6 +8,7 @@ Notation: b batch, k topics asked for per row, T topics, V LM vocabulary, V_c to
 
 from __future__ import annotations
 
+import math
 import numbers
 from typing import Optional
 
@@ -395,6 +396,64 @@ def lm_to_topic_index(module: nn.Module, config, device, validate=None) -> torch
 def topic_scores_to_vocab(scores: torch.Tensor, lm_to_topic: torch.Tensor) -> torch.Tensor:
     """Scores over the topic vocabulary (b, V_c) -> the LM vocabulary (b, V), 0 at words that are not topic words."""
     return F.pad(scores, (1, 0)).index_select(1, lm_to_topic + 1)  # column 0: the stop words' zero
+
+
+def angular_diversity(topic_rows: torch.Tensor) -> torch.Tensor:
+    """TCNLM's diversity regulariser R (Wang et al. 2018) of topic vectors (T, V_c): mean - variance of the pairwise
+    angles arccos(|a_i . a_j| / |a_i| |a_j|), i != j (0 for a single topic). Larger is more diverse."""
+    if topic_rows.shape[0] < 2:
+        return topic_rows.new_zeros(())  # no pair of topics: nothing to keep apart (T = 1)
+    rows = F.normalize(topic_rows.float(), dim=-1)
+    cosine = (rows @ rows.T).abs()  # (T, T)
+    off_diagonal = ~torch.eye(cosine.shape[0], dtype=torch.bool, device=cosine.device)
+    # Clamp below 1: arccos has an infinite derivative there (two identical topics).
+    angles = torch.arccos(cosine[off_diagonal].clamp(max=1.0 - 1e-6))
+    return angles.mean() - angles.var(unbiased=False)
+
+
+def topic_word_mask(module: nn.Module, config, device) -> torch.Tensor:
+    """(V_c,) bool: the topic-vocabulary entries that are LM words (not the topic ``<unk>``, not words the LM
+    lacks), from the cached :func:`lm_to_topic_index`."""
+    lm_to_topic = lm_to_topic_index(module, config, device)
+    mask = torch.zeros(config.topic_vocab_size, dtype=torch.bool, device=device)
+    mask[lm_to_topic[lm_to_topic >= 0]] = True
+    return mask
+
+
+class TopicWordPriorMixin:
+    """The shared topic output prior of every topic family (``config.topic_output_bias="beta"``; not in the papers).
+
+    A product of experts of the LM with its own topic model: the logits of every topic word w get
+    ``lambda * log(V_c p(w | t))``, where ``p(w | t)`` is the family's topic-word distribution at the topic
+    representation t the LM is conditioned on (TCNLM: beta^T t; NCLM: the NVDM decoder softmax(W h + b);
+    TopicRNN: softmax(B theta) over the topic words; rGBN-RNN: Phi^1 theta^1 normalised), V_c the number of topic
+    words the LM has (the ratio is to the uniform distribution, so an uninformative topic model adds 0), and
+    lambda one learned scalar (``topic_prior_weight``, from ``config.topic_prior_weight_init``). Stop words get 0.
+    With ``topic_ids`` the topic model's own topic k tilts the LM towards its words, which is what makes a
+    topic steer when the LM alone has learnt to ignore t.
+
+    A family provides ``topic_word_log_probs(t) -> (b, V_c)`` and calls :meth:`_init_topic_word_prior` in its
+    ``__init__``; ``RecurrentPreTrainedModel._init_weights`` sets lambda to its initial value."""
+
+    def _init_topic_word_prior(self) -> None:
+        on = getattr(self.config, "topic_output_bias", None) == "beta"
+        self.topic_prior_weight = nn.Parameter(torch.zeros(())) if on else None
+
+    def topic_word_log_probs(self, representation: torch.Tensor) -> torch.Tensor:
+        """log p(w | t) over the topic vocabulary (b, V_c) for the family's topic representation (b, .)."""
+        raise NotImplementedError
+
+    def topic_word_prior(self, representation: torch.Tensor) -> torch.Tensor:
+        """lambda * log(V_c p(w | t)) at every topic word of the LM vocabulary, 0 elsewhere: (b, .) -> (b, V)."""
+        ids = self.config.topic_word_ids
+        if ids is None:
+            raise ValueError("topic_output_bias='beta' needs config.topic_word_ids (the LM id of every topic word): "
+                             f"build the config with {type(self.config).__name__}.from_tokenizers(tokenizer, "
+                             "topic_tokenizer, ...)")
+        n_words = sum(i >= 0 for i in ids)
+        log_ratio = self.topic_word_log_probs(representation).float().clamp_min(math.log(1e-10)) + math.log(n_words)
+        prior = topic_scores_to_vocab(log_ratio, lm_to_topic_index(self, self.config, representation.device))
+        return self.topic_prior_weight.float() * prior
 
 
 TOPIC_TOKENIZER_SUBFOLDER = "topic_tokenizer"

@@ -63,8 +63,8 @@ from torch.nn import functional as F
 from transformers import GenerationMixin
 
 from .configuration_nclm import NCLMConfig
-from .modeling_conditioning import (TopicGenerationMixin, _broadcast_rows, lm_to_topic_index, normalize_topic_kwargs,
-                                    topic_ids_to_mixture, topic_vocabulary)
+from .modeling_conditioning import (TopicGenerationMixin, TopicWordPriorMixin, _broadcast_rows, angular_diversity,
+                                    lm_to_topic_index, normalize_topic_kwargs, topic_ids_to_mixture, topic_vocabulary)
 from .modeling_document import DocumentClassifierMixin, DocumentRepresentationDelegate, DocumentRepresentationMixin
 from .modeling_recurrent import (RecurrentBodyMixin, RecurrentPreTrainedModel, TopicLMOutput,
                                  detach_or_none, last_columns, last_token_positions)
@@ -422,7 +422,8 @@ class NCLMModel(DocumentRepresentationMixin, RecurrentBodyMixin, NCLMPreTrainedM
         return [[words[i] for i in row] for row in top.tolist()]
 
 
-class NCLMForCausalLM(DocumentRepresentationDelegate, NCLMPreTrainedModel, TopicGenerationMixin, GenerationMixin):
+class NCLMForCausalLM(DocumentRepresentationDelegate, TopicWordPriorMixin, NCLMPreTrainedModel, TopicGenerationMixin,
+                      GenerationMixin):
     """NCLM with the composition sigmoid([o; c] W_p + b_p), the output softmax, the joint loss and
     topic-steered generation.
 
@@ -444,6 +445,7 @@ class NCLMForCausalLM(DocumentRepresentationDelegate, NCLMPreTrainedModel, Topic
         # W_p: (H + |c|) -> H; the columns of [o; c_doc; c_sent] in that order.
         self.compose = nn.Linear(config.hidden_size + config.topic_representation_size, config.hidden_size)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size)
+        self._init_topic_word_prior()  # config.topic_output_bias == "beta": the shared topic output prior
         self.training_phase = "joint"
         self.post_init()
 
@@ -465,6 +467,17 @@ class NCLMForCausalLM(DocumentRepresentationDelegate, NCLMPreTrainedModel, Topic
         eye = torch.eye(self.config.num_topics, device=self.device, dtype=self.model.topic_model.decoder.weight.dtype)
         return self.model.topic_model.word_log_probs(eye).exp()
 
+    def topic_word_log_probs(self, h: torch.Tensor) -> torch.Tensor:
+        """log p(w | h) = log softmax(W h + b) (b, V_c), the NVDM decoder at the proportions h (the shared topic
+        output prior's expert, ``topic_output_bias="beta"``)."""
+        return self.model.topic_model.word_log_probs(h.to(self.model.topic_model.decoder.weight.dtype))
+
+    def topic_diversity_term(self) -> torch.Tensor:
+        """- diversity_weight * R(W rows): TCNLM's regulariser on the decoder's topics (0 when the weight is 0)."""
+        if self.config.diversity_weight == 0:
+            return torch.zeros((), device=self.device)
+        return -self.config.diversity_weight * angular_diversity(self.model.topic_model.topic_word_weights())
+
     def topic_model_parameters(self) -> list[nn.Parameter]:
         """The NVDM's parameters (for a topic-model-only training phase)."""
         return list(self.model.topic_model.parameters())
@@ -478,7 +491,7 @@ class NCLMForCausalLM(DocumentRepresentationDelegate, NCLMPreTrainedModel, Topic
         mean, log_sigma = topic_model.posterior(bow.to(topic_model.decoder.weight.dtype))
         h, samples = topic_model.proportions(mean, log_sigma, self.training)
         reconstruction, kl = topic_model.row_losses(bow, mean, log_sigma, h, samples)
-        return (reconstruction + kl).sum() / bow.sum().clamp_min(1)
+        return (reconstruction + kl).sum() / bow.sum().clamp_min(1) + self.topic_diversity_term()
 
     def set_etr_embeddings(self, vectors) -> None:
         """Give ETR its frozen word vectors (``etr_embedding="frozen"``): a (topic_vocab_size, D) matrix, row i
@@ -583,7 +596,10 @@ class NCLMForCausalLM(DocumentRepresentationDelegate, NCLMPreTrainedModel, Topic
             pre_out = pre_out + F.linear(c_doc.to(W.dtype), W[:, H:H + Cd]).unsqueeze(1)
             if c_sent is not None:
                 pre_out = pre_out + F.linear(c_sent.to(W.dtype), W[:, H + Cd:])
-        logits, lm_loss = self.output_layer(torch.sigmoid(pre_out), labels)  # (b, s, V); None in training
+        row_bias = None  # the shared topic output prior (topic_output_bias="beta"), from the document's h
+        if self.topic_prior_weight is not None and topics_on and h is not None:
+            row_bias = self.topic_word_prior(h)
+        logits, lm_loss = self.output_layer(torch.sigmoid(pre_out), labels, row_bias)  # (b, s, V); None in training
 
         loss = bow_loss = kl_loss = None
         if labels is not None:
@@ -592,7 +608,7 @@ class NCLMForCausalLM(DocumentRepresentationDelegate, NCLMPreTrainedModel, Topic
                 reconstruction, kl = self.model.topic_model.row_losses(*posterior[:3], h, posterior[3])
                 tokens = (labels[:, 1:] != -100).sum().clamp_min(1).to(device)
                 bow_loss, kl_loss = reconstruction.sum() / tokens, kl.sum() / tokens
-                loss = (1.0 - cfg.alpha) * lm_loss + cfg.alpha * (bow_loss + kl_loss)
+                loss = (1.0 - cfg.alpha) * lm_loss + cfg.alpha * (bow_loss + kl_loss + self.topic_diversity_term())
 
         new_state = None
         if base.state is not None:

@@ -652,6 +652,9 @@ class RecurrentPreTrainedModel(PreTrainedModel):
         step = getattr(module, "kl_annealing_step", None)
         if isinstance(step, torch.Tensor):  # also when a checkpoint without it is loaded: never left uninitialised
             step.zero_()
+        prior_weight = getattr(module, "topic_prior_weight", None)  # the shared topic output prior's lambda
+        if isinstance(prior_weight, nn.Parameter):
+            nn.init.constant_(prior_weight, self.config.topic_prior_weight_init)
         std = getattr(self.config, "initializer_range", 0.1)
         if isinstance(module, nn.Embedding):
             nn.init.uniform_(module.weight, -std, std)

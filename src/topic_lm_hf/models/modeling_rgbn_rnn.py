@@ -59,8 +59,8 @@ from torch.nn import functional as F
 from transformers import GenerationMixin
 
 from .configuration_rgbn_rnn import RGBNRNNConfig
-from .modeling_conditioning import (TopicGenerationMixin, check_at_most_one, normalize_topic_ids,
-                                    normalize_topic_kwargs, topic_vocabulary)
+from .modeling_conditioning import (TopicGenerationMixin, TopicWordPriorMixin, check_at_most_one,
+                                    normalize_topic_ids, normalize_topic_kwargs, topic_vocabulary)
 from .modeling_document import DocumentClassifierMixin, DocumentRepresentationDelegate, DocumentRepresentationMixin
 from .modeling_recurrent import (RecurrentModelOutput, RecurrentPreTrainedModel, TopicLMOutput,
                                  detach_or_none, embed_checked, last_columns, last_token_positions, run_rnn)
@@ -797,28 +797,18 @@ class RGBNRNNModel(DocumentRepresentationMixin, RGBNRNNPreTrainedModel):
                 tuple(t.unsqueeze(1).to(features.dtype) for t in thetas)
         return features, new_state, hidden_states, tp, torch.cat(thetas, -1), None
 
-    def _run_documents(self, input_ids, attention_mask, inputs_embeds, context_bow, chunk_mask, sentence_index,
-                       sample, output_hidden_states=False):
+    def sentence_slots(self, input_ids, chunk_mask, sentence_index, context_bow, b: int, c: int):
+        """The sentence slot of every chunk of a documents batch, (b, c): a new slot where ``sentence_index``
+        changes (or, without it, at a chunk that starts with <bos>); the slot mask (b, J); and the bags of words
+        per slot (b, J, V_c), each the ``context_bow`` (b, c, V_c) of its sentence's first chunk (zero without)."""
         cfg = self.config
-        tokens = input_ids if input_ids is not None else inputs_embeds
-        b, c, s = tokens.shape[:3]
-        device = self.embed_tokens.weight.device
-        if attention_mask is None:
-            attention_mask = torch.ones(b, c, s, dtype=torch.long, device=device)
-        if chunk_mask is None:
-            chunk_mask = attention_mask.any(-1)
-        chunk_mask = chunk_mask.bool().to(device)
-        if not bool(chunk_mask.any(1).all()):
-            raise ValueError("Every document of a documents batch needs at least one chunk (an empty document?)")
-        if not bool(chunk_mask[:, 0].all()) or bool((chunk_mask[:, 1:] & ~chunk_mask[:, :-1]).any()):
-            raise ValueError("chunk_mask must mark each document's chunks first, padding chunks after them")
-        # sentence slot of every chunk: a new slot where the sentence index changes (or at <bos>)
+        device = chunk_mask.device
         if sentence_index is not None:
             sentence_index = sentence_index.to(device)
             starts = torch.ones(b, c, dtype=torch.bool, device=device)
             starts[:, 1:] = sentence_index[:, 1:] != sentence_index[:, :-1]
         elif input_ids is not None:
-            starts = input_ids[:, :, 0] == cfg.bos_token_id
+            starts = input_ids[:, :, 0].to(device) == cfg.bos_token_id
             starts[:, 0] = True
         else:
             raise ValueError("Documents given as inputs_embeds need sentence_index")
@@ -837,6 +827,23 @@ class RGBNRNNModel(DocumentRepresentationMixin, RGBNRNNPreTrainedModel):
                 raise ValueError("context_bow must hold finite, non-negative counts")
             rows, cols = starts.nonzero(as_tuple=True)
             bows[rows, slot[rows, cols]] = context_bow[rows, cols].float()
+        return slot, slot_mask, bows
+
+    def _run_documents(self, input_ids, attention_mask, inputs_embeds, context_bow, chunk_mask, sentence_index,
+                       sample, output_hidden_states=False):
+        tokens = input_ids if input_ids is not None else inputs_embeds
+        b, c, s = tokens.shape[:3]
+        device = self.embed_tokens.weight.device
+        if attention_mask is None:
+            attention_mask = torch.ones(b, c, s, dtype=torch.long, device=device)
+        if chunk_mask is None:
+            chunk_mask = attention_mask.any(-1)
+        chunk_mask = chunk_mask.bool().to(device)
+        if not bool(chunk_mask.any(1).all()):
+            raise ValueError("Every document of a documents batch needs at least one chunk (an empty document?)")
+        if not bool(chunk_mask[:, 0].all()) or bool((chunk_mask[:, 1:] & ~chunk_mask[:, :-1]).any()):
+            raise ValueError("chunk_mask must mark each document's chunks first, padding chunks after them")
+        slot, slot_mask, bows = self.sentence_slots(input_ids, chunk_mask, sentence_index, context_bow, b, c)
         tp = self.encode_documents(bows, slot_mask, sample)
         # the LM over the real chunks, each from a zero state, with its sentence's theta
         rows, cols = chunk_mask.nonzero(as_tuple=True)
@@ -848,7 +855,8 @@ class RGBNRNNModel(DocumentRepresentationMixin, RGBNRNNPreTrainedModel):
                                                output_hidden_states=output_hidden_states)
         if hidden is not None:  # per document, as the features: (b, c, s, .) with zeros at padding chunks
             hidden = tuple(h.new_zeros(b, c, *h.shape[1:]).index_put((rows, cols), h) for h in hidden)
-        return features, None, hidden, tp, torch.cat(tp.thetas, -1), (rows, cols, b, c)
+        row_theta = torch.cat(thetas, -1)  # each chunk's sentence theta, as the rows of the features
+        return features, None, hidden, tp, torch.cat(tp.thetas, -1), (rows, cols, b, c, row_theta)
 
     # -- downstream: the document as one sequence, its bag of words as one sentence ---------------------
 
@@ -885,7 +893,7 @@ class RGBNRNNModel(DocumentRepresentationMixin, RGBNRNNPreTrainedModel):
             input_ids, attention_mask, inputs_embeds, state, use_cache, context_bow, theta, topic_ids, topic_layer,
             chunk_mask, sentence_index, output_hidden_states)
         if doc is not None:
-            rows, cols, b, c = doc
+            rows, cols, b, c, _ = doc
             full = features.new_zeros(b, c, *features.shape[1:])
             full[rows, cols] = features
             features = full
@@ -894,7 +902,8 @@ class RGBNRNNModel(DocumentRepresentationMixin, RGBNRNNPreTrainedModel):
         return out if return_dict is not False else out.to_tuple()
 
 
-class RGBNRNNForCausalLM(DocumentRepresentationDelegate, RGBNRNNPreTrainedModel, TopicGenerationMixin, GenerationMixin):
+class RGBNRNNForCausalLM(DocumentRepresentationDelegate, TopicWordPriorMixin, RGBNRNNPreTrainedModel, TopicGenerationMixin,
+                         GenerationMixin):
     """GBN-RNN / rGBN-RNN with the output softmax over [a^1; ...; a^L], the joint loss, TLASGR-MCMC and generation.
 
     Conditioning of a chunk batch (at most one): ``context_bow`` (b, V_c), encoded as the next sentence of the
@@ -909,6 +918,7 @@ class RGBNRNNForCausalLM(DocumentRepresentationDelegate, RGBNRNNPreTrainedModel,
         super().__init__(config)
         self.model = RGBNRNNModel(config)
         self.lm_head = nn.Linear(sum(config.hidden_sizes), config.vocab_size)
+        self._init_topic_word_prior()  # config.topic_output_bias == "beta": the shared topic output prior
         self.post_init()
 
     def _init_weights(self, module):
@@ -923,6 +933,46 @@ class RGBNRNNForCausalLM(DocumentRepresentationDelegate, RGBNRNNPreTrainedModel,
 
     def set_training_corpus_size(self, rows: int) -> None:
         self.model.set_training_corpus_size(rows)
+
+    def topic_word_log_probs(self, theta: torch.Tensor) -> torch.Tensor:
+        """log p(w | theta^1) (b, V_c) = log of Phi^1 theta^1 normalised; theta (b, sum K) or (b, K_1)."""
+        theta1 = theta[..., :self.config.topic_sizes[0]].float()
+        rate = theta1 @ self.model.phi(1).float().T  # (b, V_c)
+        return (rate / rate.sum(-1, keepdim=True).clamp_min(1e-30)).clamp_min(1e-10).log()
+
+    # the batch entries topic_model_loss reads (pretrain_topic_model passes them): a documents batch's sentences
+    topic_model_inputs = ("context_bow", "input_ids", "chunk_mask", "sentence_index")
+
+    def topic_model_parameters(self) -> list[nn.Parameter]:
+        """The Weibull encoder's parameters (and Phi, Pi with ``topic_learning="gradient"``)."""
+        params = list(self.model.encoder.parameters())
+        if self.config.topic_learning == "gradient":
+            params += [p for name, p in self.model.named_parameters() if name.startswith(("phi_", "pi_"))]
+        return params
+
+    def topic_model_loss(self, context_bow: torch.Tensor, input_ids=None, chunk_mask=None,
+                         sentence_index=None) -> torch.Tensor:
+        """The (r)GBN alone on bags of words: (Poisson NLL + every layer's KL) per context word, unweighted.
+        ``context_bow``: (b, V_c) one-sentence documents, or a documents batch's (b, c, V_c) with ``chunk_mask`` and
+        ``sentence_index`` (or ``input_ids``): sentences in order. Training mode gathers TLASGR-MCMC statistics."""
+        device = self.lm_head.weight.device
+        if context_bow.dim() == 2:
+            bows = normalize_topic_kwargs(self.config.num_topics, self.config.topic_vocab_size,
+                                          context_bow=context_bow)["context_bow"].to(device).float().unsqueeze(1)
+            slot_mask = torch.ones(bows.shape[:2], dtype=torch.bool, device=device)
+        else:
+            b, c = context_bow.shape[:2]
+            chunk_mask = (context_bow.sum(-1) > 0) if chunk_mask is None else chunk_mask
+            _, slot_mask, bows = self.model.sentence_slots(input_ids, chunk_mask.bool().to(device), sentence_index,
+                                                           context_bow, b, c)
+        sample = self.training
+        tp = self.model.encode_documents(bows, slot_mask, sample)
+        poisson, kls = self.model.topic_terms(tp)
+        if self.training and torch.is_grad_enabled() and self.config.topic_learning == "tlasgr":
+            counts = bows * slot_mask.unsqueeze(-1).to(bows.dtype)
+            self.model.accumulate_tlasgr_statistics(counts, tp.thetas, rows=counts.shape[0])
+        words = (bows * slot_mask.unsqueeze(-1).to(bows.dtype))[..., 1:].sum().clamp_min(1)
+        return (poisson + sum(kls)) / words
 
     def forward(self, input_ids: Optional[torch.LongTensor] = None, attention_mask: Optional[torch.Tensor] = None,
                 inputs_embeds: Optional[torch.Tensor] = None, state: Optional[tuple] = None,
@@ -957,16 +1007,18 @@ class RGBNRNNForCausalLM(DocumentRepresentationDelegate, RGBNRNNPreTrainedModel,
             features = features[:, -logits_to_keep:]
         loss = kl_loss = bow_loss = None
         if doc is not None:
-            rows, cols, b, c = doc
+            rows, cols, b, c, row_theta = doc
             if labels is not None:
                 labels = labels.to(features.device)[rows, cols]  # the chunks' labels, as rows of a chunk batch
-            logits, lm_loss = self.output_layer(features, labels)
+            row_bias = self.topic_word_prior(row_theta) if self.topic_prior_weight is not None else None
+            logits, lm_loss = self.output_layer(features, labels, row_bias)
             if logits is not None:
                 full = logits.new_zeros(b, c, *logits.shape[1:])
                 full[rows, cols] = logits
                 logits = full
         else:
-            logits, lm_loss = self.output_layer(features, labels)
+            row_bias = self.topic_word_prior(theta_out) if self.topic_prior_weight is not None else None
+            logits, lm_loss = self.output_layer(features, labels, row_bias)
         if labels is not None:
             tokens = (labels[:, 1:] != -100).sum()
             loss = lm_loss

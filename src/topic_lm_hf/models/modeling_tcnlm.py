@@ -70,8 +70,8 @@ from transformers import GenerationMixin
 from transformers.utils import ModelOutput
 
 from .configuration_tcnlm import TCNLMConfig
-from .modeling_conditioning import (TopicGenerationMixin, lm_to_topic_index, normalize_topic_kwargs,
-                                    topic_ids_to_mixture, topic_scores_to_vocab, topic_vocabulary)
+from .modeling_conditioning import (TopicGenerationMixin, TopicWordPriorMixin, angular_diversity,
+                                    normalize_topic_kwargs, topic_ids_to_mixture, topic_vocabulary)
 from .modeling_document import DocumentClassifierMixin, DocumentRepresentationDelegate, DocumentRepresentationMixin
 from .modeling_recurrent import (RecurrentPreTrainedModel, TopicLMOutput, causal_lm_loss, detach_or_none,
                                  embed_checked, last_columns, run_rnn, run_rnn_layers)
@@ -134,14 +134,7 @@ class TCNLMTopicModel(nn.Module):
 
     def diversity(self) -> torch.Tensor:
         """R = mean - variance of the pairwise angles arccos(|beta_i . beta_j| / |beta_i| |beta_j|), i != j."""
-        if self.topic_vectors.shape[0] < 2:
-            return self.topic_vectors.new_zeros(())  # no pair of topics: nothing to keep apart (T = 1)
-        beta = F.normalize(self.beta(), dim=-1)
-        cosine = (beta @ beta.T).abs()  # (T, T)
-        off_diagonal = ~torch.eye(cosine.shape[0], dtype=torch.bool, device=cosine.device)
-        # Clamp below 1: arccos has an infinite derivative there (two identical topics).
-        angles = torch.arccos(cosine[off_diagonal].clamp(max=1.0 - 1e-6))
-        return angles.mean() - angles.var(unbiased=False)
+        return angular_diversity(self.beta())
 
     def forward(self, bow: torch.Tensor, sample: bool):
         """(t, mean, logvar) for counts (b, V_c); theta is sampled (reparameterised) when ``sample``."""
@@ -317,11 +310,9 @@ class TCNLMPreTrainedModel(RecurrentPreTrainedModel):
             for name in ("W_b", "U_b"):
                 nn.init.uniform_(getattr(module, name), 1.0 - spread, 1.0 + spread)
             nn.init.zeros_(module.bias)
-        elif isinstance(module, TCNLMForCausalLM):  # the optional output terms start as the paper's model
+        elif isinstance(module, TCNLMForCausalLM):  # the optional output term starts as the paper's model
             if module.topic_bias is not None:
                 nn.init.zeros_(module.topic_bias.weight)
-            if module.topic_prior_weight is not None:
-                nn.init.constant_(module.topic_prior_weight, self.config.topic_prior_weight_init)
         elif isinstance(module, TCNLMTopicModel):
             # Topics start as distinct random distributions (logits of std ~1.5), so that log p(d | t) depends
             # on t from the first step: with near-uniform beta nothing rewards a posterior away from the prior,
@@ -491,7 +482,8 @@ class TCNLMModel(DocumentRepresentationMixin, TCNLMPreTrainedModel):
         return out if return_dict is not False else out.to_tuple()
 
 
-class TCNLMForCausalLM(DocumentRepresentationDelegate, TCNLMPreTrainedModel, TopicGenerationMixin, GenerationMixin):
+class TCNLMForCausalLM(DocumentRepresentationDelegate, TopicWordPriorMixin, TCNLMPreTrainedModel, TopicGenerationMixin,
+                       GenerationMixin):
     """TCNLM with its output softmax, the ELBO training loss, and topic-steered generation.
 
     Conditioning (``forward`` and ``generate``; give at most one):
@@ -517,7 +509,7 @@ class TCNLMForCausalLM(DocumentRepresentationDelegate, TCNLMPreTrainedModel, Top
         # or lambda * log(V_c beta^T t) on the topic words with lambda starting at 0.
         self.topic_bias = nn.Linear(config.num_topics, config.vocab_size, bias=False) \
             if config.topic_output_bias == "learned" else None
-        self.topic_prior_weight = nn.Parameter(torch.zeros(())) if config.topic_output_bias == "beta" else None
+        self._init_topic_word_prior()  # config.topic_output_bias == "beta": the shared topic output prior
         # Training forward passes seen so far, for KL annealing (saved, so that resuming goes on).
         self._register_kl_annealing()
         self.post_init()
@@ -533,17 +525,10 @@ class TCNLMForCausalLM(DocumentRepresentationDelegate, TCNLMPreTrainedModel, Top
         """
         return self.model.get_topics(top_n, topic_tokenizer)
 
-    def topic_word_prior(self, t: torch.Tensor) -> torch.Tensor:
-        """lambda * log(V_c (beta^T t)_w) at every topic word w of the LM vocabulary, 0 elsewhere: (b, T) -> (b, V).
-        V_c counts the topic words the LM has (the uniform distribution the ratio is taken against)."""
-        if self.config.topic_word_ids is None:
-            raise ValueError("topic_output_bias='beta' needs config.topic_word_ids (the LM id of every topic word): "
-                             "build the config with TCNLMConfig.from_tokenizers(tokenizer, topic_tokenizer, ...)")
-        n_words = sum(i >= 0 for i in self.config.topic_word_ids)
-        word_probs = t.float() @ self.model.topic_model.beta().float()  # (b, V_c)
-        log_ratio = (word_probs.clamp_min(1e-10) * n_words).log()  # vs uniform over the topic words
-        prior = topic_scores_to_vocab(log_ratio, lm_to_topic_index(self, self.config, t.device))  # (b, V)
-        return self.topic_prior_weight.float() * prior
+    def topic_word_log_probs(self, t: torch.Tensor) -> torch.Tensor:
+        """log (beta^T t)_w over the topic vocabulary (b, V_c): the topic model's word distribution at t (the
+        shared topic output prior's expert, ``topic_output_bias="beta"``)."""
+        return (t.float() @ self.model.topic_model.beta().float()).clamp_min(1e-10).log()
 
     @torch.no_grad()
     def topic_word_distributions(self) -> torch.Tensor:

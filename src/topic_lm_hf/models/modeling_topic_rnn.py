@@ -68,10 +68,12 @@ from transformers import GenerationMixin
 from transformers.utils import ModelOutput
 
 from .configuration_topic_rnn import TopicRNNConfig
-from .modeling_conditioning import (TopicGenerationMixin, normalize_topic_kwargs, lm_to_topic_index,
-                                    topic_ids_to_mixture, topic_scores_to_vocab, topic_vocabulary)
+from .modeling_conditioning import (TopicGenerationMixin, TopicWordPriorMixin, lm_to_topic_index,
+                                    normalize_topic_kwargs, topic_ids_to_mixture, topic_scores_to_vocab,
+                                    topic_vocabulary, topic_word_mask)
 from .modeling_document import DocumentClassifierMixin, DocumentRepresentationDelegate, DocumentRepresentationMixin
-from .modeling_recurrent import RecurrentPreTrainedModel, TopicLMOutput, next_token_loss, run_token_rnn
+from .modeling_recurrent import (RecurrentPreTrainedModel, TopicLMOutput, detach_or_none, next_token_loss,
+                                 run_token_rnn)
 
 _CELLS = {"rnn": nn.RNN, "lstm": nn.LSTM, "gru": nn.GRU}
 
@@ -198,8 +200,8 @@ class TopicRNNModel(DocumentRepresentationMixin, TopicRNNPreTrainedModel):
         return torch.cat([mean, log_sigma], dim=-1) if self.config.feature_log_sigma else mean
 
 
-class TopicRNNForCausalLM(DocumentRepresentationDelegate, TopicRNNPreTrainedModel, TopicGenerationMixin,
-                          GenerationMixin):
+class TopicRNNForCausalLM(DocumentRepresentationDelegate, TopicWordPriorMixin, TopicRNNPreTrainedModel,
+                          TopicGenerationMixin, GenerationMixin):
     """TopicRNN language model: ELBO training, marginal-likelihood evaluation, topic-steered generation.
 
     Conditioning (at most one; ``generate()`` takes the same names):
@@ -221,6 +223,7 @@ class TopicRNNForCausalLM(DocumentRepresentationDelegate, TopicRNNPreTrainedMode
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size)  # v_i^T h + c_i
         self.stop_head = nn.Linear(config.hidden_size, 1)  # Gamma^T h (+ bias)
         self.topic_head = nn.Linear(config.num_topics, config.topic_vocab_size, bias=False)  # B: (V_c, K)
+        self._init_topic_word_prior()  # config.topic_output_bias == "beta": the shared topic output prior
         # Training forward passes seen so far, for KL annealing (saved, so that resuming goes on).
         self._register_kl_annealing()
         self.post_init()
@@ -253,6 +256,35 @@ class TopicRNNForCausalLM(DocumentRepresentationDelegate, TopicRNNPreTrainedMode
         """b_i^T theta for every LM word: (b, K) -> (b, V), exactly zero at stop words."""
         topic_logits = self.topic_head(theta.to(self.topic_head.weight.dtype))  # (b, V_c)
         return topic_scores_to_vocab(topic_logits, self.lm_to_topic_index(theta.device))
+
+    def topic_word_log_probs(self, theta: torch.Tensor) -> torch.Tensor:
+        """log p(w | theta) = log softmax(B theta) over the topic words (b, V_c); -inf at the topic ``<unk>`` and at
+        words the LM lacks. The bag-of-words likelihood of ``bow_loss_weight`` and of :meth:`topic_model_loss`,
+        and the shared topic output prior's expert."""
+        logits = self.topic_head(theta.to(self.topic_head.weight.dtype)).float()
+        usable = topic_word_mask(self, self.config, logits.device)
+        return torch.log_softmax(logits.masked_fill(~usable, float("-inf")), dim=-1)
+
+    def bow_nll(self, context_bow: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
+        """-sum_w n_w log p(w | theta) per row (b,), over the topic words of the bags of words (b, V_c)."""
+        log_probs = self.topic_word_log_probs(theta)
+        usable = torch.isfinite(log_probs)
+        return -(context_bow.float() * log_probs.masked_fill(~usable, 0.0)).sum(-1)
+
+    def topic_model_parameters(self) -> list[nn.Parameter]:
+        """The inference network and B, for :func:`~topic_lm_hf.pretrain_topic_model`."""
+        return list(self.model.inference_net.parameters()) + list(self.topic_head.parameters())
+
+    def topic_model_loss(self, context_bow: torch.Tensor) -> torch.Tensor:
+        """The topic model alone on bags of words (b, V_c): (-log p(d | theta) + KL(q(theta | d) || N(0, I))) per
+        context word, with p(w | theta) = softmax(B theta) over the topic words (not the paper's ELBO, where B is
+        trained only through the LM; see ``bow_loss_weight``). theta is sampled in training mode."""
+        bow = normalize_topic_kwargs(self.config.num_topics, self.config.topic_vocab_size,
+                                     context_bow=context_bow)["context_bow"].to(self.lm_head.weight.device)
+        theta, kl = self.infer_topic_vector(bow.shape[0], context_bow=bow)
+        usable = topic_word_mask(self, self.config, bow.device)
+        count = (bow * usable).sum().clamp_min(1)
+        return (self.bow_nll(bow, theta).sum() + kl.sum()) / count
 
     # ------------------------------------------------------------------------------------------
     # theta
@@ -331,10 +363,12 @@ class TopicRNNForCausalLM(DocumentRepresentationDelegate, TopicRNNPreTrainedMode
         h = self.dropout(hidden)
         stop_logits = self.stop_head(h).squeeze(-1).float()  # (b, s): Gamma^T h_t
         bias = self.topic_bias(theta).float()  # (b, V): b_i^T theta, 0 at stop words
+        if self.topic_prior_weight is not None:  # the shared topic output prior, also 0 at stop words
+            bias = bias + self.topic_word_prior(theta)
         # The full (b, s, V) scores v_i^T h_t + c_i only where the marginal is returned (not in training with labels)
         word_logits = None if self.training and labels is not None else self.lm_head(h).float()
 
-        loss = lm_loss = aux_loss = kl_loss = None
+        loss = lm_loss = aux_loss = kl_loss = bow_loss = None
         if labels is not None:
             targets = labels[:, 1:].to(hidden.device)  # y_t for the input at t (no off-by-one)
             valid = targets != -100
@@ -360,6 +394,12 @@ class TopicRNNForCausalLM(DocumentRepresentationDelegate, TopicRNNPreTrainedMode
                 # kl_free_bits nats, so the optimiser gains nothing by pushing it below (not the ELBO).
                 kl_objective = kl.mean(0).clamp(min=self.config.kl_free_bits).sum() * kl.shape[0] / n_tokens
             loss = lm_loss + aux_loss + self.kl_annealing_weight(count=True) * kl_objective
+            if self.config.bow_loss_weight > 0 and kl is not None and context_bow is not None:
+                # Not the paper's ELBO: the bag-of-words likelihood of the context under softmax(B theta).
+                bow = normalize_topic_kwargs(self.config.num_topics, self.config.topic_vocab_size,
+                                             context_bow=context_bow)["context_bow"].to(hidden.device)
+                bow_loss = self.bow_nll(bow, theta).sum() / n_tokens
+                loss = loss + self.config.bow_loss_weight * bow_loss
 
         log_marginal = None
         if word_logits is not None:
@@ -371,7 +411,8 @@ class TopicRNNForCausalLM(DocumentRepresentationDelegate, TopicRNNPreTrainedMode
                             hidden_states=all_hidden,
                             lm_loss=lm_loss.detach() if lm_loss is not None else None,
                             kl_loss=kl_loss.detach() if kl_loss is not None else None,
-                            aux_loss=aux_loss.detach() if aux_loss is not None else None, topic_mixture=theta,
+                            aux_loss=aux_loss.detach() if aux_loss is not None else None,
+                            bow_loss=detach_or_none(bow_loss), topic_mixture=theta,
                             topic_representation=theta)
         return out if return_dict is not False else out.to_tuple()
 

@@ -1,0 +1,104 @@
+"""Pre-training the topic model alone on bags of words (``pretrain_topic_model``) in every topic family, on real
+APNEWS documents: the objective falls, the LM is untouched, early stopping on a development split keeps the best
+topic model; and with the shared topic output prior a pre-trained topic model steers while an untrained one is at
+chance."""
+
+import pytest
+import torch
+from conftest import tiny_model
+
+from topic_lm_hf import (RGBNRNNConfig, RGBNRNNForCausalLM, TopicContextCollator, evaluate_steering,
+                         pretrain_topic_model)
+from topic_lm_hf.pretraining import topic_model_objective
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+FAMILIES = ["tcnlm", "topic_rnn-lstm", "nclm-leta", "rgbn_rnn"]
+TOPICS = 10
+
+
+def _model(family, tok, topic_tok, **overrides):
+    if family == "rgbn_rnn":
+        torch.manual_seed(0)
+        config = RGBNRNNConfig.from_tokenizers(tok, topic_tok, topic_sizes=[TOPICS, 4], hidden_sizes=[16, 16],
+                                               embedding_size=16, **overrides)
+        return RGBNRNNForCausalLM(config)
+    if family == "nclm-leta":
+        overrides = {"variant": "leta", "encoder_hidden_size": 32, "num_topic_samples": 1, "etr_top_n": 5,
+                     **overrides}
+        return tiny_model("nclm-leta-sdt", tok, topic_tok, sentence_topics=False, num_topics=TOPICS, **overrides)
+    return tiny_model(family, tok, topic_tok, num_topics=TOPICS, **overrides)
+
+
+def _rows(model, apnews):
+    collator = TopicContextCollator.for_model(model, apnews["tok"], apnews["topic_tok"])
+    return collator.prepare(apnews["train"]), collator.prepare(apnews["valid"]), collator
+
+
+def _topic_part(model):
+    """Names of the parameters and buffers that pre-training may change."""
+    topic = {id(p) for p in model.topic_model_parameters()}
+    return {n for n, p in model.named_parameters() if id(p) in topic} | \
+        {n for n, _ in model.named_buffers() if n.startswith("model.phi_") or n.startswith("model.pi_")
+         or "tlasgr" in n}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_pretraining_lowers_the_topic_objective_and_leaves_the_lm_alone(apnews, family):
+    model = _model(family, apnews["tok"], apnews["topic_tok"])
+    train, valid, collator = _rows(model, apnews)
+    topic_part = _topic_part(model)
+    before = {n: t.detach().clone() for n, t in model.state_dict().items()}
+    start = topic_model_objective(model, valid, collator)
+    result = pretrain_topic_model(model, train, collator, steps=60, batch_size=16, learning_rate=5e-3)
+    assert result.steps == 60 and result.stopped_by == "steps" and result.best_step == 60
+    assert topic_model_objective(model, valid, collator) < start - 0.1
+    after = model.state_dict()
+    changed = {n for n in before if not torch.equal(before[n], after[n])}
+    assert changed and changed <= topic_part, changed - topic_part
+    if family == "rgbn_rnn":  # Phi and Pi learnt by TLASGR-MCMC after each optimizer step
+        assert {"model.phi_1", "model.pi_1"} <= changed
+        assert torch.allclose(model.model.phi(1).sum(0).double(), torch.ones(TOPICS, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("family", ["tcnlm", "rgbn_rnn"])
+def test_early_stopping_keeps_the_best_topic_model(apnews, family):
+    model = _model(family, apnews["tok"], apnews["topic_tok"])
+    train, valid, collator = _rows(model, apnews)
+    # A high learning rate on 300 documents: the development objective stops improving within 200 steps.
+    result = pretrain_topic_model(model, train, collator, steps=200, batch_size=16, learning_rate=0.05,
+                                  eval_dataset=valid, eval_every=5, patience=2)
+    assert result.stopped_by == "patience" and result.steps < 200
+    steps = [s for s, _ in result.dev_losses]
+    assert steps[0] == 0 and steps == sorted(steps) and len(steps) >= 3
+    assert [s for s, _ in result.dev_losses if s > result.best_step] == steps[-2:]
+    assert topic_model_objective(model, valid, collator, batch_size=16) == pytest.approx(result.best_dev_loss,
+                                                                                          rel=1e-6)
+
+
+def test_pretraining_refuses_what_it_cannot_do(apnews):
+    model = _model("tcnlm", apnews["tok"], apnews["topic_tok"])
+    train, _, collator = _rows(model, apnews)
+    with pytest.raises(ValueError, match="eval_dataset is empty"):
+        pretrain_topic_model(model, train, collator, steps=1, eval_dataset=[])
+    with pytest.raises(ValueError, match="steps must be an integer"):
+        pretrain_topic_model(model, train, collator, steps=1.5)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_pretrained_topic_model_with_the_prior_steers_and_an_untrained_one_is_at_chance(apnews, family):
+    """The LM is untrained in both: what steers is the topic model, through the shared topic output prior."""
+    tok, topic_tok = apnews["tok"], apnews["topic_tok"]
+    settings = dict(topics=list(range(TOPICS)), num_samples=4, max_new_tokens=12, tokenizer=tok,
+                    topic_tokenizer=topic_tok, seed=0)
+    untrained = _model(family, tok, topic_tok).eval()
+    chance = evaluate_steering(untrained, **settings)
+    model = _model(family, tok, topic_tok, topic_output_bias="beta", topic_prior_weight_init=4.0)
+    train, _, collator = _rows(model, apnews)
+    pretrain_topic_model(model, train, collator, steps=150, batch_size=32, learning_rate=1e-2)
+    steered = evaluate_steering(model.eval(), **settings)
+    # accuracy_own_topics: a text's topic is the most likely one under the model's topic-word distributions;
+    # share: the share of generated words among the steered topic's top 50.
+    assert chance["accuracy_own_topics"] <= 0.35, chance  # chance: 0.10
+    assert steered["accuracy_own_topics"] >= 0.45, steered
+    assert steered["share_steered"] >= 0.25 and steered["share_steered"] > 5 * chance["share_steered"], steered
