@@ -299,6 +299,29 @@ def test_train_an_nclm_with_a_topic_model_phase_then_evaluate_and_generate_from_
                                                 "--output_dir", str(tmp_path)])
 
 
+def test_train_with_the_steering_recipe_pretrains_the_topic_model_and_keeps_the_prior(tmp_path, capsys, caplog):
+    """--pretrain_topic_model_steps with topic_output_bias=beta: the topic model alone first, early-stopped on the
+    validation documents, then the joint run; the prior's lambda is saved with the model."""
+    out_dir = tmp_path / "tcnlm"
+    common = ["--train_file", str(DATA / "apnews" / "train.txt"), "--max_train_documents", "60",
+              "--validation_file", str(DATA / "apnews" / "valid.txt"), "--max_eval_documents", "8",
+              "--min_freq", "3", "--model_type", "tcnlm", "--output_dir", str(out_dir), "--max_steps", "3",
+              "--per_device_train_batch_size", "16", "--report_to", "none", "--use_cpu"]
+    with caplog.at_level(logging.INFO, logger="topic_lm_hf"):
+        main(["train", *common, "--pretrain_topic_model_steps", "250", "--config_overrides",
+              "topic_output_bias=beta,topic_prior_weight_init=1.5,num_topics=5,embedding_size=16,hidden_size=16"])
+    assert re.search(r"Topic model pre-trained: \d+ steps \(stopped by (its development objective|the step cap)\), "
+                     r"best development objective [\d.]+ at step \d+", caplog.text)
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(out_dir)
+    assert model.config.topic_output_bias == "beta" and model.topic_prior_weight is not None
+    lstm = ["train", "--train_file", str(DATA / "apnews" / "train.txt"), "--max_train_documents", "20",
+            "--min_freq", "3", "--model_type", "lstm_lm", "--output_dir", str(tmp_path / "lstm"),
+            "--pretrain_topic_model_steps", "5", "--max_steps", "1", "--use_cpu", "--report_to", "none"]
+    assert "has no topic model to pre-train" in user_error(capsys, lstm)
+
+
 @requires_data("r8", "train.jsonl.gz")
 def test_classify_and_retrieve_commands_on_r8(tmp_path, capsys):
     lm_dir = tmp_path / "nclm"

@@ -102,3 +102,28 @@ def test_a_pretrained_topic_model_with_the_prior_steers_and_an_untrained_one_is_
     assert chance["accuracy_own_topics"] <= 0.35, chance  # chance: 0.10
     assert steered["accuracy_own_topics"] >= 0.45, steered
     assert steered["share_steered"] >= 0.25 and steered["share_steered"] > 5 * chance["share_steered"], steered
+
+
+def test_topic_rnn_bag_of_words_term_is_the_naive_likelihood_per_context_word(apnews):
+    tok, topic_tok = apnews["tok"], apnews["topic_tok"]
+    plain = _model("topic_rnn-lstm", tok, topic_tok).eval()
+    model = _model("topic_rnn-lstm", tok, topic_tok, bow_loss_weight=2.0).eval()
+    model.load_state_dict(plain.state_dict())
+    _, valid, collator = _rows(model, apnews)
+    batch = collator([valid[i] for i in range(4)])
+    with torch.no_grad():
+        base, out = plain(**batch), model(**batch)
+        theta = model.infer_topics(batch["context_bow"])  # eval mode: the posterior mean, as forward uses
+        B = model.topic_head.weight.float()  # (V_c, K)
+    usable = [i >= 0 for i in model.config.topic_word_ids]
+    nll = words = 0.0
+    for row in range(4):  # the naive loop: -sum_w n_w log softmax(B theta)_w over the usable topic words
+        logits = (B @ theta[row].float()).tolist()
+        norm = torch.logsumexp(torch.tensor([v for v, u in zip(logits, usable) if u]), 0).item()
+        for w, count in enumerate(batch["context_bow"][row].tolist()):
+            if count and usable[w]:
+                nll += count * (norm - logits[w])
+                words += count
+    assert base.bow_loss is None
+    assert float(out.bow_loss) == pytest.approx(nll / words, rel=1e-4)
+    assert float(out.loss - base.loss) == pytest.approx(2.0 * float(out.bow_loss), rel=1e-4)

@@ -36,6 +36,7 @@ from .models.configuration_common import config_kwargs_from_tokenizers
 from .evaluation import evaluate_perplexity
 from .fast_path import FastPathArguments, fast_training_arguments
 from .hub import load_pretrained, resolve_model_source
+from .pretraining import pretrain_topic_model
 from .models.modeling_recurrent import leaky_modes_of
 from .demo import DemoArguments, run_demo
 from .tasks.commands import (ClassifyArguments, RetrieveArguments, TaskDataArguments, WSDEvaluateArguments,
@@ -61,6 +62,12 @@ class ModelArguments:
     pretraining_phases: Optional[str] = field(default=None, metadata={
         "help": "Training phases before the joint objective, as phase:steps pairs in order, e.g. "
                 "'lm:2000,topic_model:500' for NCLM (TopicLMTrainer's pretraining_phases)."})
+    pretrain_topic_model_steps: int = field(default=0, metadata={
+        "help": "Train the topic model alone on bags of words first (pretrain_topic_model), at most this many "
+                "steps, stopping when its objective on the validation documents has not improved for 3 "
+                "evaluations (every 100 steps); the best topic model is kept. With "
+                "--config_overrides topic_output_bias=beta it is the recipe that makes topics steer. 0: the "
+                "paper's joint training from scratch."})
 
 
 def parse_phases(text: Optional[str]) -> list[tuple[str, int]]:
@@ -305,10 +312,30 @@ def train(data_args: DataArguments, model_args: ModelArguments, training_args: T
     last = last_complete_checkpoint(out)  # skips a checkpoint the previous run did not finish writing
     if last:
         logger.info("Resuming from %s", last)
+    elif model_args.pretrain_topic_model_steps:  # a resumed run's checkpoint holds the pre-trained topic model
+        pretrain_for_cli(model, train_rows, collator, model_args.pretrain_topic_model_steps,
+                         collator.prepare(valid_docs) if valid_docs is not None else None, training_args.seed)
     trainer.train(resume_from_checkpoint=last)
     trainer.save_model(out)
     data_lib.save_vocabularies(tok, topic_tok, out)
     return trainer.model, tok, topic_tok
+
+
+def pretrain_for_cli(model, train_rows, collator, steps: int, dev_rows, seed: int) -> None:
+    """``--pretrain_topic_model_steps``: the topic model alone first, early-stopped on ``dev_rows`` when given."""
+    if steps < 0:
+        raise ValueError(f"--pretrain_topic_model_steps must be >= 0, got {steps}")
+    if not hasattr(model, "topic_model_loss"):
+        raise ValueError(f"--pretrain_topic_model_steps: {type(model).__name__} has no topic model to pre-train")
+    logger.info("Pre-training the topic model on bags of words (at most %d steps) ...", steps)
+    start = time.time()
+    result = pretrain_topic_model(model, train_rows, collator, steps, learning_rate=3e-3, seed=seed,
+                                  eval_dataset=dev_rows)
+    best = f", best development objective {result.best_dev_loss:.3f} at step {result.best_step}" \
+        if result.dev_losses else ""
+    logger.info("Topic model pre-trained: %d steps (stopped by %s)%s, %.0f s", result.steps,
+                "its development objective" if result.stopped_by == "patience" else "the step cap", best,
+                time.time() - start)
 
 
 def evaluate(model, docs, protocols, tokenizer=None, topic_tokenizer=None, name="model", **kw) -> list[dict]:

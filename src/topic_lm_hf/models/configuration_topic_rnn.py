@@ -45,7 +45,8 @@ class TopicRNNConfig(TopicConfigMixin, ClassifierConfigMixin, CompactReprMixin, 
             gains nothing by collapsing a dimension below it. 0 = the exact ELBO (the paper).
         bow_loss_weight: w of a bag-of-words likelihood term added to the loss, w * -sum_w n_w log p(w | theta)
             over the context's topic words with p(w | theta) = softmax(B theta) over the topic words, per
-            predicted token (as the KL). Not in the paper's ELBO (a departure, like NCLM's alpha term): it gives
+            context word (as TCNLM's topic terms; a context has ten times as many words as a chunk has
+            tokens, so per predicted token it would swamp the LM's loss). Not in the paper's ELBO (a departure, like NCLM's alpha term): it gives
             the inference network and B a signal from the document's words themselves, against the posterior
             collapse. 0 = the paper. :meth:`TopicRNNForCausalLM.topic_model_loss` is this term plus the KL, per
             context word, the objective of :func:`~topic_lm_hf.pretrain_topic_model`.

@@ -398,7 +398,8 @@ class TopicRNNForCausalLM(DocumentRepresentationDelegate, TopicWordPriorMixin, T
                 # Not the paper's ELBO: the bag-of-words likelihood of the context under softmax(B theta).
                 bow = normalize_topic_kwargs(self.config.num_topics, self.config.topic_vocab_size,
                                              context_bow=context_bow)["context_bow"].to(hidden.device)
-                bow_loss = self.bow_nll(bow, theta).sum() / n_tokens
+                words = (bow * topic_word_mask(self, self.config, bow.device)).sum().clamp_min(1)
+                bow_loss = self.bow_nll(bow, theta).sum() / words  # per context word, as TCNLM's topic terms
                 loss = loss + self.config.bow_loss_weight * bow_loss
 
         log_marginal = None
