@@ -197,7 +197,8 @@ def main() -> None:
     print(f"APNEWS train {len(train_docs)} docs (+ {len(dev_docs)} development), valid {len(valid_docs)}; "
           f"V = {len(tok)}, V_c = {len(topic_tok)}; E = {args.embedding_size}, H = {args.hidden_size}, "
           f"T = {args.num_topics}, {args.steps} steps", flush=True)
-    (out / "args.json").write_text(json.dumps(vars(args), indent=1))
+    if not args.table_only:
+        (out / "args.json").write_text(json.dumps(vars(args), indent=1))
     judge = cached_lda_judge(out / f"lda_judge_T{args.num_topics}.pkl", train_docs, topic_tok, args.num_topics,
                              args.seed)
     cache = {}
@@ -248,6 +249,8 @@ def read(mdir: Path) -> dict:
 
 def print_tables(out: Path, names, args) -> None:
     results = {n: read(out / n) for n in names if (out / n / "result.json").exists()}
+    if (out / "args.json").exists():  # the settings the runs were trained with
+        args = argparse.Namespace(**json.loads((out / "args.json").read_text()))
     lstm = results.get("lstm")
     print(f"\n### Steering and topic use on APNEWS (valid.txt; E = H = {args.embedding_size}/{args.hidden_size}, "
           f"T = {args.num_topics}, {args.steps} steps x {args.batch_size} chunks, Adam {args.lr}, dropout "
