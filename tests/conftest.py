@@ -96,6 +96,32 @@ def tiny_model(family: str, tok, topic_tok, **overrides):
     return build_model(ModelArguments(model_type=model_type, config_overrides=overrides_text), tok, topic_tok)
 
 
+# A two-document toy corpus for tests of the generation and output-layer math (no data needed).
+TINY_CORPUS = [[["the", "court", "ruled", "on", "the", "tax", "case"], ["police", "said", "the", "fire", "spread"]],
+               [["the", "team", "won", "the", "game"], ["fans", "cheered", "the", "players"]]]
+
+
+@pytest.fixture(scope="module")
+def tiny_vocabularies():
+    """LM and topic tokenizers of TINY_CORPUS ("the" is the stop word)."""
+    from topic_lm_hf import build_vocabularies, documents_from_lists
+
+    return build_vocabularies(documents_from_lists(TINY_CORPUS * 3), min_freq=1, stopwords=["the"], top_fraction=0.0)
+
+
+def topic_family_model(family: str, tok, topic_tok, **overrides):
+    """A small topic model in evaluation mode: ``tiny_model`` for a key of FAMILIES, or ``"rgbn_rnn"`` (two topic
+    layers of 4 and 2 topics, two LSTM layers of 16)."""
+    if family != "rgbn_rnn":
+        return tiny_model(family, tok, topic_tok, **overrides).eval()
+    from topic_lm_hf import RGBNRNNConfig, RGBNRNNForCausalLM
+
+    torch.manual_seed(0)
+    config = RGBNRNNConfig.from_tokenizers(tok, topic_tok, topic_sizes=[4, 2], hidden_sizes=[16, 16],
+                                           embedding_size=16, **overrides)
+    return RGBNRNNForCausalLM(config).eval()
+
+
 def run_torchrun(script: Path, *args: str, processes: int = 2):
     """Run ``script`` under ``torchrun --nproc_per_node processes`` (CPU, one thread each) on a free port;
     skip when torchrun is not installed. Returns the completed process."""

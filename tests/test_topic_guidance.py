@@ -4,27 +4,9 @@ beam search and several return sequences, for every topic family."""
 
 import pytest
 import torch
-from conftest import tiny_model
+from conftest import topic_family_model
 
-from topic_lm_hf import RGBNRNNConfig, RGBNRNNForCausalLM, build_vocabularies, documents_from_lists
-
-CORPUS = [[["the", "court", "ruled", "on", "the", "tax", "case"], ["police", "said", "the", "fire", "spread"]],
-          [["the", "team", "won", "the", "game"], ["fans", "cheered", "the", "players"]]]
 FAMILIES = ["tcnlm", "topic_rnn-lstm", "nclm-leta-sdt", "rgbn_rnn"]
-
-
-@pytest.fixture(scope="module")
-def vocabularies():
-    return build_vocabularies(documents_from_lists(CORPUS * 3), min_freq=1, stopwords=["the"], top_fraction=0.0)
-
-
-def _model(family, tok, topic_tok):
-    if family == "rgbn_rnn":
-        torch.manual_seed(0)
-        config = RGBNRNNConfig.from_tokenizers(tok, topic_tok, topic_sizes=[4, 2], hidden_sizes=[16, 16],
-                                               embedding_size=16)
-        return RGBNRNNForCausalLM(config).eval()
-    return tiny_model(family, tok, topic_tok).eval()
 
 
 def _prompt(tok):
@@ -49,9 +31,9 @@ def naive_guided_greedy(model, prompt, topic_ids, scale, steps):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_guided_greedy_equals_the_naive_loop_and_cached_equals_uncached(vocabularies, family):
-    tok, topic_tok = vocabularies
-    model, prompt = _model(family, tok, topic_tok), _prompt(tok)
+def test_guided_greedy_equals_the_naive_loop_and_cached_equals_uncached(tiny_vocabularies, family):
+    tok, topic_tok = tiny_vocabularies
+    model, prompt = topic_family_model(family, tok, topic_tok), _prompt(tok)
     topic_ids = [[1], [2]]
     expected = naive_guided_greedy(model, prompt, torch.tensor(topic_ids), 4.0, steps=6)
     kwargs = dict(topic_ids=topic_ids, topic_guidance_scale=4.0, max_new_tokens=6, min_new_tokens=6, do_sample=False)
@@ -66,9 +48,9 @@ def test_guided_greedy_equals_the_naive_loop_and_cached_equals_uncached(vocabula
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_scale_one_is_plain_generation_exactly(vocabularies, family):
-    tok, topic_tok = vocabularies
-    model, prompt = _model(family, tok, topic_tok), _prompt(tok)
+def test_scale_one_is_plain_generation_exactly(tiny_vocabularies, family):
+    tok, topic_tok = tiny_vocabularies
+    model, prompt = topic_family_model(family, tok, topic_tok), _prompt(tok)
     kwargs = dict(topic_ids=[3], max_new_tokens=5, do_sample=False, output_scores=True, return_dict_in_generate=True)
     guided, plain = model.generate(**prompt, **kwargs, topic_guidance_scale=1.0), model.generate(**prompt, **kwargs)
     assert torch.equal(guided.sequences, plain.sequences)
@@ -76,9 +58,9 @@ def test_scale_one_is_plain_generation_exactly(vocabularies, family):
 
 
 @pytest.mark.parametrize("family", ["tcnlm", "rgbn_rnn"])
-def test_beam_search_and_return_sequences_follow_the_beams(vocabularies, family):
-    tok, topic_tok = vocabularies
-    model, prompt = _model(family, tok, topic_tok), _prompt(tok)
+def test_beam_search_and_return_sequences_follow_the_beams(tiny_vocabularies, family):
+    tok, topic_tok = tiny_vocabularies
+    model, prompt = topic_family_model(family, tok, topic_tok), _prompt(tok)
     kwargs = dict(topic_ids=[1], topic_guidance_scale=3.0, max_new_tokens=5, num_beams=3, num_return_sequences=2)
     cached = model.generate(**prompt, **kwargs)
     assert cached.shape == (4, prompt["input_ids"].shape[1] + 5)
@@ -89,9 +71,9 @@ def test_beam_search_and_return_sequences_follow_the_beams(vocabularies, family)
     assert sampled.shape[0] == 6
 
 
-def test_guidance_needs_a_conditioning_and_a_scale(vocabularies):
-    tok, topic_tok = vocabularies
-    model, prompt = _model("tcnlm", tok, topic_tok), _prompt(tok)
+def test_guidance_needs_a_conditioning_and_a_scale(tiny_vocabularies):
+    tok, topic_tok = tiny_vocabularies
+    model, prompt = topic_family_model("tcnlm", tok, topic_tok), _prompt(tok)
     with pytest.raises(ValueError, match=r"topic_guidance_scale guides towards a conditioning: give one of"):
         model.generate(**prompt, topic_guidance_scale=2.0, max_new_tokens=2)
     with pytest.raises(ValueError, match="topic_guidance_scale must be a number >= 0"):

@@ -6,34 +6,17 @@ import math
 
 import pytest
 import torch
-from conftest import tiny_model
+from conftest import topic_family_model
 
-from topic_lm_hf import (AutoModelForCausalLM, NCLMConfig, RGBNRNNConfig, RGBNRNNForCausalLM, TCNLMConfig,
-                         TopicRNNConfig, build_vocabularies, documents_from_lists)
+from topic_lm_hf import AutoModelForCausalLM, NCLMConfig, RGBNRNNConfig, TCNLMConfig, TopicRNNConfig
 
-CORPUS = [[["the", "court", "ruled", "on", "the", "tax", "case"], ["police", "said", "the", "fire", "spread"]],
-          [["the", "team", "won", "the", "game"], ["fans", "cheered", "the", "players"]]]
 FAMILIES = ["tcnlm", "topic_rnn-lstm", "nclm-leta-sdt", "rgbn_rnn"]
-
-
-@pytest.fixture(scope="module")
-def vocabularies():
-    return build_vocabularies(documents_from_lists(CORPUS * 3), min_freq=1, stopwords=["the"], top_fraction=0.0)
-
-
-def _model(family, tok, topic_tok, **overrides):
-    if family == "rgbn_rnn":
-        torch.manual_seed(0)
-        config = RGBNRNNConfig.from_tokenizers(tok, topic_tok, topic_sizes=[4, 2], hidden_sizes=[16, 16],
-                                               embedding_size=16, **overrides)
-        return RGBNRNNForCausalLM(config).eval()
-    return tiny_model(family, tok, topic_tok, **overrides).eval()
 
 
 def _with_prior(family, tok, topic_tok, weight=0.7):
     """The same weights twice: without the prior, and with it at lambda = ``weight``."""
-    plain = _model(family, tok, topic_tok)
-    prior = _model(family, tok, topic_tok, topic_output_bias="beta", topic_prior_weight_init=weight)
+    plain = topic_family_model(family, tok, topic_tok)
+    prior = topic_family_model(family, tok, topic_tok, topic_output_bias="beta", topic_prior_weight_init=weight)
     missing, unexpected = prior.load_state_dict(plain.state_dict(), strict=False)
     assert missing == ["topic_prior_weight"] and not unexpected
     return plain, prior
@@ -47,8 +30,8 @@ def _representation(model, topic_ids):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_the_prior_is_lambda_log_ratio_at_topic_words_and_zero_elsewhere(vocabularies, family):
-    tok, topic_tok = vocabularies
+def test_the_prior_is_lambda_log_ratio_at_topic_words_and_zero_elsewhere(tiny_vocabularies, family):
+    tok, topic_tok = tiny_vocabularies
     _, model = _with_prior(family, tok, topic_tok)
     t = _representation(model, [[1], [2]])
     with torch.no_grad():
@@ -65,8 +48,8 @@ def test_the_prior_is_lambda_log_ratio_at_topic_words_and_zero_elsewhere(vocabul
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_the_expert_is_the_familys_own_topic_word_distribution(vocabularies, family):
-    tok, topic_tok = vocabularies
+def test_the_expert_is_the_familys_own_topic_word_distribution(tiny_vocabularies, family):
+    tok, topic_tok = tiny_vocabularies
     _, model = _with_prior(family, tok, topic_tok)
     t = _representation(model, [[1]])
     with torch.no_grad():
@@ -84,8 +67,8 @@ def test_the_expert_is_the_familys_own_topic_word_distribution(vocabularies, fam
 
 
 @pytest.mark.parametrize("family", ["tcnlm", "nclm-leta-sdt", "rgbn_rnn"])
-def test_the_logits_are_those_of_the_same_model_without_the_prior_plus_the_prior(vocabularies, family):
-    tok, topic_tok = vocabularies
+def test_the_logits_are_those_of_the_same_model_without_the_prior_plus_the_prior(tiny_vocabularies, family):
+    tok, topic_tok = tiny_vocabularies
     plain, model = _with_prior(family, tok, topic_tok)
     ids = tok(["the court ruled", "police said the"], return_tensors="pt", padding=True)
     with torch.no_grad():
@@ -96,8 +79,8 @@ def test_the_logits_are_those_of_the_same_model_without_the_prior_plus_the_prior
         torch.testing.assert_close(out.logits, base.logits + model.topic_word_prior(t).unsqueeze(1))
 
 
-def test_topic_rnn_with_lambda_zero_is_the_paper_model_and_the_prior_moves_topic_words(vocabularies):
-    tok, topic_tok = vocabularies
+def test_topic_rnn_with_lambda_zero_is_the_paper_model_and_the_prior_moves_topic_words(tiny_vocabularies):
+    tok, topic_tok = tiny_vocabularies
     plain, model = _with_prior("topic_rnn-lstm", tok, topic_tok, weight=0.0)
     ids = tok(["the court ruled"], return_tensors="pt")
     with torch.no_grad():
@@ -110,8 +93,8 @@ def test_topic_rnn_with_lambda_zero_is_the_paper_model_and_the_prior_moves_topic
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_generation_with_the_prior_cached_equals_uncached_and_it_is_saved(vocabularies, family, tmp_path):
-    tok, topic_tok = vocabularies
+def test_generation_with_the_prior_cached_equals_uncached_and_it_is_saved(tiny_vocabularies, family, tmp_path):
+    tok, topic_tok = tiny_vocabularies
     _, model = _with_prior(family, tok, topic_tok, weight=1.3)
     tok.padding_side = "left"
     prompt = tok(["the court", "police said the"], return_tensors="pt", padding=True)

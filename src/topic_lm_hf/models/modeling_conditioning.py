@@ -413,10 +413,14 @@ def angular_diversity(topic_rows: torch.Tensor) -> torch.Tensor:
 
 def topic_word_mask(module: nn.Module, config, device) -> torch.Tensor:
     """(V_c,) bool: the topic-vocabulary entries that are LM words (not the topic ``<unk>``, not words the LM
-    lacks), from the cached :func:`lm_to_topic_index`."""
+    lacks), from :func:`lm_to_topic_index`; cached with it (the output layer reads it at every step)."""
     lm_to_topic = lm_to_topic_index(module, config, device)
+    cached = module.__dict__.get("_topic_word_mask_cache")
+    if cached is not None and cached[0] is lm_to_topic:
+        return cached[1]
     mask = torch.zeros(config.topic_vocab_size, dtype=torch.bool, device=device)
     mask[lm_to_topic[lm_to_topic >= 0]] = True
+    module.__dict__["_topic_word_mask_cache"] = (lm_to_topic, mask)
     return mask
 
 
@@ -445,14 +449,14 @@ class TopicWordPriorMixin:
 
     def topic_word_prior(self, representation: torch.Tensor) -> torch.Tensor:
         """lambda * log(V_c p(w | t)) at every topic word of the LM vocabulary, 0 elsewhere: (b, .) -> (b, V)."""
-        ids = self.config.topic_word_ids
-        if ids is None:
+        if self.config.topic_word_ids is None:
             raise ValueError("topic_output_bias='beta' needs config.topic_word_ids (the LM id of every topic word): "
                              f"build the config with {type(self.config).__name__}.from_tokenizers(tokenizer, "
                              "topic_tokenizer, ...)")
-        n_words = sum(i >= 0 for i in ids)
-        log_ratio = self.topic_word_log_probs(representation).float().clamp_min(math.log(1e-10)) + math.log(n_words)
-        prior = topic_scores_to_vocab(log_ratio, lm_to_topic_index(self, self.config, representation.device))
+        device = representation.device
+        n_words = topic_word_mask(self, self.config, device).sum()  # a tensor: no device sync, no loop over V_c
+        log_ratio = self.topic_word_log_probs(representation).float().clamp_min(math.log(1e-10)) + n_words.log()
+        prior = topic_scores_to_vocab(log_ratio, lm_to_topic_index(self, self.config, device))
         return self.topic_prior_weight.float() * prior
 
 

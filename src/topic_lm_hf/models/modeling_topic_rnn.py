@@ -265,11 +265,13 @@ class TopicRNNForCausalLM(DocumentRepresentationDelegate, TopicWordPriorMixin, T
         usable = topic_word_mask(self, self.config, logits.device)
         return torch.log_softmax(logits.masked_fill(~usable, float("-inf")), dim=-1)
 
-    def bow_nll(self, context_bow: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
-        """-sum_w n_w log p(w | theta) per row (b,), over the topic words of the bags of words (b, V_c)."""
-        log_probs = self.topic_word_log_probs(theta)
-        usable = torch.isfinite(log_probs)
-        return -(context_bow.float() * log_probs.masked_fill(~usable, 0.0)).sum(-1)
+    def bow_nll(self, context_bow: torch.Tensor, theta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(-sum_w n_w log p(w | theta) per row (b,), the number of words that counted): over the topic words of the
+        bags of words (b, V_c); the topic ``<unk>`` and words the LM lacks do not count."""
+        usable = topic_word_mask(self, self.config, context_bow.device)
+        counts = context_bow.float() * usable
+        log_probs = self.topic_word_log_probs(theta).masked_fill(~usable, 0.0)
+        return -(counts * log_probs).sum(-1), counts.sum()
 
     def topic_model_parameters(self) -> list[nn.Parameter]:
         """The inference network and B, for :func:`~topic_lm_hf.pretrain_topic_model`."""
@@ -282,9 +284,8 @@ class TopicRNNForCausalLM(DocumentRepresentationDelegate, TopicWordPriorMixin, T
         bow = normalize_topic_kwargs(self.config.num_topics, self.config.topic_vocab_size,
                                      context_bow=context_bow)["context_bow"].to(self.lm_head.weight.device)
         theta, kl = self.infer_topic_vector(bow.shape[0], context_bow=bow)
-        usable = topic_word_mask(self, self.config, bow.device)
-        count = (bow * usable).sum().clamp_min(1)
-        return (self.bow_nll(bow, theta).sum() + kl.sum()) / count
+        nll, words = self.bow_nll(bow, theta)
+        return (nll.sum() + kl.sum()) / words.clamp_min(1)
 
     # ------------------------------------------------------------------------------------------
     # theta
@@ -398,8 +399,8 @@ class TopicRNNForCausalLM(DocumentRepresentationDelegate, TopicWordPriorMixin, T
                 # Not the paper's ELBO: the bag-of-words likelihood of the context under softmax(B theta).
                 bow = normalize_topic_kwargs(self.config.num_topics, self.config.topic_vocab_size,
                                              context_bow=context_bow)["context_bow"].to(hidden.device)
-                words = (bow * topic_word_mask(self, self.config, bow.device)).sum().clamp_min(1)
-                bow_loss = self.bow_nll(bow, theta).sum() / words  # per context word, as TCNLM's topic terms
+                nll, words = self.bow_nll(bow, theta)
+                bow_loss = nll.sum() / words.clamp_min(1)  # per context word, as TCNLM's topic terms
                 loss = loss + self.config.bow_loss_weight * bow_loss
 
         log_marginal = None
