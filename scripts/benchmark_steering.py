@@ -111,9 +111,11 @@ def train_variant(name, args, tok, topic_tok, train_docs, dev_docs, out: Path):
     result = {"variant": name, "family": family, "overrides": overrides, "recipe": recipe, "what": what,
               "parameters": sum(p.numel() for p in model.parameters())}
     start = time.perf_counter()
+    # rGBN-RNN reads whole documents: a sixteenth as many rows per step is about as many sentences as the others'
+    per_step = (lambda n: max(1, n // 16)) if getattr(model, "reads_documents", False) else (lambda n: n)
     if recipe:
         pre = pretrain_topic_model(model, rows, collator, args.pretrain_steps, learning_rate=args.pretrain_lr,
-                                   batch_size=args.pretrain_batch_size, seed=args.seed,
+                                   batch_size=per_step(args.pretrain_batch_size), seed=args.seed,
                                    eval_dataset=collator.prepare(dev_docs), eval_every=args.pretrain_eval_every,
                                    patience=args.pretrain_patience)
         result["pretraining"] = {"steps": pre.steps, "best_step": pre.best_step, "stopped_by": pre.stopped_by,
@@ -121,8 +123,7 @@ def train_variant(name, args, tok, topic_tok, train_docs, dev_docs, out: Path):
         print(f"   topic model pre-trained: {pre.steps} steps ({pre.stopped_by}), best dev objective "
               f"{pre.best_dev_loss:.3f} at step {pre.best_step}", flush=True)
     step_args = argparse.Namespace(**vars(args))
-    if getattr(model, "reads_documents", False):  # documents per step: about as many chunks as the others
-        step_args.batch_size = max(1, args.batch_size // 16)
+    step_args.batch_size = per_step(args.batch_size)
     result.update(train_for_steps(model, rows, collator, step_args, out))
     result["train_seconds"] = time.perf_counter() - start
     model.save_pretrained(out)
