@@ -111,33 +111,24 @@ to ``results/<corpus>-<size>/``, and the page's block for that run is rewritten 
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import os
 import platform
-import shutil
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
-from transformers import TrainingArguments
-from transformers.trainer_callback import PrinterCallback
 from transformers.utils import logging as hf_logging
 
-from topic_lm_hf import (build_vocabularies, evaluate_topics, load_documents, record_vocabularies,
-                         save_vocabularies)
-from topic_lm_hf.benchmark_training import (BatchTokens, BenchmarkTrainer, DevEarlyStopping, StepTimer, batch_order,
-                                            best_dirs, fast_path, pretrain_topic_model_phase, step_throughput,
-                                            stopped)
+from topic_lm_hf import build_vocabularies, evaluate_topics, load_documents
+from topic_lm_hf.benchmark_training import pretrain_topic_model_phase, step_throughput, train_to_convergence
 from topic_lm_hf.benchmarking import (CLASSES, DATA, MODELS, PROTOCOLS, SIZES, TRAINING_FLAGS, CarriedLoss,
                                       OnDevice, Tee, add_common_arguments, build_model, cached_lda_judge,
                                       check_settings, code_version, evaluate_protocols, fmt, interleaved_step_times,
                                       make_collator, prepared_rows, publish, read_json, read_jsonl, steer,
                                       write_json)
 from topic_lm_hf.evaluation.topics import load_reference_corpus
-from topic_lm_hf.trainer import last_complete_checkpoint
 
 MAX_STEPS = {"cpu": 1000, "paper": 10000}
 BATCH_DOCUMENTS = {"apnews": 4, "brown": 1, "imdb": 6}  # about 60 chunks on APNEWS and IMDB, 100 on Brown
@@ -215,68 +206,17 @@ def load_model(name: str, path: Path, device: str):
 
 
 def train(name: str, model, rows, collator, args, mdir: Path, tok, topic_tok, train_docs, dev_docs) -> dict:
-    """Train one model with early stopping (resuming from its last checkpoint), keep its best weights in
-    ``<mdir>/model``, return its training statistics."""
+    """Train one model with early stopping (``train_to_convergence``: resuming from its last checkpoint), keep its
+    best weights in ``<mdir>/model``, return its training statistics (NCLM: after its topic-model phase)."""
     spec = MODELS[name]
     topics = spec["family"] != "lstm"
     topic_phase = {}
     if spec["family"] == "nclm" and args.topic_model_steps:
         nvdm_args = argparse.Namespace(**{**vars(args), "batch_size": args.topic_model_batch_size})
         topic_phase = pretrain_topic_model_phase(name, model, train_docs, nvdm_args, mdir, tok, topic_tok)
-    ckpt_dir, steps_path, dev_path = mdir / "checkpoints", mdir / "steps.jsonl", mdir / "dev.jsonl"
-    resume = last_complete_checkpoint(ckpt_dir)
-    done = int(resume.rsplit("-", 1)[1]) if resume else 0
-    for path in (steps_path, dev_path):  # what was recorded after the checkpoint is redone
-        kept = [line for line in (path.read_text().splitlines() if path.exists() else [])
-                if line and json.loads(line)["step"] <= done]
-        path.write_text("".join(line + "\n" for line in kept))
-    for step, path in best_dirs(mdir).items():
-        if step > done:
-            shutil.rmtree(path)
-    history = [json.loads(line) for line in dev_path.read_text().splitlines() if line]
-    start = time.perf_counter()
-    if stopped(history, args.patience) or done >= args.max_steps:
-        print(f"   training finished earlier (step {done})", flush=True)
-    else:
-        if resume:
-            print(f"   resuming from {resume} (step {done} of at most {args.max_steps})", flush=True)
-        counting = BatchTokens(collator)
-        targs = TrainingArguments(output_dir=str(ckpt_dir), max_steps=args.max_steps,
-                                  per_device_train_batch_size=args.batch_size, learning_rate=args.lr,
-                                  max_grad_norm=args.clip, logging_steps=max(1, args.eval_steps // 4),
-                                  save_strategy="steps", save_steps=args.eval_steps, save_total_limit=2,
-                                  eval_strategy="no", report_to=[], use_cpu=args.device == "cpu",
-                                  disable_tqdm=True, seed=args.seed, dataloader_num_workers=0)
-        targs, compile_output_layer = fast_path(targs, args)
-        record_vocabularies(model.config, tok, topic_tok if topics else None)  # BatchTokens hides the collator
-        trainer = BenchmarkTrainer(model=model, args=targs, train_dataset=rows, data_collator=counting,
-                                   order=batch_order(len(rows), args.max_steps, args.batch_size, args.seed),
-                                   carry_state=bool(spec.get("carry")), compile_output_layer=compile_output_layer)
-        trainer.remove_callback(PrinterCallback)
-        # StepTimer first: the dev evaluation runs after it has timed the step (and on_save restarts its clock)
-        trainer.add_callback(StepTimer(name, counting, steps_path, lambda step: "joint", args.max_steps))
-        trainer.add_callback(DevEarlyStopping(name, dev_docs, dev_protocol(name), tok, topic_tok, args.eval_steps,
-                                              args.patience, mdir, history))
-        trainer.train(resume_from_checkpoint=resume)
-    seconds = time.perf_counter() - start
-    best_step = min(history, key=lambda h: h["perplexity"])["step"]
-    best = best_dirs(mdir)[best_step]
-    save_vocabularies(tok, topic_tok if topics else None, best)
-    shutil.rmtree(mdir / "model", ignore_errors=True)
-    os.replace(best, mdir / "model")
-    shutil.rmtree(ckpt_dir, ignore_errors=True)
-    records = read_jsonl(steps_path)
-    speed = step_throughput(records)
-    stats = {"parameters": sum(p.numel() for p in model.parameters()), "batch_size": args.batch_size,
-             "steps_trained": history[-1]["step"], "best_step": best_step,
-             "best_dev_perplexity": min(h["perplexity"] for h in history), "dev_protocol": dev_protocol(name),
-             "early_stopped": stopped(history, args.patience), "dev_history": history,
-             "train_seconds": sum(r["seconds"] for r in records), "train_tokens": sum(r["tokens"] for r in records),
-             "steps_timed": len(records), "stalled_steps": speed["stalled_steps"],
-             "seconds_last_session": seconds, "training_context": spec["context"],
-             "carry_state": bool(spec.get("carry")), "code": CODE_VERSION, "tokens_per_s": speed["tokens_per_s"],
-             **topic_phase}
-    return stats
+    stats = train_to_convergence(name, model, rows, collator, args, mdir, tok, topic_tok if topics else None,
+                                 dev_docs, dev_protocol(name), carry_state=bool(spec.get("carry")), code=CODE_VERSION)
+    return {**stats, "training_context": spec["context"], **topic_phase}
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,20 +1,22 @@
 """Do the topics steer? Every topic family, as its paper trains it and with the steering recipe, on APNEWS.
 
 One command trains the same-size LSTM and, for each topic family (TCNLM, TopicLSTM, NCLM LETA, rGBN-RNN), two
-variants on ``apnews/train.txt`` with the same optimiser, schedule and budget (``--steps`` steps of
-``--batch-size`` 30-token chunks; rGBN-RNN reads whole documents, ``--batch-size`` / 16 of them per step, about as
-many chunks):
+variants on ``apnews/train.txt`` with the same optimiser and schedule (steps of ``--batch-size`` 30-token
+chunks; rGBN-RNN reads whole documents, ``--batch-size`` / 16 of them per step, about as many chunks), each until
+its perplexity on a development split (5 % of the training documents, ``causal``) has not improved for
+``--patience`` evaluations ``--eval-steps`` steps apart (at most ``--max-steps`` steps; the best weights are kept):
 
 * ``<family>``: the paper's training and model;
 * ``<family>-recipe``: the steering recipe. The topic model is pre-trained alone on bags of words
   (``pretrain_topic_model``) until its objective on a development split (5 % of the training documents) has not
-  improved for ``--pretrain-patience`` evaluations (at most ``--pretrain-steps`` steps), then the LM joins, with
+  improved for ``--pretrain-patience`` evaluations (at most ``--pretrain-steps`` steps; its NPMI and diversity are
+  recorded), then the LM joins, with
   the shared topic output prior (``topic_output_bias="beta"``: lambda log(V_c p(w | t)) on the topic words, lambda
   learned from ``--prior-weight-init``). TopicLSTM adds its bag-of-words term (``bow_loss_weight=1``) and NCLM
   TCNLM's diversity regulariser (``diversity_weight``). Both are departures from the papers, labelled as such.
 
 Each trained model is measured on ``apnews/valid.txt``: perplexity under ``paper`` and ``causal`` and the
-mismatched-context ablation (``paper`` with another chunk's context; ``own topics`` = ablation - paper), its
+mismatched-context ablation under both (another chunk's context; ``own topics`` = ablation - protocol), its
 topics (NPMI, lau2014 preset against ``wiki/articles.jsonl.gz``, and top-25 diversity), and steering
 (``evaluate_steering``: accuracy by the model's own encoder and by an LDA judge fitted on train.txt, the top-50
 topic-word lift, fluency as the perplexity of the texts under the LSTM of this run, relative to the same
@@ -22,8 +24,9 @@ model's unconditioned texts, and distinct-n) at every decode-time guidance scale
 (``generate(topic_ids=[k], topic_guidance_scale=s)``; s = 1 is plain conditioned generation): the accuracy
 against fluency curve.
 
-Every finished piece (a trained model, its perplexities and topics, each guidance scale's steering) is written
-to ``<output-dir>/<variant>/result.json`` at once, and a rerun skips what is there: an interrupted run resumes.
+Every finished piece (the pre-trained topic model, a trained model, its perplexities and topics, each guidance
+scale's steering) is written under ``<output-dir>/<variant>/`` at once (``result.json``, ``model/``), and a rerun
+skips what is there: an interrupted run resumes, its training from the last checkpoint (one per evaluation).
 The LSTM is the fluency judge of every variant; a process that does not train it waits for another (same
 ``--output-dir``) to finish it, so two single-thread processes can share the work::
 
@@ -34,8 +37,7 @@ The LSTM is the fluency judge of every variant; a process that does not train it
     python scripts/benchmark_steering.py --list                   # the variants and what each changes
     python scripts/benchmark_steering.py --table-only             # the tables from what is finished
 
-These runs stop at their step budget, not by early stopping on the LM (``scripts/benchmark_all.py`` trains to
-convergence); the tables say so.
+The tables say for every run what stopped it (``patience``: converged; ``max_steps``: the cap).
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ from topic_lm_hf import (LSTMLMConfig, LSTMLMForCausalLM, NCLMConfig, NCLMForCau
                          RGBNRNNForCausalLM, TCNLMConfig, TCNLMForCausalLM, TopicContextCollator, TopicRNNConfig,
                          TopicRNNForCausalLM, build_vocabularies, evaluate_perplexity, evaluate_topics,
                          load_documents, pretrain_topic_model)
-from topic_lm_hf.benchmark_training import train_for_steps
+from topic_lm_hf.benchmark_training import train_to_convergence
 from topic_lm_hf.benchmarking import DATA, TRAINING_FLAGS, add_common_arguments, cached_lda_judge, steer
 from topic_lm_hf.evaluation.steering import format_steering_table
 from topic_lm_hf.evaluation.topics import load_reference_corpus
@@ -103,31 +105,42 @@ def write(path: Path, result: dict) -> None:
     path.write_text(json.dumps(result, indent=1, default=str))
 
 
-def train_variant(name, args, tok, topic_tok, train_docs, dev_docs, out: Path):
+def train_variant(name, args, tok, topic_tok, train_docs, dev_docs, mdir: Path, reference):
+    """Train one variant until its development perplexity (``causal``, the 5 % split) stops improving, resumably:
+    the recipe's topic-model pre-training first (saved, so a rerun does not repeat it), then the joint run
+    (``train_to_convergence``). Returns (its result, the model with its best weights)."""
     family, overrides, recipe, what = VARIANTS[name]
     model = build(name, args, tok, topic_tok)
     collator = TopicContextCollator.for_model(model, tok, topic_tok)  # the family's documented training batches
     rows = collator.prepare(train_docs)
-    result = {"variant": name, "family": family, "overrides": overrides, "recipe": recipe, "what": what,
-              "parameters": sum(p.numel() for p in model.parameters())}
-    start = time.perf_counter()
+    result = {"variant": name, "family": family, "overrides": overrides, "recipe": recipe, "what": what}
     # rGBN-RNN reads whole documents: a sixteenth as many rows per step is about as many sentences as the others'
     per_step = (lambda n: max(1, n // 16)) if getattr(model, "reads_documents", False) else (lambda n: n)
-    if recipe:
+    pre_path, pre_dir = mdir / "pretraining.json", mdir / "after_pretraining"
+    if recipe and pre_path.exists():
+        model = type(model).from_pretrained(pre_dir)
+        result["pretraining"] = json.loads(pre_path.read_text())
+        print("   topic model pre-trained earlier", flush=True)
+    elif recipe:
+        start = time.perf_counter()
         pre = pretrain_topic_model(model, rows, collator, args.pretrain_steps, learning_rate=args.pretrain_lr,
                                    batch_size=per_step(args.pretrain_batch_size), seed=args.seed,
                                    eval_dataset=collator.prepare(dev_docs), eval_every=args.pretrain_eval_every,
                                    patience=args.pretrain_patience)
         result["pretraining"] = {"steps": pre.steps, "best_step": pre.best_step, "stopped_by": pre.stopped_by,
                                  "dev_losses": pre.dev_losses, "seconds": time.perf_counter() - start}
+        topics = evaluate_topics(model, reference(), topic_tokenizer=topic_tok)  # the topics the LM starts from
+        result["pretraining"]["topics"] = {k: topics[k] for k in ("npmi", "diversity")}
+        model.save_pretrained(pre_dir)
+        write(pre_path, result["pretraining"])
         print(f"   topic model pre-trained: {pre.steps} steps ({pre.stopped_by}), best dev objective "
-              f"{pre.best_dev_loss:.3f} at step {pre.best_step}", flush=True)
+              f"{pre.best_dev_loss:.3f} at step {pre.best_step}; NPMI {topics['npmi']:.3f}, diversity "
+              f"{topics['diversity']:.2f}", flush=True)
     step_args = argparse.Namespace(**vars(args))
     step_args.batch_size = per_step(args.batch_size)
-    result.update(train_for_steps(model, rows, collator, step_args, out))
-    result["train_seconds"] = time.perf_counter() - start
-    model.save_pretrained(out)
-    return result, model
+    result.update(train_to_convergence(name, model, rows, collator, step_args, mdir, tok,
+                                       None if family == "lstm" else topic_tok, dev_docs, "causal"))
+    return result, AutoModelForCausalLM.from_pretrained(mdir / "model").eval()
 
 
 def measure(name, model, result, args, tok, topic_tok, valid_docs, reference, path: Path) -> None:
@@ -136,10 +149,10 @@ def measure(name, model, result, args, tok, topic_tok, valid_docs, reference, pa
         for protocol in ("paper", "causal"):
             result[protocol] = evaluate_perplexity(model, valid_docs, protocol, tokenizer=tok,
                                                    topic_tokenizer=topic_tok)["perplexity"]
-        if VARIANTS[name][0] != "lstm":
-            result["paper-mismatched"] = evaluate_perplexity(model, valid_docs, "paper", tokenizer=tok,
-                                                             topic_tokenizer=topic_tok,
-                                                             mismatched_context=True)["perplexity"]
+        for protocol in ("paper", "causal") if VARIANTS[name][0] != "lstm" else ():
+            result[f"{protocol}-mismatched"] = evaluate_perplexity(model, valid_docs, protocol, tokenizer=tok,
+                                                                   topic_tokenizer=topic_tok,
+                                                                   mismatched_context=True)["perplexity"]
         write(path, result)
     if VARIANTS[name][0] != "lstm" and "topics" not in result:
         topics = evaluate_topics(model, reference(), topic_tokenizer=topic_tok)
@@ -168,10 +181,14 @@ def main() -> None:
     parser.add_argument("--hidden-size", type=int, default=128)
     parser.add_argument("--num-topics", type=int, default=50)
     parser.add_argument("--output-dir", default="out/benchmark_steering")
-    add_common_arguments(parser, *TRAINING_FLAGS, "--steps", "--batch-size", "--dropout", "--lr", "--clip",
+    parser.add_argument("--max-steps", type=int, default=20000,
+                        help="the cap on joint-training steps (the linear schedule decays to 0 there)")
+    parser.add_argument("--eval-steps", type=int, default=500, help="dev evaluation (and checkpoint) every N steps")
+    parser.add_argument("--patience", type=int, default=3, help="stop after N dev evaluations without improvement")
+    add_common_arguments(parser, *TRAINING_FLAGS, "--batch-size", "--dropout", "--lr", "--clip",
                          "--kl-annealing-steps", "--alpha", "--min-freq", "--max-train-docs", "--max-valid-docs",
                          "--npmi-max-documents", "--steer-topics", "--steer-samples", "--max-new-tokens",
-                         "--threads", "--seed", steps=1500)
+                         "--threads", "--seed")
     args = parser.parse_args()
     if args.list:
         for name, (family, overrides, recipe, what) in VARIANTS.items():
@@ -197,7 +214,8 @@ def main() -> None:
                                         stopwords=DATA / "stopwords" / "mallet_en.txt")
     print(f"APNEWS train {len(train_docs)} docs (+ {len(dev_docs)} development), valid {len(valid_docs)}; "
           f"V = {len(tok)}, V_c = {len(topic_tok)}; E = {args.embedding_size}, H = {args.hidden_size}, "
-          f"T = {args.num_topics}, {args.steps} steps", flush=True)
+          f"T = {args.num_topics}; until the dev perplexity (causal) has not improved for {args.patience} "
+          f"evaluations {args.eval_steps} steps apart, at most {args.max_steps} steps", flush=True)
     if not args.table_only:
         (out / "args.json").write_text(json.dumps(vars(args), indent=1))
     judge = cached_lda_judge(out / f"lda_judge_T{args.num_topics}.pkl", train_docs, topic_tok, args.num_topics,
@@ -214,7 +232,7 @@ def main() -> None:
         if "lstm" not in cache:
             while not (out / "lstm" / "result.json").exists() or "paper" not in read(out / "lstm"):
                 time.sleep(20)
-            cache["lstm"] = LSTMLMForCausalLM.from_pretrained(out / "lstm").eval()
+            cache["lstm"] = LSTMLMForCausalLM.from_pretrained(out / "lstm" / "model").eval()
         return cache["lstm"]
 
     names = [v for v in VARIANTS if v in args.variants]
@@ -223,11 +241,11 @@ def main() -> None:
         mdir.mkdir(exist_ok=True)
         if path.exists():
             result = read(mdir)
-            model = AutoModelForCausalLM.from_pretrained(mdir).eval()
+            model = AutoModelForCausalLM.from_pretrained(mdir / "model").eval()
             print(f"== {name}: trained earlier", flush=True)
         else:
             print(f"\n== {name}: {VARIANTS[name][3]}", flush=True)
-            result, model = train_variant(name, args, tok, topic_tok, train_docs, dev_docs, mdir)
+            result, model = train_variant(name, args, tok, topic_tok, train_docs, dev_docs, mdir, reference)
             write(path, result)
         measure(name, model, result, args, tok, topic_tok, valid_docs, reference, path)
         if name == "lstm":
@@ -254,22 +272,33 @@ def print_tables(out: Path, names, args) -> None:
         args = argparse.Namespace(**json.loads((out / "args.json").read_text()))
     lstm = results.get("lstm")
     print(f"\n### Steering and topic use on APNEWS (valid.txt; E = H = {args.embedding_size}/{args.hidden_size}, "
-          f"T = {args.num_topics}, {args.steps} steps x {args.batch_size} chunks, Adam {args.lr}, dropout "
-          f"{args.dropout}, seed {args.seed}; stopped at the step budget, not converged)\n")
-    print("| variant | pre-training (steps, what stopped it) | ppl paper | ppl causal | vs LSTM (causal) | own topics "
-          "(ablation - paper) | NPMI | diversity |")
-    print("|---|---|---|---|---|---|---|---|")
+          f"T = {args.num_topics}, batches of {args.batch_size} chunks, Adam {args.lr}, dropout {args.dropout}, seed "
+          f"{args.seed}; each run until its dev perplexity (causal) had not improved for {args.patience} evaluations "
+          f"{args.eval_steps} steps apart, at most {args.max_steps} steps)\n")
+    print("| variant | pre-training: steps (what stopped it), NPMI / diversity | joint: best step / trained (what "
+          "stopped it) | ppl paper | ppl causal | vs LSTM (causal) | own topics under causal (ablation - causal) | "
+          "own topics under paper | NPMI | diversity |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for name, r in results.items():
         if "paper" not in r:
             continue
         pre = r.get("pretraining")
-        pre_cell = f"{pre['steps']} ({pre['stopped_by']})" if pre else "-"
-        own = f"{r['paper-mismatched'] - r['paper']:.2f}" if "paper-mismatched" in r else "-"
-        versus = f"{100 * (lstm['causal'] - r['causal']) / lstm['causal']:+.1f} %" if lstm and "paper" in lstm \
-            and name != "lstm" else "-"
-        topics = r.get("topics") or {}
-        print(f"| {name} | {pre_cell} | {r['paper']:.2f} | {r['causal']:.2f} | {versus} | {own} | "
-              f"{topics.get('npmi', float('nan')):.3f} | {topics.get('diversity', float('nan')):.2f} |")
+        pre_cell = "-"
+        if pre:
+            pre_cell = f"{pre['steps']} ({pre['stopped_by']})"
+            if "topics" in pre:
+                pre_cell += f", {pre['topics']['npmi']:.3f} / {pre['topics']['diversity']:.2f}"
+        own = {p: f"{r[p + '-mismatched'] - r[p]:.2f}" if p + "-mismatched" in r else "-" for p in ("paper", "causal")}
+        versus = "-"
+        if lstm and "paper" in lstm and name != "lstm":
+            gain = lstm["causal"] - r["causal"]
+            versus = f"{100 * gain / lstm['causal']:+.1f} %"
+            if gain > 0 and "causal-mismatched" in r:
+                own["causal"] += f" ({100 * (r['causal-mismatched'] - r['causal']) / gain:.0f} % of the gain)"
+        topics = {"npmi": float("nan"), "diversity": float("nan"), **(r.get("topics") or {})}
+        print(f"| {name} | {pre_cell} | {r.get('best_step', '?')} / {r.get('steps_trained', '?')} "
+              f"({r.get('stopped_by', '?')}) | {r['paper']:.2f} | {r['causal']:.2f} | {versus} | {own['causal']} | "
+              f"{own['paper']} | {topics['npmi']:.3f} | {topics['diversity']:.2f} |")
     steering = {f"{name}, s = {scale}": s for name, r in results.items()
                 for scale, s in r.get("steering", {}).items()}
     if steering:

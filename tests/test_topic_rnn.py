@@ -559,3 +559,65 @@ def test_free_bits_floor_each_dimensions_batch_mean_kl_in_the_loss_only(toy):
         assert float(freed.loss.detach()) > float(out.loss.detach())
     with pytest.raises(ValueError, match="kl_free_bits"):
         TopicRNNConfig(kl_free_bits=-1.0)
+
+
+# ----------------------------------------------------------------------------------------------
+# theta_transform="softmax": a logistic-normal topic proportion (a departure from the paper)
+# ----------------------------------------------------------------------------------------------
+
+
+def test_softmax_theta_is_a_distribution_over_topics_and_topic_ids_are_pure_topics(toy, tmp_path):
+    tok, topic_tok = toy
+    with pytest.raises(ValueError, match="theta_transform must be None"):
+        tiny_config(tok, topic_tok, theta_transform="sigmoid")
+    model = tiny_model(tok, topic_tok, theta_transform="softmax").eval()
+    paper = tiny_model(tok, topic_tok).eval()  # the paper's Gaussian theta, with the same weights
+    missing = paper.load_state_dict(model.state_dict(), strict=False)
+    assert missing.unexpected_keys == ["model.inference_net.theta_proj.weight", "model.inference_net.theta_proj.bias"]
+    batch = sentence_batch(tok, topic_tok)
+    mu, log_sigma = model.model.inference_net(batch["context_bow"])
+    # theta = softmax(W mu + b) in eval mode; the KL is the Gaussian one, on z: the same as the paper's model.
+    out = model(batch["input_ids"], context_bow=batch["context_bow"], labels=batch["labels"])
+    ref = paper(batch["input_ids"], context_bow=batch["context_bow"], labels=batch["labels"])
+    proj = model.model.inference_net.theta_proj
+    assert torch.allclose(out.topic_mixture, torch.softmax(proj(mu), -1))
+    assert torch.allclose(out.topic_mixture.sum(-1), torch.ones(len(batch["input_ids"])))
+    assert torch.allclose(out.kl_loss, ref.kl_loss)
+    # ... and the model is the paper's model read at theta = softmax(W mu + b).
+    assert torch.allclose(out.logits, paper(batch["input_ids"], topic_mixture=out.topic_mixture).logits, atol=1e-6)
+    assert torch.allclose(model.infer_topics(batch["context_bow"]), out.topic_mixture)
+    # In training theta is read at a sample: still a distribution, not the one at mu.
+    model.train()
+    sampled = model(batch["input_ids"], context_bow=batch["context_bow"]).topic_mixture
+    assert torch.allclose(sampled.sum(-1), torch.ones(len(sampled))) and not torch.allclose(sampled, out.topic_mixture)
+    model.eval()
+    # topic_ids are pure topics (no steering_scale), a set is the uniform mixture over it.
+    prompt = tok(["the senate"], return_tensors="pt")
+    assert torch.equal(model(**prompt, topic_ids=[1]).topic_mixture, torch.tensor([[0.0, 1.0, 0.0]]))
+    assert torch.allclose(model(**prompt, topic_ids=[[0, 2]]).topic_mixture, torch.tensor([[0.5, 0.0, 0.5]]))
+    assert torch.equal(model.generate(topic_ids=[1], max_new_tokens=4, do_sample=False, pad_token_id=0,
+                                      eos_token_id=None),
+                       model.generate(topic_mixture=torch.tensor([0.0, 1.0, 0.0]), max_new_tokens=4,
+                                      do_sample=False, pad_token_id=0, eos_token_id=None))
+    with pytest.raises(ValueError, match="sum to 1|non-negative|distribution"):
+        model.generate(topic_mixture=torch.tensor([2.0, -1.0, 0.5]), max_new_tokens=2)
+    # The bag-of-words likelihood is LDA's mixture of the topics' distributions softmax(B[:, k]) over the usable
+    # topic words, by hand word by word.
+    theta = torch.tensor([[0.2, 0.0, 0.8], [0.0, 1.0, 0.0]])
+    log_probs = model.topic_word_log_probs(theta).detach()
+    usable = [i for i, lm_id in enumerate(model.config.topic_word_ids) if lm_id >= 0]
+    B = model.topic_head.weight.detach()
+    for row in range(2):
+        for w in range(len(topic_tok)):
+            if w not in usable:
+                assert log_probs[row, w] == float("-inf")
+                continue
+            p = sum(float(theta[row, k]) * math.exp(float(B[w, k])) / sum(math.exp(float(B[u, k])) for u in usable)
+                    for k in range(3))
+            assert abs(float(log_probs[row, w]) - math.log(p)) < 1e-5
+    assert torch.allclose(log_probs[1].exp(), model.topic_word_distributions()[1], atol=1e-6)  # topic 1 itself
+    model.save_pretrained(tmp_path)
+    loaded = TopicRNNForCausalLM.from_pretrained(tmp_path).eval()
+    assert loaded.config.theta_transform == "softmax"
+    assert torch.equal(loaded(**prompt, topic_ids=[2]).logits, model(**prompt, topic_ids=[2]).logits)
+

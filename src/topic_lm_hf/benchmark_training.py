@@ -3,7 +3,8 @@ predicted tokens of every batch counted (``CountingCollator``, ``BatchTokens``),
 batches in the same order (``batch_order``, ``BenchmarkTrainer``) with one linear schedule per phase, every step
 timed (``StepTimer``, ``step_throughput``: tokens/s robust to a paused process), NCLM's topic-model phase
 (``pretrain_topic_model_phase``), a plain run (``train_for_steps``), a resumable run (``train_resumable``), and
-early stopping on a development split (``DevEarlyStopping``). The rest of what the scripts share (command line,
+a resumable run to convergence: early stopping on a development split (``DevEarlyStopping``,
+``train_to_convergence``). The rest of what the scripts share (command line,
 result folders, models, measurements) is in ``topic_lm_hf.benchmarking``.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 import statistics
 import time
@@ -385,3 +387,71 @@ class DevEarlyStopping(TrainerCallback):
         for s, path in best_dirs(self.mdir).items():
             if kept and s < max(kept):
                 shutil.rmtree(path, ignore_errors=True)
+
+
+def train_to_convergence(name: str, model, rows, collator, args, mdir: Path, tok, topic_tok, dev_docs,
+                         dev_protocol: str = "causal", carry_state: bool = False, code: str = "?") -> dict:
+    """Train one model until its development perplexity stops improving, resumably; keep its best weights.
+
+    At most ``args.max_steps`` steps of ``args.batch_size`` rows in the seeded order of ``batch_order`` (Adam
+    ``args.lr``, linear warm-up over 2 % then decay to 0 at ``args.max_steps``, clip ``args.clip``); every
+    ``args.eval_steps`` steps the perplexity of ``dev_docs`` under ``dev_protocol`` (``DevEarlyStopping``) and a
+    checkpoint; the run stops after ``args.patience`` evaluations without improvement. An interrupted run resumes
+    from its last complete checkpoint (``<mdir>/checkpoints``) with its early-stopping state (``<mdir>/dev.jsonl``);
+    a finished one is not trained again. The best weights and the vocabularies (``tok``, and ``topic_tok`` unless
+    it is None) end in ``<mdir>/model``. Returns the training statistics, ``stopped_by`` saying what ended the run
+    (``"patience"`` or ``"max_steps"``)."""
+    ckpt_dir, steps_path, dev_path = mdir / "checkpoints", mdir / "steps.jsonl", mdir / "dev.jsonl"
+    resume = last_complete_checkpoint(ckpt_dir)
+    done = int(resume.rsplit("-", 1)[1]) if resume else 0
+    for path in (steps_path, dev_path):  # what was recorded after the checkpoint is redone
+        kept = [line for line in (path.read_text().splitlines() if path.exists() else [])
+                if line and json.loads(line)["step"] <= done]
+        path.write_text("".join(line + "\n" for line in kept))
+    for step, path in best_dirs(mdir).items():
+        if step > done:
+            shutil.rmtree(path)
+    history = [json.loads(line) for line in dev_path.read_text().splitlines() if line]
+    start = time.perf_counter()
+    device = getattr(args, "device", "cpu")
+    if stopped(history, args.patience) or done >= args.max_steps:
+        print(f"   training finished earlier (step {done})", flush=True)
+    else:
+        if resume:
+            print(f"   resuming from {resume} (step {done} of at most {args.max_steps})", flush=True)
+        counting = BatchTokens(collator)
+        targs = TrainingArguments(output_dir=str(ckpt_dir), max_steps=args.max_steps,
+                                  per_device_train_batch_size=args.batch_size, learning_rate=args.lr,
+                                  max_grad_norm=args.clip, logging_steps=max(1, args.eval_steps // 4),
+                                  save_strategy="steps", save_steps=args.eval_steps, save_total_limit=2,
+                                  eval_strategy="no", report_to=[], use_cpu=device == "cpu",
+                                  disable_tqdm=True, seed=args.seed, dataloader_num_workers=0)
+        targs, compile_output_layer = fast_path(targs, args)
+        record_vocabularies(model.config, tok, topic_tok)  # BatchTokens hides the collator
+        trainer = BenchmarkTrainer(model=model, args=targs, train_dataset=rows, data_collator=counting,
+                                   order=batch_order(len(rows), args.max_steps, args.batch_size, args.seed),
+                                   carry_state=carry_state, compile_output_layer=compile_output_layer)
+        trainer.remove_callback(PrinterCallback)
+        # StepTimer first: the dev evaluation runs after it has timed the step (and on_save restarts its clock)
+        trainer.add_callback(StepTimer(name, counting, steps_path, lambda step: "joint", args.max_steps))
+        trainer.add_callback(DevEarlyStopping(name, dev_docs, dev_protocol, tok, topic_tok, args.eval_steps,
+                                              args.patience, mdir, history))
+        trainer.train(resume_from_checkpoint=resume)
+    seconds = time.perf_counter() - start
+    best_step = min(history, key=lambda h: h["perplexity"])["step"]
+    best = best_dirs(mdir)[best_step]
+    save_vocabularies(tok, topic_tok, best)
+    shutil.rmtree(mdir / "model", ignore_errors=True)
+    os.replace(best, mdir / "model")
+    shutil.rmtree(ckpt_dir, ignore_errors=True)
+    records = read_jsonl(steps_path)
+    speed = step_throughput(records)
+    early = stopped(history, args.patience)
+    return {"parameters": sum(p.numel() for p in model.parameters()), "batch_size": args.batch_size,
+            "steps_trained": history[-1]["step"], "best_step": best_step,
+            "best_dev_perplexity": min(h["perplexity"] for h in history), "dev_protocol": dev_protocol,
+            "early_stopped": early, "stopped_by": "patience" if early else "max_steps", "max_steps": args.max_steps,
+            "dev_history": history, "train_seconds": sum(r["seconds"] for r in records),
+            "train_tokens": sum(r["tokens"] for r in records), "steps_timed": len(records),
+            "stalled_steps": speed["stalled_steps"], "seconds_last_session": seconds, "carry_state": carry_state,
+            "code": code, "tokens_per_s": speed["tokens_per_s"]}

@@ -30,6 +30,16 @@ class TopicRNNConfig(TopicConfigMixin, ClassifierConfigMixin, CompactReprMixin, 
         hidden_size: recurrent hidden size H.
         num_hidden_layers: stacked recurrent layers.
         num_topics: K, the dimension of the Gaussian topic vector theta.
+        theta_transform: ``None`` (the paper): theta is the Gaussian vector itself, any real vector.
+            ``"softmax"``: theta = softmax(W z + b) of the Gaussian sample z (the Gaussian softmax construction of
+            Miao et al. 2017, TCNLM's topic proportions; not in the paper): theta is a distribution over the K
+            topics, a document's largest entry is its dominant topic, ``topic_ids=[k]`` is the pure topic
+            theta = e_k (a set S: 1/|S| on each) and ``topic_mixture`` must be a distribution. The KL is the
+            Gaussian one, on z. The bag-of-words likelihood (``bow_loss_weight``, ``topic_model_loss``, the shared
+            topic output prior) is then LDA's mixture p(w | theta) = sum_k theta_k softmax(B[:, k]) over the
+            topic words, TCNLM's topic model: column k of B is topic k's word distribution (in log space), and
+            the LM's topic bias B theta moves the logits towards the same words. It makes the columns of B read
+            as topics and steer (see the README).
         inference_hidden_size: units of each hidden layer of the inference network (200 in the
             paper's PTB experiments, 500 for IMDB).
         inference_num_layers: hidden layers of the inference network (2 in the paper).
@@ -62,7 +72,8 @@ class TopicRNNConfig(TopicConfigMixin, ClassifierConfigMixin, CompactReprMixin, 
             (:class:`~topic_lm_hf.models.configuration_common.ClassifierConfigMixin`); the defaults are the
             paper's MLP with 50 sigmoid units (after Le & Mikolov 2014) on frozen features.
         initializer_range: weights are initialised uniformly in [-r, r].
-        steering_scale: what ``topic_ids`` mean for the real-valued theta: ``topic_ids=[k]`` is
+        steering_scale: what ``topic_ids`` mean for the paper's real-valued theta (``theta_transform=None``):
+            ``topic_ids=[k]`` is
             theta = ``steering_scale`` * e_k, and a set S of topics is
             theta = ``steering_scale`` * sum_{k in S} e_k / sqrt(|S|) (the same norm). The prior is
             N(0, I), so the default 3.0 is three prior standard deviations along topic k: the topic
@@ -87,7 +98,8 @@ class TopicRNNConfig(TopicConfigMixin, ClassifierConfigMixin, CompactReprMixin, 
                  topic_prior_weight_init: float = 0.0,
                  feature_log_sigma: bool = True, initializer_range: float = 0.1,
                  use_cache: bool = True, pad_token_id: int = 0, bos_token_id: int = 2, eos_token_id: int = 3,
-                 unk_token_id: int = 1, steering_scale: float = 3.0, **kwargs):
+                 unk_token_id: int = 1, steering_scale: float = 3.0, theta_transform: Optional[str] = None,
+                 **kwargs):
         if cell not in CELLS:
             raise ValueError(f"cell must be one of {CELLS}, got {cell!r}")
         check_integers(1, vocab_size=vocab_size, topic_vocab_size=topic_vocab_size, embedding_size=embedding_size,
@@ -99,6 +111,9 @@ class TopicRNNConfig(TopicConfigMixin, ClassifierConfigMixin, CompactReprMixin, 
             raise ValueError(f"dropout must be in [0, 1), got {dropout}")
         if not max_log_sigma > 0:
             raise ValueError(f"max_log_sigma must be positive, got {max_log_sigma}")
+        if theta_transform not in (None, "softmax"):
+            raise ValueError(f"theta_transform must be None (the paper's Gaussian theta) or 'softmax', "
+                             f"got {theta_transform!r}")
         if not steering_scale > 0:
             raise ValueError(f"steering_scale must be positive, got {steering_scale!r}")
         if not kl_free_bits >= 0:
@@ -132,6 +147,7 @@ class TopicRNNConfig(TopicConfigMixin, ClassifierConfigMixin, CompactReprMixin, 
         self.feature_log_sigma = feature_log_sigma
         self.initializer_range = initializer_range
         self.steering_scale = float(steering_scale)
+        self.theta_transform = theta_transform
         self.use_cache = use_cache
         kwargs = self._pop_classifier_settings(kwargs)
         kwargs.pop("tie_word_embeddings", None)

@@ -18,6 +18,12 @@ from torch.nn import functional as F
 
 from .modeling_recurrent import reorder_state
 
+# Spread of the topic-word logits at initialisation where a topic is a softmax over words and the topic proportions
+# are a distribution (TCNLM's beta, TopicRNN's columns of B with theta_transform="softmax"): topics start as
+# distinct random distributions, so that log p(d | t) depends on t from the first step; near-uniform topics reward
+# no posterior away from the prior, and the KL term collapses it (TCNLM on APNEWS: t constant within 50 steps).
+TOPIC_LOGIT_INIT_STD = 1.5
+
 
 # ----------------------------------------------------------------------------------------------
 # topic conditioning given to generate() / forward()

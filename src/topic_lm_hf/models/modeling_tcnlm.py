@@ -70,14 +70,13 @@ from transformers import GenerationMixin
 from transformers.utils import ModelOutput
 
 from .configuration_tcnlm import TCNLMConfig
-from .modeling_conditioning import (TopicGenerationMixin, TopicWordPriorMixin, angular_diversity,
+from .modeling_conditioning import (TOPIC_LOGIT_INIT_STD, TopicGenerationMixin, TopicWordPriorMixin, angular_diversity,
                                     normalize_topic_kwargs, topic_ids_to_mixture, topic_vocabulary)
 from .modeling_document import DocumentClassifierMixin, DocumentRepresentationDelegate, DocumentRepresentationMixin
 from .modeling_recurrent import (RecurrentPreTrainedModel, TopicLMOutput, causal_lm_loss, detach_or_none,
                                  embed_checked, last_columns, run_rnn, run_rnn_layers)
 
 NUM_GATES = 4  # i, f, g (= c~), o
-TOPIC_LOGIT_INIT_STD = 1.5  # spread of the topic-word logits at initialisation (TCNLMPreTrainedModel._init_weights)
 
 
 # ----------------------------------------------------------------------------------------------

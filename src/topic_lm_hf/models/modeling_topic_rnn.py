@@ -68,7 +68,7 @@ from transformers import GenerationMixin
 from transformers.utils import ModelOutput
 
 from .configuration_topic_rnn import TopicRNNConfig
-from .modeling_conditioning import (TopicGenerationMixin, TopicWordPriorMixin, lm_to_topic_index,
+from .modeling_conditioning import (TOPIC_LOGIT_INIT_STD, TopicGenerationMixin, TopicWordPriorMixin, lm_to_topic_index,
                                     normalize_topic_kwargs, topic_ids_to_mixture, topic_scores_to_vocab,
                                     topic_vocabulary, topic_word_mask)
 from .modeling_document import DocumentClassifierMixin, DocumentRepresentationDelegate, DocumentRepresentationMixin
@@ -111,6 +111,12 @@ class TopicRNNPreTrainedModel(RecurrentPreTrainedModel):
     conditioning_inputs = ("context_bow", "topic_mixture", "topic_ids")
     training_context = "others"
 
+    def _init_weights(self, module):
+        super()._init_weights(module)
+        if self.config.theta_transform == "softmax" and isinstance(getattr(module, "topic_head", None), nn.Linear):
+            # B's columns are the topics' word logits: distinct random distributions from the start
+            nn.init.normal_(module.topic_head.weight, 0.0, TOPIC_LOGIT_INIT_STD)
+
     def set_topic_vocabulary(self, tokenizer, topic_tokenizer) -> None:
         """Set ``config.topic_word_ids`` (hence the stop-word indicator) from the two tokenizers."""
         if len(tokenizer) != self.config.vocab_size or len(topic_tokenizer) != self.config.topic_vocab_size:
@@ -130,6 +136,8 @@ class TopicRNNInferenceNetwork(nn.Module):
         self.layers = nn.ModuleList(nn.Linear(n_in, n_out) for n_in, n_out in zip(sizes[:-1], sizes[1:]))
         self.mean = nn.Linear(config.inference_hidden_size, config.num_topics)
         self.log_sigma = nn.Linear(config.inference_hidden_size, config.num_topics)
+        if config.theta_transform == "softmax":  # theta = softmax(W z + b), the Gaussian softmax construction
+            self.theta_proj = nn.Linear(config.num_topics, config.num_topics)
         self.input_transform = config.inference_input
         self.max_log_sigma = config.max_log_sigma
 
@@ -214,7 +222,9 @@ class TopicRNNForCausalLM(DocumentRepresentationDelegate, TopicWordPriorMixin, T
       :class:`TopicRNNConfig`); no KL term.
     """
 
-    _topic_mixture_on_simplex = False  # theta is Gaussian: any real vector
+    @property
+    def _topic_mixture_on_simplex(self) -> bool:
+        return self.config.theta_transform == "softmax"  # the paper's Gaussian theta is any real vector
 
     def __init__(self, config: TopicRNNConfig):
         super().__init__(config)
@@ -258,11 +268,16 @@ class TopicRNNForCausalLM(DocumentRepresentationDelegate, TopicWordPriorMixin, T
         return topic_scores_to_vocab(topic_logits, self.lm_to_topic_index(theta.device))
 
     def topic_word_log_probs(self, theta: torch.Tensor) -> torch.Tensor:
-        """log p(w | theta) = log softmax(B theta) over the topic words (b, V_c); -inf at the topic ``<unk>`` and at
-        words the LM lacks. The bag-of-words likelihood of ``bow_loss_weight`` and of :meth:`topic_model_loss`,
-        and the shared topic output prior's expert."""
+        """log p(w | theta) over the topic words (b, V_c): log softmax(B theta) (the paper's theta) or, with
+        ``theta_transform="softmax"``, log sum_k theta_k softmax(B[:, k]) (LDA's mixture); -inf at the topic
+        ``<unk>`` and at words the LM lacks. The bag-of-words likelihood of ``bow_loss_weight`` and of
+        :meth:`topic_model_loss`, and the shared topic output prior's expert."""
+        usable = topic_word_mask(self, self.config, theta.device)
+        if self.config.theta_transform == "softmax":
+            topics = torch.softmax(self.topic_head.weight.float().T.masked_fill(~usable, float("-inf")), dim=-1)
+            mixture = theta.float() @ topics  # (b, K) @ (K, V_c)
+            return torch.log(mixture.clamp_min(1e-30)).masked_fill(~usable, float("-inf"))
         logits = self.topic_head(theta.to(self.topic_head.weight.dtype)).float()
-        usable = topic_word_mask(self, self.config, logits.device)
         return torch.log_softmax(logits.masked_fill(~usable, float("-inf")), dim=-1)
 
     def bow_nll(self, context_bow: torch.Tensor, theta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -292,11 +307,20 @@ class TopicRNNForCausalLM(DocumentRepresentationDelegate, TopicWordPriorMixin, T
     # ------------------------------------------------------------------------------------------
 
     def steering_vector(self, topic_ids) -> torch.Tensor:
-        """theta (b, K) for ``topic_ids``: ``config.steering_scale`` * sum_{k in S} e_k / sqrt(|S|) per row."""
+        """theta (b, K) for ``topic_ids``: ``config.steering_scale`` * sum_{k in S} e_k / sqrt(|S|) per row (with
+        ``theta_transform="softmax"``: the distribution with 1/|S| on each topic of S)."""
         ids = normalize_topic_kwargs(self.config.num_topics, self.config.topic_vocab_size,
                                      topic_ids=topic_ids)["topic_ids"].to(self.lm_head.weight.device)
         mixture = topic_ids_to_mixture(ids, self.config.num_topics)  # 1/|S| on each listed topic
+        if self.config.theta_transform == "softmax":
+            return mixture
         return self.config.steering_scale * mixture / mixture.norm(dim=-1, keepdim=True)
+
+    def _theta(self, z: torch.Tensor) -> torch.Tensor:
+        """theta from the Gaussian vector z: z itself (the paper) or softmax(W z + b) (``theta_transform``)."""
+        if self.config.theta_transform == "softmax":
+            return torch.softmax(self.model.inference_net.theta_proj(z).float(), dim=-1)
+        return z
 
     def infer_topic_vector(self, batch_size: int, context_bow=None, topic_mixture=None, device=None, topic_ids=None):
         """theta (b, K) and the KL of each row and dimension (b, K) (None when theta is given or steered by
@@ -304,7 +328,7 @@ class TopicRNNForCausalLM(DocumentRepresentationDelegate, TopicWordPriorMixin, T
         device = device if device is not None else self.lm_head.weight.device
         cond = normalize_topic_kwargs(self.config.num_topics, self.config.topic_vocab_size, batch_size,
                                       topic_ids=topic_ids, topic_mixture=topic_mixture, context_bow=context_bow,
-                                      mixture_on_simplex=False)
+                                      mixture_on_simplex=self._topic_mixture_on_simplex)
         if "topic_ids" in cond:
             return self.steering_vector(cond["topic_ids"]).to(device), None
         if "topic_mixture" in cond:
@@ -313,8 +337,8 @@ class TopicRNNForCausalLM(DocumentRepresentationDelegate, TopicWordPriorMixin, T
         bow = bow.to(device) if bow is not None else torch.zeros(batch_size, self.config.topic_vocab_size,
                                                                  device=device)
         mean, log_sigma = self.model.inference_net(bow)  # (b, K) each
-        theta = mean + torch.exp(log_sigma) * torch.randn_like(mean) if self.training else mean
-        return theta, gaussian_kl(mean, log_sigma, per_dimension=True)
+        z = mean + torch.exp(log_sigma) * torch.randn_like(mean) if self.training else mean
+        return self._theta(z), gaussian_kl(mean, log_sigma, per_dimension=True)
 
     # ------------------------------------------------------------------------------------------
     # forward
@@ -452,13 +476,13 @@ class TopicRNNForCausalLM(DocumentRepresentationDelegate, TopicWordPriorMixin, T
 
     @torch.no_grad()
     def infer_topics(self, context_bow) -> torch.Tensor:
-        """theta (b, K) of documents given as bags of words (b, V_c): the posterior mean of
-        q(theta | X_c). theta is a real vector (not a distribution); its largest entry is the
-        document's dominant topic in the sense of ``topic_ids`` (theta along e_k)."""
+        """theta (b, K) of documents given as bags of words (b, V_c): theta at the posterior mean of
+        q(z | X_c). The paper's theta is a real vector (not a distribution); with ``theta_transform="softmax"``
+        it is a distribution. Its largest entry is the document's dominant topic in the sense of ``topic_ids``."""
         bow = normalize_topic_kwargs(self.config.num_topics, self.config.topic_vocab_size,
                                      context_bow=context_bow)["context_bow"].to(self.lm_head.weight.device)
         mean, _ = self.model.inference_net(bow)
-        return mean
+        return self._theta(mean)
 
 
 
