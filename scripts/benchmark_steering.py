@@ -12,8 +12,10 @@ its perplexity on a development split (5 % of the training documents, ``causal``
   improved for ``--pretrain-patience`` evaluations (at most ``--pretrain-steps`` steps; its NPMI and diversity are
   recorded), then the LM joins, with
   the shared topic output prior (``topic_output_bias="beta"``: lambda log(V_c p(w | t)) on the topic words, lambda
-  learned from ``--prior-weight-init``). TopicLSTM adds its bag-of-words term (``bow_loss_weight=1``) and NCLM
-  TCNLM's diversity regulariser (``diversity_weight``). Both are departures from the papers, labelled as such.
+  learned from ``--prior-weight-init``). TopicLSTM adds its bag-of-words term (``bow_loss_weight=1``) and reads
+  its topics as proportions (``theta_transform="softmax"``: theta = softmax(W z + b), the bag-of-words likelihood
+  LDA's mixture of the columns of B), NCLM TCNLM's diversity regulariser (``diversity_weight``). These are
+  departures from the papers, labelled as such.
 
 Each trained model is measured on ``apnews/valid.txt``: perplexity under ``paper`` and ``causal`` and the
 mismatched-context ablation under both (another chunk's context; ``own topics`` = ablation - protocol), its
@@ -68,8 +70,9 @@ VARIANTS = {
     "tcnlm": ("tcnlm", {}, False, "TCNLM as in the paper (KL annealed)"),
     "tcnlm-recipe": ("tcnlm", {"topic_output_bias": "beta"}, True, f"TCNLM, {RECIPE}"),
     "topic-lstm": ("topic_rnn", {"cell": "lstm"}, False, "TopicLSTM, the paper's ELBO"),
-    "topic-lstm-recipe": ("topic_rnn", {"cell": "lstm", "topic_output_bias": "beta", "bow_loss_weight": 1.0}, True,
-                          f"TopicLSTM, {RECIPE}, and the bag-of-words term"),
+    "topic-lstm-recipe": ("topic_rnn", {"cell": "lstm", "topic_output_bias": "beta", "bow_loss_weight": 1.0,
+                                        "theta_transform": "softmax"}, True,
+                          f"TopicLSTM, {RECIPE}, the bag-of-words term and Gaussian softmax topic proportions"),
     "nclm-leta": ("nclm", {"variant": "leta"}, False, "NCLM LETA as in the paper (alpha 0.01)"),
     "nclm-leta-recipe": ("nclm", {"variant": "leta", "topic_output_bias": "beta", "diversity_weight": 1.0}, True,
                          f"NCLM LETA, {RECIPE}, and the diversity regulariser"),
