@@ -65,7 +65,7 @@ class ModelArguments:
     pretrain_topic_model_steps: int = field(default=0, metadata={
         "help": "Train the topic model alone on bags of words first (pretrain_topic_model), at most this many "
                 "steps, stopping when its objective on the validation documents has not improved for 3 "
-                "evaluations (every 100 steps); the best topic model is kept. With "
+                "evaluations (every 500 steps); the best topic model is kept. With "
                 "--config_overrides topic_output_bias=beta it is the recipe that makes topics steer. 0: the "
                 "paper's joint training from scratch."})
 

@@ -72,7 +72,7 @@ def topic_model_objective(model, dataset, collator, batch_size: int = 64) -> flo
 
 
 def pretrain_topic_model(model, dataset, collator, steps: int, learning_rate: float = 2e-3, batch_size: int = 64,
-                         max_grad_norm: float = 5.0, seed: int = 0, eval_dataset=None, eval_every: int = 100,
+                         max_grad_norm: float = 5.0, seed: int = 0, eval_dataset=None, eval_every: int = 500,
                          patience: int = 3, callback: Optional[Callable[[int, float], None]] = None
                          ) -> TopicPretrainingResult:
     """Train only the topic model of ``model`` on the ``context_bow`` of ``collator`` batches (Adam).
@@ -84,7 +84,9 @@ def pretrain_topic_model(model, dataset, collator, steps: int, learning_rate: fl
         steps: the most Adam steps; each reads ``batch_size`` rows drawn at random (seeded).
         eval_dataset: development rows (same collator): every ``eval_every`` steps the objective on them is
             measured; the run stops after ``patience`` evaluations without improvement, and the topic model of
-            the best evaluation is restored. None: ``steps`` steps, the last topic model kept.
+            the best evaluation is restored. None: ``steps`` steps, the last topic model kept. (On APNEWS the
+            topics' NPMI still rose long after the objective's first plateaus: TCNLM's from 0.035 at 1,000 steps
+            to 0.048 at 5,000; hence evaluations 500 steps apart by default.)
         callback: called as ``callback(step, loss)`` after every step (progress display).
 
     Returns:
