@@ -76,6 +76,8 @@ FAMILIES = {
     "topic_rnn-rnn": ("topic_rnn", {"cell": "rnn", "num_topics": 4, "inference_hidden_size": 16}),
     "topic_rnn-lstm": ("topic_rnn", {"cell": "lstm", "num_topics": 4, "inference_hidden_size": 16}),
     "topic_rnn-gru": ("topic_rnn", {"cell": "gru", "num_topics": 4, "inference_hidden_size": 16}),
+    "topic_rnn-softmax": ("topic_rnn", {"cell": "lstm", "num_topics": 4, "inference_hidden_size": 16,
+                                        "theta_transform": "softmax"}),
     "nclm-leta-sdt": ("nclm", {"variant": "leta", "sentence_topics": True, "num_topics": 4, "encoder_hidden_size": 16,
                                "etr_top_n": 5, "num_topic_samples": 2}),
 }

@@ -184,9 +184,10 @@ def _nclm(variant, sentence_topics):
                   exact_round_trip=("chunks",))
 
 
-def _topic_rnn(cell):
-    return Family(TopicRNNConfig, TopicRNNForCausalLM, TopicRNNModel, dict(cell=cell, **TOPIC_RNN),
-                  state_size=2 if cell == "lstm" else 1, conditions=_topic_conditions(simplex=False),
+def _topic_rnn(cell, **extra):
+    simplex = extra.get("theta_transform") == "softmax"  # topic proportions: a mixture is a distribution
+    return Family(TopicRNNConfig, TopicRNNForCausalLM, TopicRNNModel, dict(cell=cell, **TOPIC_RNN, **extra),
+                  state_size=2 if cell == "lstm" else 1, conditions=_topic_conditions(simplex=simplex),
                   reads=("context_bow",), prepare=fixed_init_, tie=TOPIC_RNN_TIE,
                   round_trip_tolerance=dict(rtol=0, atol=1e-5))  # its copy's: ~5e-7 seen on GRU weights
 
@@ -213,6 +214,7 @@ FAMILIES = {
     "topic_rnn-rnn": _topic_rnn("rnn"),
     "topic_rnn-lstm": _topic_rnn("lstm"),
     "topic_rnn-gru": _topic_rnn("gru"),
+    "topic_rnn-softmax": _topic_rnn("lstm", theta_transform="softmax"),
     "nclm-lta": _nclm("lta", False),
     "nclm-eta": _nclm("eta", False),
     "nclm-leta": _nclm("leta", False),

@@ -10,7 +10,7 @@ from conftest import topic_family_model
 
 from topic_lm_hf import AutoModelForCausalLM, NCLMConfig, RGBNRNNConfig, TCNLMConfig, TopicRNNConfig
 
-FAMILIES = ["tcnlm", "topic_rnn-lstm", "nclm-leta-sdt", "rgbn_rnn"]
+FAMILIES = ["tcnlm", "topic_rnn-lstm", "topic_rnn-softmax", "nclm-leta-sdt", "rgbn_rnn"]
 
 
 def _with_prior(family, tok, topic_tok, weight=0.7):
@@ -61,7 +61,7 @@ def test_the_expert_is_the_familys_own_topic_word_distribution(tiny_vocabularies
     elif family == "rgbn_rnn":  # theta^1 = e_1: column 1 of Phi^1
         expected = model.model.phi(1).float()[:, 1]
         expected = expected / expected.sum()
-    else:  # TCNLM: beta_1; NCLM: the decoder at h = e_1
+    else:  # TCNLM: beta_1; NCLM: the decoder at h = e_1; TopicRNN with topic proportions: softmax(B[:, 1])
         expected = model.topic_word_distributions()[1].float()
     torch.testing.assert_close(probs, expected, atol=1e-6, rtol=1e-4)
 
