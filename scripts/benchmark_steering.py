@@ -19,7 +19,8 @@ its perplexity on a development split (5 % of the training documents, ``causal``
 
 Each trained model is measured on ``apnews/valid.txt``: perplexity under ``paper`` and ``causal`` and the
 mismatched-context ablation under both (another chunk's context; ``own topics`` = ablation - protocol), its
-topics (NPMI, lau2014 preset against ``wiki/articles.jsonl.gz``, and top-25 diversity), and steering
+topics (NPMI, lau2014 preset against ``wiki/articles.jsonl.gz``, and top-25 diversity; the LDA judge's topics on
+the same topic vocabulary are the reference row), and steering
 (``evaluate_steering``: accuracy by the model's own encoder and by an LDA judge fitted on train.txt, the top-50
 topic-word lift, fluency as the perplexity of the texts under the LSTM of this run, relative to the same
 model's unconditioned texts, and distinct-n) at every decode-time guidance scale of ``--guidance-scales``
@@ -238,6 +239,10 @@ def main() -> None:
             cache["lstm"] = LSTMLMForCausalLM.from_pretrained(out / "lstm" / "model").eval()
         return cache["lstm"]
 
+    lda_path = out / f"lda_topics_T{args.num_topics}.json"
+    if not args.table_only and not lda_path.exists():  # the reference: LDA's topics on the same topic vocabulary
+        topics = evaluate_topics(judge, reference(), topic_tokenizer=topic_tok)
+        write(lda_path, {"what": judge.description, **{k: topics[k] for k in ("npmi", "diversity", "top_words")}})
     names = [v for v in VARIANTS if v in args.variants]
     for name in [] if args.table_only else names:
         mdir, path = out / name, out / name / "result.json"
@@ -302,6 +307,11 @@ def print_tables(out: Path, names, args) -> None:
         print(f"| {name} | {pre_cell} | {r.get('best_step', '?')} / {r.get('steps_trained', '?')} "
               f"({r.get('stopped_by', '?')}) | {r['paper']:.2f} | {r['causal']:.2f} | {versus} | {own['causal']} | "
               f"{own['paper']} | {topics['npmi']:.3f} | {topics['diversity']:.2f} |")
+    lda_path = out / f"lda_topics_T{args.num_topics}.json"
+    if lda_path.exists():
+        lda = json.loads(lda_path.read_text())
+        print(f"| reference: {lda['what']} (the LDA judge), same topic vocabulary | - | - | - | - | - | - | - | "
+              f"{lda['npmi']:.3f} | {lda['diversity']:.2f} |")
     steering = {f"{name}, s = {scale}": s for name, r in results.items()
                 for scale, s in r.get("steering", {}).items()}
     if steering:

@@ -97,6 +97,15 @@ def test_lda_judge_recovers_the_synthetic_topics(synthetic):
     dominant = judge.dominant_topics(bows)
     assert dominant[-1] == -1  # no topic word: no dominant topic
     assert lda_to_model[dominant[:-1]].tolist() == list(range(len(TOPIC_NAMES)))
+    # its topics as a model's get_topics: the synthetic topics' words, most probable first, <unk> never
+    topics = judge.get_topics(top_n=4, topic_tokenizer=topic_tok)
+    assert len(topics) == JUDGE_TOPICS and all(len(t) == 4 for t in topics)
+    words = {i: w for w, i in vocab.items()}
+    for k, topic in enumerate(topics):
+        assert topic == [words[int(i)] for i in np.argsort(-judge.topic_word[k, 1:])[:4] + 1]
+        assert "<unk>" not in topic
+        # ... and they are the words of the synthetic topic it was matched to
+        assert set(topic) <= set(topic_words(topic_tok, TOPIC_NAMES[lda_to_model[k]]))
 
 
 def test_a_model_known_to_steer_scores_high_and_an_untrained_one_near_chance(synthetic):

@@ -111,6 +111,16 @@ class LDAJudge:
         lda_to_model[lda_rows] = model_cols
         return lda_to_model, float(similarity[lda_rows, model_cols].mean())
 
+    def get_topics(self, top_n: int = 10, topic_tokenizer=None) -> list[list[str]]:
+        """The ``top_n`` most probable words of every LDA topic (``topic_tokenizer``: the vocabulary it was fitted
+        over; ``<unk>`` at id 0 never counts), as a model's ``get_topics``: ``evaluate_topics(judge, reference,
+        topic_tokenizer=...)`` scores LDA's topics on the same vocabulary as a model's."""
+        if topic_tokenizer is None:
+            raise ValueError("LDAJudge.get_topics needs the topic_tokenizer it was fitted over")
+        words = {i: w for w, i in topic_tokenizer.get_vocab().items()}
+        order = np.argsort(-self.topic_word[:, 1:], axis=1)[:, :top_n] + 1
+        return [[words[int(i)] for i in row] for row in order]
+
     def dominant_topics(self, bows) -> np.ndarray:
         """LDA's most probable topic for each row of a (n, V_c) count matrix; -1 for an empty row."""
         bows = bows.numpy() if isinstance(bows, torch.Tensor) else bows
