@@ -217,3 +217,34 @@ def test_guided_steering_is_measured_with_the_scale_it_names(apnews):
     assert guided["unconditioned_texts"] == plain["unconditioned_texts"]
     assert guided["per_topic"][0]["texts"] != plain["per_topic"][0]["texts"]
     assert guided["protocol"]["topic_guidance_scale"] == 8.0 and plain["protocol"]["topic_guidance_scale"] is None
+
+
+def test_steering_towards_an_upper_layer_of_a_topic_hierarchy(tiny_vocabularies):
+    """evaluate_steering(topic_layer=l) on rGBN-RNN generates with generate(topic_ids=[k], topic_layer=l) and judges
+    the texts by layer l's topics (projected down to words) and encoder; chance is 1 / K_l. A family with one layer
+    of topics refuses it in one line."""
+    from conftest import topic_family_model
+
+    tok, topic_tok = tiny_vocabularies
+    model = topic_family_model("rgbn_rnn", tok, topic_tok)  # topic layers of 4 and 2 topics
+    settings = dict(num_samples=3, max_new_tokens=5, tokenizer=tok, topic_tokenizer=topic_tok, seed=1)
+    upper = evaluate_steering(model, topic_layer=2, **settings)
+    assert upper["protocol"]["topics"] == [0, 1] and upper["chance"] == 0.5
+    assert upper["protocol"]["topic_layer"] == 2
+    for row in upper["per_topic"]:
+        assert row["top_words"] == model.get_topics(layer=2, top_n=10, topic_tokenizer=topic_tok)[row["topic"]]
+    # the texts are generate(topic_ids=[k], topic_layer=2)'s, seeded as evaluate_steering seeds them
+    torch.manual_seed(settings["seed"] + 1 + 1)
+    bos = torch.full((1, 1), tok.bos_token_id)
+    direct = model.generate(input_ids=bos, topic_ids=[1], topic_layer=2, num_return_sequences=3, max_new_tokens=5,
+                            do_sample=True, top_p=0.9, top_k=0, pad_token_id=tok.pad_token_id,
+                            eos_token_id=tok.eos_token_id)
+    first = tok.decode(direct[0, 1:], skip_special_tokens=True).split()
+    assert upper["per_topic"][1]["texts"][0].split()[:len(first)] == first[:len(upper["per_topic"][1]["texts"][0].split())]
+    bottom = evaluate_steering(model, **settings)
+    assert bottom["chance"] == 0.25 and bottom["protocol"]["topic_layer"] is None
+    with pytest.raises(ValueError, match="must be an integer in"):
+        evaluate_steering(model, topic_layer=3, **settings)
+    tcnlm = topic_family_model("tcnlm", tok, topic_tok)
+    with pytest.raises(ValueError, match="one layer of topics"):
+        evaluate_steering(tcnlm, topic_layer=1, **settings)

@@ -211,7 +211,8 @@ def evaluate_steering(model, topics: Optional[Sequence[int]] = None, num_topics_
                       judge: Optional[LDAJudge] = None, fluency_model=None, top_words: int = 50,
                       do_sample: bool = True, top_p: float = 0.9, top_k: Optional[int] = None,
                       temperature: float = 1.0, seed: int = 0, keep_texts: int = 3,
-                      topic_guidance_scale: Optional[float] = None) -> dict[str, Any]:
+                      topic_guidance_scale: Optional[float] = None, topic_layer: Optional[int] = None
+                      ) -> dict[str, Any]:
     """Steering evaluation of a topic model (see the module docstring for the protocol).
 
     Args:
@@ -233,6 +234,10 @@ def evaluate_steering(model, topics: Optional[Sequence[int]] = None, num_topics_
         topic_guidance_scale: decode-time topic guidance of the steered texts (``generate(topic_ids=[k],
             topic_guidance_scale=s)``); None or 1: plain conditioned generation. The unconditioned texts are
             never guided.
+        topic_layer: for a model with a topic hierarchy (rGBN-RNN): the layer whose topics are steered towards
+            (``generate(topic_ids=[k], topic_layer=l)``; 1 = the bottom), judged by that layer's topics projected
+            down to words (``topic_word_distributions(layer=l)``) and encoder (``infer_topics(bow, layer=l)``);
+            chance is 1 / K_l. None: the model's own default (the bottom layer).
 
     Returns:
         ``{"accuracy_own", "accuracy_own_topics", "accuracy_lda", "chance", "share_steered", "share_unconditioned", "lift",
@@ -246,7 +251,15 @@ def evaluate_steering(model, topics: Optional[Sequence[int]] = None, num_topics_
             raise ValueError(f"{type(model).__name__} has no {method}(): it is not a topic model")
     if num_samples < 1 or max_new_tokens < 1:
         raise ValueError(f"num_samples and max_new_tokens must be >= 1, got {num_samples}, {max_new_tokens}")
-    num_topics = model.config.num_topics
+    layer = {}
+    if topic_layer is not None:
+        if "topic_layer" not in getattr(model, "conditioning_options", ()):
+            raise ValueError(f"topic_layer is for a model with a topic hierarchy (rGBN-RNN); "
+                             f"{type(model).__name__} has one layer of topics: leave it None")
+        layer = {"layer": model.model.check_layer(topic_layer)}
+    with torch.no_grad():
+        topic_word = model.topic_word_distributions(**layer).float().cpu()  # (T, V_c) of the steered layer
+    num_topics = topic_word.shape[0]
     if topics is None:
         rng = random.Random(seed)
         topics = sorted(rng.sample(range(num_topics), min(num_topics_sampled, num_topics)))
@@ -270,11 +283,14 @@ def evaluate_steering(model, topics: Optional[Sequence[int]] = None, num_topics_
     special = {tokenizer.pad_token_id, tokenizer.bos_token_id}
     eos_id = tokenizer.eos_token_id
     # Topic words as LM tokens: the topic vocabulary's words are LM words.
-    topic_word = model.topic_word_distributions().float().cpu()  # (T, V_c)
     topic_vocab = [""] * len(topic_tokenizer)
     for word, index in topic_tokenizer.get_vocab().items():
         topic_vocab[index] = word
-    top_ids = topic_word.topk(min(top_words, topic_word.shape[1] - 1), dim=-1).indices  # (T, N)
+    # A topic's top words never include the topic <unk> (id 0): rGBN-RNN's Phi gives it mass, and generated <unk>
+    # tokens would count as topic words.
+    ranked = topic_word.clone()
+    ranked[:, 0] = -1.0
+    top_ids = ranked.topk(min(top_words, topic_word.shape[1] - 1), dim=-1).indices  # (T, N)
     top_sets = [{topic_vocab[i] for i in row} for row in top_ids.tolist()]
 
     def decode(generated: torch.Tensor):
@@ -306,11 +322,13 @@ def evaluate_steering(model, topics: Optional[Sequence[int]] = None, num_topics_
         steer_nll, steer_n = 0.0, 0
         for k in topics:
             guidance = {} if topic_guidance_scale is None else {"topic_guidance_scale": topic_guidance_scale}
+            if topic_layer is not None:
+                guidance["topic_layer"] = topic_layer
             texts, ids = decode(_sample(model, num_samples, max_new_tokens, generation_kwargs, seed + 1 + k,
                                         topic_ids=[k], **guidance))
             bows = make_bow(texts, topic_tokenizer)  # (n, V_c)
             has_words = bows.sum(1) > 0
-            own = model.infer_topics(bows.to(model.device)).float().argmax(-1).cpu()
+            own = model.infer_topics(bows.to(model.device), **layer).float().argmax(-1).cpu()
             own_correct = ((own == k) & has_words).float().mean().item()
             by_topics = (bows @ topic_word.clamp_min(1e-12).log().T).argmax(-1)  # (n,): most likely topic
             topics_correct = ((by_topics == k) & has_words).float().mean().item()
@@ -362,7 +380,7 @@ def evaluate_steering(model, topics: Optional[Sequence[int]] = None, num_topics_
                      "decoding": ({"top_p": top_p, "top_k": top_k, "temperature": temperature} if do_sample
                                   else "greedy"),
                      "start": "<bos>", "top_words": top_words, "seed": seed,
-                     "topic_guidance_scale": topic_guidance_scale,
+                     "topic_guidance_scale": topic_guidance_scale, "topic_layer": topic_layer,
                      "own_judge": "argmax of model.infer_topics(bag of words)",
                      "own_topics_judge": "argmax_k sum_w n_w log p(w | topic k)",
                      "fluency_model": getattr(fluency_model, "name_or_path", None) or
