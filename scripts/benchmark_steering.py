@@ -62,6 +62,7 @@ from topic_lm_hf import (LSTMLMConfig, LSTMLMForCausalLM, NCLMConfig, NCLMForCau
 from topic_lm_hf.benchmark_training import train_to_convergence
 from topic_lm_hf.benchmarking import DATA, TRAINING_FLAGS, add_common_arguments, cached_lda_judge, steer
 from topic_lm_hf.evaluation.steering import format_steering_table
+from topic_lm_hf.models.modeling_rgbn_rnn import format_topic_tree
 from topic_lm_hf.evaluation.topics import load_reference_corpus
 
 RECIPE = "pre-trained topic model (dev early stopping) + shared topic output prior"
@@ -79,6 +80,9 @@ VARIANTS = {
                          f"NCLM LETA, {RECIPE}, and the diversity regulariser"),
     "rgbn": ("rgbn", {}, False, "rGBN-RNN, one topic layer, the paper's ELBO and TLASGR-MCMC"),
     "rgbn-recipe": ("rgbn", {"topic_output_bias": "beta"}, True, f"rGBN-RNN, {RECIPE}"),
+    "rgbn3-recipe": ("rgbn", {"topic_output_bias": "beta", "hierarchy": (1.0, 0.4, 0.2)}, True,
+                     f"rGBN-RNN with three topic layers (T, 0.4 T, 0.2 T topics: 50, 20, 10), {RECIPE}; steered "
+                     f"at every layer"),
 }
 
 
@@ -92,9 +96,10 @@ def build(name: str, args, tok, topic_tok):
     if family == "lstm":
         return LSTMLMForCausalLM(LSTMLMConfig(vocab_size=len(tok), hidden_size=args.hidden_size, **sizes))
     if family == "rgbn":
-        config = RGBNRNNConfig.from_tokenizers(tok, topic_tok, topic_sizes=[args.num_topics],
-                                               hidden_sizes=[args.hidden_size], tlasgr_seed=args.seed, **sizes,
-                                               **overrides)
+        topic_sizes = [max(1, round(f * args.num_topics)) for f in overrides.pop("hierarchy", (1.0,))]
+        config = RGBNRNNConfig.from_tokenizers(tok, topic_tok, topic_sizes=topic_sizes,
+                                               hidden_sizes=[args.hidden_size] * len(topic_sizes),
+                                               tlasgr_seed=args.seed, **sizes, **overrides)
         return RGBNRNNForCausalLM(config)
     common = dict(num_topics=args.num_topics, hidden_size=args.hidden_size, **sizes, **overrides)
     if family == "tcnlm":
@@ -162,6 +167,10 @@ def measure(name, model, result, args, tok, topic_tok, valid_docs, reference, pa
         topics = evaluate_topics(model, reference(), topic_tokenizer=topic_tok)
         result["topics"] = {k: topics[k] for k in ("npmi", "diversity")}
         result["top_words"] = model.get_topics(top_n=10, topic_tokenizer=topic_tok)
+        for layer in range(2, len(getattr(model.config, "topic_sizes", [])) + 1):  # a hierarchy: every layer
+            topics = evaluate_topics(model, reference(), topic_tokenizer=topic_tok, layer=layer)
+            result.setdefault("topics_by_layer", {})[str(layer)] = {k: topics[k] for k in ("npmi", "diversity")}
+            result["tree"] = format_topic_tree(model.topic_tree(top_n=6, num_children=3, topic_tokenizer=topic_tok))
         write(path, result)
 
 
@@ -258,11 +267,12 @@ def main() -> None:
         measure(name, model, result, args, tok, topic_tok, valid_docs, reference, path)
         if name == "lstm":
             continue
-        for scale in args.guidance_scales:
-            key = f"{scale:g}"
+        layers = [None] + list(range(2, len(getattr(model.config, "topic_sizes", [])) + 1))
+        for scale, layer in [(scale, layer) for layer in layers for scale in args.guidance_scales]:
+            key = f"{scale:g}" + ("" if layer is None else f", layer {layer}")
             if key in result.get("steering", {}):
                 continue
-            r = steer(model, args, tok, topic_tok, judge, fluency(), topic_guidance_scale=scale)
+            r = steer(model, args, tok, topic_tok, judge, fluency(), topic_guidance_scale=scale, topic_layer=layer)
             result.setdefault("steering", {})[key] = r
             write(path, result)
             print(f"   {name}, guidance {key}: LDA judge {r['accuracy_lda']:.3f}, own {r['accuracy_own']:.3f}, lift "
@@ -317,6 +327,13 @@ def print_tables(out: Path, names, args) -> None:
     if steering:
         print()
         print(format_steering_table(steering))
+    for name, r in results.items():
+        if r.get("topics_by_layer"):
+            layers = ", ".join(f"layer {l}: NPMI {t['npmi']:.3f}, diversity {t['diversity']:.2f}"
+                               for l, t in r["topics_by_layer"].items())
+            print(f"\n{name}: topics of the upper layers (projected down to words): {layers}; the hierarchy "
+                  f"(every top topic, its three heaviest children, recursively):\n")
+            print("\n".join("    " + line for line in r["tree"].splitlines()))
     for name, r in results.items():
         if not r.get("steering"):
             continue

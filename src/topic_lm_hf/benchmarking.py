@@ -460,10 +460,11 @@ def cached_lda_judge(path: Path, train_docs, topic_tok, num_topics: int, seed: i
     return judge
 
 
-def steer(model, args, tok, topic_tok, judge, fluency_model, topic_guidance_scale=None) -> dict:
+def steer(model, args, tok, topic_tok, judge, fluency_model, topic_guidance_scale=None, topic_layer=None) -> dict:
     """``evaluate_steering`` with the run's settings (``args.steer_topics``, ``args.steer_samples``,
-    ``args.max_new_tokens``, ``args.seed``), at a decode-time guidance scale (None: plain conditioning)."""
+    ``args.max_new_tokens``, ``args.seed``), at a decode-time guidance scale (None: plain conditioning), towards
+    the topics of ``topic_layer`` of a hierarchy (None: the bottom layer)."""
     return evaluate_steering(model, num_topics_sampled=args.steer_topics, num_samples=args.steer_samples,
                              max_new_tokens=args.max_new_tokens, tokenizer=tok, topic_tokenizer=topic_tok,
                              judge=judge, fluency_model=fluency_model, seed=args.seed,
-                             topic_guidance_scale=topic_guidance_scale)
+                             topic_guidance_scale=topic_guidance_scale, topic_layer=topic_layer)

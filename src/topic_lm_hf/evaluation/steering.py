@@ -237,7 +237,9 @@ def evaluate_steering(model, topics: Optional[Sequence[int]] = None, num_topics_
         topic_layer: for a model with a topic hierarchy (rGBN-RNN): the layer whose topics are steered towards
             (``generate(topic_ids=[k], topic_layer=l)``; 1 = the bottom), judged by that layer's topics projected
             down to words (``topic_word_distributions(layer=l)``) and encoder (``infer_topics(bow, layer=l)``);
-            chance is 1 / K_l. None: the model's own default (the bottom layer).
+            chance is 1 / K_l. The LDA judge's topics are matched one-to-one to that layer's; a text whose
+            dominant LDA topic is left unmatched (K_l below the judge's topics) counts as a miss, so the judge is
+            stricter there than at the bottom layer. None: the model's own default (the bottom layer).
 
     Returns:
         ``{"accuracy_own", "accuracy_own_topics", "accuracy_lda", "chance", "share_steered", "share_unconditioned", "lift",
