@@ -7,7 +7,8 @@ its perplexity on a development split (5 % of the training documents, ``causal``
 ``--patience`` evaluations ``--eval-steps`` steps apart (at most ``--max-steps`` steps; the best weights are kept):
 
 * ``<family>``: the paper's training and model;
-* ``<family>-recipe``: the steering recipe. The topic model is pre-trained alone on bags of words
+* ``<family>-recipe``: the steering recipe, ``steering_recipe(family)`` (what ``topic-lm train`` does by default).
+  The topic model is pre-trained alone on bags of words
   (``pretrain_topic_model``) until its objective on a development split (5 % of the training documents) has not
   improved for ``--pretrain-patience`` evaluations (at most ``--pretrain-steps`` steps; its NPMI and diversity are
   recorded), then the LM joins, with
@@ -58,7 +59,8 @@ from transformers.utils import logging as hf_logging
 from topic_lm_hf import (LSTMLMConfig, LSTMLMForCausalLM, NCLMConfig, NCLMForCausalLM, RGBNRNNConfig,
                          RGBNRNNForCausalLM, TCNLMConfig, TCNLMForCausalLM, TopicContextCollator, TopicRNNConfig,
                          TopicRNNForCausalLM, build_vocabularies, evaluate_perplexity, evaluate_topics,
-                         load_documents, pretrain_topic_model)
+                         load_documents, pretrain_topic_model, steering_recipe)
+from topic_lm_hf.pretraining import RECIPE_PRETRAINING
 from topic_lm_hf.benchmark_training import train_to_convergence
 from topic_lm_hf.benchmarking import DATA, TRAINING_FLAGS, add_common_arguments, cached_lda_judge, steer
 from topic_lm_hf.evaluation.steering import format_steering_table
@@ -70,17 +72,16 @@ RECIPE = "pre-trained topic model (dev early stopping) + shared topic output pri
 VARIANTS = {
     "lstm": ("lstm", {}, False, "the same-size LSTM: the baseline, and the fluency judge of every variant"),
     "tcnlm": ("tcnlm", {}, False, "TCNLM as in the paper (KL annealed)"),
-    "tcnlm-recipe": ("tcnlm", {"topic_output_bias": "beta"}, True, f"TCNLM, {RECIPE}"),
+    "tcnlm-recipe": ("tcnlm", steering_recipe("tcnlm"), True, f"TCNLM, {RECIPE}"),
     "topic-lstm": ("topic_rnn", {"cell": "lstm"}, False, "TopicLSTM, the paper's ELBO"),
-    "topic-lstm-recipe": ("topic_rnn", {"cell": "lstm", "topic_output_bias": "beta", "bow_loss_weight": 1.0,
-                                        "theta_transform": "softmax"}, True,
+    "topic-lstm-recipe": ("topic_rnn", {"cell": "lstm", **steering_recipe("topic_rnn")}, True,
                           f"TopicLSTM, {RECIPE}, the bag-of-words term and Gaussian softmax topic proportions"),
     "nclm-leta": ("nclm", {"variant": "leta"}, False, "NCLM LETA as in the paper (alpha 0.01)"),
-    "nclm-leta-recipe": ("nclm", {"variant": "leta", "topic_output_bias": "beta", "diversity_weight": 1.0}, True,
+    "nclm-leta-recipe": ("nclm", {"variant": "leta", **steering_recipe("nclm", "leta")}, True,
                          f"NCLM LETA, {RECIPE}, and the diversity regulariser"),
     "rgbn": ("rgbn", {}, False, "rGBN-RNN, one topic layer, the paper's ELBO and TLASGR-MCMC"),
-    "rgbn-recipe": ("rgbn", {"topic_output_bias": "beta"}, True, f"rGBN-RNN, {RECIPE}"),
-    "rgbn3-recipe": ("rgbn", {"topic_output_bias": "beta", "hierarchy": (1.0, 0.4, 0.2)}, True,
+    "rgbn-recipe": ("rgbn", steering_recipe("rgbn_rnn"), True, f"rGBN-RNN, {RECIPE}"),
+    "rgbn3-recipe": ("rgbn", {**steering_recipe("rgbn_rnn"), "hierarchy": (1.0, 0.4, 0.2)}, True,
                      f"rGBN-RNN with three topic layers (T, 0.4 T, 0.2 T topics: 50, 20, 10), {RECIPE}; steered "
                      f"at every layer"),
 }
@@ -183,11 +184,12 @@ def main() -> None:
                         help="decode-time topic guidance scales to steer at (1: plain conditioned generation)")
     parser.add_argument("--prior-weight-init", type=float, default=1.0,
                         help="lambda of the shared topic output prior at the start of joint training (recipe)")
-    parser.add_argument("--pretrain-steps", type=int, default=3000, help="cap on topic-model pre-training steps")
-    parser.add_argument("--pretrain-lr", type=float, default=3e-3)
-    parser.add_argument("--pretrain-batch-size", type=int, default=64)
-    parser.add_argument("--pretrain-eval-every", type=int, default=100)
-    parser.add_argument("--pretrain-patience", type=int, default=3)
+    parser.add_argument("--pretrain-steps", type=int, default=RECIPE_PRETRAINING["steps"],
+                        help="cap on topic-model pre-training steps (the recipe's pre-training: RECIPE_PRETRAINING)")
+    parser.add_argument("--pretrain-lr", type=float, default=RECIPE_PRETRAINING["learning_rate"])
+    parser.add_argument("--pretrain-batch-size", type=int, default=RECIPE_PRETRAINING["batch_size"])
+    parser.add_argument("--pretrain-eval-every", type=int, default=RECIPE_PRETRAINING["eval_every"])
+    parser.add_argument("--pretrain-patience", type=int, default=RECIPE_PRETRAINING["patience"])
     parser.add_argument("--dev-fraction", type=float, default=0.05,
                         help="training documents held out for the pre-training's early stopping")
     parser.add_argument("--embedding-size", type=int, default=128)

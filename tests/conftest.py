@@ -95,7 +95,9 @@ def tiny_model(family: str, tok, topic_tok, **overrides):
     # --config_overrides syntax (PretrainedConfig.update_from_string): strings unquoted, booleans true/false
     overrides_text = ",".join(f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in kwargs.items())
     torch.manual_seed(0)
-    return build_model(ModelArguments(model_type=model_type, config_overrides=overrides_text), tok, topic_tok)
+    # the paper's model plus the given overrides (not the command line's default steering recipe)
+    return build_model(ModelArguments(model_type=model_type, config_overrides=overrides_text, recipe="paper"), tok,
+                       topic_tok)
 
 
 # A two-document toy corpus for tests of the generation and output-layer math (no data needed).

@@ -121,7 +121,7 @@ def test_a_checkpoint_holds_both_tokenizers_and_is_evaluated_and_its_topics_prin
     main(["train", "--train_file", str(DATA / "apnews" / "train.txt"), "--max_train_documents", "60",
           "--validation_file", str(DATA / "apnews" / "valid.txt"), "--max_eval_documents", "5",
           "--model_type", "tcnlm", "--config_overrides", "embedding_size=16,hidden_size=16,num_topics=3",
-          "--min_freq", "3", "--output_dir", str(out_dir), "--max_steps", "2", "--save_steps", "2",
+          "--recipe", "paper", "--min_freq", "3", "--output_dir", str(out_dir), "--max_steps", "2", "--save_steps", "2",
           "--per_device_train_batch_size", "8", "--report_to", "none", "--use_cpu", "--eval_strategy", "no"])
     checkpoint = out_dir / "checkpoint-2"
     assert (checkpoint / "tokenizer.json").exists() and (checkpoint / "topic_tokenizer" / "tokenizer.json").exists()
@@ -274,7 +274,8 @@ def test_train_and_evaluate_show_progress_without_pin_memory_noise(synthetic_fil
 def test_train_an_nclm_with_a_topic_model_phase_then_evaluate_and_generate_from_topics(tmp_path, capsys):
     out_dir = tmp_path / "nclm"
     main(["train", "--train_file", str(DATA / "apnews" / "train.txt"), "--max_train_documents", "80",
-          "--model_type", "nclm", "--context", "preceding", "--min_freq", "3", "--pretraining_phases", "topic_model:4",
+          "--model_type", "nclm", "--recipe", "paper", "--context", "preceding", "--min_freq", "3",
+          "--pretraining_phases", "topic_model:4",
           "--config_overrides", "variant=leta,sentence_topics=true,num_topics=6,embedding_size=16,hidden_size=16",
           "--output_dir", str(out_dir), "--max_steps", "8", "--per_device_train_batch_size", "16",
           "--report_to", "none", "--use_cpu"])
@@ -299,34 +300,56 @@ def test_train_an_nclm_with_a_topic_model_phase_then_evaluate_and_generate_from_
                                                 "--output_dir", str(tmp_path)])
 
 
-def test_train_with_the_steering_recipe_pretrains_the_topic_model_and_keeps_the_prior(tmp_path, capsys, caplog):
-    """--pretrain_topic_model_steps with topic_output_bias=beta: the topic model alone first, early-stopped on the
-    validation documents, then the joint run; the prior's lambda is saved with the model."""
-    out_dir = tmp_path / "tcnlm"
-    common = ["--train_file", str(DATA / "apnews" / "train.txt"), "--max_train_documents", "60",
-              "--validation_file", str(DATA / "apnews" / "valid.txt"), "--max_eval_documents", "8",
-              "--min_freq", "3", "--model_type", "tcnlm", "--output_dir", str(out_dir), "--max_steps", "3",
-              "--per_device_train_batch_size", "16", "--report_to", "none", "--use_cpu"]
-    with caplog.at_level(logging.INFO, logger="topic_lm_hf"):
-        main(["train", *common, "--pretrain_topic_model_steps", "250", "--config_overrides",
-              "topic_output_bias=beta,topic_prior_weight_init=1.5,num_topics=5,embedding_size=16,hidden_size=16"])
-    assert re.search(r"Topic model pre-trained: \d+ steps \(stopped by (its development objective|the step cap)\), "
-                     r"best development objective [\d.]+ at step \d+", caplog.text)
+def test_train_uses_the_steering_recipe_by_default_and_the_papers_training_one_flag_away(tmp_path, capsys, caplog):
+    """A new topic model from `topic-lm train` gets the steering recipe (STEERING_RECIPE's configuration values, the
+    topic model pre-trained alone first, early-stopped on the validation documents); --config_overrides win over
+    it; --recipe paper is the paper's model and training; the prior's lambda is saved with the model."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(out_dir)
-    assert model.config.topic_output_bias == "beta" and model.topic_prior_weight is not None
+    from topic_lm_hf import STEERING_RECIPE, steering_recipe
+
+    common = ["--train_file", str(DATA / "apnews" / "train.txt"), "--max_train_documents", "60",
+              "--validation_file", str(DATA / "apnews" / "valid.txt"), "--max_eval_documents", "8",
+              "--min_freq", "3", "--max_steps", "3", "--per_device_train_batch_size", "16", "--report_to", "none",
+              "--use_cpu"]
+    out_dir = tmp_path / "topic_rnn"
+    with caplog.at_level(logging.INFO, logger="topic_lm_hf"):
+        main(["train", *common, "--model_type", "topic_rnn", "--output_dir", str(out_dir), "--pretrain_topic_model_steps",
+              "250", "--config_overrides", "topic_prior_weight_init=1.5,num_topics=5,embedding_size=16,hidden_size=16"])
+    assert re.search(r"Topic model pre-trained: \d+ steps \(stopped by (its development objective|the step cap)\), "
+                     r"best development objective [\d.]+ at step \d+", caplog.text)
+    assert "Recipe: steering" in caplog.text
+    config = AutoModelForCausalLM.from_pretrained(out_dir).config
+    expected = {**STEERING_RECIPE["topic_rnn"], "topic_prior_weight_init": 1.5}  # the override wins
+    assert {k: getattr(config, k) for k in expected} == expected
+    assert AutoModelForCausalLM.from_pretrained(out_dir).topic_prior_weight is not None
+    # --recipe paper: the paper's configuration, no pre-training
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="topic_lm_hf"):
+        main(["train", *common, "--model_type", "topic_rnn", "--recipe", "paper", "--output_dir", str(tmp_path / "p"),
+              "--config_overrides", "num_topics=5,embedding_size=16,hidden_size=16"])
+    assert "pre-trained" not in caplog.text and "Recipe: steering" not in caplog.text
+    paper = AutoModelForCausalLM.from_pretrained(tmp_path / "p").config
+    assert (paper.topic_output_bias, paper.bow_loss_weight, paper.theta_transform) == (None, 0.0, None)
+    # NCLM's ETA has no latent topic distribution for the prior: the recipe gives it the diversity term only
+    assert steering_recipe("nclm", "eta") == {"diversity_weight": 1.0} and steering_recipe("lstm_lm") == {}
+    eta = make_config(ModelArguments(model_type="nclm", config_overrides="variant=eta"))
+    assert (eta.topic_output_bias, eta.diversity_weight) == (None, 1.0)
+    # a model without topics: no recipe, no pre-training; asking for pre-training is a user error
     lstm = ["train", "--train_file", str(DATA / "apnews" / "train.txt"), "--max_train_documents", "20",
-            "--min_freq", "3", "--model_type", "lstm_lm", "--output_dir", str(tmp_path / "lstm"),
-            "--pretrain_topic_model_steps", "5", "--max_steps", "1", "--use_cpu", "--report_to", "none"]
-    assert "has no topic model to pre-train" in user_error(capsys, lstm)
+            "--min_freq", "3", "--model_type", "lstm_lm", "--output_dir", str(tmp_path / "lstm"), "--max_steps", "1",
+            "--use_cpu", "--report_to", "none"]
+    main(lstm)
+    assert "has no topic model to pre-train" in user_error(capsys, lstm + ["--pretrain_topic_model_steps", "5",
+                                                                          "--output_dir", str(tmp_path / "lstm2")])
 
 
 @requires_data("r8", "train.jsonl.gz")
 def test_classify_and_retrieve_commands_on_r8(tmp_path, capsys):
     lm_dir = tmp_path / "nclm"
     main(["train", "--train_file", str(DATA / "r8" / "train.jsonl.gz"), "--text_column", "text",
-          "--max_train_documents", "200", "--min_freq", "3", "--model_type", "nclm", "--context", "document",
+          "--max_train_documents", "200", "--min_freq", "3", "--model_type", "nclm", "--recipe", "paper",
+          "--context", "document",
           "--config_overrides", "embedding_size=16,hidden_size=16,num_topics=4,encoder_hidden_size=16,"
           "num_topic_samples=1,variant=lta", "--output_dir", str(lm_dir), "--max_steps", "5",
           "--per_device_train_batch_size", "16", "--report_to", "none", "--use_cpu", "--disable_tqdm", "true"])

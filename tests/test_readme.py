@@ -122,6 +122,7 @@ def test_readme_python_snippets_run_top_to_bottom_in_a_fresh_interpreter(tmp_pat
 # Flags appended to a README command line (argparse keeps the last value of a flag): the same commands on a
 # smaller budget. Everything else runs as written.
 BUDGET = {"train": ["--max_steps", "3", "--logging_steps", "1"],
+          "train topics": ["--pretrain_topic_model_steps", "20"],  # the steering recipe's pre-training, capped
           "evaluate": ["--max_eval_documents", "20"],
           "classify": ["--max_train_documents", "120", "--max_test_documents", "60", "--epochs", "1"],
           "retrieve": ["--max_train_documents", "200", "--max_test_documents", "40"],
@@ -154,7 +155,8 @@ def test_readme_command_lines_run_in_order_in_a_fresh_clone(tmp_path):
     for line in lines:
         words = shlex.split(line)
         name = " ".join(words[1:3]) if words[1] == "wsd" else words[1]
-        command = line + "".join(f" {shlex.quote(w)}" for w in BUDGET.get(name, []))
+        budget = BUDGET.get(name, []) + (BUDGET["train topics"] if name == "train" and "lstm_lm" not in words else [])
+        command = line + "".join(f" {shlex.quote(w)}" for w in budget)
         proc = subprocess.run(command, shell=True, cwd=clone, env=env, capture_output=True, text=True,
                               stdin=subprocess.DEVNULL, timeout=900)
         assert proc.returncode == 0, f"{command}\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"

@@ -240,7 +240,8 @@ def test_evaluation_during_training_logs_the_lm_perplexity_and_each_loss_term(ap
     overrides = "embedding_size=16,hidden_size=16" + (",num_topics=3" if model_type != "lstm_lm" else "")
     record = RecordLogs()
     model, tok, topic_tok = train(DataArguments(min_freq=3, stopwords="none"),
-                                  ModelArguments(model_type=model_type, config_overrides=overrides), args,
+                                  ModelArguments(model_type=model_type, config_overrides=overrides, recipe="paper"),
+                                  args,
                                   apnews["train"].select(range(40)), valid, callbacks=[record])
     logs = [h for h in record.logs if "eval_loss" in h][-1]
     terms = {"tcnlm": ["lm_loss", "kl_loss", "bow_loss", "aux_loss"], "topic_rnn": ["lm_loss", "kl_loss", "aux_loss"],

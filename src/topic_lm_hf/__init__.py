@@ -15,7 +15,7 @@ from .models import (LSTMLMConfig, LSTMLMForCausalLM, LSTMLMForSequenceClassific
                      RGBNRNNForSequenceClassification, RGBNRNNModel, SenseTaggerConfig, SenseTaggerForTokenClassification,
                      TCNLMConfig, TCNLMForCausalLM, TCNLMForSequenceClassification, TCNLMModel, TopicRNNConfig,
                      TopicRNNForCausalLM, TopicRNNForSequenceClassification, TopicRNNModel)
-from .pretraining import pretrain_topic_model
+from .pretraining import STEERING_RECIPE, pretrain_topic_model, steering_recipe
 from .tasks import evaluate_retrieval, extract_document_features
 from .trainer import TopicLMTrainer
 
@@ -59,6 +59,6 @@ __all__ = [
     "NCLMConfig", "NCLMModel", "NCLMForCausalLM", "LSTMLMForSequenceClassification", "TCNLMForSequenceClassification",
     "NCLMForSequenceClassification",
     "RGBNRNNConfig", "RGBNRNNModel", "RGBNRNNForCausalLM", "RGBNRNNForSequenceClassification",
-    "pretrain_topic_model", "evaluate_retrieval", "extract_document_features",
+    "pretrain_topic_model", "steering_recipe", "STEERING_RECIPE", "evaluate_retrieval", "extract_document_features",
     "SenseTaggerConfig", "SenseTaggerForTokenClassification",
 ]

@@ -36,7 +36,7 @@ from .models.configuration_common import config_kwargs_from_tokenizers
 from .evaluation import evaluate_perplexity
 from .fast_path import FastPathArguments, fast_training_arguments
 from .hub import load_pretrained, resolve_model_source
-from .pretraining import pretrain_topic_model
+from .pretraining import RECIPE_PRETRAINING, pretrain_topic_model, steering_recipe
 from .models.modeling_recurrent import leaky_modes_of
 from .demo import DemoArguments, run_demo
 from .tasks.commands import (ClassifyArguments, RetrieveArguments, TaskDataArguments, WSDEvaluateArguments,
@@ -62,12 +62,18 @@ class ModelArguments:
     pretraining_phases: Optional[str] = field(default=None, metadata={
         "help": "Training phases before the joint objective, as phase:steps pairs in order, e.g. "
                 "'lm:2000,topic_model:500' for NCLM (TopicLMTrainer's pretraining_phases)."})
-    pretrain_topic_model_steps: int = field(default=0, metadata={
+    recipe: str = field(default="steering", metadata={
+        "choices": ["steering", "paper"],
+        "help": "How a new topic model is trained. 'steering' (the default): the recipe that makes topics matter "
+                "and steer (STEERING_RECIPE: the shared topic output prior topic_output_bias=beta, and per family "
+                "TopicRNN's bag-of-words term and topic proportions, NCLM's diversity term), after the topic model "
+                "is pre-trained alone (see --pretrain_topic_model_steps); --config_overrides win over it. 'paper': "
+                "the paper's model and joint training from scratch, exactly. Models without topics ignore it."})
+    pretrain_topic_model_steps: Optional[int] = field(default=None, metadata={
         "help": "Train the topic model alone on bags of words first (pretrain_topic_model), at most this many "
                 "steps, stopping when its objective on the validation documents has not improved for 3 "
-                "evaluations (every 500 steps); the best topic model is kept. With "
-                "--config_overrides topic_output_bias=beta it is the recipe that makes topics steer. 0: the "
-                "paper's joint training from scratch."})
+                "evaluations (every 500 steps); the best topic model is kept. Default: 20000 with --recipe "
+                "steering, 0 (none) with --recipe paper or a saved model."})
 
 
 def parse_phases(text: Optional[str]) -> list[tuple[str, int]]:
@@ -199,10 +205,15 @@ def make_config(model_args: ModelArguments) -> PretrainedConfig:
         kwargs, _ = PretrainedConfig.get_config_dict(model_args.config_file)
         kwargs = {k: v for k, v in kwargs.items() if k not in ("transformers_version", "architectures", "auto_map")}
     model_type = kwargs.pop("model_type", model_args.model_type)
+    overrides = parse_overrides(model_args.config_overrides) if model_args.config_overrides else []
+    if getattr(model_args, "recipe", "paper") == "steering":  # what the file and the overrides leave unset
+        given = set(kwargs) | {key for key, _ in overrides}
+        variant = dict(overrides).get("variant", kwargs.get("variant"))
+        kwargs.update({k: v for k, v in steering_recipe(model_type, variant).items() if k not in given})
     config = AutoConfig.for_model(model_type, **kwargs)
-    if model_args.config_overrides:
+    if overrides:
         values = {}
-        for key, text in parse_overrides(model_args.config_overrides):
+        for key, text in overrides:
             prop = getattr(type(config), key, None)
             if text.startswith("["):  # a per-layer list (rGBN-RNN's topic_sizes, hidden_sizes)
                 try:
@@ -298,6 +309,10 @@ def train(data_args: DataArguments, model_args: ModelArguments, training_args: T
                                                      stopwords=resolve_stopwords(data_args.stopwords),
                                                      min_doc_freq=data_args.min_doc_freq)
     model = build_model(model_args, tok, topic_tok)
+    recipe = steering_recipe(model.config.model_type, getattr(model.config, "variant", None))
+    if model_args.recipe == "steering" and not model_args.model_name_or_path and recipe:
+        logger.info("Recipe: steering (%s, the topic model pre-trained first; --recipe paper trains the paper's "
+                    "model exactly)", ", ".join(f"{k}={getattr(model.config, k)}" for k in recipe))
     collator = TopicContextCollator.for_model(model, tok, topic_tok, context=data_args.context,
                                               max_sentence_length=data_args.max_sentence_length,
                                               max_context_tokens=data_args.max_context_tokens)
@@ -312,13 +327,22 @@ def train(data_args: DataArguments, model_args: ModelArguments, training_args: T
     last = last_complete_checkpoint(out)  # skips a checkpoint the previous run did not finish writing
     if last:
         logger.info("Resuming from %s", last)
-    elif model_args.pretrain_topic_model_steps:  # a resumed run's checkpoint holds the pre-trained topic model
-        pretrain_for_cli(model, train_rows, collator, model_args.pretrain_topic_model_steps,
+    elif pretraining_steps(model_args, model):  # a resumed run's checkpoint holds the pre-trained topic model
+        pretrain_for_cli(model, train_rows, collator, pretraining_steps(model_args, model),
                          collator.prepare(valid_docs) if valid_docs is not None else None, training_args.seed)
     trainer.train(resume_from_checkpoint=last)
     trainer.save_model(out)
     data_lib.save_vocabularies(tok, topic_tok, out)
     return trainer.model, tok, topic_tok
+
+
+def pretraining_steps(model_args: ModelArguments, model) -> int:
+    """The cap on topic-model pre-training steps: ``--pretrain_topic_model_steps``, else the steering recipe's for a
+    new topic model (``RECIPE_PRETRAINING``), else 0."""
+    if model_args.pretrain_topic_model_steps is not None:
+        return model_args.pretrain_topic_model_steps
+    new_topic_model = not model_args.model_name_or_path and hasattr(model, "topic_model_loss")
+    return RECIPE_PRETRAINING["steps"] if model_args.recipe == "steering" and new_topic_model else 0
 
 
 def pretrain_for_cli(model, train_rows, collator, steps: int, dev_rows, seed: int) -> None:
@@ -329,8 +353,8 @@ def pretrain_for_cli(model, train_rows, collator, steps: int, dev_rows, seed: in
         raise ValueError(f"--pretrain_topic_model_steps: {type(model).__name__} has no topic model to pre-train")
     logger.info("Pre-training the topic model on bags of words (at most %d steps) ...", steps)
     start = time.time()
-    result = pretrain_topic_model(model, train_rows, collator, steps, learning_rate=3e-3, seed=seed,
-                                  eval_dataset=dev_rows)
+    settings = {k: v for k, v in RECIPE_PRETRAINING.items() if k != "steps"}
+    result = pretrain_topic_model(model, train_rows, collator, steps, seed=seed, eval_dataset=dev_rows, **settings)
     best = f", best development objective {result.best_dev_loss:.3f} at step {result.best_step}" \
         if result.dev_losses else ""
     logger.info("Topic model pre-trained: %d steps (stopped by %s)%s, %.0f s", result.steps,

@@ -27,6 +27,32 @@ from typing import Callable, Optional
 import torch
 
 
+# The steering recipe: what makes a topic family's topics matter and steer (README, "Topics that steer, in every
+# family"; measured in scripts/benchmark_steering.py). Every entry is a departure from the family's paper, one
+# configuration value each; ``topic-lm train`` applies them by default and ``--recipe paper`` leaves them out.
+_PRIOR = {"topic_output_bias": "beta", "topic_prior_weight_init": 1.0}  # the shared topic output prior
+STEERING_RECIPE: dict[str, dict] = {
+    "tcnlm": dict(_PRIOR),
+    "topic_rnn": {**_PRIOR, "bow_loss_weight": 1.0, "theta_transform": "softmax"},
+    "nclm": {**_PRIOR, "diversity_weight": 1.0},
+    "rgbn_rnn": dict(_PRIOR),
+}
+# ... and its topic-model pre-training (pretrain_topic_model's arguments): at most ``steps`` Adam steps, stopped
+# by the development objective.
+RECIPE_PRETRAINING = {"steps": 20000, "learning_rate": 3e-3, "batch_size": 64, "eval_every": 500, "patience": 3}
+
+
+def steering_recipe(model_type: str, variant: Optional[str] = None) -> dict:
+    """The configuration values of the steering recipe for ``model_type`` (a copy; ``{}`` for a model without
+    topics). NCLM's ETA variant has no latent topic distribution for the shared prior: it gets only the diversity
+    term."""
+    recipe = dict(STEERING_RECIPE.get(model_type, {}))
+    if model_type == "nclm" and variant == "eta":
+        for key in _PRIOR:
+            recipe.pop(key)
+    return recipe
+
+
 @dataclass
 class TopicPretrainingResult:
     """What :func:`pretrain_topic_model` did: the loss of every step, the development objective at every
