@@ -335,6 +335,23 @@ def test_train_uses_the_steering_recipe_by_default_and_the_papers_training_one_f
     assert steering_recipe("nclm", "eta") == {"diversity_weight": 1.0} and steering_recipe("lstm_lm") == {}
     eta = make_config(ModelArguments(model_type="nclm", config_overrides="variant=eta"))
     assert (eta.topic_output_bias, eta.diversity_weight) == (None, 1.0)
+    # TCNLM's naive mixture of experts has no prior either (the Table 6 configuration builds)
+    moe = make_config(ModelArguments(model_type="tcnlm", config_overrides="lm_type=naive_moe"))
+    assert moe.topic_output_bias is None and steering_recipe("tcnlm", lm_type="naive_moe") == {}
+    # a published configuration trains as published unless --recipe steering is asked for
+    published = make_config(ModelArguments(config_file="hub_configs/topicrnn-apnews.json"))
+    assert (published.topic_output_bias, published.bow_loss_weight, published.theta_transform) == (None, 0.0, None)
+    asked = make_config(ModelArguments(config_file="hub_configs/topicrnn-apnews.json", recipe="steering"))
+    assert (asked.topic_output_bias, asked.theta_transform) == ("beta", "softmax")
+    assert make_config(ModelArguments(config_file="hub_configs/tcnlm-table6-naive-moe.json")).lm_type == "naive_moe"
+    # continuing a saved model: its own configuration, no pre-training unless asked for
+    from topic_lm_hf.cli import build_model, pretraining_steps
+
+    saved = ModelArguments(model_name_or_path=str(tmp_path / "p"))
+    from topic_lm_hf import load_vocabularies
+
+    again = build_model(saved, *load_vocabularies(tmp_path / "p"))
+    assert again.config.theta_transform is None and pretraining_steps(saved, again) == 0
     # a model without topics: no recipe, no pre-training; asking for pre-training is a user error
     lstm = ["train", "--train_file", str(DATA / "apnews" / "train.txt"), "--max_train_documents", "20",
             "--min_freq", "3", "--model_type", "lstm_lm", "--output_dir", str(tmp_path / "lstm"), "--max_steps", "1",

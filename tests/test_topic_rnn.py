@@ -570,6 +570,14 @@ def test_softmax_theta_is_a_distribution_over_topics_and_topic_ids_are_pure_topi
     tok, topic_tok = toy
     with pytest.raises(ValueError, match="theta_transform must be None"):
         tiny_config(tok, topic_tok, theta_transform="sigmoid")
+    # B's columns start as distinct random topics (std TOPIC_LOGIT_INIT_STD, as TCNLM's): near-uniform ones let
+    # the KL term collapse the posterior
+    from topic_lm_hf.models.modeling_conditioning import TOPIC_LOGIT_INIT_STD
+
+    torch.manual_seed(0)
+    fresh = TopicRNNForCausalLM(tiny_config(tok, topic_tok, theta_transform="softmax", num_topics=40))
+    assert abs(float(fresh.topic_head.weight.detach().std()) - TOPIC_LOGIT_INIT_STD) < 0.1
+    assert float(TopicRNNForCausalLM(tiny_config(tok, topic_tok, num_topics=40)).topic_head.weight.detach().std()) < 0.1
     model = tiny_model(tok, topic_tok, theta_transform="softmax").eval()
     paper = tiny_model(tok, topic_tok).eval()  # the paper's Gaussian theta, with the same weights
     missing = paper.load_state_dict(model.state_dict(), strict=False)

@@ -402,6 +402,9 @@ def train_to_convergence(name: str, model, rows, collator, args, mdir: Path, tok
     it is None) end in ``<mdir>/model``. Returns the training statistics, ``stopped_by`` saying what ended the run
     (``"patience"`` or ``"max_steps"``)."""
     ckpt_dir, steps_path, dev_path = mdir / "checkpoints", mdir / "steps.jsonl", mdir / "dev.jsonl"
+    finished = mdir / "trained.json"  # written once the best weights are final: the run is over
+    if finished.exists():
+        return _finish(mdir, read_json(finished))
     resume = last_complete_checkpoint(ckpt_dir)
     done = int(resume.rsplit("-", 1)[1]) if resume else 0
     for path in (steps_path, dev_path):  # what was recorded after the checkpoint is redone
@@ -439,15 +442,11 @@ def train_to_convergence(name: str, model, rows, collator, args, mdir: Path, tok
         trainer.train(resume_from_checkpoint=resume)
     seconds = time.perf_counter() - start
     best_step = min(history, key=lambda h: h["perplexity"])["step"]
-    best = best_dirs(mdir)[best_step]
-    save_vocabularies(tok, topic_tok, best)
-    shutil.rmtree(mdir / "model", ignore_errors=True)
-    os.replace(best, mdir / "model")
-    shutil.rmtree(ckpt_dir, ignore_errors=True)
+    save_vocabularies(tok, topic_tok, best_dirs(mdir)[best_step])
     records = read_jsonl(steps_path)
     speed = step_throughput(records)
     early = stopped(history, args.patience)
-    return {"parameters": sum(p.numel() for p in model.parameters()), "batch_size": args.batch_size,
+    stats = {"parameters": sum(p.numel() for p in model.parameters()), "batch_size": args.batch_size,
             "steps_trained": history[-1]["step"], "best_step": best_step,
             "best_dev_perplexity": min(h["perplexity"] for h in history), "dev_protocol": dev_protocol,
             "early_stopped": early, "stopped_by": "patience" if early else "max_steps", "max_steps": args.max_steps,
@@ -455,3 +454,16 @@ def train_to_convergence(name: str, model, rows, collator, args, mdir: Path, tok
             "train_tokens": sum(r["tokens"] for r in records), "steps_timed": len(records),
             "stalled_steps": speed["stalled_steps"], "seconds_last_session": seconds, "carry_state": carry_state,
             "code": code, "tokens_per_s": speed["tokens_per_s"]}
+    write_json(finished, stats)
+    return _finish(mdir, stats)
+
+
+def _finish(mdir: Path, stats: dict) -> dict:
+    """The last steps of a finished ``train_to_convergence`` run, each safe to redo after an interruption: the best
+    weights become ``<mdir>/model``, the checkpoints go."""
+    best = best_dirs(mdir).get(stats["best_step"])
+    if best is not None:
+        shutil.rmtree(mdir / "model", ignore_errors=True)
+        os.replace(best, mdir / "model")
+    shutil.rmtree(mdir / "checkpoints", ignore_errors=True)
+    return stats

@@ -62,13 +62,14 @@ class ModelArguments:
     pretraining_phases: Optional[str] = field(default=None, metadata={
         "help": "Training phases before the joint objective, as phase:steps pairs in order, e.g. "
                 "'lm:2000,topic_model:500' for NCLM (TopicLMTrainer's pretraining_phases)."})
-    recipe: str = field(default="steering", metadata={
+    recipe: Optional[str] = field(default=None, metadata={
         "choices": ["steering", "paper"],
-        "help": "How a new topic model is trained. 'steering' (the default): the recipe that makes topics matter "
-                "and steer (STEERING_RECIPE: the shared topic output prior topic_output_bias=beta, and per family "
-                "TopicRNN's bag-of-words term and topic proportions, NCLM's diversity term), after the topic model "
-                "is pre-trained alone (see --pretrain_topic_model_steps); --config_overrides win over it. 'paper': "
-                "the paper's model and joint training from scratch, exactly. Models without topics ignore it."})
+        "help": "How a new topic model is trained. 'steering' (the default for --model_type): the recipe that makes "
+                "topics matter and steer (STEERING_RECIPE: the shared topic output prior topic_output_bias=beta, "
+                "and per family TopicRNN's bag-of-words term and topic proportions, NCLM's diversity term), after "
+                "the topic model is pre-trained alone (see --pretrain_topic_model_steps); --config_overrides win "
+                "over it. 'paper': the paper's model and joint training from scratch, exactly (the default with "
+                "--config_file: a published configuration trains as published). Models without topics ignore it."})
     pretrain_topic_model_steps: Optional[int] = field(default=None, metadata={
         "help": "Train the topic model alone on bags of words first (pretrain_topic_model), at most this many "
                 "steps, stopping when its objective on the validation documents has not improved for 3 "
@@ -206,10 +207,10 @@ def make_config(model_args: ModelArguments) -> PretrainedConfig:
         kwargs = {k: v for k, v in kwargs.items() if k not in ("transformers_version", "architectures", "auto_map")}
     model_type = kwargs.pop("model_type", model_args.model_type)
     overrides = parse_overrides(model_args.config_overrides) if model_args.config_overrides else []
-    if getattr(model_args, "recipe", "paper") == "steering":  # what the file and the overrides leave unset
+    if recipe_of(model_args) == "steering":  # what the file and the overrides leave unset
         given = set(kwargs) | {key for key, _ in overrides}
-        variant = dict(overrides).get("variant", kwargs.get("variant"))
-        kwargs.update({k: v for k, v in steering_recipe(model_type, variant).items() if k not in given})
+        choice = {key: dict(overrides).get(key, kwargs.get(key)) for key in ("variant", "lm_type")}
+        kwargs.update({k: v for k, v in steering_recipe(model_type, **choice).items() if k not in given})
     config = AutoConfig.for_model(model_type, **kwargs)
     if overrides:
         values = {}
@@ -309,8 +310,9 @@ def train(data_args: DataArguments, model_args: ModelArguments, training_args: T
                                                      stopwords=resolve_stopwords(data_args.stopwords),
                                                      min_doc_freq=data_args.min_doc_freq)
     model = build_model(model_args, tok, topic_tok)
-    recipe = steering_recipe(model.config.model_type, getattr(model.config, "variant", None))
-    if model_args.recipe == "steering" and not model_args.model_name_or_path and recipe:
+    recipe = steering_recipe(model.config.model_type, getattr(model.config, "variant", None),
+                             getattr(model.config, "lm_type", None))
+    if recipe_of(model_args) == "steering" and not model_args.model_name_or_path and recipe:
         logger.info("Recipe: steering (%s, the topic model pre-trained first; --recipe paper trains the paper's "
                     "model exactly)", ", ".join(f"{k}={getattr(model.config, k)}" for k in recipe))
     collator = TopicContextCollator.for_model(model, tok, topic_tok, context=data_args.context,
@@ -342,7 +344,15 @@ def pretraining_steps(model_args: ModelArguments, model) -> int:
     if model_args.pretrain_topic_model_steps is not None:
         return model_args.pretrain_topic_model_steps
     new_topic_model = not model_args.model_name_or_path and hasattr(model, "topic_model_loss")
-    return RECIPE_PRETRAINING["steps"] if model_args.recipe == "steering" and new_topic_model else 0
+    return RECIPE_PRETRAINING["steps"] if recipe_of(model_args) == "steering" and new_topic_model else 0
+
+
+def recipe_of(model_args: ModelArguments) -> str:
+    """``--recipe``, or its default: "steering" for a model built from ``--model_type``, "paper" for a published
+    ``--config_file`` (it trains as published)."""
+    if model_args.recipe is not None:
+        return model_args.recipe
+    return "paper" if model_args.config_file else "steering"
 
 
 def pretrain_for_cli(model, train_rows, collator, steps: int, dev_rows, seed: int) -> None:

@@ -42,12 +42,13 @@ STEERING_RECIPE: dict[str, dict] = {
 RECIPE_PRETRAINING = {"steps": 20000, "learning_rate": 3e-3, "batch_size": 64, "eval_every": 500, "patience": 3}
 
 
-def steering_recipe(model_type: str, variant: Optional[str] = None) -> dict:
+def steering_recipe(model_type: str, variant: Optional[str] = None, lm_type: Optional[str] = None) -> dict:
     """The configuration values of the steering recipe for ``model_type`` (a copy; ``{}`` for a model without
-    topics). NCLM's ETA variant has no latent topic distribution for the shared prior: it gets only the diversity
-    term."""
+    topics). A model with no latent topic distribution for the shared prior gets the rest of its recipe: NCLM's
+    ETA variant (``variant="eta"``: the diversity term only) and TCNLM's naive mixture of experts
+    (``lm_type="naive_moe"``: nothing)."""
     recipe = dict(STEERING_RECIPE.get(model_type, {}))
-    if model_type == "nclm" and variant == "eta":
+    if (model_type == "nclm" and variant == "eta") or (model_type == "tcnlm" and lm_type == "naive_moe"):
         for key in _PRIOR:
             recipe.pop(key)
     return recipe

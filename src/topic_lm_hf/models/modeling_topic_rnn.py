@@ -22,7 +22,9 @@ ONE softmax over the whole vocabulary V. Two decisions, both documented in the c
   predictions, and fixing them at zero makes "topics" exactly the rows of B.
 
 q(theta | X_c) = N(mu, diag(sigma^2)) from an MLP with ReLU units on the context counts; a
-reparameterised sample in training, theta = mu in eval mode.
+reparameterised sample in training, theta = mu in eval mode. With ``config.theta_transform="softmax"``
+(not in the paper) theta = softmax(W z + b) of that Gaussian z: topic proportions, with LDA's mixture
+sum_k theta_k softmax(B[:, k]) as the bag-of-words likelihood, and the KL is the same, on z.
 
 Loss, all terms on ONE per-token scale (n = predicted tokens of the batch, -100 labels excluded):
 
@@ -51,7 +53,7 @@ Usage::
     model.get_topics(top_n=10, topic_tokenizer=topic_tok)   # columns of B
     model.generate(**prompt, context_bow=bow)     # theta = E[q(theta | bow)], inferred once
     model.generate(topic_mixture=theta)           # any theta in R^K
-    model.generate(topic_ids=[3])                 # theta = config.steering_scale * e_3
+    model.generate(topic_ids=[3])                 # theta = config.steering_scale * e_3 (proportions: e_3)
     features = model.document_representation(batch)   # [last state; mu; log sigma]
     clf = AutoModelForSequenceClassification.from_pretrained(folder, num_labels=2)
 """
@@ -86,7 +88,8 @@ class TopicRNNModelOutput(ModelOutput):
         last_hidden_state: (b, s, H) outputs of the top recurrent layer (zero at padding).
         state: batch-first recurrent state after each row's last real token: ``(h, c)`` for an
             LSTM, ``(h,)`` otherwise, each (b, L, H).
-        topic_mean: (b, K) mean of q(theta | context_bow), when a context was given.
+        topic_mean: (b, K) mean of q(theta | context_bow), when a context was given (of z, with
+            ``theta_transform="softmax"``).
         topic_log_sigma: (b, K) log standard deviation of q(theta | context_bow).
         hidden_states: with ``output_hidden_states=True``, the embeddings fed to the first layer and every
             layer's outputs (see :class:`TopicLMOutput`).
@@ -201,7 +204,8 @@ class TopicRNNModel(DocumentRepresentationMixin, TopicRNNPreTrainedModel):
 
     def document_topic_representation(self, context_bow) -> torch.Tensor:
         """c (b, K) = the mean of q(theta | context_bow), or (b, 2K) = [mean; log sigma] with
-        ``config.feature_log_sigma`` (the paper's classifier reads both)."""
+        ``config.feature_log_sigma`` (the paper's classifier reads both). With ``theta_transform="softmax"`` these
+        are the mean and log sigma of the Gaussian z that theta = softmax(W z + b) is read from."""
         bow = normalize_topic_kwargs(self.config.num_topics, self.config.topic_vocab_size,
                                      context_bow=context_bow)["context_bow"].to(self.embed_tokens.weight.device)
         mean, log_sigma = self.inference_net(bow)
@@ -217,9 +221,10 @@ class TopicRNNForCausalLM(DocumentRepresentationDelegate, TopicWordPriorMixin, T
     * ``context_bow`` (b, V_c): counts over the topic vocabulary; theta is inferred from it
       (sampled in training, the posterior mean in eval mode). ``None`` = an empty bag of words.
       ``generate()`` infers theta once, at the prefill, and reuses it at every step.
-    * ``topic_mixture`` (b, K) or (K,): theta given directly, any real vector; no KL term.
+    * ``topic_mixture`` (b, K) or (K,): theta given directly, any real vector (a distribution with
+      ``theta_transform="softmax"``); no KL term.
     * ``topic_ids``: steer towards topics, theta = ``config.steering_scale`` * e_k (see
-      :class:`TopicRNNConfig`); no KL term.
+      :class:`TopicRNNConfig`; with ``theta_transform="softmax"`` the pure topic e_k); no KL term.
     """
 
     @property
@@ -359,9 +364,11 @@ class TopicRNNForCausalLM(DocumentRepresentationDelegate, TopicWordPriorMixin, T
             labels: (b, s) = ``input_ids`` with -100 at ignored positions; logits at position t
                 predict ``labels[:, t + 1]`` (shifted inside, like ``causal_lm_loss``).
             context_bow: (b, V_c) context counts for the inference network.
-            topic_mixture: (b, K) theta given directly (any real vector).
+            topic_mixture: (b, K) theta given directly (any real vector; a distribution with
+                ``theta_transform="softmax"``).
             topic_ids: steer towards topics: theta = ``config.steering_scale`` * e_k (a set S of
-                topics: the sum of their e_k over sqrt(|S|)); see :class:`TopicRNNConfig`.
+                topics: the sum of their e_k over sqrt(|S|)); with ``theta_transform="softmax"`` the uniform
+                mixture of the topics of S; see :class:`TopicRNNConfig`.
             topic_representation: (b, K) theta already resolved (returned by an earlier call under this name;
                 what generation caches), used as is.
             logits_to_keep: compute logits for the last N positions only (0 = all).
