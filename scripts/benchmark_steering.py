@@ -59,9 +59,9 @@ from transformers.utils import logging as hf_logging
 from topic_lm_hf import (LSTMLMConfig, LSTMLMForCausalLM, NCLMConfig, NCLMForCausalLM, RGBNRNNConfig,
                          RGBNRNNForCausalLM, TCNLMConfig, TCNLMForCausalLM, TopicContextCollator, TopicRNNConfig,
                          TopicRNNForCausalLM, build_vocabularies, evaluate_perplexity, evaluate_topics,
-                         load_documents, pretrain_topic_model, steering_recipe)
+                         load_documents, steering_recipe)
 from topic_lm_hf.pretraining import RECIPE_PRETRAINING
-from topic_lm_hf.benchmark_training import train_to_convergence
+from topic_lm_hf.benchmark_training import pretrain_topic_model_once, train_to_convergence
 from topic_lm_hf.benchmarking import DATA, TRAINING_FLAGS, add_common_arguments, cached_lda_judge, steer
 from topic_lm_hf.evaluation.steering import format_steering_table
 from topic_lm_hf.models.modeling_rgbn_rnn import format_topic_tree
@@ -126,26 +126,16 @@ def train_variant(name, args, tok, topic_tok, train_docs, dev_docs, mdir: Path, 
     result = {"variant": name, "family": family, "overrides": overrides, "recipe": recipe, "what": what}
     # rGBN-RNN reads whole documents: a sixteenth as many rows per step is about as many sentences as the others'
     per_step = (lambda n: max(1, n // 16)) if getattr(model, "reads_documents", False) else (lambda n: n)
-    pre_path, pre_dir = mdir / "pretraining.json", mdir / "after_pretraining"
-    if recipe and pre_path.exists():
-        model = type(model).from_pretrained(pre_dir)
-        result["pretraining"] = json.loads(pre_path.read_text())
-        print("   topic model pre-trained earlier", flush=True)
-    elif recipe:
-        start = time.perf_counter()
-        pre = pretrain_topic_model(model, rows, collator, args.pretrain_steps, learning_rate=args.pretrain_lr,
-                                   batch_size=per_step(args.pretrain_batch_size), seed=args.seed,
-                                   eval_dataset=collator.prepare(dev_docs), eval_every=args.pretrain_eval_every,
-                                   patience=args.pretrain_patience)
-        result["pretraining"] = {"steps": pre.steps, "best_step": pre.best_step, "stopped_by": pre.stopped_by,
-                                 "dev_losses": pre.dev_losses, "seconds": time.perf_counter() - start}
-        topics = evaluate_topics(model, reference(), topic_tokenizer=topic_tok)  # the topics the LM starts from
-        result["pretraining"]["topics"] = {k: topics[k] for k in ("npmi", "diversity")}
-        model.save_pretrained(pre_dir)
-        write(pre_path, result["pretraining"])
-        print(f"   topic model pre-trained: {pre.steps} steps ({pre.stopped_by}), best dev objective "
-              f"{pre.best_dev_loss:.3f} at step {pre.best_step}; NPMI {topics['npmi']:.3f}, diversity "
-              f"{topics['diversity']:.2f}", flush=True)
+    if recipe:
+        def topics(model):  # the topics the LM starts from
+            t = evaluate_topics(model, reference(), topic_tokenizer=topic_tok)
+            return {"topics": {k: t[k] for k in ("npmi", "diversity")}}
+
+        settings = {"steps": args.pretrain_steps, "learning_rate": args.pretrain_lr,
+                    "batch_size": per_step(args.pretrain_batch_size), "eval_every": args.pretrain_eval_every,
+                    "patience": args.pretrain_patience}
+        model, result["pretraining"] = pretrain_topic_model_once(model, rows, collator, collator.prepare(dev_docs),
+                                                                 mdir, settings, seed=args.seed, measure=topics)
     step_args = argparse.Namespace(**vars(args))
     step_args.batch_size = per_step(args.batch_size)
     result.update(train_to_convergence(name, model, rows, collator, step_args, mdir, tok,

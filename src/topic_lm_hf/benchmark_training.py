@@ -2,7 +2,8 @@
 predicted tokens of every batch counted (``CountingCollator``, ``BatchTokens``), every model reading the same
 batches in the same order (``batch_order``, ``BenchmarkTrainer``) with one linear schedule per phase, every step
 timed (``StepTimer``, ``step_throughput``: tokens/s robust to a paused process), NCLM's topic-model phase
-(``pretrain_topic_model_phase``), a plain run (``train_for_steps``), a resumable run (``train_resumable``), and
+(``pretrain_topic_model_phase``), the steering recipe's topic-model pre-training
+(``pretrain_topic_model_once``), a plain run (``train_for_steps``), a resumable run (``train_resumable``), and
 a resumable run to convergence: early stopping on a development split (``DevEarlyStopping``,
 ``train_to_convergence``). The rest of what the scripts share (command line,
 result folders, models, measurements) is in ``topic_lm_hf.benchmarking``.
@@ -23,7 +24,7 @@ from transformers import TrainerCallback, TrainingArguments
 from transformers.trainer_callback import PrinterCallback
 
 from topic_lm_hf import (NCLMForCausalLM, TopicContextCollator, TopicLMTrainer, evaluate_perplexity,
-                         record_vocabularies, save_vocabularies)
+                         pretrain_topic_model, record_vocabularies, save_vocabularies)
 from topic_lm_hf.benchmarking import read_json, read_jsonl, write_json
 from topic_lm_hf.fast_path import fast_training_arguments
 from topic_lm_hf.trainer import float32_forward, last_complete_checkpoint
@@ -254,6 +255,33 @@ def pretrain_topic_model_phase(name: str, model, train_docs, args, mdir: Path, t
              "topic_model_final_loss": logs[-1]["loss"] if logs else None}
     write_json(done_path, stats)
     return stats
+
+
+def pretrain_topic_model_once(model, rows, collator, dev_rows, mdir: Path, settings: dict, seed: int = 0,
+                              measure=None):
+    """The steering recipe's topic-model pre-training (``pretrain_topic_model`` with ``settings``: ``steps``,
+    ``learning_rate``, ``batch_size``, ``eval_every``, ``patience``; early-stopped on ``dev_rows``), done once per
+    model folder: the pre-trained model is saved to ``<mdir>/after_pretraining`` with ``<mdir>/pretraining.json``,
+    and a rerun loads them instead. ``measure(model)`` adds to the record (e.g. the topics' NPMI). Returns (the
+    model, the record: steps, best step, what stopped it, the development objective at every evaluation,
+    seconds)."""
+    record_path, saved = mdir / "pretraining.json", mdir / "after_pretraining"
+    if record_path.exists():
+        print("   topic model pre-trained earlier", flush=True)
+        return type(model).from_pretrained(saved), read_json(record_path)
+    start = time.perf_counter()
+    settings = dict(settings)
+    result = pretrain_topic_model(model, rows, collator, settings.pop("steps"), seed=seed, eval_dataset=dev_rows,
+                                  **settings)
+    record = {"steps": result.steps, "best_step": result.best_step, "stopped_by": result.stopped_by,
+              "dev_losses": result.dev_losses, "seconds": time.perf_counter() - start}
+    if measure is not None:
+        record.update(measure(model))
+    model.save_pretrained(saved)
+    write_json(record_path, record)
+    print(f"   topic model pre-trained: {result.steps} steps ({result.stopped_by}), best dev objective "
+          f"{result.best_dev_loss:.3f} at step {result.best_step}, {record['seconds']:.0f} s", flush=True)
+    return model, record
 
 
 def train_resumable(name: str, model, rows, collator, args, mdir: Path, tok, topic_tok, spec: dict, code: str,
