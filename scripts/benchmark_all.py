@@ -36,6 +36,12 @@ Models (``--only`` names; every one 1 layer, so the same-size single-layer LSTM 
   addition to the budget, as in ``benchmark_nclm.py``);
 * ``gbn``, ``rgbn``: GBN-RNN / rGBN-RNN (Guo et al. 2020) with one topic layer of K topics, TLASGR-MCMC for Phi
   and Pi, ``loss_preset="elbo"`` (``build_rgbn``).
+* ``tcnlm-recipe``, ``topic-lstm-recipe``, ``nclm-leta-recipe``, ``rgbn-recipe``: the same families by the
+  steering recipe, ``topic-lm train``'s default (``steering_recipe``: the shared topic output prior, TopicLSTM's
+  bag-of-words term and topic proportions, NCLM's diversity term), their topic model pre-trained alone first
+  (``pretrain_topic_model_once``: at most ``--pretrain-steps`` steps of ``--batch-size`` documents, stopped when
+  the objective on the dev documents has not improved for ``--pretrain-patience`` evaluations
+  ``--pretrain-eval-every`` steps apart; recorded in ``train.json``), beside the papers' exact models.
 
 Decisions (the same for every run of this script):
 
@@ -122,7 +128,9 @@ import torch
 from transformers.utils import logging as hf_logging
 
 from topic_lm_hf import build_vocabularies, evaluate_topics, load_documents
-from topic_lm_hf.benchmark_training import pretrain_topic_model_phase, step_throughput, train_to_convergence
+from topic_lm_hf.benchmark_training import (pretrain_topic_model_once, pretrain_topic_model_phase, step_throughput,
+                                            train_to_convergence)
+from topic_lm_hf.pretraining import RECIPE_PRETRAINING
 from topic_lm_hf.benchmarking import (CLASSES, DATA, MODELS, PROTOCOLS, SIZES, TRAINING_FLAGS, CarriedLoss,
                                       OnDevice, Tee, add_common_arguments, build_model, cached_lda_judge,
                                       check_settings, code_version, evaluate_protocols, fmt, interleaved_step_times,
@@ -154,7 +162,8 @@ PUBLISHED = {
 # what a rerun must share with the run whose results are on disk
 SETTINGS = ("corpus", "size", "embedding_size", "hidden_size", "num_topics", "dropout", "max_steps", "eval_steps",
             "patience", "batch_size", "lr", "clip", "kl_annealing_steps", "alpha", "topic_model_steps",
-            "topic_model_lr", "topic_model_batch_size", "min_freq", "seed", "dev_fraction", "dev_seed",
+            "topic_model_lr", "topic_model_batch_size", "pretrain_steps", "pretrain_eval_every", "pretrain_patience",
+            "min_freq", "seed", "dev_fraction", "dev_seed",
             "max_train_docs", "max_valid_docs", "npmi_max_documents", "steer_topics", "steer_samples",
             "max_new_tokens", "lda_max_iter", "device", "precision", "compile_output_layer")
 
@@ -211,7 +220,14 @@ def train(name: str, model, rows, collator, args, mdir: Path, tok, topic_tok, tr
     spec = MODELS[name]
     topics = spec["family"] != "lstm"
     topic_phase = {}
-    if spec["family"] == "nclm" and args.topic_model_steps:
+    if spec.get("recipe"):  # the steering recipe: the topic model alone first, early-stopped on the dev documents
+        settings = {"steps": args.pretrain_steps, "learning_rate": RECIPE_PRETRAINING["learning_rate"],
+                    "batch_size": args.batch_size, "eval_every": args.pretrain_eval_every,
+                    "patience": args.pretrain_patience}
+        dev_rows = make_collator(name, tok, topic_tok)[0].prepare(dev_docs)
+        model, pre = pretrain_topic_model_once(model, rows, collator, dev_rows, mdir, settings, seed=args.seed)
+        topic_phase = {"pretraining": pre}
+    elif spec["family"] == "nclm" and args.topic_model_steps:
         nvdm_args = argparse.Namespace(**{**vars(args), "batch_size": args.topic_model_batch_size})
         topic_phase = pretrain_topic_model_phase(name, model, train_docs, nvdm_args, mdir, tok, topic_tok)
     stats = train_to_convergence(name, model, rows, collator, args, mdir, tok, topic_tok if topics else None,
@@ -249,6 +265,11 @@ def parse_args(argv=None):
     parser.add_argument("--hidden", dest="hidden_size", type=int, default=None, help="H (default: the size's)")
     parser.add_argument("--topics", dest="num_topics", type=int, default=None, help="K (default: the size's)")
     parser.add_argument("--topic-model-batch-size", type=int, default=64, help="chunks per NVDM-phase step")
+    parser.add_argument("--pretrain-steps", type=int, default=RECIPE_PRETRAINING["steps"],
+                        help="the steering recipe's rows (*-recipe): at most this many topic-model pre-training steps "
+                             "of --batch-size documents, early-stopped on the dev documents")
+    parser.add_argument("--pretrain-eval-every", type=int, default=RECIPE_PRETRAINING["eval_every"])
+    parser.add_argument("--pretrain-patience", type=int, default=RECIPE_PRETRAINING["patience"])
     parser.add_argument("--readme", default=None, metavar="results/README.md",
                         help="publish the finished table into this results page: copy table.md, results.json and "
                              "the figures to <its folder>/<corpus>-<size>/ and rewrite its block between "

@@ -24,7 +24,8 @@ RESULTS = ROOT / "results" / "README.md"
 SMOKE = ["--corpus", "apnews", "--max-steps", "4", "--eval-steps", "2", "--patience", "1", "--batch-size", "2",
          "--hidden", "8", "--embedding", "8", "--topics", "3", "--max-train-docs", "30", "--max-valid-docs", "4",
          "--npmi-max-documents", "20", "--steer-topics", "2", "--steer-samples", "2", "--max-new-tokens", "8",
-         "--speed-repeats", "1", "--lda-max-iter", "2", "--only", "lstm", "lstm-carry", "topic-lstm"]
+         "--speed-repeats", "1", "--lda-max-iter", "2", "--pretrain-steps", "4", "--pretrain-eval-every", "2",
+         "--only", "lstm", "lstm-carry", "topic-lstm", "topic-lstm-recipe"]
 PROTOCOLS = ("paper", "causal", "causal-carry")
 # runs the script as __main__ with matplotlib unimportable (the figures are then skipped with a message)
 WITHOUT_MATPLOTLIB = ("import runpy, sys; sys.modules['matplotlib'] = None; sys.argv = sys.argv[1:]; "
@@ -69,7 +70,14 @@ def test_smoke_run_then_resume(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads((out / "results.json").read_text())
     results = report["results"]
-    assert list(results) == ["lstm", "lstm-carry", "topic-lstm"]
+    assert list(results) == ["lstm", "lstm-carry", "topic-lstm", "topic-lstm-recipe"]
+    # the steering recipe's row: its topic model pre-trained first (recorded), the recipe's configuration
+    pre = results["topic-lstm-recipe"]["train"]["pretraining"]
+    assert 1 <= pre["steps"] <= 4 and pre["stopped_by"] in ("patience", "steps") and pre["dev_losses"]
+    config = json.loads((out / "topic-lstm-recipe" / "model" / "config.json").read_text())
+    assert (config["topic_output_bias"], config["theta_transform"], config["bow_loss_weight"]) == ("beta", "softmax", 1.0)
+    assert "topic_output_bias" not in json.loads((out / "topic-lstm" / "model" / "config.json").read_text()) or \
+        json.loads((out / "topic-lstm" / "model" / "config.json").read_text())["topic_output_bias"] is None
     for name, r in results.items():
         for protocol in PROTOCOLS:
             assert math.isfinite(r["perplexity"][protocol]["perplexity"]) and r["perplexity"][protocol]["tokens"] > 0

@@ -38,6 +38,8 @@ from topic_lm_hf import (LSTMLMConfig, LSTMLMForCausalLM, NCLMConfig, NCLMForCau
                          RGBNRNNForCausalLM, TCNLMConfig, TCNLMForCausalLM, TopicContextCollator, TopicRNNConfig,
                          TopicRNNForCausalLM, evaluate_perplexity, evaluate_steering, fit_lda_judge)
 from topic_lm_hf.data import shared_data_dir
+from topic_lm_hf.models.configuration_common import config_kwargs_from_tokenizers
+from topic_lm_hf.pretraining import steering_recipe
 from topic_lm_hf.evaluation import PROTOCOLS as PROTOCOL_CONTEXTS
 from topic_lm_hf.trainer import carried_state_loss
 
@@ -230,36 +232,41 @@ def build_lstm(args, vocab_size: int, layers: int | None = None) -> LSTMLMForCau
     return LSTMLMForCausalLM(config)
 
 
-def build_tcnlm(args, vocab_size: int, topic_vocab_size: int, lm_type: str = "tcnlm") -> TCNLMForCausalLM:
+def build_tcnlm(args, vocab_size: int, topic_vocab_size: int, lm_type: str = "tcnlm", **options) -> TCNLMForCausalLM:
     """TCNLM (``lm_type="naive_moe"``: the paper's naive mixture of experts), KL annealed over
-    ``args.kl_annealing_steps``, ``args.num_factors`` factors."""
+    ``args.kl_annealing_steps``, ``args.num_factors`` factors; ``options``: more configuration values."""
     torch.manual_seed(args.seed)
     config = TCNLMConfig(vocab_size=vocab_size, topic_vocab_size=topic_vocab_size, num_topics=args.num_topics,
                          embedding_size=args.embedding_size, hidden_size=args.hidden_size,
                          num_hidden_layers=args.layers, num_factors=args.num_factors, dropout=args.dropout,
-                         lm_type=lm_type, kl_annealing_steps=args.kl_annealing_steps)
+                         lm_type=lm_type, kl_annealing_steps=args.kl_annealing_steps, **options)
     return TCNLMForCausalLM(config)
 
 
 def build_nclm(args, tok, topic_tok, variant: str, sentence_topics: bool = False, sdt_mode: str = "prefix",
-               num_topics: int | None = None) -> NCLMForCausalLM:
-    """NCLM (``variant`` "lta", "eta" or "leta"), topic-model loss share ``args.alpha``."""
+               num_topics: int | None = None, **options) -> NCLMForCausalLM:
+    """NCLM (``variant`` "lta", "eta" or "leta"), topic-model loss share ``args.alpha``; ``options``: more
+    configuration values."""
     torch.manual_seed(args.seed)
     config = NCLMConfig.from_tokenizers(tok, topic_tok, variant=variant, sentence_topics=sentence_topics,
                                         sdt_mode=sdt_mode, num_topics=num_topics or args.num_topics,
                                         embedding_size=args.embedding_size, hidden_size=args.hidden_size,
-                                        num_hidden_layers=args.layers, dropout=args.dropout, alpha=args.alpha)
+                                        num_hidden_layers=args.layers, dropout=args.dropout, alpha=args.alpha,
+                                        **options)
     return NCLMForCausalLM(config)
 
 
-def build_rgbn(args, tok, topic_tok, layers: int, recurrent: bool, loss_preset: str = "elbo") -> RGBNRNNForCausalLM:
+def build_rgbn(args, tok, topic_tok, layers: int, recurrent: bool, loss_preset: str = "elbo",
+               **options) -> RGBNRNNForCausalLM:
     """GBN-RNN (``recurrent=False``) or rGBN-RNN with ``layers`` topic layers: the first ``layers`` of
-    ``args.topic_sizes`` topics, ``args.hidden_size`` LSTM units in every layer."""
+    ``args.topic_sizes`` topics, ``args.hidden_size`` LSTM units in every layer; ``options``: more configuration
+    values."""
     torch.manual_seed(args.seed)
     config = RGBNRNNConfig.from_tokenizers(tok, topic_tok, topic_sizes=args.topic_sizes[:layers],
                                            hidden_sizes=[args.hidden_size] * layers,
                                            embedding_size=args.embedding_size, dropout=args.dropout,
-                                           recurrent=recurrent, loss_preset=loss_preset, tlasgr_seed=args.seed)
+                                           recurrent=recurrent, loss_preset=loss_preset, tlasgr_seed=args.seed,
+                                           **options)
     return RGBNRNNForCausalLM(config)
 
 
@@ -281,7 +288,16 @@ MODELS = {
                             carry=True),
     "gbn": dict(family="rgbn", label="GBN-RNN", context="preceding", recurrent=False, published="GBN-RNN"),
     "rgbn": dict(family="rgbn", label="rGBN-RNN", context="preceding", recurrent=True, published="rGBN-RNN"),
+    # the steering recipe (steering_recipe: topic-model pre-training, the shared topic output prior, the family's
+    # terms): topic-lm train's default, beside each paper's exact model
+    "tcnlm-recipe": dict(family="tcnlm", label="TCNLM, steering recipe", context="others", recipe=True),
+    "topic-lstm-recipe": dict(family="topic_rnn", label="TopicLSTM, steering recipe", context="others", recipe=True),
+    "nclm-leta-recipe": dict(family="nclm", label="NCLM LETA, steering recipe", context="others", nclm="leta",
+                             recipe=True),
+    "rgbn-recipe": dict(family="rgbn", label="rGBN-RNN, steering recipe", context="preceding", recurrent=True,
+                        recipe=True),
 }
+MODEL_TYPES = {"tcnlm": "tcnlm", "topic_rnn": "topic_rnn", "nclm": "nclm", "rgbn": "rgbn_rnn"}
 SIZES = {"cpu": dict(embedding_size=128, hidden_size=128, num_topics=50),
          "paper": dict(embedding_size=300, hidden_size=600, num_topics=50)}
 CLASSES = {"lstm": LSTMLMForCausalLM, "tcnlm": TCNLMForCausalLM, "topic_rnn": TopicRNNForCausalLM,
@@ -345,20 +361,24 @@ class CarriedLoss(torch.nn.Module):
 
 
 def build_model(name: str, args, tok, topic_tok):
-    """Model ``name`` of ``MODELS``, seeded with ``args.seed``, at the run's sizes."""
+    """Model ``name`` of ``MODELS``, seeded with ``args.seed``, at the run's sizes (a ``recipe`` row: with
+    ``steering_recipe``'s configuration values)."""
     spec = MODELS[name]
+    recipe = steering_recipe(MODEL_TYPES[spec["family"]], spec.get("nclm")) if spec.get("recipe") else {}
     if spec["family"] == "lstm":
         return build_lstm(args, len(tok))
     if spec["family"] == "tcnlm":
-        return build_tcnlm(args, len(tok), len(topic_tok))
+        if recipe:  # the shared prior needs the LM id of every topic word
+            recipe["topic_word_ids"] = config_kwargs_from_tokenizers(tok, topic_tok)["topic_word_ids"]
+        return build_tcnlm(args, len(tok), len(topic_tok), **recipe)
     if spec["family"] == "nclm":
-        return build_nclm(args, tok, topic_tok, spec["nclm"])
+        return build_nclm(args, tok, topic_tok, spec["nclm"], **recipe)
     if spec["family"] == "rgbn":
-        return build_rgbn(args, tok, topic_tok, layers=1, recurrent=spec["recurrent"])
+        return build_rgbn(args, tok, topic_tok, layers=1, recurrent=spec["recurrent"], **recipe)
     torch.manual_seed(args.seed)
     config = TopicRNNConfig.from_tokenizers(tok, topic_tok, cell="lstm", embedding_size=args.embedding_size,
                                             hidden_size=args.hidden_size, num_topics=args.num_topics,
-                                            dropout=args.dropout)
+                                            dropout=args.dropout, **recipe)
     return TopicRNNForCausalLM(config)
 
 
