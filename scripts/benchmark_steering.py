@@ -76,6 +76,9 @@ VARIANTS = {
     "topic-lstm": ("topic_rnn", {"cell": "lstm"}, False, "TopicLSTM, the paper's ELBO"),
     "topic-lstm-recipe": ("topic_rnn", {"cell": "lstm", **steering_recipe("topic_rnn")}, True,
                           f"TopicLSTM, {RECIPE}, the bag-of-words term and Gaussian softmax topic proportions"),
+    "topic-lstm-recipe-causal": ("topic_rnn", {"cell": "lstm", **steering_recipe("topic_rnn"), "context": "preceding"},
+                                 True, "TopicLSTM, the recipe, trained on the causal context (earlier sentences "
+                                       "only: what the causal protocol gives it) instead of the paper's"),
     "nclm-leta": ("nclm", {"variant": "leta"}, False, "NCLM LETA as in the paper (alpha 0.01)"),
     "nclm-leta-recipe": ("nclm", {"variant": "leta", **steering_recipe("nclm", "leta")}, True,
                          f"NCLM LETA, {RECIPE}, and the diversity regulariser"),
@@ -91,7 +94,7 @@ def build(name: str, args, tok, topic_tok):
     family, overrides, _, _ = VARIANTS[name]
     torch.manual_seed(args.seed)
     sizes = dict(embedding_size=args.embedding_size, dropout=args.dropout)
-    overrides = dict(overrides)
+    overrides = {k: v for k, v in overrides.items() if k != "context"}  # the collator's, not the config's
     if overrides.get("topic_output_bias") == "beta":
         overrides["topic_prior_weight_init"] = args.prior_weight_init
     if family == "lstm":
@@ -121,7 +124,8 @@ def train_variant(name, args, tok, topic_tok, train_docs, dev_docs, mdir: Path, 
     (``train_to_convergence``). Returns (its result, the model with its best weights)."""
     family, overrides, recipe, what = VARIANTS[name]
     model = build(name, args, tok, topic_tok)
-    collator = TopicContextCollator.for_model(model, tok, topic_tok)  # the family's documented training batches
+    # the family's documented training batches (a variant may train on another context)
+    collator = TopicContextCollator.for_model(model, tok, topic_tok, context=overrides.get("context"))
     rows = collator.prepare(train_docs)
     result = {"variant": name, "family": family, "overrides": overrides, "recipe": recipe, "what": what}
     # rGBN-RNN reads whole documents: a sixteenth as many rows per step is about as many sentences as the others'
