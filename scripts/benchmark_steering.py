@@ -80,7 +80,7 @@ VARIANTS = {
                                  True, "TopicLSTM, the recipe, trained on the causal context (earlier sentences "
                                        "only: what the causal protocol gives it) instead of the paper's"),
     "nclm-leta": ("nclm", {"variant": "leta"}, False, "NCLM LETA as in the paper (alpha 0.01)"),
-    "nclm-leta-recipe": ("nclm", {"variant": "leta", **steering_recipe("nclm", "leta")}, True,
+    "nclm-leta-recipe": ("nclm", {"variant": "leta", **steering_recipe("nclm", variant="leta")}, True,
                          f"NCLM LETA, {RECIPE}, and the diversity regulariser"),
     "rgbn": ("rgbn", {}, False, "rGBN-RNN, one topic layer, the paper's ELBO and TLASGR-MCMC"),
     "rgbn-recipe": ("rgbn", steering_recipe("rgbn_rnn"), True, f"rGBN-RNN, {RECIPE}"),

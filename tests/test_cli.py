@@ -332,7 +332,7 @@ def test_train_uses_the_steering_recipe_by_default_and_the_papers_training_one_f
     paper = AutoModelForCausalLM.from_pretrained(tmp_path / "p").config
     assert (paper.topic_output_bias, paper.bow_loss_weight, paper.theta_transform) == (None, 0.0, None)
     # NCLM's ETA has no latent topic distribution for the prior: the recipe gives it the diversity term only
-    assert steering_recipe("nclm", "eta") == {"diversity_weight": 1.0} and steering_recipe("lstm_lm") == {}
+    assert steering_recipe("nclm", variant="eta") == {"diversity_weight": 1.0} and steering_recipe("lstm_lm") == {}
     eta = make_config(ModelArguments(model_type="nclm", config_overrides="variant=eta"))
     assert (eta.topic_output_bias, eta.diversity_weight) == (None, 1.0)
     # TCNLM's naive mixture of experts has no prior either (the Table 6 configuration builds)

@@ -284,6 +284,15 @@ def pretrain_topic_model_once(model, rows, collator, dev_rows, mdir: Path, setti
     return model, record
 
 
+def keep_records_up_to(step: int, *paths: Path) -> None:
+    """Drop the records (JSON lines with a ``step``) after ``step`` from each file, creating it empty if absent: a
+    run resumed from the checkpoint of ``step`` redoes what came after it."""
+    for path in paths:
+        kept = [line for line in (path.read_text().splitlines() if path.exists() else [])
+                if line and json.loads(line)["step"] <= step]
+        path.write_text("".join(line + "\n" for line in kept))
+
+
 def train_resumable(name: str, model, rows, collator, args, mdir: Path, tok, topic_tok, spec: dict, code: str,
                     train_docs=None) -> dict:
     """Train one model for ``args.steps`` steps on the batches of ``batch_order`` (resuming from its last complete
@@ -300,10 +309,7 @@ def train_resumable(name: str, model, rows, collator, args, mdir: Path, tok, top
     ckpt_dir, steps_path = mdir / "checkpoints", mdir / "steps.jsonl"
     resume = last_complete_checkpoint(ckpt_dir)
     done = int(resume.rsplit("-", 1)[1]) if resume else 0
-    kept = []
-    if resume and steps_path.exists():
-        kept = [line for line in steps_path.read_text().splitlines() if line and json.loads(line)["step"] <= done]
-    steps_path.write_text("".join(line + "\n" for line in kept))
+    keep_records_up_to(done, steps_path)
     if resume:
         print(f"   resuming from {resume} (step {done} of {total})", flush=True)
 
@@ -435,10 +441,7 @@ def train_to_convergence(name: str, model, rows, collator, args, mdir: Path, tok
         return _finish(mdir, read_json(finished))
     resume = last_complete_checkpoint(ckpt_dir)
     done = int(resume.rsplit("-", 1)[1]) if resume else 0
-    for path in (steps_path, dev_path):  # what was recorded after the checkpoint is redone
-        kept = [line for line in (path.read_text().splitlines() if path.exists() else [])
-                if line and json.loads(line)["step"] <= done]
-        path.write_text("".join(line + "\n" for line in kept))
+    keep_records_up_to(done, steps_path, dev_path)
     for step, path in best_dirs(mdir).items():
         if step > done:
             shutil.rmtree(path)

@@ -364,7 +364,7 @@ def build_model(name: str, args, tok, topic_tok):
     """Model ``name`` of ``MODELS``, seeded with ``args.seed``, at the run's sizes (a ``recipe`` row: with
     ``steering_recipe``'s configuration values)."""
     spec = MODELS[name]
-    recipe = steering_recipe(MODEL_TYPES[spec["family"]], spec.get("nclm")) if spec.get("recipe") else {}
+    recipe = steering_recipe(MODEL_TYPES[spec["family"]], variant=spec.get("nclm")) if spec.get("recipe") else {}
     if spec["family"] == "lstm":
         return build_lstm(args, len(tok))
     if spec["family"] == "tcnlm":

@@ -310,8 +310,8 @@ def train(data_args: DataArguments, model_args: ModelArguments, training_args: T
                                                      stopwords=resolve_stopwords(data_args.stopwords),
                                                      min_doc_freq=data_args.min_doc_freq)
     model = build_model(model_args, tok, topic_tok)
-    recipe = steering_recipe(model.config.model_type, getattr(model.config, "variant", None),
-                             getattr(model.config, "lm_type", None))
+    recipe = steering_recipe(model.config.model_type, variant=getattr(model.config, "variant", None),
+                             lm_type=getattr(model.config, "lm_type", None))
     if recipe_of(model_args) == "steering" and not model_args.model_name_or_path and recipe:
         logger.info("Recipe: steering (%s, the topic model pre-trained first; --recipe paper trains the paper's "
                     "model exactly)", ", ".join(f"{k}={getattr(model.config, k)}" for k in recipe))

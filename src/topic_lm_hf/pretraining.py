@@ -42,13 +42,16 @@ STEERING_RECIPE: dict[str, dict] = {
 RECIPE_PRETRAINING = {"steps": 20000, "learning_rate": 3e-3, "batch_size": 64, "eval_every": 500, "patience": 3}
 
 
-def steering_recipe(model_type: str, variant: Optional[str] = None, lm_type: Optional[str] = None) -> dict:
+def steering_recipe(model_type: str, **settings) -> dict:
     """The configuration values of the steering recipe for ``model_type`` (a copy; ``{}`` for a model without
-    topics). A model with no latent topic distribution for the shared prior gets the rest of its recipe: NCLM's
-    ETA variant (``variant="eta"``: the diversity term only) and TCNLM's naive mixture of experts
-    (``lm_type="naive_moe"``: nothing)."""
+    topics). ``settings``: configuration values already chosen (``variant``, ``lm_type``, ...; None = the default).
+    Where the configuration class says the shared prior is unavailable with them (its
+    ``output_prior_unavailable``: NCLM's ETA, TCNLM's naive mixture of experts), the rest of the recipe."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
     recipe = dict(STEERING_RECIPE.get(model_type, {}))
-    if (model_type == "nclm" and variant == "eta") or (model_type == "tcnlm" and lm_type == "naive_moe"):
+    config_class = CONFIG_MAPPING[model_type] if recipe else None
+    if recipe and config_class.output_prior_unavailable(**{k: v for k, v in settings.items() if v is not None}):
         for key in _PRIOR:
             recipe.pop(key)
     return recipe

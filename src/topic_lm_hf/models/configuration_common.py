@@ -86,6 +86,12 @@ class TopicConfigMixin:
     topic_word_ids_from_tokenizers = staticmethod(topic_word_ids_from_tokenizers)
 
     @staticmethod
+    def output_prior_unavailable(**settings) -> Optional[str]:
+        """Why a configuration with these ``settings`` cannot have ``topic_output_bias`` (one line), or None when it
+        can. The configuration's own check and ``steering_recipe`` both ask it."""
+        return None
+
+    @staticmethod
     def checked_topic_word_ids(topic_word_ids, topic_vocab_size: int, vocab_size: Optional[int] = None
                                ) -> Optional[list[int]]:
         """``topic_word_ids`` as a list of ints (``None`` stays ``None``), one per topic-vocabulary entry, each an LM

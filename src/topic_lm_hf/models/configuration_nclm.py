@@ -93,6 +93,12 @@ class NCLMConfig(TopicConfigMixin, ClassifierConfigMixin, CompactReprMixin, Pret
     model_type = "nclm"
     keys_to_ignore_at_inference = [*KEYS_TO_IGNORE_AT_INFERENCE, "topic_representation"]
 
+    @staticmethod
+    def output_prior_unavailable(variant="lta", **settings):
+        """ETA has no latent proportions h for the shared prior to read."""
+        return ("topic_output_bias='beta' reads the proportions h of the latent representation: use variant='lta' "
+                "or 'leta' (ETA has none)") if variant == "eta" else None
+
     def __init__(self, vocab_size=10000, topic_vocab_size=2000, num_topics=150, encoder_hidden_size=256,
                  encoder_activation="sigmoid", num_topic_samples=10, embedding_size=300, hidden_size=600,
                  num_hidden_layers=1, dropout=0.4, variant="lta", sentence_topics=False, sdt_mode="prefix",
@@ -129,9 +135,8 @@ class NCLMConfig(TopicConfigMixin, ClassifierConfigMixin, CompactReprMixin, Pret
             raise ValueError(f"diversity_weight must be >= 0, got {diversity_weight!r}")
         topic_output_bias, topic_prior_weight_init = check_topic_output_prior(topic_output_bias,
                                                                               topic_prior_weight_init)
-        if topic_output_bias and variant == "eta":
-            raise ValueError("topic_output_bias='beta' reads the proportions h of the latent representation: use "
-                             "variant='lta' or 'leta' (ETA has none)")
+        if topic_output_bias and self.output_prior_unavailable(variant=variant):
+            raise ValueError(self.output_prior_unavailable(variant=variant))
         if tie_word_embeddings and embedding_size != hidden_size:
             raise ValueError(f"tie_word_embeddings needs embedding_size == hidden_size (the output layer reads the "
                              f"H-dimensional composition), got {embedding_size} and {hidden_size}")

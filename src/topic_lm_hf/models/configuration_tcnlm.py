@@ -79,6 +79,11 @@ class TCNLMConfig(TopicConfigMixin, ClassifierConfigMixin, CompactReprMixin, Pre
     model_type = "tcnlm"
     keys_to_ignore_at_inference = [*KEYS_TO_IGNORE_AT_INFERENCE]
 
+    @staticmethod
+    def output_prior_unavailable(lm_type="tcnlm", **settings):
+        """The naive mixture of experts has no topic-conditioned output to add a topic term to."""
+        return None if lm_type == "tcnlm" else f"topic_output_bias needs lm_type='tcnlm', got {lm_type!r}"
+
     def __init__(self, vocab_size=10000, topic_vocab_size=2000, num_topics=50, embedding_size=300, hidden_size=600,
                  num_hidden_layers=1, num_factors=None, dropout=0.4, encoder_hidden_size=256,
                  topic_embedding_size=256, prior_mean=0.0, prior_std=1.0, diversity_weight=0.1, lm_type="tcnlm",
@@ -114,8 +119,8 @@ class TCNLMConfig(TopicConfigMixin, ClassifierConfigMixin, CompactReprMixin, Pre
         topic_output_bias, topic_prior_weight_init = check_topic_output_prior(topic_output_bias,
                                                                               topic_prior_weight_init,
                                                                               TOPIC_OUTPUT_BIASES)
-        if topic_output_bias and lm_type != "tcnlm":
-            raise ValueError(f"topic_output_bias needs lm_type='tcnlm', got {lm_type!r}")
+        if topic_output_bias and self.output_prior_unavailable(lm_type=lm_type):
+            raise ValueError(self.output_prior_unavailable(lm_type=lm_type))
         if lm_topic_input not in LM_TOPIC_INPUTS:
             raise ValueError(f"lm_topic_input must be one of {LM_TOPIC_INPUTS}, got {lm_topic_input!r}")
         self.vocab_size = vocab_size
