@@ -122,3 +122,17 @@ def test_one_option_name_checked_the_same_way_in_every_family(config_class, extr
 def test_nclm_eta_has_no_proportions_for_the_prior():
     with pytest.raises(ValueError, match="variant='lta' or 'leta'"):
         NCLMConfig(variant="eta", topic_output_bias="beta")
+
+
+def test_tcnlm_naive_moe_has_no_output_for_the_prior_and_the_recipe_asks_the_same_question():
+    from topic_lm_hf import steering_recipe
+
+    with pytest.raises(ValueError, match="topic_output_bias needs lm_type='tcnlm', got 'naive_moe'"):
+        TCNLMConfig(lm_type="naive_moe", topic_output_bias="beta")
+    # steering_recipe leaves the prior out exactly where the configuration class refuses it
+    for config_class, model_type, settings in [(TCNLMConfig, "tcnlm", {"lm_type": "naive_moe"}),
+                                               (NCLMConfig, "nclm", {"variant": "eta"}),
+                                               (NCLMConfig, "nclm", {"variant": "leta"}), (TCNLMConfig, "tcnlm", {})]:
+        recipe = steering_recipe(model_type, **settings)
+        assert ("topic_output_bias" in recipe) == (config_class.output_prior_unavailable(**settings) is None)
+        config_class(**settings, **recipe)  # the recipe always builds
