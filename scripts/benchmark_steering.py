@@ -336,8 +336,9 @@ def print_tables(out: Path, names, args) -> None:
         # the most accurate setting whose texts stay fluent (fluency ratio at most 1.5), else plain conditioning
         fluent = [k for k, v in r["steering"].items() if (v["fluency_ratio"] or float("inf")) <= 1.5]
         best = max(fluent, key=lambda k: r["steering"][k]["accuracy_lda"] or 0) if fluent else next(iter(r["steering"]))
-        print(f"\n{name}: steered samples at guidance {best} (the most accurate setting with a fluency ratio of at most "
-              f"1.5)")
+        why = "the most accurate setting with a fluency ratio of at most 1.5" if fluent else \
+            "the first setting: none kept the fluency ratio at most 1.5"
+        print(f"\n{name}: steered samples at guidance {best} ({why})")
         for row in r["steering"][best]["per_topic"][:3]:
             print(f"- topic {row['topic']} ({' '.join(row['top_words'][:8])}): {row['texts'][0]}")
 
