@@ -537,6 +537,17 @@ class RecurrentPreTrainedModel(PreTrainedModel):
     def _reorder_cache(self, state, beam_idx):
         return reorder_state(state, beam_idx)
 
+    def _update_model_kwargs_for_generation(self, outputs, model_kwargs, is_encoder_decoder=False, num_new_tokens=1):
+        # The recurrent state is the cache: the next step continues from it. transformers carried an output named
+        # ``state`` forward itself until 5.23 (RWKV's name), from 5.24 only ``cache``: where nothing above carried
+        # it (the topic families' TopicGenerationMixin wraps it with their conditioning), it is carried here.
+        previous = model_kwargs.get("state")
+        model_kwargs = super()._update_model_kwargs_for_generation(outputs, model_kwargs, is_encoder_decoder,
+                                                                   num_new_tokens)
+        if model_kwargs.get("state") is previous:
+            model_kwargs["state"] = getattr(outputs, "state", None)
+        return model_kwargs
+
     def post_init(self):
         super().post_init()
         self._suppress_unk_in_generation()
