@@ -91,7 +91,12 @@ Decisions (the same for every run of this script):
 * Steering (``steer``: ``evaluate_steering`` with ``topic_ids=[k]`` for ``--steer-topics``
   seeded topics, ``--steer-samples`` texts each and as many unconditioned, top-p 0.9): topic accuracy by the
   model's own encoder and by a scikit-learn LDA judge with K topics fitted on the training documents; fluency =
-  perplexity of the generated text under this run's ``lstm`` (fluency ratio = steered / unconditioned).
+  perplexity of the generated text under this run's ``lstm`` (fluency ratio = steered / unconditioned); lift =
+  the share of the topic's top-50 words in steered over unconditioned text. Every topic model is steered at each
+  decode-time guidance scale of ``--guidance-scales`` (1 = plain conditioning); the table reports the most
+  accurate (LDA judge) whose fluency ratio is at most 1.5 (``fluent_setting``), the figure the whole curve.
+* The gain over the LSTM under ``causal`` is split by the ablation under ``causal`` (every topic model, whatever
+  its own protocol): the document's own topics bring (ablation - causal) perplexity points of it.
 * Speed: training tokens/s (predicted tokens; batch fetch, forward, backward, optimizer, TLASGR; not logging,
   checkpoints or dev evaluations; a step slower than 20 times the median, a stall of a paused process, is left
   out: ``step_throughput``) and its ratio to ``lstm``; and the ratio re-measured with every model's steps
@@ -133,7 +138,8 @@ from topic_lm_hf.benchmark_training import (pretrain_topic_model_once, pretrain_
 from topic_lm_hf.pretraining import RECIPE_PRETRAINING
 from topic_lm_hf.benchmarking import (CLASSES, DATA, MODELS, PROTOCOLS, SIZES, TRAINING_FLAGS, CarriedLoss,
                                       OnDevice, Tee, add_common_arguments, build_model, cached_lda_judge,
-                                      check_settings, code_version, evaluate_protocols, fmt, interleaved_step_times,
+                                      check_settings, code_version, evaluate_protocols, fluent_setting, fmt,
+                                      interleaved_step_times,
                                       make_collator, prepared_rows, publish, read_json, read_jsonl, steer,
                                       write_json)
 from topic_lm_hf.evaluation.topics import load_reference_corpus
@@ -241,9 +247,25 @@ def train(name: str, model, rows, collator, args, mdir: Path, tok, topic_tok, tr
 
 
 def evaluate(name: str, model, valid_docs, tok, topic_tok, mdir: Path) -> dict:
-    """Perplexity under every protocol and, for the topic models, the ablation under their own protocol."""
+    """Perplexity under every protocol and, for the topic models, the ablation under their own protocol and
+    under ``causal`` (where the gain over the LSTM is split into the document's own topics and the rest)."""
     ablation = own_protocol(name) if is_topic_model(name) else None
-    return evaluate_protocols(model, valid_docs, tok, topic_tok, mdir, ablation)
+    return evaluate_protocols(model, valid_docs, tok, topic_tok, mdir, ablation, more_ablations=("causal",))
+
+
+def evaluated(name: str, ev: dict) -> bool:
+    """Whether ``eval.json`` (``ev``) holds every figure ``evaluate`` measures for ``name``."""
+    ablations = ("mismatched", "mismatched-causal") if is_topic_model(name) else ()
+    return all(k in ev for k in (*PROTOCOLS, *ablations))
+
+
+def steering_settings(path: Path) -> dict:
+    """``steering.json``'s results by guidance scale (``{"1": ..., "2": ...}``); a file written before the guidance
+    scales were measured holds plain conditioning alone, which is scale 1."""
+    st = read_json(path) or {}
+    if "result" in st and "by_scale" not in st:
+        st = {"fluency_judge": st.get("fluency_judge"), "by_scale": {"1": st["result"]}}
+    return st
 
 
 CODE_VERSION = "?"
@@ -275,6 +297,10 @@ def parse_args(argv=None):
                              "the figures to <its folder>/<corpus>-<size>/ and rewrite its block between "
                              "'<!-- benchmark_all <corpus>-<size> start/end -->' (added after its last block the "
                              "first time)")
+    parser.add_argument("--guidance-scales", type=float, nargs="+", default=[1.0, 1.5, 2.0, 3.0],
+                        help="decode-time topic guidance scales every topic model is steered at (1: plain "
+                             "conditioning); the table reports the most accurate one whose fluency ratio is at most "
+                             "1.5 (a measurement setting: adding a scale later measures only it)")
     parser.add_argument("--dev-fraction", type=float, default=0.05, help="training documents held out as dev")
     parser.add_argument("--dev-seed", type=int, default=0, help="seed of the dev split")
     add_common_arguments(parser, *TRAINING_FLAGS, "--batch-size", "--dropout", "--lr", "--clip", "--kl-annealing-steps", "--alpha",
@@ -387,7 +413,7 @@ def run(args) -> dict:
                   f"{stats['best_step']} ({stats['best_dev_perplexity']:.2f})", flush=True)
             model = None  # the best weights are the ones on disk
         ev = read_json(mdir / "eval.json") or {}
-        if not all(p in ev for p in PROTOCOLS) or (is_topic_model(name) and "mismatched" not in ev):
+        if not evaluated(name, ev):
             model = model or load_model(name, mdir / "model", args.device)
             print(f"== evaluating {name} on {args.corpus} valid", flush=True)
             evaluate(name, model, valid_docs, tok, topic_tok, mdir)
@@ -407,18 +433,24 @@ def run(args) -> dict:
     judge = fluency_model = None
     for name in [n for n in done if is_topic_model(n)]:
         path = out / name / "steering.json"
-        if path.exists() or "lstm" not in done:
+        st = steering_settings(path)
+        todo = [s for s in args.guidance_scales if f"{s:g}" not in st.get("by_scale", {})]
+        if not todo or "lstm" not in done:
             continue
         if judge is None:
             judge = cached_lda_judge(out / "lda_judge.pkl", train_docs, topic_tok, args.num_topics, args.seed,
                                      max_iter=args.lda_max_iter)
             fluency_model = load_model("lstm", out / "lstm" / "model", args.device)
-        print(f"\n== steering {name}", flush=True)
-        result = steer(load_model(name, out / name / "model", args.device), args, tok, topic_tok, judge,
-                       fluency_model)
-        write_json(path, {"fluency_judge": "lstm", "result": result})
-        print(f"   accuracy own encoder {fmt(result['accuracy_own'], '{:.3f}')}, LDA "
-              f"{fmt(result['accuracy_lda'], '{:.3f}')}; fluency ratio {fmt(result['fluency_ratio'])}", flush=True)
+        model = load_model(name, out / name / "model", args.device)
+        for scale in todo:
+            print(f"\n== steering {name} at guidance scale {scale:g}", flush=True)
+            result = steer(model, args, tok, topic_tok, judge, fluency_model, topic_guidance_scale=scale)
+            st = {"fluency_judge": "lstm", "by_scale": {**st.get("by_scale", {}), f"{scale:g}": result}}
+            write_json(path, st)
+            print(f"   accuracy own encoder {fmt(result['accuracy_own'], '{:.3f}')}, LDA "
+                  f"{fmt(result['accuracy_lda'], '{:.3f}')}, lift {fmt(result['lift'])}; fluency ratio "
+                  f"{fmt(result['fluency_ratio'])}", flush=True)
+        del model
     if "lstm" not in done:
         print("\n(steering skipped: the LSTM of this run is the fluency judge and is not finished)", flush=True)
 
@@ -480,7 +512,7 @@ def collect(name: str, out: Path, speed) -> dict:
     """One model's numbers, for results.json."""
     tr, ev = read_json(out / name / "train.json"), read_json(out / name / "eval.json")
     tr["tokens_per_s"] = training_speed(out, name)
-    tp, st = read_json(out / name / "topics.json"), read_json(out / name / "steering.json")
+    tp, st = read_json(out / name / "topics.json"), steering_settings(out / name / "steering.json")
     r = {"label": MODELS[name]["label"], "family": MODELS[name]["family"], "training_context": MODELS[name]["context"],
          "carry_state": bool(MODELS[name].get("carry")), "parameters": tr["parameters"],
          "steps_trained": tr["steps_trained"], "best_step": tr["best_step"],
@@ -488,17 +520,20 @@ def collect(name: str, out: Path, speed) -> dict:
          "early_stopped": tr["early_stopped"],
          "perplexity": {p: {"perplexity": ev[p]["perplexity"], "tokens": ev[p]["tokens"]} for p in PROTOCOLS},
          "train_tokens_per_s": tr["tokens_per_s"], "train": tr, "eval": ev}
-    if "mismatched" in ev:
-        m = ev["mismatched"]
-        r["mismatched"] = {"perplexity": m["perplexity"], "tokens": m["tokens"], "base_protocol": m["base_protocol"]}
+    for key in ("mismatched", "mismatched-causal"):
+        if key in ev:
+            m = ev[key]
+            r[key] = {"perplexity": m["perplexity"], "tokens": m["tokens"], "base_protocol": m["base_protocol"]}
     if tp:
         r["topics"] = {k: tp[k] for k in ("npmi", "npmi_median", "diversity", "diversity_k", "num_topics",
                                           "coherence") if k in tp} | {"top_words": tp["top_words"][:10]}
-    if st:
-        s = st["result"]
-        r["steering"] = {k: s.get(k) for k in ("accuracy_own", "accuracy_own_topics", "accuracy_lda", "chance",
-                                               "fluency_ratio", "fluency_ppl_steered", "fluency_ppl_unconditioned")}
-        r["steering"]["protocol"] = s.get("protocol")
+    if st.get("by_scale"):
+        keys = ("accuracy_own", "accuracy_own_topics", "accuracy_lda", "chance", "lift", "fluency_ratio",
+                "fluency_ppl_steered", "fluency_ppl_unconditioned", "protocol")
+        by_scale = {scale: {k: s.get(k) for k in keys} for scale, s in st["by_scale"].items()}
+        scale, why = fluent_setting(by_scale)
+        r["steering"] = {**by_scale[scale], "guidance_scale": float(scale), "setting": why}
+        r["steering_by_scale"] = by_scale
     if (out / "lstm" / "train.json").exists():
         r["train_ratio_to_lstm"] = tr["tokens_per_s"] / training_speed(out, "lstm")
     if speed and name in speed["results"] and "lstm" in speed["results"]:
@@ -513,6 +548,19 @@ def compare(results: dict, corpus: str) -> dict:
     families against each paper's, pair by pair."""
     out = {}
     topic = [n for n in results if is_topic_model(n)]
+    if "lstm" in results:  # every topic model against the LSTM under causal, the gain split by the ablation
+        lstm = results["lstm"]["perplexity"]["causal"]["perplexity"]
+        out["causal"] = {}
+        for n in topic:
+            a = results[n]["perplexity"]["causal"]["perplexity"]
+            row = {"perplexity": a, "lstm_perplexity": lstm, "gain": lstm - a, "percent": 100 * (lstm - a) / lstm}
+            m = results[n].get("mismatched-causal")
+            if m:
+                row["ablation_perplexity"] = m["perplexity"]
+                row["from_own_topics"] = m["perplexity"] - a
+                if row["gain"] > 0:
+                    row["share_from_own_topics"] = row["from_own_topics"] / row["gain"]
+            out["causal"][n] = row
     if topic and "lstm-carry" in results:
         best = min(topic, key=lambda n: results[n]["perplexity"]["causal-carry"]["perplexity"])
         a, b = results[best]["perplexity"]["causal-carry"]["perplexity"], \
@@ -542,8 +590,9 @@ def compare(results: dict, corpus: str) -> dict:
 
 def table(report: dict, args) -> list[str]:
     c, results, comp = report["context"], report["results"], report["comparison"]
-    budget = (f"at most {args.max_steps} steps of {args.batch_size} documents, early stopping on dev every "
-              f"{args.eval_steps} steps (patience {args.patience})")
+    epochs = args.max_steps * args.batch_size / c["train_documents"]
+    budget = (f"until the dev perplexity has not improved for {args.patience} evaluations {args.eval_steps} steps "
+              f"apart, at most {args.max_steps} steps of {args.batch_size} documents ({epochs:.1f} epochs: the cap)")
     lines = [f"### All families on {c['corpus_name']}: size `{args.size}` (E = {args.embedding_size}, H = "
              f"{args.hidden_size}, {args.num_topics} topics, 1 layer); budget {budget}; device {c['device']}; "
              f"code {', '.join(sorted({r['train'].get('code', '?') for r in results.values()}))}",
@@ -564,29 +613,64 @@ def table(report: dict, args) -> list[str]:
              "own protocol (in brackets) with every chunk given another chunk's context. NPMI: `lau2014` (window 20, "
              f"top 5/10/15/20) against {c['reference'] or 'Wikipedia'}; diversity: unique fraction of the top-25. "
              "Steering: `evaluate_steering`, accuracy by the own encoder / an LDA judge fitted on train, fluency "
-             "ratio = perplexity of steered / unconditioned text under this run's LSTM. Speed: training tokens/s "
-             "and its ratio to the LSTM; interleaved = the ratio re-measured with steps interleaved on identical "
-             "batches.",
+             "ratio = perplexity of steered / unconditioned text under this run's LSTM, lift = share of the "
+             "topic's top-50 words in steered / unconditioned text, at the decode-time guidance scale s (of "
+             f"{', '.join(f'{x:g}' for x in args.guidance_scales)}; 1 = plain conditioning) that is the most "
+             "accurate with a fluency ratio of at most 1.5 (s in italics: none was; the plain setting is shown). "
+             "**vs LSTM (causal)**: the perplexity gain over the LSTM under `causal`, and the perplexity points of "
+             "it that the document's own topics bring (the ablation under `causal` minus `causal`; their share of "
+             "the gain in brackets). Speed: training tokens/s and its ratio to the LSTM; interleaved = the ratio "
+             "re-measured with steps interleaved on identical batches.",
              "",
-             "| model | params | steps (best) | ppl paper | ppl causal | ppl causal-carry | ppl ablation (protocol) | "
-             "NPMI lau2014 | diversity | steering acc. own / LDA | fluency ratio | train tokens/s | ratio to LSTM | "
+             "| model | params | steps trained (best), stopped by | ppl paper | ppl causal | ppl causal-carry | "
+             "ppl ablation (protocol) | vs LSTM (causal): gain, own topics (share) | NPMI lau2014 | diversity | "
+             "steering s | steering acc. own / LDA | lift | fluency ratio | train tokens/s | ratio to LSTM | "
              "interleaved ratio |",
-             "|" + "---|" * 14]
+             "|" + "---|" * 17]
+    causal = comp.get("causal", {})
     for name, r in results.items():
-        cells = [f"{r['parameters'] / 1e6:.2f} M", f"{r['steps_trained']} ({r['best_step']})"]
+        stopped = {"patience": "dev", "max_steps": "cap"}.get(r["train"].get("stopped_by"), r["train"].get(
+            "stopped_by", "dev" if r["early_stopped"] else "cap"))
+        cells = [f"{r['parameters'] / 1e6:.2f} M", f"{r['steps_trained']} ({r['best_step']}), {stopped}"]
         cells += [f"{r['perplexity'][p]['perplexity']:.2f}" for p in PROTOCOLS]
         m = r.get("mismatched")
         cells.append(f"{m['perplexity']:.2f} ({m['base_protocol']})" if m else "-")
+        g = causal.get(name)
+        cell = "-"
+        if g:
+            cell = f"{g['percent']:+.1f} %"
+            if "from_own_topics" in g:
+                cell += f", {round(g['from_own_topics'], 2) + 0.0:.2f}"  # + 0.0: no "-0.00"
+                if "share_from_own_topics" in g:
+                    cell += f" ({100 * g['share_from_own_topics']:.0f} %)"
+        cells.append(cell)
         t = r.get("topics")
         cells += [f"{t['npmi']:.3f}" if t else "-", f"{t['diversity']:.3f}" if t else "-"]
         s = r.get("steering")
+        if s:
+            scale = f"{s['guidance_scale']:g}"
+            cells.append(scale if s["setting"].startswith("the most accurate") else f"*{scale}*")
+        else:
+            cells.append("-")
         cells.append(f"{fmt(s['accuracy_own'])} / {fmt(s['accuracy_lda'])}" if s else "-")
+        cells.append(fmt(s.get("lift")) if s else "-")
         cells.append(fmt(s["fluency_ratio"]) if s else "-")
         cells.append(f"{r['train_tokens_per_s']:,.0f}")
         cells.append(fmt(r.get("train_ratio_to_lstm")))
         cells.append(fmt(r.get("interleaved_ratio_to_lstm")))
         lines.append(f"| {r['label']} | " + " | ".join(cells) + " |")
     lines += ["", "#### Comparisons", ""]
+    if causal:
+        best = max(causal, key=lambda n: causal[n]["gain"])
+        g = causal[best]
+        line = (f"- Under **causal**: the best topic model, {results[best]['label']}, {g['perplexity']:.2f} against "
+                f"the LSTM {g['lstm_perplexity']:.2f} ({g['percent']:+.1f} %; positive = the topic model is better)")
+        if "from_own_topics" in g:
+            line += (f"; with another chunk's context it scores {g['ablation_perplexity']:.2f}: the document's own "
+                     f"topics account for {g['from_own_topics']:.2f} perplexity points")
+            if "share_from_own_topics" in g:
+                line += f", {100 * g['share_from_own_topics']:.0f} % of the gain"
+        lines.append(line + ".")
     cc = comp.get("causal_carry")
     if cc:
         own = round(cc.get("from_own_topics", 0.0), 2) + 0.0  # + 0.0: no "-0.00"
@@ -621,7 +705,8 @@ def table(report: dict, args) -> list[str]:
 
 
 def figures(report: dict, out: Path) -> None:
-    """perplexity.png (perplexity by model and protocol) and steering.png (steering accuracy against fluency)."""
+    """perplexity.png (perplexity by model and protocol), steering.png (steering accuracy against fluency over the
+    guidance scale) and dev_curves.png (development perplexity over training, per model)."""
     try:
         import matplotlib
 
@@ -650,28 +735,47 @@ def figures(report: dict, out: Path) -> None:
     fig.savefig(out / "perplexity.png", dpi=120)
     plt.close(fig)
 
-    steered = [n for n in names if results[n].get("steering")]
+    steered = [n for n in names if results[n].get("steering_by_scale")]
     fig, ax = plt.subplots(figsize=(7, 5))
-    for judge, marker in (("accuracy_lda", "o"), ("accuracy_own", "^")):
-        xs = [results[n]["steering"]["fluency_ratio"] for n in steered]
-        ys = [results[n]["steering"][judge] for n in steered]
-        points = [(x, y, n) for x, y, n in zip(xs, ys, steered) if x is not None and y is not None]
-        ax.scatter([p[0] for p in points], [p[1] for p in points], marker=marker,
-                   label="LDA judge" if judge == "accuracy_lda" else "own encoder")
-        if judge == "accuracy_lda":
-            for x, y, n in points:
-                ax.annotate(results[n]["label"], (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    for n in steered:  # one curve per model over the guidance scale, each point labelled with its scale
+        points = [(v["fluency_ratio"], v["accuracy_lda"], scale) for scale, v in
+                  sorted(results[n]["steering_by_scale"].items(), key=lambda kv: float(kv[0]))
+                  if v["fluency_ratio"] is not None and v["accuracy_lda"] is not None]
+        (line,) = ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", ms=3, lw=1,
+                          label=results[n]["label"])
+        for x, y, scale in points:
+            ax.annotate(scale, (x, y), fontsize=6, xytext=(2, 2), textcoords="offset points", color=line.get_color())
     if steered:
         ax.axhline(results[steered[0]]["steering"]["chance"], color="grey", lw=0.8, ls="--", label="chance")
-    ax.ticklabel_format(axis="x", useOffset=False)
+        ax.axvline(1.5, color="grey", lw=0.8, ls=":", label="fluency ratio 1.5")
     ax.set_xlabel("fluency ratio (steered / unconditioned perplexity under the LSTM)")
-    ax.set_ylabel("topic accuracy")
-    ax.set_title(f"Steering accuracy against fluency ({title})", fontsize=9)
-    ax.legend(fontsize=7)
+    ax.set_ylabel("topic accuracy (LDA judge)")
+    ax.set_title(f"Steering accuracy against fluency over the guidance scale s\n({title})", fontsize=9)
+    ax.legend(fontsize=6)
     fig.tight_layout()
     fig.savefig(out / "steering.png", dpi=120)
     plt.close(fig)
-    print(f"Figures: {out / 'perplexity.png'}, {out / 'steering.png'}", flush=True)
+
+    fig, ax = plt.subplots(figsize=(7, 5))
+    low, high = [], []
+    for n in names:
+        history = read_jsonl(out / n / "dev.jsonl")
+        if history:
+            values = [h["perplexity"] for h in history]
+            ax.plot([h["step"] for h in history], values, lw=1,
+                    label=f"{results[n]['label']} ({results[n]['dev_protocol']})")
+            low.append(min(values))
+            high.append(values[len(values) // 4])  # the first quarter's steep descent is cut off
+    if low:
+        ax.set_ylim(0.97 * min(low), max(high) * 1.03)
+    ax.set_xlabel("training step")
+    ax.set_ylabel("development perplexity")
+    ax.set_title(f"Development curves ({title})", fontsize=9)
+    ax.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(out / "dev_curves.png", dpi=120)
+    plt.close(fig)
+    print(f"Figures: {out / 'perplexity.png'}, {out / 'steering.png'}, {out / 'dev_curves.png'}", flush=True)
 
 
 if __name__ == "__main__":

@@ -62,7 +62,8 @@ from topic_lm_hf import (LSTMLMConfig, LSTMLMForCausalLM, NCLMConfig, NCLMForCau
                          load_documents, steering_recipe)
 from topic_lm_hf.pretraining import RECIPE_PRETRAINING
 from topic_lm_hf.benchmark_training import pretrain_topic_model_once, train_to_convergence
-from topic_lm_hf.benchmarking import DATA, TRAINING_FLAGS, add_common_arguments, cached_lda_judge, steer
+from topic_lm_hf.benchmarking import (DATA, TRAINING_FLAGS, add_common_arguments, cached_lda_judge, fluent_setting,
+                                    steer)
 from topic_lm_hf.evaluation.steering import format_steering_table
 from topic_lm_hf.models.modeling_rgbn_rnn import format_topic_tree
 from topic_lm_hf.evaluation.topics import load_reference_corpus
@@ -333,11 +334,7 @@ def print_tables(out: Path, names, args) -> None:
     for name, r in results.items():
         if not r.get("steering"):
             continue
-        # the most accurate setting whose texts stay fluent (fluency ratio at most 1.5), else plain conditioning
-        fluent = [k for k, v in r["steering"].items() if (v["fluency_ratio"] or float("inf")) <= 1.5]
-        best = max(fluent, key=lambda k: r["steering"][k]["accuracy_lda"] or 0) if fluent else next(iter(r["steering"]))
-        why = "the most accurate setting with a fluency ratio of at most 1.5" if fluent else \
-            "the first setting: none kept the fluency ratio at most 1.5"
+        best, why = fluent_setting(r["steering"])
         print(f"\n{name}: steered samples at guidance {best} ({why})")
         for row in r["steering"][best]["per_topic"][:3]:
             print(f"- topic {row['topic']} ({' '.join(row['top_words'][:8])}): {row['texts'][0]}")

@@ -25,7 +25,7 @@ SMOKE = ["--corpus", "apnews", "--max-steps", "4", "--eval-steps", "2", "--patie
          "--hidden", "8", "--embedding", "8", "--topics", "3", "--max-train-docs", "30", "--max-valid-docs", "4",
          "--npmi-max-documents", "20", "--steer-topics", "2", "--steer-samples", "2", "--max-new-tokens", "8",
          "--speed-repeats", "1", "--lda-max-iter", "2", "--pretrain-steps", "4", "--pretrain-eval-every", "2",
-         "--only", "lstm", "lstm-carry", "topic-lstm", "topic-lstm-recipe"]
+         "--guidance-scales", "1", "2", "--only", "lstm", "lstm-carry", "topic-lstm", "topic-lstm-recipe"]
 PROTOCOLS = ("paper", "causal", "causal-carry")
 # runs the script as __main__ with matplotlib unimportable (the figures are then skipped with a message)
 WITHOUT_MATPLOTLIB = ("import runpy, sys; sys.modules['matplotlib'] = None; sys.argv = sys.argv[1:]; "
@@ -88,6 +88,20 @@ def test_smoke_run_then_resume(tmp_path):
     assert topic["mismatched"]["base_protocol"] == "paper" and math.isfinite(topic["mismatched"]["perplexity"])
     assert math.isfinite(topic["topics"]["npmi"]) and 0 < topic["topics"]["diversity"] <= 1
     assert topic["steering"]["accuracy_lda"] is not None and topic["steering"]["fluency_ratio"] > 0
+    # steered at every guidance scale; the reported setting is the most accurate fluent one, or plain conditioning
+    assert set(topic["steering_by_scale"]) == {"1", "2"} and topic["steering"]["guidance_scale"] in (1.0, 2.0)
+    fluent = {s: v for s, v in topic["steering_by_scale"].items() if v["fluency_ratio"] <= 1.5}
+    chosen = f"{topic['steering']['guidance_scale']:g}"
+    assert (chosen in fluent and topic["steering_by_scale"][chosen]["accuracy_lda"] ==
+            max(v["accuracy_lda"] for v in fluent.values())) if fluent else chosen == "1"
+    # the gain over the LSTM under causal, split by the ablation under causal
+    assert topic["mismatched-causal"]["base_protocol"] == "causal"
+    gain = report["comparison"]["causal"]["topic-lstm"]
+    lstm_causal = results["lstm"]["perplexity"]["causal"]["perplexity"]
+    assert gain["gain"] == pytest.approx(lstm_causal - topic["perplexity"]["causal"]["perplexity"])
+    assert gain["from_own_topics"] == pytest.approx(topic["mismatched-causal"]["perplexity"] -
+                                                    topic["perplexity"]["causal"]["perplexity"])
+    assert ("share_from_own_topics" in gain) == (gain["gain"] > 0)
     carry = report["comparison"]["causal_carry"]
     assert carry["best_topic_model"] == "topic-lstm" and math.isfinite(carry["percent"])
     assert [p["ranking"] for p in report["comparison"]["papers"].values()][0] == ["TopicRNN", "LSTM"]
@@ -98,14 +112,17 @@ def test_smoke_run_then_resume(tmp_path):
     assert table.strip() in proc.stdout  # the table printed is the table written
     header = next(line for line in table.splitlines() if line.startswith("| model"))
     for column in ("ppl paper", "ppl causal", "ppl causal-carry", "ppl ablation (protocol)", "NPMI lau2014",
-                   "steering acc.", "fluency ratio", "train tokens/s", "ratio to LSTM", "interleaved ratio"):
+                   "steering acc.", "fluency ratio", "train tokens/s", "ratio to LSTM", "interleaved ratio",
+                   "stopped by", "vs LSTM (causal)", "steering s", "lift"):
         assert column in header
     title = table.splitlines()[0]
     assert all(word in title for word in ("APNEWS", "size `cpu`", "at most 4 steps", "device cpu", "code"))
     assert "causal-carry" in table.split("#### Comparisons")[1]
+    assert "Under **causal**: the best topic model" in table.split("#### Comparisons")[1]
     assert report["settings"]["max_steps"] == 4
     if importlib.util.find_spec("matplotlib") is not None:
-        assert (out / "perplexity.png").stat().st_size > 0 and (out / "steering.png").stat().st_size > 0
+        for figure in ("perplexity.png", "steering.png", "dev_curves.png"):
+            assert (out / figure).stat().st_size > 0
 
     # resume, without matplotlib: nothing is retrained, nothing measured again, no figure (and a message)
     written = {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()}

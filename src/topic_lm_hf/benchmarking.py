@@ -184,7 +184,7 @@ class Tee:
         self.file.flush()
 
 
-PUBLISHED_FILES = ("table.md", "results.json", "perplexity.png", "steering.png")
+PUBLISHED_FILES = ("table.md", "results.json", "perplexity.png", "steering.png", "dev_curves.png")
 
 
 def publish(out: Path, readme: Path, key: str) -> Path:
@@ -200,7 +200,7 @@ def publish(out: Path, readme: Path, key: str) -> Path:
     for name in copied:
         shutil.copyfile(out / name, target / name)
     start, end = f"<!-- benchmark_all {key} start -->", f"<!-- benchmark_all {key} end -->"
-    images = [f"![{name[:-4]}]({key}/{name})" for name in ("perplexity.png", "steering.png") if name in copied]
+    images = [f"![{name[:-4]}]({key}/{name})" for name in ("perplexity.png", "steering.png", "dev_curves.png") if name in copied]
     body = "\n".join([start, (out / "table.md").read_text().strip(), "", *images,
                       f"\n(`python scripts/benchmark_all.py` wrote this block and `{key}/`.)", end])
     text = readme.read_text() if readme.exists() else ""
@@ -389,10 +389,11 @@ def build_model(name: str, args, tok, topic_tok):
 
 
 def evaluate_protocols(model, valid_docs, tok, topic_tok, mdir: Path, ablation: str | None = None,
-                       leaky: bool = False) -> dict:
+                       leaky: bool = False, more_ablations: tuple[str, ...] = ()) -> dict:
     """Perplexity under every protocol and, with ``ablation`` (a protocol), the mismatched-context ablation
-    under it; cached in ``mdir/eval.json``. A ``leaky`` model gets n/a (with the package's reason) where
-    ``evaluate_perplexity`` refuses a protocol."""
+    under it (``"mismatched"``), and under each of ``more_ablations`` (``"mismatched-<protocol>"``; the same
+    figure where it is ``ablation``'s protocol); cached in ``mdir/eval.json``. A ``leaky`` model gets n/a (with
+    the package's reason) where ``evaluate_perplexity`` refuses a protocol."""
     path = mdir / "eval.json"
     ev = read_json(path) or {}
     for protocol in PROTOCOLS:
@@ -408,13 +409,20 @@ def evaluate_protocols(model, valid_docs, tok, topic_tok, mdir: Path, ablation: 
             print(f"   {protocol}: n/a ({e})", flush=True)
         ev[protocol] = r
         write_json(path, ev)
-    if ablation is not None and "mismatched" not in ev:
-        r = evaluate_perplexity(model, valid_docs, ablation, tokenizer=tok, topic_tokenizer=topic_tok,
-                                mismatched_context=True)
-        r["base_protocol"] = ablation
-        print(f"   {r['protocol']}, every chunk given another chunk's context (ablation): perplexity "
-              f"{r['perplexity']:.2f}", flush=True)
-        ev["mismatched"] = r
+    if ablation is None:
+        return ev
+    for key, protocol in [("mismatched", ablation)] + [(f"mismatched-{p}", p) for p in more_ablations]:
+        if key in ev:
+            continue
+        if protocol == ablation and key != "mismatched":
+            ev[key] = ev["mismatched"]
+        else:
+            r = evaluate_perplexity(model, valid_docs, protocol, tokenizer=tok, topic_tokenizer=topic_tok,
+                                    mismatched_context=True)
+            r["base_protocol"] = protocol
+            print(f"   {r['protocol']}, every chunk given another chunk's context (ablation): perplexity "
+                  f"{r['perplexity']:.2f}", flush=True)
+            ev[key] = r
         write_json(path, ev)
     return ev
 
@@ -488,3 +496,19 @@ def steer(model, args, tok, topic_tok, judge, fluency_model, topic_guidance_scal
                              max_new_tokens=args.max_new_tokens, tokenizer=tok, topic_tokenizer=topic_tok,
                              judge=judge, fluency_model=fluency_model, seed=args.seed,
                              topic_guidance_scale=topic_guidance_scale, topic_layer=topic_layer)
+
+
+# The steering setting a table reports: the most accurate (by the LDA judge) whose steered texts stay fluent.
+MAX_FLUENCY_RATIO = 1.5
+
+
+def fluent_setting(by_setting: dict[str, dict], max_fluency_ratio: float = MAX_FLUENCY_RATIO) -> tuple[str, str]:
+    """``(key, why)``: of the steering results of one model at several settings (``evaluate_steering`` results
+    keyed by a setting's name, e.g. the guidance scale), the one with the highest LDA-judge accuracy among those
+    whose fluency ratio is at most ``max_fluency_ratio``; where none is, the first setting (plain conditioning),
+    and ``why`` says so."""
+    fluent = [k for k, v in by_setting.items() if (v.get("fluency_ratio") or float("inf")) <= max_fluency_ratio]
+    if fluent:
+        best = max(fluent, key=lambda k: by_setting[k].get("accuracy_lda") or 0.0)
+        return best, f"the most accurate setting with a fluency ratio of at most {max_fluency_ratio:g}"
+    return next(iter(by_setting)), f"the first setting: none kept the fluency ratio at most {max_fluency_ratio:g}"
