@@ -7,6 +7,7 @@ import pytest
 
 from conftest import DATA, requires_data
 from topic_lm_hf.cli import main
+from topic_lm_hf.demo import DECODINGS
 
 
 def user_error(capsys, argv) -> str:
@@ -20,7 +21,9 @@ def user_error(capsys, argv) -> str:
 
 
 def test_demo_on_the_synthetic_corpus_says_so(tmp_path, capsys):
+    before = logging.getLogger("topic_lm_hf").level
     main(["demo", "--synthetic", "--train_seconds", "2", "--eval_documents", "8", "--output_dir", str(tmp_path)])
+    assert logging.getLogger("topic_lm_hf").level == before  # the demo silences the package's log only while it runs
     out = capsys.readouterr().out
     assert "SYNTHETIC" in out
     assert re.search(r"Training in (bf16 autocast|float32) with the compiled output layer", out)  # the fast path
@@ -29,7 +32,18 @@ def test_demo_on_the_synthetic_corpus_says_so(tmp_path, capsys):
     for model in ("LSTM", "TCNLM"):
         for protocol in ("paper", "causal", "causal-carry"):
             assert re.search(rf"\| {model} \| {protocol} \|", out), out
-    assert re.search(r"\| TCNLM \| paper, another document's context \(ablation\)", out)
+    for protocol in ("paper", "causal"):
+        assert re.search(rf"\| TCNLM \| {protocol}, another document's context \(ablation\)", out)
+    # the same wall time for both models, and one verdict under causal with the ablation's split
+    steps = re.search(r"TCNLM (\d+) steps \([\d.]+ M parameters\), the LSTM (\d+) \([\d.]+ M\), of 64 sentence", out)
+    assert steps and int(steps.group(1)) > 0 and int(steps.group(2)) > 0
+    verdict = next(line for line in out.splitlines() if "Under causal (what generation sees" in line)
+    assert "The document's own topics are worth" in verdict
+    assert ("at least as good as the LSTM" in verdict) != ("not as good as the LSTM" in verdict)
+    # the steered samples' decoding: every candidate measured, one chosen by the stated rule
+    measured = re.findall(r"^ +(.+?): fluency (\d+) \(perplexity of the steered texts under the LSTM\)", out, re.M)
+    assert [name for name, _ in measured] == list(DECODINGS)
+    assert re.search(r"chosen: (.+?) \(the most fluent with a topic-word lift", out).group(1) in DECODINGS
     assert "<unk>" not in "\n".join(line for line in out.splitlines() if line.strip().startswith("- "))
     assert re.search(r"\[demo\] finished in \d+ s", out)
     for name in ("lstm", "tcnlm"):

@@ -219,6 +219,28 @@ def test_guided_steering_is_measured_with_the_scale_it_names(apnews):
     assert guided["protocol"]["topic_guidance_scale"] == 8.0 and plain["protocol"]["topic_guidance_scale"] is None
 
 
+def test_generation_options_reach_every_text(apnews):
+    """evaluate_steering(generation_options=...) decodes every text, steered and unconditioned, with them: with
+    no_repeat_ngram_size=1 no text repeats a word, where the same model repeats words without it."""
+    tok, topic_tok = apnews["tok"], apnews["topic_tok"]
+    torch.manual_seed(0)
+    model = TCNLMForCausalLM(TCNLMConfig.from_tokenizers(tok, topic_tok, num_topics=4, embedding_size=16,
+                                                         hidden_size=16, encoder_hidden_size=16,
+                                                         topic_embedding_size=8)).eval()
+    settings = dict(topics=[1, 2], num_samples=6, max_new_tokens=40, tokenizer=tok, topic_tokenizer=topic_tok,
+                    temperature=0.3)
+
+    def texts(result):
+        return [t.split() for row in result["per_topic"] for t in row["texts"]] + \
+            [t.split() for t in result["unconditioned_texts"]]
+
+    plain = evaluate_steering(model, **settings)
+    assert any(len(set(t)) < len(t) for t in texts(plain))  # a cold untrained model repeats itself
+    once = evaluate_steering(model, **settings, generation_options={"no_repeat_ngram_size": 1})
+    assert all(len(set(t)) == len(t) for t in texts(once))
+    assert once["protocol"]["generation_options"] == {"no_repeat_ngram_size": 1}
+
+
 def test_steering_towards_an_upper_layer_of_a_topic_hierarchy(tiny_vocabularies):
     """evaluate_steering(topic_layer=l) on rGBN-RNN generates with generate(topic_ids=[k], topic_layer=l) and judges
     the texts by layer l's topics (projected down to words) and encoder; chance is 1 / K_l. A family with one layer

@@ -21,7 +21,7 @@ from transformers import AutoModelForCausalLM, PrinterCallback, TrainerCallback,
 
 from . import data as data_lib
 from .collator import TopicContextCollator, make_bow
-from .evaluation import evaluate_perplexity
+from .evaluation import evaluate_perplexity, evaluate_steering
 from .fast_path import FastPathArguments, resolve_precision
 from .models import LSTMLMConfig, LSTMLMForCausalLM, TCNLMConfig, TCNLMForCausalLM
 from .pretraining import pretrain_topic_model
@@ -126,15 +126,76 @@ def words(tokenizer, ids) -> str:
     return text or "(empty)"
 
 
+# The decodings the demo's steered samples may use, and how one is chosen: by measured fluency (the perplexity of
+# the steered texts under the demo's LSTM), among those that stay about their topic and do not repeat themselves.
+NO_REPEAT = {"no_repeat_ngram_size": 2}
+DECODINGS = {
+    "nucleus p = 0.9": dict(top_p=0.9),
+    "nucleus p = 0.7, no repeated bigram": dict(top_p=0.7, generation_options=NO_REPEAT),
+    "nucleus p = 0.5, no repeated bigram": dict(top_p=0.5, generation_options=NO_REPEAT),
+}
+MIN_LIFT, MIN_DISTINCT_2 = 2.0, 0.8
+DECODING_RULE = (f"the most fluent with a topic-word lift of at least {MIN_LIFT:g} and at least {MIN_DISTINCT_2:.0%} "
+                 "distinct bigrams")
+
+
+def generate_keywords(decoding: dict) -> dict:
+    """A ``DECODINGS`` entry as ``generate`` keywords (nucleus sampling alone: ``top_k=0``)."""
+    return {"top_p": decoding["top_p"], "top_k": 0, **decoding.get("generation_options", {})}
+
+
+def choose_decoding(model, fluency_model, topics, tok, topic_tok, seed: int) -> tuple[str, dict, dict]:
+    """``(name, decoding, measured)``: every ``DECODINGS`` entry measured by ``evaluate_steering`` (6 texts per topic
+    of ``topics``, 20 tokens, fluency judged by ``fluency_model``), and the one ``DECODING_RULE`` picks (the most
+    fluent of all where none qualifies)."""
+    measured = {name: evaluate_steering(model, topics=topics, num_samples=6, max_new_tokens=20, tokenizer=tok,
+                                        topic_tokenizer=topic_tok, fluency_model=fluency_model, seed=seed, **decoding)
+                for name, decoding in DECODINGS.items()}
+    qualified = [n for n, r in measured.items() if (r["lift"] or 0) >= MIN_LIFT and r["distinct_2"] >= MIN_DISTINCT_2]
+    name = min(qualified or measured, key=lambda n: measured[n]["fluency_ppl_steered"])
+    return name, DECODINGS[name], measured
+
+
+def verdict(topic: float, lstm: float, ablation: float, steps: dict, seconds: float) -> str:
+    """One paragraph on the protocol that generation uses (``causal``: only the sentences before): is TCNLM at least
+    as good as the LSTM trained for the same wall time, and how much of its perplexity its document's own topics
+    bring (``ablation``: ``causal`` with another document's context)."""
+    own = ablation - topic
+    head = (f"       Under causal (what generation sees: only the sentences before), after {seconds:.0f} s of "
+            f"training each (TCNLM {steps['TCNLM']} steps, the LSTM {steps['LSTM']}): TCNLM {topic:.2f}, the LSTM "
+            f"{lstm:.2f} ({100 * (topic - lstm) / lstm:+.1f} %). The document's own topics are worth {own:.2f} "
+            f"perplexity points to TCNLM (with another document's topics it scores {ablation:.2f}).")
+    if topic <= lstm:
+        return head + " The topic model is at least as good as the LSTM" + (
+            ", through its document's own topics." if own >= lstm - topic else
+            ", but more by its architecture than by its document's own topics.")
+    return head + (" So the topic model is not as good as the LSTM here. Why: in the same time it takes fewer steps "
+                   "(each is slower), and it has more weights to learn (its topic model and topic-dependent LSTM "
+                   "weights), so a budget this short favours the LSTM; "
+                   + ("its topics help, but by less than the LSTM's lead. " if own > 0 else "its topics do not help "
+                      "yet. ")
+                   + "results/README.md compares the families trained until their development perplexity stops "
+                   "improving.")
+
+
 def run_demo(args: DemoArguments, fast: FastPathArguments | None = None) -> None:
     """The demo (see the module docstring); ``topic-lm demo`` parses ``args`` and ``fast`` (default: bf16 autocast
-    where the CPU runs it natively, and the compiled output layer)."""
-    fast = fast if fast is not None else FastPathArguments()
+    where the CPU runs it natively, and the compiled output layer). The package's log messages below errors are
+    silenced while it runs: it prints its own line per phase."""
+    package_logger = logging.getLogger("topic_lm_hf")
+    previous = package_logger.level
+    package_logger.setLevel(logging.ERROR)
+    try:
+        _run_demo(args, fast if fast is not None else FastPathArguments())
+    finally:
+        package_logger.setLevel(previous)
+
+
+def _run_demo(args: DemoArguments, fast: FastPathArguments) -> None:
     import datasets
     import transformers
 
     datasets.disable_progress_bars()
-    logging.getLogger("topic_lm_hf").setLevel(logging.WARNING)  # the demo prints its own line per phase
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
     torch.set_num_threads(args.threads)
@@ -164,8 +225,8 @@ def run_demo(args: DemoArguments, fast: FastPathArguments | None = None) -> None
     losses = pretrain_topic_model(tcnlm, topic_rows, topic_collator, TOPIC_PRETRAINING_STEPS, learning_rate=3e-3).losses
     print(f"       topic-model loss per word {losses[0]:.2f} -> {losses[-1]:.2f} ({done(start)})", flush=True)
 
-    start = phase(3, total, f"training TCNLM ({TCNLM_OPTIONS['num_topics']} topics) for {args.train_seconds:.0f} s, "
-                            "then the same-size LSTM for as many steps")
+    start = phase(3, total, f"training TCNLM ({TCNLM_OPTIONS['num_topics']} topics), then the same-size LSTM, for "
+                            f"{args.train_seconds:.0f} s each")
     bf16, sentence = resolve_precision(training_arguments(args.output_dir, 3e-3), fast.precision,
                                        fast.compile_output_layer)
     print(f"       {sentence}", flush=True)
@@ -173,9 +234,11 @@ def run_demo(args: DemoArguments, fast: FastPathArguments | None = None) -> None
     steps = {}
     steps["TCNLM"] = train_for(tcnlm, topic_rows, topic_collator, args.train_seconds,
                                os.path.join(args.output_dir, "tcnlm"), "TCNLM", 3e-3, **speed)
-    steps["LSTM"] = train_for(lstm, lm_collator.prepare(train_docs), lm_collator, 10 * args.train_seconds,
-                              os.path.join(args.output_dir, "lstm"), "LSTM ", 3e-3, max_steps=steps["TCNLM"], **speed)
-    print(f"       {steps['TCNLM']} steps of 64 sentence chunks each ({done(start)})", flush=True)
+    steps["LSTM"] = train_for(lstm, lm_collator.prepare(train_docs), lm_collator, args.train_seconds,
+                              os.path.join(args.output_dir, "lstm"), "LSTM ", 3e-3, **speed)
+    sizes = {name: sum(p.numel() for p in model.parameters()) / 1e6 for name, model in (("TCNLM", tcnlm), ("LSTM", lstm))}
+    print(f"       TCNLM {steps['TCNLM']} steps ({sizes['TCNLM']:.1f} M parameters), the LSTM {steps['LSTM']} "
+          f"({sizes['LSTM']:.1f} M), of 64 sentence chunks each ({done(start)})", flush=True)
 
     start = phase(4, total, "saving, and reloading with AutoModelForCausalLM")
     reloaded = {}
@@ -211,15 +274,16 @@ def run_demo(args: DemoArguments, fast: FastPathArguments | None = None) -> None
         print(f"       topic {k:2d}  {score}{' '.join(topics[k])}", flush=True)
     print(f"       ({done(start)})", flush=True)
 
-    start = phase(6, total, "generation steered by topics, and by a document")
-    bos = torch.tensor([[tok.bos_token_id]])
-    for k in order[:2]:
-        print(f"       topic {k} ({' '.join(topics[k][:6])}):", flush=True)
-        torch.manual_seed(args.seed + k)
-        out = tcnlm.generate(bos, topic_ids=[k], max_new_tokens=25, min_new_tokens=10, do_sample=True, top_p=0.9,
-                             num_return_sequences=3, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
-        for row in out:
-            print(f"         - {words(tok, row)}", flush=True)
+    start = phase(6, total, "generation steered by topics (decoding chosen by measured fluency), and by a document")
+    name, decoding, measured = choose_decoding(tcnlm, lstm, order[:4], tok, topic_tok, args.seed)
+    for candidate, r in measured.items():
+        print(f"       {candidate}: fluency {r['fluency_ppl_steered']:.0f} (perplexity of the steered texts under the "
+              f"LSTM), topic-word lift {r['lift']:.1f}, distinct bigrams {r['distinct_2']:.2f}", flush=True)
+    print(f"       chosen: {name} ({DECODING_RULE})", flush=True)
+    for row in measured[name]["per_topic"][:2]:
+        print(f"       topic {row['topic']} ({' '.join(topics[row['topic']][:6])}):", flush=True)
+        for text in row["texts"]:
+            print(f"         - {text or '(empty)'}", flush=True)
     vocab = tok.get_vocab()
     # The first validation document whose opening words are all in the vocabulary (no <unk> in the prompt).
     document = next((d for d in valid_docs["sentences"] if len(d) > 1 and all(w in vocab for w in d[0][:4])),
@@ -235,8 +299,8 @@ def run_demo(args: DemoArguments, fast: FastPathArguments | None = None) -> None
         f"topic {k} ({weight:.0%}: {' '.join(topics[k][:5])})" for weight, k in zip(top.values.tolist(),
                                                                                    top.indices.tolist())), flush=True)
     torch.manual_seed(args.seed)
-    out = tcnlm.generate(**inputs, context_bow=bow, max_new_tokens=20, min_new_tokens=8, do_sample=True, top_p=0.9,
-                         pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+    out = tcnlm.generate(**inputs, context_bow=bow, max_new_tokens=20, min_new_tokens=8, do_sample=True,
+                         **generate_keywords(decoding), pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
     print(f"       continue \"{' '.join(prompt)}\" with the document's topics: {words(tok, out[0])}", flush=True)
     # What the document's topics do to the next word: probability mass on the document's own topic words.
     doc_words = sorted({vocab[w] for w in context if w in vocab and w in topic_tok.get_vocab()})
@@ -253,15 +317,19 @@ def run_demo(args: DemoArguments, fast: FastPathArguments | None = None) -> None
         for protocol in ("paper", "causal", "causal-carry"):
             rows.append((name, protocol, evaluate_perplexity(model, valid_docs, protocol, tokenizer=tok,
                                                              topic_tokenizer=topic_tok)["perplexity"]))
-    ablation = evaluate_perplexity(tcnlm, valid_docs, "paper", tokenizer=tok, topic_tokenizer=topic_tok,
-                                   mismatched_context=True)["perplexity"]
+    ablation = {protocol: evaluate_perplexity(tcnlm, valid_docs, protocol, tokenizer=tok, topic_tokenizer=topic_tok,
+                                              mismatched_context=True)["perplexity"] for protocol in ("paper", "causal")}
     print("\n| model | protocol | context of sentence j | perplexity |\n|---|---|---|---|")
     contexts = {"paper": "document minus j (sees later sentences)", "causal": "sentences before j",
                 "causal-carry": "sentences before j, LSTM state carried"}
     for name, protocol, ppl in rows:
         print(f"| {name} | {protocol} | {contexts[protocol] if name == 'TCNLM' else '(ignored)'} | {ppl:.2f} |")
-    print(f"| TCNLM | paper, another document's context (ablation) | another chunk's | {ablation:.2f} |")
-    print(f"\n       ({done(start)}) both models trained {steps['TCNLM']} steps ({args.train_seconds:.0f} s budget); "
+    for protocol, ppl in ablation.items():
+        print(f"| TCNLM | {protocol}, another document's context (ablation) | another chunk's | {ppl:.2f} |")
+    ppl = {(name, protocol): value for name, protocol, value in rows}
+    print("\n" + verdict(ppl[("TCNLM", "causal")], ppl[("LSTM", "causal")], ablation["causal"], steps,
+                         args.train_seconds))
+    print(f"\n       ({done(start)}) each model trained for {args.train_seconds:.0f} s; "
           f"{source}; vocabulary of words seen >= {1 if synthetic else DEMO_MIN_FREQ} times, so these perplexities "
           "are not comparable with the tables of results/README.md")
     print(f"\n[demo] finished in {time.perf_counter() - t0:.0f} s")

@@ -211,8 +211,8 @@ def evaluate_steering(model, topics: Optional[Sequence[int]] = None, num_topics_
                       judge: Optional[LDAJudge] = None, fluency_model=None, top_words: int = 50,
                       do_sample: bool = True, top_p: float = 0.9, top_k: Optional[int] = None,
                       temperature: float = 1.0, seed: int = 0, keep_texts: int = 3,
-                      topic_guidance_scale: Optional[float] = None, topic_layer: Optional[int] = None
-                      ) -> dict[str, Any]:
+                      topic_guidance_scale: Optional[float] = None, topic_layer: Optional[int] = None,
+                      generation_options: Optional[dict] = None) -> dict[str, Any]:
     """Steering evaluation of a topic model (see the module docstring for the protocol).
 
     Args:
@@ -240,6 +240,8 @@ def evaluate_steering(model, topics: Optional[Sequence[int]] = None, num_topics_
             chance is 1 / K_l. The LDA judge's topics are matched one-to-one to that layer's; a text whose
             dominant LDA topic is left unmatched (K_l below the judge's topics) counts as a miss, so the judge is
             stricter there than at the bottom layer. None: the model's own default (the bottom layer).
+        generation_options: more ``generate`` keywords for every text, steered and unconditioned (e.g.
+            ``{"no_repeat_ngram_size": 2}``, ``{"repetition_penalty": 1.2}``).
 
     Returns:
         ``{"accuracy_own", "accuracy_own_topics", "accuracy_lda", "chance", "share_steered", "share_unconditioned", "lift",
@@ -276,7 +278,7 @@ def evaluate_steering(model, topics: Optional[Sequence[int]] = None, num_topics_
     if fluency_model is not None:
         fluency_model.eval()
 
-    generation_kwargs = {"do_sample": do_sample, "temperature": temperature}
+    generation_kwargs = {"do_sample": do_sample, "temperature": temperature, **(generation_options or {})}
     if do_sample:
         # top_k=None is nucleus sampling alone: transformers would otherwise apply its default top_k = 50, which
         # on a near-uniform distribution keeps exactly the 50 words a topic favours most (a steering artefact).
@@ -383,6 +385,7 @@ def evaluate_steering(model, topics: Optional[Sequence[int]] = None, num_topics_
                                   else "greedy"),
                      "start": "<bos>", "top_words": top_words, "seed": seed,
                      "topic_guidance_scale": topic_guidance_scale, "topic_layer": topic_layer,
+                     "generation_options": dict(generation_options or {}),
                      "own_judge": "argmax of model.infer_topics(bag of words)",
                      "own_topics_judge": "argmax_k sum_w n_w log p(w | topic k)",
                      "fluency_model": getattr(fluency_model, "name_or_path", None) or
