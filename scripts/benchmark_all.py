@@ -659,6 +659,9 @@ def table(report: dict, args) -> list[str]:
         cells.append(fmt(r.get("train_ratio_to_lstm")))
         cells.append(fmt(r.get("interleaved_ratio_to_lstm")))
         lines.append(f"| {r['label']} | " + " | ".join(cells) + " |")
+    missing = [MODELS[n]["label"] for n in MODELS if n not in results]
+    if missing:
+        lines += ["", f"Not in this table (not finished in this run's folder): {', '.join(missing)}."]
     lines += ["", "#### Comparisons", ""]
     if causal:
         best = max(causal, key=lambda n: causal[n]["gain"])
