@@ -505,10 +505,11 @@ MAX_FLUENCY_RATIO = 1.5
 def fluent_setting(by_setting: dict[str, dict], max_fluency_ratio: float = MAX_FLUENCY_RATIO) -> tuple[str, str]:
     """``(key, why)``: of the steering results of one model at several settings (``evaluate_steering`` results
     keyed by a setting's name, e.g. the guidance scale), the one with the highest LDA-judge accuracy among those
-    whose fluency ratio is at most ``max_fluency_ratio``; where none is, the first setting (plain conditioning),
-    and ``why`` says so."""
+    whose fluency ratio is at most ``max_fluency_ratio``; where none is, plain conditioning (the key ``"1"``, else
+    the first setting), and ``why`` says so."""
     fluent = [k for k, v in by_setting.items() if (v.get("fluency_ratio") or float("inf")) <= max_fluency_ratio]
     if fluent:
         best = max(fluent, key=lambda k: by_setting[k].get("accuracy_lda") or 0.0)
         return best, f"the most accurate setting with a fluency ratio of at most {max_fluency_ratio:g}"
-    return next(iter(by_setting)), f"the first setting: none kept the fluency ratio at most {max_fluency_ratio:g}"
+    plain = "1" if "1" in by_setting else next(iter(by_setting))
+    return plain, f"plain conditioning: no setting kept the fluency ratio at most {max_fluency_ratio:g}"

@@ -236,7 +236,8 @@ def _run_demo(args: DemoArguments, fast: FastPathArguments) -> None:
                                os.path.join(args.output_dir, "tcnlm"), "TCNLM", 3e-3, **speed)
     steps["LSTM"] = train_for(lstm, lm_collator.prepare(train_docs), lm_collator, args.train_seconds,
                               os.path.join(args.output_dir, "lstm"), "LSTM ", 3e-3, **speed)
-    sizes = {name: sum(p.numel() for p in model.parameters()) / 1e6 for name, model in (("TCNLM", tcnlm), ("LSTM", lstm))}
+    sizes = {name: sum(p.numel() for p in model.parameters()) / 1e6
+             for name, model in (("TCNLM", tcnlm), ("LSTM", lstm))}
     print(f"       TCNLM {steps['TCNLM']} steps ({sizes['TCNLM']:.1f} M parameters), the LSTM {steps['LSTM']} "
           f"({sizes['LSTM']:.1f} M), of 64 sentence chunks each ({done(start)})", flush=True)
 
