@@ -277,6 +277,12 @@ def main() -> None:
     print_tables(out, names, args)
 
 
+def by_scale(item) -> tuple:
+    """Sort key of a ``(setting, result)`` steering item: the guidance scale, then the layer ("2, layer 3")."""
+    scale, _, layer = item[0].partition(", layer ")
+    return float(scale), int(layer or 0)
+
+
 def read(mdir: Path) -> dict:
     return json.loads((mdir / "result.json").read_text())
 
@@ -320,7 +326,7 @@ def print_tables(out: Path, names, args) -> None:
         print(f"| reference: {lda['what']} (the LDA judge), same topic vocabulary | - | - | - | - | - | - | - | "
               f"{lda['npmi']:.3f} | {lda['diversity']:.2f} |")
     steering = {f"{name}, s = {scale}": s for name, r in results.items()
-                for scale, s in r.get("steering", {}).items()}
+                for scale, s in sorted(r.get("steering", {}).items(), key=by_scale)}
     if steering:
         print()
         print(format_steering_table(steering))
