@@ -14,7 +14,7 @@ time and the progress / ETA lines), NCLM's topic-model phase, ``check_settings``
     python scripts/benchmark_all.py --corpus apnews                    # CPU size, every model, out/all/apnews-cpu
     python scripts/benchmark_all.py --corpus brown                     # Brown (the BNC stand-in)
     python scripts/benchmark_all.py --corpus imdb                      # IMDB as an LM corpus (capped, see below)
-    python scripts/benchmark_all.py --corpus apnews --size paper --device cuda --max-steps 20000   # GPU, to convergence
+    python scripts/benchmark_all.py --corpus apnews --size paper --device cuda   # the papers' size, on a GPU
     python scripts/benchmark_all.py --corpus apnews --only lstm lstm-carry    # a subset (others can be added later)
     python scripts/benchmark_all.py --corpus apnews --max-steps 6 --eval-steps 3 --batch-size 2 --hidden 16 \\
         --embedding 16 --topics 4 --max-train-docs 40 --max-valid-docs 6 --npmi-max-documents 50 --steer-topics 2 \\
@@ -72,8 +72,10 @@ Decisions (the same for every run of this script):
   (``preceding``: earlier sentences only). ``*-carry`` variants exist for the families whose ``forward`` takes a
   state (LSTM, TCNLM, TopicRNN, NCLM); not for GBN/rGBN-RNN (see above) nor for NCLM-LTA (only the best NCLM
   variant of the papers, LETA, gets one, to keep the CPU budget).
-* Budget. At most ``--max-steps`` optimizer steps per model (default: 1000 for ``cpu``, about 2.3 epochs of
-  APNEWS; 10000 for ``paper``, where early stopping is meant to end the run: "to convergence"; Adam lr ``--lr`` 2e-3, linear warm-up over 2 % then
+* Budget. Every run trains until its development perplexity stops improving (below), with a cap of
+  ``--max-steps`` optimizer steps per model (default: ``--max-epochs`` 20 epochs of the training documents, e.g.
+  8,550 steps of 4 APNEWS documents; the table says for every run whether the cap or the development
+  perplexity stopped it); Adam lr ``--lr`` 2e-3, linear warm-up over 2 % then
   linear decay to 0 at ``--max-steps``, global gradient-norm clip ``--clip`` 0.5, seed 0). Every ``--eval-steps``
   steps (and at the last step) the dev perplexity is measured with ``evaluate_perplexity`` under ``causal``
   (``causal-carry`` for ``*-carry`` models: the protocol they are trained for); training stops after
@@ -144,7 +146,7 @@ from topic_lm_hf.benchmarking import (CLASSES, DATA, MODELS, PROTOCOLS, SIZES, T
                                       write_json)
 from topic_lm_hf.evaluation.topics import load_reference_corpus
 
-MAX_STEPS = {"cpu": 1000, "paper": 10000}
+MAX_EPOCHS = 20  # the default cap: early stopping is meant to end every run before it
 BATCH_DOCUMENTS = {"apnews": 4, "brown": 1, "imdb": 6}  # about 60 chunks on APNEWS and IMDB, 100 on Brown
 CORPORA = {"apnews": "APNEWS", "brown": "Brown", "imdb": "IMDB"}
 IMDB_DEFAULT_DOCS = (5000, 500)  # train, valid reviews when --max-*-docs are not given
@@ -216,6 +218,14 @@ def load_corpus(args):
 # ----------------------------------------------------------------------------------------------
 
 
+def step_cap(args, train_documents: int) -> int:
+    """``--max-steps`` where given, else the steps of ``--max-epochs`` epochs of ``train_documents`` in batches of
+    ``--batch-size`` documents (rounded up)."""
+    if args.max_steps is not None:
+        return args.max_steps
+    return math.ceil(args.max_epochs * train_documents / args.batch_size)
+
+
 def load_model(name: str, path: Path, device: str):
     return CLASSES[MODELS[name]["family"]].from_pretrained(path).to(device).eval()
 
@@ -280,8 +290,10 @@ def parse_args(argv=None):
     parser.add_argument("--only", nargs="+", default=None, metavar="NAME",
                         help=f"train and measure only these models (space- or comma-separated) of {list(MODELS)}")
     parser.add_argument("--max-steps", type=int, default=None,
-                        help="the budget: at most this many steps per model (default: cpu 1000, paper 10000)")
-    parser.add_argument("--eval-steps", type=int, default=100, help="dev evaluation (and checkpoint) every N steps")
+                        help="the cap: at most this many steps per model (default: --max-epochs epochs)")
+    parser.add_argument("--max-epochs", type=float, default=MAX_EPOCHS,
+                        help="the cap in epochs of the training documents, where --max-steps is not given")
+    parser.add_argument("--eval-steps", type=int, default=200, help="dev evaluation (and checkpoint) every N steps")
     parser.add_argument("--patience", type=int, default=3, help="stop after N dev evaluations without improvement")
     parser.add_argument("--embedding", dest="embedding_size", type=int, default=None, help="E (default: the size's)")
     parser.add_argument("--hidden", dest="hidden_size", type=int, default=None, help="H (default: the size's)")
@@ -313,7 +325,7 @@ def parse_args(argv=None):
                          helps={"batch_size": "training documents per step, every model (default: apnews 4, "
                                               "brown 1, imdb 6)"})
     args = parser.parse_args(argv)
-    for key, value in {**SIZES[args.size], "max_steps": MAX_STEPS[args.size],
+    for key, value in {**SIZES[args.size],
                        "batch_size": BATCH_DOCUMENTS[args.corpus]}.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
@@ -357,10 +369,11 @@ def run(args) -> dict:
     datasets.disable_progress_bars()
     t_start = time.perf_counter()
     CODE_VERSION = code_version()
+    train_docs, dev_docs, valid_docs = load_corpus(args)
+    args.max_steps = step_cap(args, len(train_docs))  # settings.json records the steps
     settings = {k: getattr(args, k) for k in SETTINGS}
     check_settings(out, settings)
 
-    train_docs, dev_docs, valid_docs = load_corpus(args)
     tok, topic_tok = build_vocabularies(train_docs, min_freq=args.min_freq,
                                         stopwords=DATA / "stopwords" / "mallet_en.txt")
     corpus = CORPORA[args.corpus]

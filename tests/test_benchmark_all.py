@@ -7,6 +7,7 @@ import json
 import math
 import os
 import re
+import runpy
 import shlex
 import subprocess
 import sys
@@ -45,6 +46,16 @@ def test_stopped_counts_evaluations_after_the_best():
     assert stopped(history, patience=2)
     assert not stopped(history, patience=3)
     assert not stopped([], patience=1)
+
+
+def test_the_default_cap_is_twenty_epochs():
+    script = runpy.run_path(str(SCRIPT))  # its functions, without running it
+    parse, step_cap = script["parse_args"], script["step_cap"]
+    args = parse(["--corpus", "apnews"])
+    assert (args.max_steps, args.max_epochs, args.batch_size) == (None, 20, 4)
+    assert step_cap(args, 1710) == 8550  # 20 epochs of 1,710 documents, 4 per step
+    assert step_cap(parse(["--corpus", "brown", "--max-epochs", "2.5"]), 380) == 950
+    assert step_cap(parse(["--corpus", "apnews", "--max-steps", "7"]), 1710) == 7
 
 
 def test_step_throughput_leaves_out_stalled_steps():
