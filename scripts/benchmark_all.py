@@ -658,7 +658,7 @@ def table(report: dict, args) -> list[str]:
             if "from_own_topics" in g:
                 cell += f", {round(g['from_own_topics'], 2) + 0.0:.2f}"  # + 0.0: no "-0.00"
                 if "share_from_own_topics" in g:
-                    cell += f" ({100 * g['share_from_own_topics']:.0f} %)"
+                    cell += f" ({round(100 * g['share_from_own_topics']):d} %)"  # round(): no "-0 %"
         cells.append(cell)
         t = r.get("topics")
         cells += [f"{t['npmi']:.3f}" if t else "-", f"{t['diversity']:.3f}" if t else "-"]
@@ -677,7 +677,7 @@ def table(report: dict, args) -> list[str]:
         lines.append(f"| {r['label']} | " + " | ".join(cells) + " |")
     missing = [MODELS[n]["label"] for n in MODELS if n not in results]
     if missing:
-        lines += ["", f"Not in this table (not finished in this run's folder): {', '.join(missing)}."]
+        lines += ["", f"Not in this table (not finished in this run's folder): {'; '.join(missing)}."]
     lines += ["", "#### Comparisons", ""]
     if causal:
         best = max(causal, key=lambda n: causal[n]["gain"])
@@ -688,7 +688,7 @@ def table(report: dict, args) -> list[str]:
             line += (f"; with another chunk's context it scores {g['ablation_perplexity']:.2f}: the document's own "
                      f"topics account for {g['from_own_topics']:.2f} perplexity points")
             if "share_from_own_topics" in g:
-                line += f", {100 * g['share_from_own_topics']:.0f} % of the gain"
+                line += f", {round(100 * g['share_from_own_topics']):d} % of the gain"
         lines.append(line + ".")
     cc = comp.get("causal_carry")
     if cc:

@@ -130,7 +130,7 @@ def test_smoke_run_then_resume(tmp_path):
     assert all(word in title for word in ("APNEWS", "size `cpu`", "at most 4 steps", "device cpu", "code"))
     assert "causal-carry" in table.split("#### Comparisons")[1]
     assert "Under **causal**: the best topic model" in table.split("#### Comparisons")[1]
-    assert "Not in this table (not finished in this run's folder): TCNLM," in table  # the rows --only left out
+    assert "Not in this table (not finished in this run's folder): TCNLM; TCNLM, carried state;" in table
     assert report["settings"]["max_steps"] == 4
     if importlib.util.find_spec("matplotlib") is not None:
         for figure in ("perplexity.png", "steering.png", "dev_curves.png"):
