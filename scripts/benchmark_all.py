@@ -39,7 +39,7 @@ Models (``--only`` names; every one 1 layer, so the same-size single-layer LSTM 
 * ``tcnlm-recipe``, ``topic-lstm-recipe``, ``nclm-leta-recipe``, ``rgbn-recipe``: the same families by the
   steering recipe, ``topic-lm train``'s default (``steering_recipe``: the shared topic output prior, TopicLSTM's
   bag-of-words term and topic proportions, NCLM's diversity term), their topic model pre-trained alone first
-  (``pretrain_topic_model_once``: at most ``--pretrain-steps`` steps of ``--batch-size`` documents, stopped when
+  (``pretrain_topic_model_once``: at most ``--pretrain-steps`` steps of ``--pretrain-batch-size`` rows, stopped when
   the objective on the dev documents has not improved for ``--pretrain-patience`` evaluations
   ``--pretrain-eval-every`` steps apart; recorded in ``train.json``), beside the papers' exact models.
 
@@ -238,7 +238,7 @@ def train(name: str, model, rows, collator, args, mdir: Path, tok, topic_tok, tr
     topic_phase = {}
     if spec.get("recipe"):  # the steering recipe: the topic model alone first, early-stopped on the dev documents
         settings = {"steps": args.pretrain_steps, "learning_rate": RECIPE_PRETRAINING["learning_rate"],
-                    "batch_size": args.batch_size, "eval_every": args.pretrain_eval_every,
+                    "batch_size": args.pretrain_batch_size, "eval_every": args.pretrain_eval_every,
                     "patience": args.pretrain_patience}
         dev_rows = make_collator(name, tok, topic_tok)[0].prepare(dev_docs)
         model, pre = pretrain_topic_model_once(model, rows, collator, dev_rows, mdir, settings, seed=args.seed)
@@ -302,6 +302,10 @@ def parse_args(argv=None):
     parser.add_argument("--pretrain-steps", type=int, default=RECIPE_PRETRAINING["steps"],
                         help="the steering recipe's rows (*-recipe): at most this many topic-model pre-training steps "
                              "of --batch-size documents, early-stopped on the dev documents")
+    parser.add_argument("--pretrain-batch-size", type=int, default=RECIPE_PRETRAINING["batch_size"],
+                        help="the recipe rows' pre-training: rows per step (chunks for chunk-trained models, "
+                             "documents for GBN/rGBN-RNN), as topic-lm train's recipe; recorded in each row's "
+                             "train.json")
     parser.add_argument("--pretrain-eval-every", type=int, default=RECIPE_PRETRAINING["eval_every"])
     parser.add_argument("--pretrain-patience", type=int, default=RECIPE_PRETRAINING["patience"])
     parser.add_argument("--readme", default=None, metavar="results/README.md",

@@ -85,6 +85,7 @@ def test_smoke_run_then_resume(tmp_path):
     # the steering recipe's row: its topic model pre-trained first (recorded), the recipe's configuration
     pre = results["topic-lstm-recipe"]["train"]["pretraining"]
     assert 1 <= pre["steps"] <= 4 and pre["stopped_by"] in ("patience", "steps") and pre["dev_losses"]
+    assert (pre["batch_size"], pre["learning_rate"]) == (64, 3e-3)  # the recipe's, as topic-lm train pre-trains
     config = json.loads((out / "topic-lstm-recipe" / "model" / "config.json").read_text())
     assert (config["topic_output_bias"], config["theta_transform"], config["bow_loss_weight"]) == ("beta", "softmax", 1.0)
     assert "topic_output_bias" not in json.loads((out / "topic-lstm" / "model" / "config.json").read_text()) or \

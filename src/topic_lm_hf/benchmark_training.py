@@ -274,7 +274,8 @@ def pretrain_topic_model_once(model, rows, collator, dev_rows, mdir: Path, setti
     result = pretrain_topic_model(model, rows, collator, settings.pop("steps"), seed=seed, eval_dataset=dev_rows,
                                   **settings)
     record = {"steps": result.steps, "best_step": result.best_step, "stopped_by": result.stopped_by,
-              "dev_losses": result.dev_losses, "seconds": time.perf_counter() - start}
+              "dev_losses": result.dev_losses, "seconds": time.perf_counter() - start,
+              "batch_size": settings.get("batch_size"), "learning_rate": settings.get("learning_rate")}
     if measure is not None:
         record.update(measure(model))
     model.save_pretrained(saved)
