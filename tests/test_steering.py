@@ -199,6 +199,13 @@ def test_steering_evaluation_on_apnews_from_a_saved_folder(apnews, tmp_path, cap
     saved = json.loads((tmp_path / "steer.json").read_text())
     assert [row["topic"] for row in saved["per_topic"]] == [0, 5] and "100 documents" in saved["judge"]
     assert saved["fluency_ppl_steered"] > 1
+    assert saved["protocol"]["topic_guidance_scale"] is None
+    # with decode-time guidance (NCLM's recipe steers at 0.75): the scale reaches the steered texts
+    main(["steer", "--model_name_or_path", str(tmp_path / "tcnlm"), "--topics", "0,5", "--num_samples", "3",
+          "--max_new_tokens", "6", "--topic_guidance_scale", "0.75", "--json", str(tmp_path / "guided.json")])
+    guided = json.loads((tmp_path / "guided.json").read_text())
+    assert guided["protocol"]["topic_guidance_scale"] == 0.75
+    assert guided["unconditioned_texts"] == saved["unconditioned_texts"]
 
 
 def test_guided_steering_is_measured_with_the_scale_it_names(apnews):

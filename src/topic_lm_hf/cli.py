@@ -174,6 +174,10 @@ class SteerArguments:
     num_samples: int = field(default=20, metadata={"help": "Texts generated per topic, and without a topic."})
     max_new_tokens: int = field(default=30, metadata={"help": "The longest generated text."})
     top_p: float = field(default=0.9, metadata={"help": "Nucleus sampling threshold."})
+    topic_guidance_scale: Optional[float] = field(default=None, metadata={
+        "help": "Decode-time topic guidance of the steered texts (as generate's): 1 or unset is plain conditioning, "
+                "above 1 pushes towards the topic, below 1 towards the model's prior (NCLM LETA's steering recipe "
+                "keeps its texts fluent at 0.75)."})
     top_words: int = field(default=50, metadata={"help": "N of topic k's top-N words, for the topic-word share."})
     seed: int = field(default=0, metadata={"help": "Seeds the topic draw and the sampling."})
     json: Optional[str] = field(default=None, metadata={"help": "Also write the full result (with texts) to this file."})
@@ -524,7 +528,7 @@ def run_steer(args: SteerArguments) -> None:
     result = evaluate_steering(model, topics=topics, num_topics_sampled=args.num_topics_sampled,
                                num_samples=args.num_samples, max_new_tokens=args.max_new_tokens, tokenizer=tok,
                                topic_tokenizer=topic_tok, judge=judge, fluency_model=fluency, top_words=args.top_words,
-                               top_p=args.top_p, seed=args.seed)
+                               top_p=args.top_p, seed=args.seed, topic_guidance_scale=args.topic_guidance_scale)
     print(format_steering_table({args.model_name_or_path: result}))
     print(f"\nchance = 1/T = {result['chance']:.3f}; judge: {result['judge'] or 'none (no --judge_corpus)'}; "
           f"fluency model: {args.fluency_model or 'none'}\n")
