@@ -138,12 +138,11 @@ from topic_lm_hf import build_vocabularies, evaluate_topics, load_documents
 from topic_lm_hf.benchmark_training import (pretrain_topic_model_once, pretrain_topic_model_phase, step_throughput,
                                             train_to_convergence)
 from topic_lm_hf.pretraining import RECIPE_PRETRAINING
-from topic_lm_hf.benchmarking import (CLASSES, DATA, MODELS, PROTOCOLS, SIZES, TRAINING_FLAGS, CarriedLoss,
-                                      OnDevice, Tee, add_common_arguments, build_model, cached_lda_judge,
+from topic_lm_hf.benchmarking import (CLASSES, DATA, MAX_FLUENCY_RATIO, MODELS, PROTOCOLS, SIZES, TRAINING_FLAGS,
+                                      CarriedLoss, OnDevice, Tee, add_common_arguments, build_model, cached_lda_judge,
                                       check_settings, code_version, evaluate_protocols, fluent_setting, fmt,
-                                      interleaved_step_times,
-                                      make_collator, prepared_rows, publish, read_json, read_jsonl, steer,
-                                      write_json)
+                                      interleaved_step_times, make_collator, prepared_rows, publish, read_json,
+                                      read_jsonl, steer, write_json)
 from topic_lm_hf.evaluation.topics import load_reference_corpus
 
 MAX_EPOCHS = 20  # the default cap: early stopping is meant to end every run before it
@@ -317,8 +316,8 @@ def parse_args(argv=None):
                         help="decode-time topic guidance scales every topic model is steered at (1: plain "
                              "conditioning; below 1: between the topic-conditioned and the prior's logits, "
                              "l_prior + s (l_cond - l_prior)); the table reports the most accurate one whose "
-                             "fluency ratio is at most 1.5 (a measurement setting: adding a scale later measures "
-                             "only it)")
+                             f"fluency ratio is at most {MAX_FLUENCY_RATIO:g} (a measurement setting: adding a scale "
+                             "later measures only it)")
     parser.add_argument("--dev-fraction", type=float, default=0.05, help="training documents held out as dev")
     parser.add_argument("--dev-seed", type=int, default=0, help="seed of the dev split")
     add_common_arguments(parser, *TRAINING_FLAGS, "--batch-size", "--dropout", "--lr", "--clip", "--kl-annealing-steps", "--alpha",
@@ -635,8 +634,8 @@ def table(report: dict, args) -> list[str]:
              "ratio = perplexity of steered / unconditioned text under this run's LSTM, lift = share of the "
              "topic's top-50 words in steered / unconditioned text, at the decode-time guidance scale s (of "
              f"{', '.join(f'{x:g}' for x in args.guidance_scales)}; 1 = plain conditioning, below 1 towards the "
-             "prior) that is the most accurate with a fluency ratio of at most 1.5 (s in italics: none was; plain "
-             "conditioning is shown). "
+             f"prior) that is the most accurate with a fluency ratio of at most {MAX_FLUENCY_RATIO:g} (s in "
+             "italics: none was; plain conditioning is shown). "
              "**vs LSTM (causal)**: the perplexity gain over the LSTM under `causal`, and the perplexity points of "
              "it that the document's own topics bring (the ablation under `causal` minus `causal`; their share of "
              "the gain in brackets). Speed: training tokens/s and its ratio to the LSTM; interleaved = the ratio "
@@ -740,6 +739,15 @@ def figures(report: dict, out: Path) -> None:
         return
     results, c = report["results"], report["context"]
     title = f"{c['corpus_name']}, size {report['settings']['size']}, {c['device']}"
+
+    def save(fig, ax, name: str, heading: str, **legend) -> None:
+        """Title (with the run's corpus, size and device), legend, and ``out/<name>``."""
+        ax.set_title(f"{heading}\n({title})", fontsize=9)
+        ax.legend(**{"fontsize": 6, **legend})
+        fig.tight_layout()
+        fig.savefig(out / name, dpi=120)
+        plt.close(fig)
+
     names = list(results)
     series = [(p, [results[n]["perplexity"][p]["perplexity"] for n in names]) for p in PROTOCOLS]
     series.append(("ablation (own protocol, another chunk's context)",
@@ -750,13 +758,10 @@ def figures(report: dict, out: Path) -> None:
         ax.bar(np.arange(len(names)) + (k - (len(series) - 1) / 2) * width, values, width, label=label)
     ax.set_xticks(np.arange(len(names)), [results[n]["label"] for n in names], rotation=30, ha="right")
     ax.set_ylabel("validation perplexity")
-    ax.set_title(f"Perplexity by model and protocol ({title})", fontsize=9)
     finite = [v for _, values in series for v in values if np.isfinite(v)]
     ax.set_ylim(0.9 * min(finite), 1.18 * max(finite))  # headroom for the legend above the bars
-    ax.legend(fontsize=7, ncol=len(series), loc="upper center")
-    fig.tight_layout()
-    fig.savefig(out / "perplexity.png", dpi=120)
-    plt.close(fig)
+    save(fig, ax, "perplexity.png", "Perplexity by model and protocol", fontsize=7, ncol=len(series),
+         loc="upper center")
 
     steered = [n for n in names if results[n].get("steering_by_scale")]
     fig, ax = plt.subplots(figsize=(7, 5))
@@ -770,14 +775,10 @@ def figures(report: dict, out: Path) -> None:
             ax.annotate(scale, (x, y), fontsize=6, xytext=(2, 2), textcoords="offset points", color=line.get_color())
     if steered:
         ax.axhline(results[steered[0]]["steering"]["chance"], color="grey", lw=0.8, ls="--", label="chance")
-        ax.axvline(1.5, color="grey", lw=0.8, ls=":", label="fluency ratio 1.5")
+        ax.axvline(MAX_FLUENCY_RATIO, color="grey", lw=0.8, ls=":", label=f"fluency ratio {MAX_FLUENCY_RATIO:g}")
     ax.set_xlabel("fluency ratio (steered / unconditioned perplexity under the LSTM)")
     ax.set_ylabel("topic accuracy (LDA judge)")
-    ax.set_title(f"Steering accuracy against fluency over the guidance scale s\n({title})", fontsize=9)
-    ax.legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(out / "steering.png", dpi=120)
-    plt.close(fig)
+    save(fig, ax, "steering.png", "Steering accuracy against fluency over the guidance scale s")
 
     fig, ax = plt.subplots(figsize=(7, 5))
     low, high = [], []
@@ -793,11 +794,7 @@ def figures(report: dict, out: Path) -> None:
         ax.set_ylim(0.97 * min(low), max(high) * 1.03)
     ax.set_xlabel("training step")
     ax.set_ylabel("development perplexity")
-    ax.set_title(f"Development curves ({title})", fontsize=9)
-    ax.legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(out / "dev_curves.png", dpi=120)
-    plt.close(fig)
+    save(fig, ax, "dev_curves.png", "Development curves")
     print(f"Figures: {out / 'perplexity.png'}, {out / 'steering.png'}, {out / 'dev_curves.png'}", flush=True)
 
 

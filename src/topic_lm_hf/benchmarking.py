@@ -200,7 +200,7 @@ def publish(out: Path, readme: Path, key: str) -> Path:
     for name in copied:
         shutil.copyfile(out / name, target / name)
     start, end = f"<!-- benchmark_all {key} start -->", f"<!-- benchmark_all {key} end -->"
-    images = [f"![{name[:-4]}]({key}/{name})" for name in ("perplexity.png", "steering.png", "dev_curves.png") if name in copied]
+    images = [f"![{name[:-4]}]({key}/{name})" for name in copied if name.endswith(".png")]
     body = "\n".join([start, (out / "table.md").read_text().strip(), "", *images,
                       f"\n(`python scripts/benchmark_all.py` wrote this block and `{key}/`.)", end])
     text = readme.read_text() if readme.exists() else ""
