@@ -134,7 +134,7 @@ import numpy as np
 import torch
 from transformers.utils import logging as hf_logging
 
-from topic_lm_hf import build_vocabularies, evaluate_topics, load_documents
+from topic_lm_hf import TopicContextCollator, build_vocabularies, evaluate_topics, load_documents
 from topic_lm_hf.benchmark_training import (pretrain_topic_model_once, pretrain_topic_model_phase, step_throughput,
                                             train_to_convergence)
 from topic_lm_hf.pretraining import RECIPE_PRETRAINING
@@ -239,8 +239,10 @@ def train(name: str, model, rows, collator, args, mdir: Path, tok, topic_tok, tr
         settings = {"steps": args.pretrain_steps, "learning_rate": RECIPE_PRETRAINING["learning_rate"],
                     "batch_size": args.pretrain_batch_size, "eval_every": args.pretrain_eval_every,
                     "patience": args.pretrain_patience}
-        dev_rows = make_collator(name, tok, topic_tok)[0].prepare(dev_docs)
-        model, pre = pretrain_topic_model_once(model, rows, collator, dev_rows, mdir, settings, seed=args.seed)
+        pretraining = TopicContextCollator.for_model(model, tok, topic_tok, protocol="pretraining",
+                                                     context=spec["context"])
+        model, pre = pretrain_topic_model_once(model, pretraining.prepare(train_docs), pretraining,
+                                               pretraining.prepare(dev_docs), mdir, settings, seed=args.seed)
         topic_phase = {"pretraining": pre}
     elif spec["family"] == "nclm" and args.topic_model_steps:
         nvdm_args = argparse.Namespace(**{**vars(args), "batch_size": args.topic_model_batch_size})
@@ -300,7 +302,7 @@ def parse_args(argv=None):
     parser.add_argument("--topic-model-batch-size", type=int, default=64, help="chunks per NVDM-phase step")
     parser.add_argument("--pretrain-steps", type=int, default=RECIPE_PRETRAINING["steps"],
                         help="the steering recipe's rows (*-recipe): at most this many topic-model pre-training steps "
-                             "of --batch-size documents, early-stopped on the dev documents")
+                             "of --pretrain-batch-size rows, early-stopped on the dev documents")
     parser.add_argument("--pretrain-batch-size", type=int, default=RECIPE_PRETRAINING["batch_size"],
                         help="the recipe rows' pre-training: rows per step (chunks for chunk-trained models, "
                              "documents for GBN/rGBN-RNN), as topic-lm train's recipe; recorded in each row's "

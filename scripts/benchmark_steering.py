@@ -137,10 +137,13 @@ def train_variant(name, args, tok, topic_tok, train_docs, dev_docs, mdir: Path, 
             return {"topics": {k: t[k] for k in ("npmi", "diversity")}}
 
         settings = {"steps": args.pretrain_steps, "learning_rate": args.pretrain_lr,
-                    "batch_size": per_step(args.pretrain_batch_size), "eval_every": args.pretrain_eval_every,
+                    "batch_size": args.pretrain_batch_size, "eval_every": args.pretrain_eval_every,
                     "patience": args.pretrain_patience}
-        model, result["pretraining"] = pretrain_topic_model_once(model, rows, collator, collator.prepare(dev_docs),
-                                                                 mdir, settings, seed=args.seed, measure=topics)
+        pretraining = TopicContextCollator.for_model(model, tok, topic_tok, protocol="pretraining",
+                                                     context=overrides.get("context"))
+        model, result["pretraining"] = pretrain_topic_model_once(model, pretraining.prepare(train_docs), pretraining,
+                                                                 pretraining.prepare(dev_docs), mdir, settings,
+                                                                 seed=args.seed, measure=topics)
     step_args = argparse.Namespace(**vars(args))
     step_args.batch_size = per_step(args.batch_size)
     result.update(train_to_convergence(name, model, rows, collator, step_args, mdir, tok,

@@ -31,8 +31,34 @@ def _model(family, tok, topic_tok, **overrides):
 
 
 def _rows(model, apnews):
-    collator = TopicContextCollator.for_model(model, apnews["tok"], apnews["topic_tok"])
+    collator = TopicContextCollator.for_model(model, apnews["tok"], apnews["topic_tok"], protocol="pretraining")
     return collator.prepare(apnews["train"]), collator.prepare(apnews["valid"]), collator
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_pretraining_batches_are_the_training_batches_or_whole_documents_bags(apnews, family):
+    """rGBN-RNN declares whole documents' bags (one row per document, its whole bag of words); every other family
+    is pre-trained on its training batches, under the training context a caller chooses."""
+    tok, topic_tok = apnews["tok"], apnews["topic_tok"]
+    model = _model(family, tok, topic_tok)
+    docs = apnews["valid"].select(range(5))
+    pretraining = TopicContextCollator.for_model(model, tok, topic_tok, protocol="pretraining")
+    if family == "rgbn_rnn":
+        document = TopicContextCollator.for_model(model, tok, topic_tok, protocol="document")
+        assert (pretraining.context, pretraining.layout) == ("document", "sequence")
+        batch = pretraining([row for row in pretraining.prepare(docs)])
+        assert batch["context_bow"].shape == (5, len(topic_tok))
+        assert torch.equal(batch["context_bow"], document([row for row in document.prepare(docs)])["context_bow"])
+        # the bag of a document is its topic words (the first max_context_tokens of them)
+        words = [w for sentence in docs[0]["sentences"] for w in sentence]
+        in_vocab = [topic_tok.convert_tokens_to_ids(w) for w in words if w in topic_tok.get_vocab()]
+        assert batch["context_bow"][0].sum() == min(len(in_vocab), pretraining.max_context_tokens)
+    else:
+        for context in (None, "preceding"):
+            chosen = TopicContextCollator.for_model(model, tok, topic_tok, protocol="pretraining", context=context)
+            training = TopicContextCollator.for_model(model, tok, topic_tok, context=context)
+            assert (chosen.context, chosen.layout, chosen.sentence_prefix) == \
+                (training.context, training.layout, training.sentence_prefix)
 
 
 def _topic_part(model):

@@ -334,8 +334,12 @@ def train(data_args: DataArguments, model_args: ModelArguments, training_args: T
     if last:
         logger.info("Resuming from %s", last)
     elif pretraining_steps(model_args, model):  # a resumed run's checkpoint holds the pre-trained topic model
-        pretrain_for_cli(model, train_rows, collator, pretraining_steps(model_args, model),
-                         collator.prepare(valid_docs) if valid_docs is not None else None, training_args.seed)
+        pretraining = TopicContextCollator.for_model(model, tok, topic_tok, protocol="pretraining",
+                                                     context=data_args.context,
+                                                     max_sentence_length=data_args.max_sentence_length,
+                                                     max_context_tokens=data_args.max_context_tokens)
+        pretrain_for_cli(model, pretraining.prepare(train_docs), pretraining, pretraining_steps(model_args, model),
+                         pretraining.prepare(valid_docs) if valid_docs is not None else None, training_args.seed)
     trainer.train(resume_from_checkpoint=last)
     trainer.save_model(out)
     data_lib.save_vocabularies(tok, topic_tok, out)

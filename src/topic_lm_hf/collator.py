@@ -138,6 +138,11 @@ class TopicContextCollator:
             protocol: what the batches are for:
 
                 * ``"train"``: the model's documented training batches (its ``training_context``);
+                * ``"pretraining"``: the batches its topic model is pre-trained on
+                  (:func:`~topic_lm_hf.pretrain_topic_model`): the training batches, or one row per document with
+                  its whole bag of words (``"document"``) for a model that declares
+                  ``topic_pretraining_batches = "document"`` (rGBN-RNN: under its causal training context the
+                  first sentences of a document see nearly empty bags);
                 * ``"train-carry"``: whole documents with the preceding context, for
                   ``TopicLMTrainer(carry_state=True)``;
                 * ``"paper"``, ``"causal"``, ``"causal-carry"``: the evaluation protocols of
@@ -146,17 +151,20 @@ class TopicContextCollator:
                   (:func:`~topic_lm_hf.evaluation.evaluate_perplexity_sliding_window` builds it from the window);
                 * ``"document"``: one sequence per document with its whole bag of words (the downstream tasks:
                   classification, retrieval, ``document_representation``).
-            context: another context mode for ``"train"`` (``--context`` of ``topic-lm train``); a model
-                without a bag-of-words input always gets ``"none"``.
-            layout: ``"documents"`` for ``"train"`` gives whole documents also to a model that reads sentence
+            context: another context mode for ``"train"`` and ``"pretraining"`` (``--context`` of ``topic-lm
+                train``); a model without a bag-of-words input always gets ``"none"``.
+            layout: ``"documents"`` for ``"train"`` (and ``"pretraining"``) gives whole documents also to a model that reads sentence
                 chunks (a benchmark that streams the same documents to every model cuts them into chunks).
             kwargs: the other fields (``max_sentence_length``, ``max_context_tokens``, ``label_column``, ...).
 
         A model reading whole documents (rGBN-RNN) gets documents batches under every protocol but
         ``"document"``; a model reading the sentence prefix (NCLM) gets ``sentence_prefix_bow``.
         """
-        if protocol != "train" and protocol not in PROTOCOL_BATCHES:
-            raise ValueError(f"protocol must be one of {['train', *PROTOCOL_BATCHES]}, got {protocol!r}")
+        if protocol not in ("train", "pretraining") and protocol not in PROTOCOL_BATCHES:
+            raise ValueError(f"protocol must be one of {['train', 'pretraining', *PROTOCOL_BATCHES]}, got {protocol!r}")
+        if protocol == "pretraining":
+            whole_bags = getattr(model, "topic_pretraining_batches", "train") == "document"
+            protocol, context, layout = ("document", None, None) if whole_bags else ("train", context, layout)
         if (context is not None or layout is not None) and protocol != "train":
             raise ValueError(f"context= and layout= choose the training batches (protocol='train'); "
                              f"protocol={protocol!r} fixes its own")

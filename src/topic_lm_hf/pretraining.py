@@ -11,7 +11,11 @@ word) and ``topic_model_parameters()``:
 * TopicRNN / TopicLSTM / TopicGRU: the inference network with B, under the bag-of-words likelihood
   softmax(B theta) (not in the paper's ELBO, where B learns only through the LM);
 * rGBN-RNN / GBN-RNN: the Weibull encoder by gradient, Phi and Pi by TLASGR-MCMC after every
-  optimizer step (on a documents batch the sentences are read in order).
+  optimizer step, on whole documents' bags of words.
+
+The batches are ``TopicContextCollator.for_model(model, ..., protocol="pretraining")``'s: the family's training
+batches, or one row per document with its whole bag of words where the family declares it (rGBN-RNN, whose
+causal training context gives a document's first sentences nearly empty bags).
 
 With ``eval_dataset`` the run stops when the objective on it has not improved for ``patience``
 evaluations and the best topic model is kept; ``steps`` is then a cap.
@@ -110,7 +114,8 @@ def pretrain_topic_model(model, dataset, collator, steps: int, learning_rate: fl
     Args:
         model: a topic family's causal LM (it has ``topic_model_loss`` and ``topic_model_parameters``).
         dataset: rows prepared by ``collator.prepare(documents)`` (with a context mode other than "none").
-        collator: the :class:`~topic_lm_hf.TopicContextCollator` that prepared them.
+        collator: the :class:`~topic_lm_hf.TopicContextCollator` that prepared them: the model's pre-training
+            batches are ``TopicContextCollator.for_model(model, tokenizer, topic_tokenizer, protocol="pretraining")``.
         steps: the most Adam steps; each reads ``batch_size`` rows drawn at random (seeded).
         eval_dataset: development rows (same collator): every ``eval_every`` steps the objective on them is
             measured; the run stops after ``patience`` evaluations without improvement, and the topic model of

@@ -391,6 +391,9 @@ class RGBNRNNPreTrainedModel(RecurrentPreTrainedModel):
     conditioning_inputs = ("context_bow", "theta", "topic_ids")
     training_context = "preceding"  # the sentence recurrence reads the sentences before each one
     reads_documents = True
+    # its topic model is pre-trained on whole documents' bags of words (TopicContextCollator protocol "pretraining"):
+    # the causal context gives a document's first sentences nearly empty bags, and topics fitted to those were noisy
+    topic_pretraining_batches = "document"
 
     def _init_weights(self, module):
         super()._init_weights(module)  # embeddings, linear layers, LSTMs: U(-r, r), zero biases
