@@ -337,6 +337,17 @@ def test_train_uses_the_steering_recipe_by_default_and_the_papers_training_one_f
     expected = {**STEERING_RECIPE["topic_rnn"], "topic_prior_weight_init": 1.5}  # the override wins
     assert {k: getattr(config, k) for k in expected} == expected
     assert AutoModelForCausalLM.from_pretrained(out_dir).topic_prior_weight is not None
+    assert re.search(r"Pre-training the topic model on \d+ rows, the context bags of sentence chunks", caplog.text)
+    # rGBN-RNN: its topic model is pre-trained on whole documents' bags, with the recipe's sparser topics
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="topic_lm_hf"):
+        main(["train", *common, "--model_type", "rgbn_rnn", "--output_dir", str(tmp_path / "rgbn"),
+              "--pretrain_topic_model_steps", "20", "--per_device_train_batch_size", "2",
+              "--config_overrides", "topic_sizes=[5],hidden_sizes=[16],embedding_size=16"])
+    assert "Pre-training the topic model on 60 rows, whole documents' bags of words" in caplog.text
+    rgbn = AutoModelForCausalLM.from_pretrained(tmp_path / "rgbn").config
+    assert {k: getattr(rgbn, k) for k in STEERING_RECIPE["rgbn_rnn"]} == STEERING_RECIPE["rgbn_rnn"]
+    assert rgbn.eta_phi == 0.01
     # --recipe paper: the paper's configuration, no pre-training
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="topic_lm_hf"):

@@ -369,7 +369,8 @@ def pretrain_for_cli(model, train_rows, collator, steps: int, dev_rows, seed: in
         raise ValueError(f"--pretrain_topic_model_steps must be >= 0, got {steps}")
     if not hasattr(model, "topic_model_loss"):
         raise ValueError(f"--pretrain_topic_model_steps: {type(model).__name__} has no topic model to pre-train")
-    logger.info("Pre-training the topic model on bags of words (at most %d steps) ...", steps)
+    rows = "whole documents' bags of words" if collator.layout == "sequence" else "the context bags of sentence chunks"
+    logger.info("Pre-training the topic model on %d rows, %s (at most %d steps) ...", len(train_rows), rows, steps)
     start = time.time()
     settings = {k: v for k, v in RECIPE_PRETRAINING.items() if k != "steps"}
     result = pretrain_topic_model(model, train_rows, collator, steps, seed=seed, eval_dataset=dev_rows, **settings)
