@@ -745,7 +745,8 @@ def figures(report: dict, out: Path) -> None:
     def save(fig, ax, name: str, heading: str, **legend) -> None:
         """Title (with the run's corpus, size and device), legend, and ``out/<name>``."""
         ax.set_title(f"{heading}\n({title})", fontsize=9)
-        ax.legend(**{"fontsize": 6, **legend})
+        if ax.get_legend_handles_labels()[0]:  # a folder with only the LSTM has no steering curve
+            ax.legend(**{"fontsize": 6, **legend})
         fig.tight_layout()
         fig.savefig(out / name, dpi=120)
         plt.close(fig)
