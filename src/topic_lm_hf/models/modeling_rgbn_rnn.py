@@ -19,8 +19,7 @@ GBN-RNN (``recurrent=False``) is the same with Pi = 0 and Gam(1, tau0) at the to
   prior's shape built from the *sampled* theta of the layer above and of the previous sentence.
 * LM (eq. 3-4, App. B): LSTM layer l reads the gated output a^{l-1} of the layer below; a^l = g(h^l_t, theta~)
   with a GRU-like gate; the softmax reads [a^1; ...; a^L]. theta~ is theta / max_k theta_k (``theta_normalization``).
-  Every chunk starts from a zero LSTM state (the paper); with ``state`` (causal-carry evaluation, generation)
-  the state is carried.
+  Every chunk starts from a zero LSTM state (the paper); ``state`` carries it (causal-carry, generation).
 * Phi, Pi: ``topic_learning="tlasgr"``: float64 buffers on the simplex learned by TLASGR-MCMC (App. C). A
   training forward augments the latent counts (multinomial and CRT, vectorised, under ``no_grad``) with the
   same theta samples it used, and adds them to pending sufficient statistics; the first optimizer step that
@@ -391,9 +390,7 @@ class RGBNRNNPreTrainedModel(RecurrentPreTrainedModel):
     conditioning_inputs = ("context_bow", "theta", "topic_ids")
     training_context = "preceding"  # the sentence recurrence reads the sentences before each one
     reads_documents = True
-    # its topic model is pre-trained on whole documents' bags of words (TopicContextCollator protocol "pretraining"):
-    # the causal context gives a document's first sentences nearly empty bags, and topics fitted to those were noisy
-    topic_pretraining_batches = "document"
+    topic_pretraining_batches = "document"  # whole documents' bags: the causal context's first ones are near empty
 
     def _init_weights(self, module):
         super()._init_weights(module)  # embeddings, linear layers, LSTMs: U(-r, r), zero biases
