@@ -86,7 +86,7 @@ Decisions (the same for every run of this script):
 * Perplexity on ``valid.txt`` (``evaluate_perplexity``, every predicted token incl. ``<eos>`` and ``<unk>``):
   ``paper`` (context = document minus the sentence: it sees later sentences), ``causal`` (preceding sentences;
   state reset at every chunk), ``causal-carry`` (causal, with the LSTM state carried across the document); the
-  ablation (``mismatched_context=True``: every chunk reads another chunk's context) under each topic model's own
+  ablation (``mismatched_context=True``: every chunk reads another document's context) under each topic model's own
   protocol (``paper`` for ``others``-trained models, ``causal`` for GBN/rGBN-RNN, ``causal-carry`` for ``*-carry``).
 * Topics: NPMI (``lau2014``: window 20, top 5/10/15/20, unseen pair 0) against the Wikipedia reference
   (``wiki/articles.jsonl.gz``) and diversity (unique fraction of the top-25 words), first layer for GBN/rGBN.
@@ -630,7 +630,8 @@ def table(report: dict, args) -> list[str]:
              "Perplexity (`evaluate_perplexity`, per predicted token): **paper** = context is the document minus the "
              "sentence (sees later sentences); **causal** = preceding sentences, state reset at every chunk; "
              "**causal-carry** = causal with the LSTM state carried across the document; **ablation** = the model's "
-             "own protocol (in brackets) with every chunk given another chunk's context. NPMI: `lau2014` (window 20, "
+             "own protocol (in brackets) with every chunk given another document's context. NPMI: `lau2014` "
+             "(window 20, "
              f"top 5/10/15/20) against {c['reference'] or 'Wikipedia'}; diversity: unique fraction of the top-25. "
              "Steering: `evaluate_steering`, accuracy by the own encoder / an LDA judge fitted on train, fluency "
              "ratio = perplexity of steered / unconditioned text under this run's LSTM, lift = share of the "
@@ -690,7 +691,7 @@ def table(report: dict, args) -> list[str]:
         line = (f"- Under **causal**: the best topic model, {results[best]['label']}, {g['perplexity']:.2f} against "
                 f"the LSTM {g['lstm_perplexity']:.2f} ({g['percent']:+.1f} %; positive = the topic model is better)")
         if "from_own_topics" in g:
-            line += (f"; with another chunk's context it scores {g['ablation_perplexity']:.2f}: the document's own "
+            line += (f"; with another document's context it scores {g['ablation_perplexity']:.2f}: the document's own "
                      f"topics account for {g['from_own_topics']:.2f} perplexity points")
             if "share_from_own_topics" in g:
                 line += f", {round(100 * g['share_from_own_topics']):d} % of the gain"
@@ -701,7 +702,7 @@ def table(report: dict, args) -> list[str]:
         lines.append(f"- Under **causal-carry**: the best topic model, {results[cc['best_topic_model']]['label']}, "
                      f"{cc['perplexity']:.2f} against the carried-state LSTM {cc['lstm_carry_perplexity']:.2f}: "
                      f"{cc['difference']:+.2f} ({cc['percent']:+.1f} %; negative = the topic model is better)."
-                     + (f" With another chunk's context (ablation) it scores {cc['ablation_perplexity']:.2f}: "
+                     + (f" With another document's context (ablation) it scores {cc['ablation_perplexity']:.2f}: "
                         f"the document's own topics account for {own:.2f} perplexity points."
                         if "ablation_perplexity" in cc else ""))
     else:
@@ -753,7 +754,7 @@ def figures(report: dict, out: Path) -> None:
 
     names = list(results)
     series = [(p, [results[n]["perplexity"][p]["perplexity"] for n in names]) for p in PROTOCOLS]
-    series.append(("ablation (own protocol, another chunk's context)",
+    series.append(("ablation (own protocol, another document's context)",
                    [results[n]["mismatched"]["perplexity"] if "mismatched" in results[n] else np.nan for n in names]))
     fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(names) + 2), 4.5))
     width = 0.8 / len(series)

@@ -355,8 +355,9 @@ def table(results, speed, steering, args, train_docs, valid_docs, tok, topic_tok
              "",
              "Protocols (`evaluate_perplexity`): **paper** = context is the document minus the sentence (it sees the "
              "sentences that follow); **causal** = preceding sentences only; **causal-carry** = causal and the LSTM "
-             "state (and SDT's sentence sum) carried across the document. **another chunk's context** = the ablation "
-             "`mismatched_context=True` (every chunk reads the context of another chunk of its evaluation batch), under "
+             "state (and SDT's sentence sum) carried across the document. **another document's context** = the "
+             "ablation "
+             "`mismatched_context=True` (every chunk reads the context of a chunk of another document), under "
              "`causal` for the causal NCLMs and under `paper` for the leaky one. NPMI: `lau2014` preset (window 20, "
              f"mean over the top 5/10/15/20 words) against {reference}; diversity: unique fraction of the top-"
              f"{topic_entry['diversity_k'] if topic_entry else 25} words of all topics. Training tokens/s: predicted "
@@ -364,7 +365,7 @@ def table(results, speed, steering, args, train_docs, valid_docs, tok, topic_tok
              "the ratio to the LSTM of this run; interleaved: the same ratio re-measured afterwards with the models' "
              f"steps interleaved on identical batches ({speed['repeats'] if speed else '-'} steps each).",
              "",
-             "| model | params | ppl paper | ppl causal | ppl causal-carry | ppl, another chunk's context | "
+             "| model | params | ppl paper | ppl causal | ppl causal-carry | ppl, another document's context | "
              "NPMI (lau2014, wiki) | diversity | train tokens/s | ratio to LSTM | interleaved ratio |",
              "|" + "---|" * 11]
     footnotes = {}

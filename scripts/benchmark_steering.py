@@ -19,7 +19,7 @@ its perplexity on a development split (5 % of the training documents, ``causal``
   departures from the papers, labelled as such.
 
 Each trained model is measured on ``apnews/valid.txt``: perplexity under ``paper`` and ``causal`` and the
-mismatched-context ablation under both (another chunk's context; ``own topics`` = ablation - protocol), its
+mismatched-context ablation under both (another document's context; ``own topics`` = ablation - protocol), its
 topics (NPMI, lau2014 preset against ``wiki/articles.jsonl.gz``, and top-25 diversity; the LDA judge's topics on
 the same topic vocabulary are the reference row), and steering
 (``evaluate_steering``: accuracy by the model's own encoder and by an LDA judge fitted on train.txt, the top-50

@@ -17,8 +17,8 @@ Reported:
 * perplexity under the ``paper`` protocol (context = document minus the sentence; it sees the
   sentences that follow), ``causal`` (preceding sentences only) and ``causal-carry`` (also carries
   the LSTM state across the document), see ``topic_lm_hf.evaluation.perplexity``;
-* for the topic models, an ablation: ``paper`` with every chunk given the context of another chunk
-  of its evaluation batch (``evaluate_perplexity(..., mismatched_context=True)``): what the
+* for the topic models, an ablation: ``paper`` with every chunk given the context of a chunk of
+  another document (``evaluate_perplexity(..., mismatched_context=True)``): what the
   document's topics are worth, as opposed to the extra capacity of the model;
 * NPMI coherence of the topics (Lau et al. 2014 preset: window 20, mean over top 5/10/15/20)
   against the Wikipedia reference corpus, and topic diversity (unique fraction of the top-25);
@@ -110,7 +110,8 @@ def main() -> None:
             result = evaluate_perplexity(model, valid_docs, "paper", tokenizer=tok, topic_tokenizer=topic_tok,
                                          mismatched_context=True)
             stats["paper-mismatched"] = result["perplexity"]
-            print(f"   paper, context of another chunk (ablation): perplexity {result['perplexity']:.2f}", flush=True)
+            print(f"   paper, context of another document (ablation): perplexity {result['perplexity']:.2f}",
+                  flush=True)
         models[kind], results[kind] = model, stats
 
     reference = None
@@ -149,7 +150,7 @@ def main() -> None:
           f"Training: {args.steps} steps of {args.batch_size} 30-token chunks, Adam lr {args.lr} (linear decay), "
           f"gradient clip {args.clip}, TCNLM context = document minus sentence; {args.threads} CPU thread(s) "
           f"({cpu}), torch {torch.__version__}.\n")
-    header = "| model | params | ppl paper | ppl causal | ppl causal-carry | ppl paper, another chunk's context | NPMI (wiki, lau2014) | diversity (top-25) " \
+    header = "| model | params | ppl paper | ppl causal | ppl causal-carry | ppl paper, another document's context | NPMI (wiki, lau2014) | diversity (top-25) " \
              "| train tokens/s | ratio to LSTM | interleaved ratio |"
     print(header)
     print("|" + "---|" * (header.count("|") - 1))

@@ -143,11 +143,12 @@ def language_modelling(args) -> list[dict]:
             log(f"  {protocol}: perplexity {r['perplexity']:.2f} over {r['tokens']} tokens "
                 f"({time.perf_counter() - start:.0f} s; context: {r['context']})")
         if cell is not None and "paper" in args.protocols:
-            # Ablation: paper, but each chunk reads another chunk's context (what the document's own topics are worth).
+            # Ablation: paper, but each chunk reads another document's context (what the document's own topics
+            # are worth).
             r = evaluate_perplexity(model, valid_docs, "paper", tokenizer=tok, topic_tokenizer=topic_tok,
                                     mismatched_context=True)
             row["ppl_paper-mismatched"] = r["perplexity"]
-            log(f"  paper, another chunk's context (ablation): perplexity {r['perplexity']:.2f}")
+            log(f"  paper, another document's context (ablation): perplexity {r['perplexity']:.2f}")
         if cell is not None and reference is not None:
             topics = evaluate_topics(model, reference, topic_tokenizer=topic_tok)
             row.update(npmi=topics["npmi"], diversity=topics["diversity"], diversity_k=topics["diversity_k"],
@@ -165,7 +166,7 @@ def lm_table(rows: list[dict], args) -> str:
     protocols = args.protocols
     head = ["model", "params", "train tokens/s", "x LSTM speed", "final KL/token"] + [
         f"ppl {p}" if p != "sliding-window" else f"ppl sliding-window ({args.window})" for p in protocols] + [
-        "ppl paper, another chunk's context", "NPMI", "diversity"]
+        "ppl paper, another document's context", "NPMI", "diversity"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         cells = [r["model"], f"{r['params'] / 1e6:.2f}M", f"{r['tokens_per_s']:.0f}", f"{r['speed_ratio']:.2f}",

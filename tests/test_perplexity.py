@@ -2,6 +2,7 @@
 
 import math
 
+import datasets
 import pytest
 import torch
 
@@ -84,38 +85,51 @@ def test_protocol_errors_and_vocabulary_mismatch():
         evaluate_perplexity(model, docs, "causal")
 
 
-@pytest.mark.parametrize("protocol", ["paper", "causal-carry"])
-def test_mismatched_context_ablation_reads_another_rows_context(protocol):
-    """The ablation feeds row i the context of row i + b/2 of the same batch, under any protocol,
-    and changes nothing else: with the roll undone by hand the numbers are the real-context ones."""
+@pytest.mark.parametrize("family,protocol,batch_size", [
+    ("tcnlm", "paper", 8), ("tcnlm", "causal", 2), ("tcnlm", "causal-carry", 1), ("tcnlm", "causal-carry", 4),
+    ("rgbn_rnn", "causal", 1), ("rgbn_rnn", "causal", 64)])
+def test_mismatched_context_ablation_never_reads_the_documents_own_context(family, protocol, batch_size):
+    """Property: under the ablation no chunk sees a word of its own document in its context, whatever the
+    batching (one document per batch included: long documents fill a batch alone); without it every
+    context word is the document's own, and the ablation changes nothing but the context."""
     import functools
 
-    from topic_lm_hf import TCNLMConfig, TCNLMForCausalLM
+    from conftest import topic_family_model
+    from topic_lm_hf.evaluation.perplexity import mismatched_rows
 
-    docs = synthetic_documents(30, seed=1)
-    tok, topic_tok = build_vocabularies(docs, min_freq=1)
-    model = TCNLMForCausalLM(TCNLMConfig(vocab_size=len(tok), topic_vocab_size=len(topic_tok), num_topics=4,
-                                         embedding_size=8, hidden_size=8)).eval()
-    seen = {}
+    # every document has words of its own only, so a word names its document
+    lists = [[["qz" + "abcde"[d] + "fghijkl"[(s * 3 + k) % 7] for k in range(5)] for s in range(6)] for d in range(5)]
+    docs = documents_from_lists(lists)
+    tok, topic_tok = build_vocabularies(docs, min_freq=1, top_fraction=0.0)
+    model = topic_family_model(family, tok, topic_tok)
+    doc_of_token = {i: w[2] for w, i in tok.get_vocab().items() if w.startswith("qz")}
+    doc_of_topic_word = {i: w[2] for w, i in topic_tok.get_vocab().items() if w.startswith("qz")}
     original = model.forward
+    seen = {}
 
     def recording(mismatched):
-        def forward(*args, context_bow=None, **kwargs):
-            seen.setdefault(mismatched, []).append(context_bow.clone())
-            return original(*args, context_bow=context_bow, **kwargs)
+        def forward(*args, input_ids=None, context_bow=None, **kwargs):
+            ids = input_ids.reshape(-1, input_ids.shape[-1])
+            bows = context_bow.reshape(-1, context_bow.shape[-1])
+            for row, bow in zip(ids, bows):
+                own = {doc_of_token[int(t)] for t in row if int(t) in doc_of_token}
+                context = {doc_of_topic_word[int(w)] for w in bow.nonzero().flatten() if int(w) in doc_of_topic_word}
+                seen.setdefault(mismatched, []).append((own, context))
+            return original(*args, input_ids=input_ids, context_bow=context_bow, **kwargs)
         return functools.wraps(original)(forward)
 
     results = {}
     for mismatched in (False, True):
         model.forward = recording(mismatched)
         results[mismatched] = evaluate_perplexity(model, docs, protocol, tokenizer=tok, topic_tokenizer=topic_tok,
-                                                  batch_size=8, mismatched_context=mismatched)
+                                                  batch_size=batch_size, mismatched_context=mismatched)
     model.forward = original
-    assert results[True]["mismatched_context"] and "mismatched" in results[True]["context"]
-    assert results[True]["tokens"] == results[False]["tokens"]
+    assert results[True]["mismatched_context"] and results[True]["tokens"] == results[False]["tokens"]
     assert results[True]["perplexity"] != results[False]["perplexity"]
-    rolled = 0
-    for real, shown in zip(seen[False], seen[True]):
-        assert torch.equal(shown, real.roll(real.shape[0] // 2, dims=0))
-        rolled += real.shape[0] > 1 and not torch.equal(shown, real)
-    assert rolled > 0
+    real = [(own, context) for own, context in seen[False] if own]
+    shown = [(own, context) for own, context in seen[True] if own]
+    assert len(real) == len(shown) and any(context for _, context in shown)
+    assert all(context <= own for own, context in real)  # the real context: the document's own words
+    assert all(len(own) == 1 and not context & own for own, context in shown)  # the ablation: never its own
+    with pytest.raises(ValueError, match="at least two documents"):
+        mismatched_rows(datasets.Dataset.from_dict({"doc_index": [0, 0], "context_ids": [[1], [2]]}), False)

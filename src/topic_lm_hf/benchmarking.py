@@ -420,7 +420,7 @@ def evaluate_protocols(model, valid_docs, tok, topic_tok, mdir: Path, ablation: 
             r = evaluate_perplexity(model, valid_docs, protocol, tokenizer=tok, topic_tokenizer=topic_tok,
                                     mismatched_context=True)
             r["base_protocol"] = protocol
-            print(f"   {r['protocol']}, every chunk given another chunk's context (ablation): perplexity "
+            print(f"   {r['protocol']}, every chunk given another document's context (ablation): perplexity "
                   f"{r['perplexity']:.2f}", flush=True)
             ev[key] = r
         write_json(path, ev)

@@ -326,7 +326,7 @@ def _run_demo(args: DemoArguments, fast: FastPathArguments) -> None:
     for name, protocol, ppl in rows:
         print(f"| {name} | {protocol} | {contexts[protocol] if name == 'TCNLM' else '(ignored)'} | {ppl:.2f} |")
     for protocol, ppl in ablation.items():
-        print(f"| TCNLM | {protocol}, another document's context (ablation) | another chunk's | {ppl:.2f} |")
+        print(f"| TCNLM | {protocol}, another document's context (ablation) | another document's | {ppl:.2f} |")
     ppl = {(name, protocol): value for name, protocol, value in rows}
     print("\n" + verdict(ppl[("TCNLM", "causal")], ppl[("LSTM", "causal")], ablation["causal"], steps,
                          args.train_seconds))

@@ -81,10 +81,34 @@ def _chunk_budget_batches(order, n_chunks, chunks_per_batch):
         yield group
 
 
-def _maybe_mismatch(context_bow: torch.Tensor, mismatched: bool) -> torch.Tensor:
-    """The mismatched-context ablation: row i reads the context of row i + b/2 (mod b)."""
-    return context_bow.roll(context_bow.shape[0] // 2, dims=0) if mismatched and context_bow.shape[0] > 1 \
-        else context_bow
+def mismatched_rows(rows: datasets.Dataset, document_rows: bool) -> datasets.Dataset:
+    """The mismatched-context ablation's rows: every chunk reads the context of a chunk of another document.
+
+    The documents are taken in the order of their first row; document p reads document p + D/2 (mod D) of
+    the D documents, chunk j its chunk j (mod its number of chunks), whether the rows are chunks or
+    (``document_rows``) whole documents whose columns are lists over their chunks; all but ``context_ids``
+    is kept. Taken over the whole evaluation set, not within a batch, so a batch that holds the chunks of
+    one document (long documents) is no exception."""
+    doc_of = rows["doc_index"]
+    contexts = rows["context_ids"]
+    documents: dict[Any, list[int]] = {}
+    for i, d in enumerate(doc_of):
+        documents.setdefault(d, []).append(i)
+    order = list(documents)
+    if len(order) < 2:
+        raise ValueError("The mismatched-context ablation needs at least two documents (each reads another's "
+                         "context)")
+    donor_of = {d: order[(p + len(order) // 2) % len(order)] for p, d in enumerate(order)}
+    new_contexts = [None] * len(contexts)
+    for d, members in documents.items():
+        donor = documents[donor_of[d]]
+        for j, i in enumerate(members):
+            theirs = contexts[donor[j % len(donor)]]
+            if document_rows:  # a document's row: its context is a list over its chunks
+                theirs = [theirs[k % len(theirs)] for k in range(len(contexts[i]))] if theirs else contexts[i]
+            new_contexts[i] = theirs
+    feature = rows.features["context_ids"]
+    return rows.remove_columns("context_ids").add_column("context_ids", new_contexts, feature=feature)
 
 
 def prepare_evaluation(model, documents, tokenizer=None, topic_tokenizer=None):
@@ -128,9 +152,10 @@ def evaluate_perplexity(model, documents: datasets.Dataset | Sequence, protocol:
         tokenizer, topic_tokenizer: default to the ones saved with the model
             (``model.name_or_path`` and its ``topic_tokenizer/`` subfolder).
         mismatched_context: the ablation that measures what the document's own topics are worth:
-            every chunk reads the context bag of words of another chunk of its evaluation batch
-            (the batch rolled by half its size; batches hold chunks of many documents), so the topic
-            representation describes some other document. The gap to the same protocol with the
+            every chunk reads the context bag of words of a chunk of another document
+            (:func:`mismatched_rows`: the document half-way round the evaluation set, over the whole set,
+            so long documents that fill a batch alone are no exception), so the topic representation
+            describes some other document. The gap to the same protocol with the
             real context is the part of the perplexity that the document's topics explain, as
             opposed to the extra capacity of a topic model's LM.
 
@@ -161,6 +186,8 @@ def evaluate_perplexity(model, documents: datasets.Dataset | Sequence, protocol:
     # A model with a recurrence over sentences (rGBN-RNN) reads whole documents (b, chunks, tokens) at once.
     reads_documents = model.reads_documents
     rows = collator.prepare(documents)
+    if mismatched_context and uses_context:
+        rows = mismatched_rows(rows, document_rows=collator.layout == "documents")
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
@@ -171,7 +198,7 @@ def evaluate_perplexity(model, documents: datasets.Dataset | Sequence, protocol:
             n_chunks = [len(x) for x in rows["input_ids"]]
             for group in _chunk_budget_batches(range(len(rows)), n_chunks, batch_size):
                 batch = collator([rows[i] for i in group])
-                bow = _maybe_mismatch(batch["context_bow"].to(device), mismatched_context) if uses_context else None
+                bow = batch["context_bow"].to(device) if uses_context else None
                 nll, n = _document_nll(model, batch, device, bow)
                 total_nll += nll
                 total_tokens += n
@@ -181,7 +208,7 @@ def evaluate_perplexity(model, documents: datasets.Dataset | Sequence, protocol:
             order = sorted(range(len(rows)), key=lambda i: lengths[i])
             for start in range(0, len(order), batch_size):
                 batch = collator([rows[i] for i in order[start:start + batch_size]])
-                bow = _maybe_mismatch(batch["context_bow"].to(device), mismatched_context) if uses_context else None
+                bow = batch["context_bow"].to(device) if uses_context else None
                 prefix = batch["sentence_prefix_bow"].to(device) if sentence_prefix else None
                 nll, n, _ = _chunk_nll(model, batch["input_ids"].to(device), batch["attention_mask"].to(device),
                                        bow, None, use_cache=False, sentence_prefix_bow=prefix)
@@ -197,8 +224,7 @@ def evaluate_perplexity(model, documents: datasets.Dataset | Sequence, protocol:
                 for k in range(batch["input_ids"].shape[1]):
                     active = int(batch["chunk_mask"][:, k].sum())  # a prefix: documents are sorted
                     state = select_state_rows(state, active)
-                    bow = (_maybe_mismatch(batch["context_bow"][:active, k].to(device), mismatched_context)
-                           if uses_context else None)
+                    bow = batch["context_bow"][:active, k].to(device) if uses_context else None
                     prefix = batch["sentence_prefix_bow"][:active, k].to(device) if sentence_prefix else None
                     nll, n, state = _chunk_nll(model, batch["input_ids"][:active, k].to(device),
                                                batch["attention_mask"][:active, k].to(device), bow, state,
@@ -211,7 +237,7 @@ def evaluate_perplexity(model, documents: datasets.Dataset | Sequence, protocol:
         raise ValueError("No token to predict in these documents")
     return {"perplexity": math.exp(total_nll / total_tokens), "nll": total_nll, "tokens": total_tokens,
             "protocol": "+".join([protocol, *leaky]), "leaky_modes": leaky,
-            "context": (context_mode + (", mismatched: another chunk's" if mismatched_context else "")
+            "context": (context_mode + (", mismatched: another document's" if mismatched_context else "")
                         if uses_context else "none (model ignores context)"),
             "mismatched_context": mismatched_context,
             "carry_state": carry, "documents": len(documents), "max_sentence_length": max_sentence_length,
