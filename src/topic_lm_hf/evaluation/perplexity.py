@@ -105,7 +105,7 @@ def mismatched_rows(rows: datasets.Dataset, document_rows: bool) -> datasets.Dat
         for j, i in enumerate(members):
             theirs = contexts[donor[j % len(donor)]]
             if document_rows:  # a document's row: its context is a list over its chunks
-                theirs = [theirs[k % len(theirs)] for k in range(len(contexts[i]))] if theirs else contexts[i]
+                theirs = [theirs[k % len(theirs)] if theirs else [] for k in range(len(contexts[i]))]
             new_contexts[i] = theirs
     feature = rows.features["context_ids"]
     return rows.remove_columns("context_ids").add_column("context_ids", new_contexts, feature=feature)
