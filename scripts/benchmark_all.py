@@ -314,7 +314,7 @@ def parse_args(argv=None):
                              "the figures to <its folder>/<corpus>-<size>/ and rewrite its block between "
                              "'<!-- benchmark_all <corpus>-<size> start/end -->' (added after its last block the "
                              "first time)")
-    parser.add_argument("--guidance-scales", type=float, nargs="+", default=[0.75, 1.0, 1.5, 2.0],
+    parser.add_argument("--guidance-scales", type=float, nargs="+", default=[0.75, 1.0, 1.5, 2.0, 3.0],
                         help="decode-time topic guidance scales every topic model is steered at (1: plain "
                              "conditioning; below 1: between the topic-conditioned and the prior's logits, "
                              "l_prior + s (l_cond - l_prior)); the table reports the most accurate one whose "
