@@ -59,7 +59,7 @@ Decisions (the same for every run of this script):
   (the papers' small LM; Zheng et al.'s defaults). ``--embedding``, ``--hidden`` and ``--topics`` override the
   preset (smoke runs). Dropout 0.4 for every model.
 * Batches. Every model reads the same ``--batch-size`` whole training documents per step (default: APNEWS 4 and
-  IMDB 6, about 60 chunks: the 64 chunks of the other benchmarks; Brown 1, whose documents are about 100 chunks
+  IMDB 6, about 60 chunks: the 64 chunks of the other benchmarks; Brown 1, whose documents are about 140 chunks
   long), in the same seeded order (``batch_order``). Models
   trained on chunks (``lstm``, ``tcnlm``, ``topic-lstm``, ``nclm-*``) get those documents' chunks as one batch of
   chunks (``DocumentChunks``), each from a zero state; ``*-carry`` models get the documents batch and carry their
