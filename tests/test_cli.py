@@ -2,10 +2,12 @@
 
 import logging
 import re
+from types import SimpleNamespace
 
 import pytest
 
 from conftest import DATA, requires_data
+from topic_lm_hf import demo
 from topic_lm_hf.cli import main
 from topic_lm_hf.demo import DECODINGS
 
@@ -49,6 +51,23 @@ def test_demo_on_the_synthetic_corpus_says_so(tmp_path, capsys):
     for name in ("lstm", "tcnlm"):
         assert (tmp_path / name / "model.safetensors").exists()
         assert (tmp_path / name / "topic_tokenizer" / "tokenizer.json").exists()
+
+
+def test_demo_progress_is_a_line_per_ten_seconds_however_fast_the_steps(monkeypatch, capsys):
+    clock = [100.0]
+    monkeypatch.setattr(demo.time, "perf_counter", lambda: clock[0])
+    budget, state = demo.TimeBudget(60, "LSTM "), SimpleNamespace(global_step=0)
+    budget.on_train_begin(None, state, None)
+    for step in range(25, 2401, 25):  # a log every 25 steps, 40 steps per second
+        clock[0] += 25 / 40
+        state.global_step = step
+        budget.on_log(None, state, None, logs={"lm_loss": 4.0})
+        budget.on_log(None, state, None, logs={"loss": 4.0})  # a log without the LM loss prints nothing
+    lines = capsys.readouterr().out.splitlines()
+    # 60 s of training: the first log (step 25, 0.6 s), then one at least 10 s after the last printed
+    assert [int(re.search(r"step +(\d+)", line).group(1)) for line in lines] == [25, 425, 825, 1225, 1625, 2025], lines
+    assert all(line.startswith("       LSTM : step") and line.endswith("LM loss 4.00 (perplexity 55)")
+               for line in lines)
 
 
 @requires_data("apnews", "train.txt")

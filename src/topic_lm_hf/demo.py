@@ -57,15 +57,16 @@ class DemoArguments:
 
 
 class TimeBudget(TrainerCallback):
-    """Stops training after ``seconds`` of wall time (or ``max_steps``) and prints one progress line
-    per logging step."""
+    """Stops training after ``seconds`` of wall time (or ``max_steps``) and prints a progress line at the first
+    logging step, then at the first logging step at least ``every`` seconds after the last line printed (a few
+    lines per model, however fast its steps are)."""
 
-    def __init__(self, seconds: float, label: str):
-        self.seconds, self.label = seconds, label
-        self.start = None
+    def __init__(self, seconds: float, label: str, every: float = 10.0):
+        self.seconds, self.label, self.every = seconds, label, every
+        self.start = self.printed = None
 
     def on_train_begin(self, args, state, control, **kwargs):
-        self.start = time.perf_counter()
+        self.start, self.printed = time.perf_counter(), None
 
     def on_step_end(self, args, state, control, **kwargs):
         if time.perf_counter() - self.start >= self.seconds:
@@ -75,6 +76,9 @@ class TimeBudget(TrainerCallback):
     def on_log(self, args, state, control, logs=None, **kwargs):
         if logs and "lm_loss" in logs:
             elapsed = time.perf_counter() - self.start
+            if self.printed is not None and elapsed - self.printed < self.every:
+                return
+            self.printed = elapsed
             print(f"       {self.label}: step {state.global_step:4d}, {elapsed:4.0f} s, LM loss {logs['lm_loss']:.2f} "
                   f"(perplexity {math.exp(logs['lm_loss']):.0f})", flush=True)
 
