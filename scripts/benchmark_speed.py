@@ -43,6 +43,7 @@ from topic_lm_hf import build_vocabularies, load_documents
 from topic_lm_hf.benchmark_training import BatchTokens, BenchmarkTrainer, batch_order, fast_path
 from topic_lm_hf.benchmarking import (DATA, MODELS, SIZES, SPEED_MODES, CarriedLoss, OnDevice, add_common_arguments,
                                       build_model, interleaved_step_times, make_collator, prepared_rows, write_json)
+from topic_lm_hf.devices import synchronize
 from topic_lm_hf.evaluation import evaluate_perplexity
 from topic_lm_hf.fast_path import cpu_bf16_flags
 
@@ -137,8 +138,10 @@ def generation_speed(model, tok, new_tokens: int, device: str) -> dict:
     times = {"generate": [], "loop": []}
     for r in range(4):
         for name, fn in (("generate", run_generate), ("loop", run_loop)):
+            synchronize(device)
             start = time.perf_counter()
             fn()
+            synchronize(device)  # on a GPU: the tokens generated, not only queued
             if r:  # the first round warms up
                 times[name].append(time.perf_counter() - start)
     g, loop = statistics.median(times["generate"]), statistics.median(times["loop"])

@@ -208,7 +208,8 @@ def test_each_subcommand_help_names_it_and_documents_every_flag(name):
 def test_evaluate_help_lists_only_the_flags_evaluate_uses():
     flags = {a.option_strings[0] for a in command_parser("evaluate")._actions}
     assert flags == {"-h", "--model_name_or_path", "--validation_file", "--text_column", "--max_eval_documents",
-                     "--protocols", "--max_sentence_length", "--max_context_tokens", "--batch_size", "--output_json"}
+                     "--protocols", "--max_sentence_length", "--max_context_tokens", "--batch_size", "--output_json",
+                     "--device"}
 
 
 def test_stopwords_help_documents_mallet():
@@ -245,7 +246,7 @@ def test_an_abbreviated_flag_is_an_error(capsys):
 def test_train_defaults_suit_these_models_and_flags_still_win():
     _, _, args, fast = parse_command("train", ["--output_dir", "x"])
     assert (args.learning_rate, args.logging_steps, args.disable_tqdm) == (1e-3, 50, False)
-    assert (fast.precision, fast.compile_output_layer) == ("auto", True)  # the fast path where the CPU has bf16
+    assert (fast.precision, fast.compile_output_layer) == ("auto", None)  # chosen per device (fast_path)
     _, _, args, fast = parse_command("train", ["--output_dir", "x", "--learning_rate", "3e-4", "--logging_steps", "7",
                                                "--disable_tqdm", "true", "--precision", "fp32",
                                                "--compile_output_layer", "false"])

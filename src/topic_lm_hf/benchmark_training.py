@@ -26,7 +26,8 @@ from transformers.trainer_callback import PrinterCallback
 from topic_lm_hf import (NCLMForCausalLM, TopicContextCollator, TopicLMTrainer, evaluate_perplexity,
                          pretrain_topic_model, record_vocabularies, save_vocabularies)
 from topic_lm_hf.benchmarking import read_json, read_jsonl, write_json
-from topic_lm_hf.fast_path import fast_training_arguments
+from topic_lm_hf.devices import synchronize
+from topic_lm_hf.fast_path import fast_training_arguments, resolve_compile
 from topic_lm_hf.trainer import float32_forward, last_complete_checkpoint
 
 
@@ -148,6 +149,7 @@ class StepTimer(TrainerCallback):
         self.mark = time.perf_counter()
 
     def on_step_end(self, args, state, control, **kwargs):
+        synchronize(args.device)  # on a GPU: the step's kernels done, not only queued
         seconds = time.perf_counter() - self.mark
         tokens = self.counting.per_batch[self.steps_this_session]  # the batch of this step (one per step)
         self.steps_this_session += 1
@@ -181,9 +183,9 @@ class StepTimer(TrainerCallback):
 
 def fast_path(targs: TrainingArguments, args) -> tuple[TrainingArguments, bool]:
     """(training arguments, compile the output layer?) of a run: bf16 autocast where the device runs it natively
-    (``args.precision``, default "auto") and the compiled output layer (``args.compile_output_layer``, default on);
-    prints the one sentence that says which (``fast_training_arguments``)."""
-    compile_output_layer = getattr(args, "compile_output_layer", True)
+    (``args.precision``, default "auto") and the compiled output layer (``args.compile_output_layer``, default: on
+    a CPU, off on a GPU); prints the one sentence that says which (``fast_training_arguments``)."""
+    compile_output_layer = resolve_compile(targs, getattr(args, "compile_output_layer", None))
     targs = fast_training_arguments(targs, getattr(args, "precision", "auto"), compile_output_layer,
                                     say=lambda sentence: print(f"   {sentence}", flush=True))
     return targs, compile_output_layer

@@ -38,6 +38,7 @@ from topic_lm_hf import (LSTMLMConfig, LSTMLMForCausalLM, NCLMConfig, NCLMForCau
                          RGBNRNNForCausalLM, TCNLMConfig, TCNLMForCausalLM, TopicContextCollator, TopicRNNConfig,
                          TopicRNNForCausalLM, evaluate_perplexity, evaluate_steering, fit_lda_judge)
 from topic_lm_hf.data import shared_data_dir
+from topic_lm_hf.devices import synchronize
 from topic_lm_hf.models.configuration_common import config_kwargs_from_tokenizers
 from topic_lm_hf.pretraining import steering_recipe
 from topic_lm_hf.evaluation import PROTOCOLS as PROTOCOL_CONTEXTS
@@ -444,10 +445,12 @@ def _lm_of(model):
 def interleaved_step_times(models: dict, collators: dict, rows: dict, args, repeats: int,
                            modes: dict | None = None) -> dict:
     """Median seconds per training step (fwd + bwd + Adam) of each model, steps interleaved on identical batches
-    (``args.batch_size`` rows, clip ``args.clip``). The steps update the models (Adam, lr 1e-6): measure last.
-    ``modes``: name -> a ``SPEED_MODES`` key (default "fp32"): bf16 autocast and / or the compiled output layer
-    for that entry's steps (entries may share one model under different modes)."""
+    (``args.batch_size`` rows, clip ``args.clip``), after two warm-up rounds, with the device synchronised around
+    each step; ``first_step_s``: the first step's seconds (compilation included). The steps update the models
+    (Adam, lr 1e-6): measure last. ``modes``: name -> a ``SPEED_MODES`` key (default "fp32"): bf16 autocast and / or
+    the compiled output layer for that entry's steps (entries may share one model under different modes)."""
     times = {name: [] for name in models}
+    first = {}
     optimizers = {name: torch.optim.Adam(m.parameters(), lr=1e-6) for name, m in models.items()}
     n = len(next(iter(rows.values())))
     for r in range(repeats + 2):
@@ -457,21 +460,27 @@ def interleaved_step_times(models: dict, collators: dict, rows: dict, args, repe
             bf16, compiled = SPEED_MODES[(modes or {}).get(name, "fp32")]
             lm = _lm_of(model)
             lm.output_layer_compiled = compiled and lm.compile_output_layer(True)
-            device = next(model.parameters()).device.type
+            device = next(model.parameters()).device
+            batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
             model.train()
+            synchronize(device)  # on a GPU: time the step's kernels, not only their queueing
             start = time.perf_counter()
-            with torch.autocast(device, dtype=torch.bfloat16, enabled=bf16):
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
                 loss = model(**batch).loss
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
             optimizers[name].step()
             optimizers[name].zero_grad(set_to_none=True)
+            synchronize(device)
+            if r == 0:
+                first[name] = time.perf_counter() - start
             if r >= 2:  # two warm-up rounds
                 times[name].append((time.perf_counter() - start, int((batch["labels"][..., 1:] != -100).sum())))
     model_times = {}
     for name, values in times.items():
         model_times[name] = {"step_s": statistics.median(t for t, _ in values),
-                             "tokens_per_s": sum(k for _, k in values) / sum(t for t, _ in values)}
+                             "tokens_per_s": sum(k for _, k in values) / sum(t for t, _ in values),
+                             "first_step_s": first[name]}
         models[name].eval()
     return model_times
 

@@ -34,11 +34,12 @@ from .data import DataArguments, load_corpora, resolve_stopwords, shared_data_di
 from .collator import TopicContextCollator, make_bow
 from .models.configuration_common import config_kwargs_from_tokenizers
 from .evaluation import evaluate_perplexity
-from .fast_path import FastPathArguments, fast_training_arguments
+from .fast_path import FastPathArguments, fast_training_arguments, resolve_compile
 from .hub import load_pretrained, resolve_model_source
 from .pretraining import RECIPE_PRETRAINING, pretrain_topic_model, steering_recipe
 from .models.modeling_recurrent import leaky_modes_of
 from .demo import DemoArguments, run_demo
+from .devices import DeviceArguments
 from .tasks.commands import (ClassifyArguments, RetrieveArguments, TaskDataArguments, WSDEvaluateArguments,
                              WSDTrainArguments, run_classify, run_retrieve, run_wsd_evaluate, run_wsd_train)
 from .trainer import TopicLMTrainer
@@ -296,10 +297,11 @@ def pin_memory_only_with_accelerator(training_args: TrainingArguments) -> None:
 
 def train(data_args: DataArguments, model_args: ModelArguments, training_args: TrainingArguments,
           train_docs=None, valid_docs=None, callbacks=None, fast: FastPathArguments | None = None):
-    """Train (resuming from the last complete checkpoint in ``output_dir`` if there is one) and save. ``fast``:
-    bf16 autocast where the device runs it fast and the compiled output layer (``topic_lm_hf.fast_path``)."""
+    """Train (resuming from the last complete checkpoint in ``output_dir`` if there is one) and save, on the device
+    of ``training_args`` (the GPU when there is one; ``--use_cpu true``: the CPU), the topic model's pre-training
+    included. ``fast``: the fast path chosen for that device (``topic_lm_hf.fast_path``)."""
     set_seed(training_args.seed)
-    compile_output_layer = fast is not None and fast.compile_output_layer
+    compile_output_layer = fast is not None and resolve_compile(training_args, fast.compile_output_layer)
     if fast is not None:
         training_args = fast_training_arguments(training_args, fast.precision, compile_output_layer)
     pin_memory_only_with_accelerator(training_args)
@@ -313,7 +315,7 @@ def train(data_args: DataArguments, model_args: ModelArguments, training_args: T
         tok, topic_tok = data_lib.build_vocabularies(train_docs, min_freq=data_args.min_freq,
                                                      stopwords=resolve_stopwords(data_args.stopwords),
                                                      min_doc_freq=data_args.min_doc_freq)
-    model = build_model(model_args, tok, topic_tok)
+    model = build_model(model_args, tok, topic_tok).to(training_args.device)  # where the Trainer will train it
     recipe = steering_recipe(model.config.model_type, variant=getattr(model.config, "variant", None),
                              lm_type=getattr(model.config, "lm_type", None))
     if recipe_of(model_args) == "steering" and not model_args.model_name_or_path and recipe:
@@ -400,7 +402,7 @@ def generate_text(model, tokenizer, prompt: str = "", topic_tokenizer=None, topi
     """Generate from a raw-text prompt (tokenized like the corpora), optionally steered by topics.
     ``<unk>`` is never generated unless ``allow_unk``."""
     words = [w for s in data_lib.tokenize_text(prompt) for w in s]
-    inputs = tokenizer([" ".join(words)], return_tensors="pt")
+    inputs = tokenizer([" ".join(words)], return_tensors="pt").to(model.device)
     kwargs = dict(generate_kwargs)
     if allow_unk:
         kwargs["suppress_tokens"] = []
@@ -409,7 +411,7 @@ def generate_text(model, tokenizer, prompt: str = "", topic_tokenizer=None, topi
     if context_text is not None:
         if topic_tokenizer is None:
             raise ValueError("context_text needs the topic tokenizer")
-        kwargs["context_bow"] = make_bow([context_text], topic_tokenizer)
+        kwargs["context_bow"] = make_bow([context_text], topic_tokenizer).to(model.device)
     out = model.generate(**inputs, pad_token_id=tokenizer.pad_token_id, **kwargs)
     # Keep <unk> visible (an out-of-vocabulary prompt word must not silently vanish); drop the rest.
     hidden = {tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id}
@@ -427,8 +429,8 @@ def run_train(data_args: DataArguments, model_args: ModelArguments, training_arg
     print(f"saved to {training_args.output_dir}")
 
 
-def run_evaluate(args: EvaluateArguments) -> None:
-    model = load_pretrained(AutoModelForCausalLM, args.model_name_or_path)
+def run_evaluate(args: EvaluateArguments, device: DeviceArguments | None = None) -> None:
+    model = load_pretrained(AutoModelForCausalLM, args.model_name_or_path).to((device or DeviceArguments()).torch_device)
     if args.validation_file is None and shared_data_dir() is None:
         raise ValueError("give --validation_file (../shared/data is absent)")
     valid_file = args.validation_file or str(shared_data_dir() / "apnews" / "valid.txt")
@@ -490,9 +492,10 @@ def run_export(args: ExportArguments) -> None:
               f"`hf upload {args.repo_id} {args.output_dir}`")
 
 
-def run_generate(args: GenerateArguments) -> None:
+def run_generate(args: GenerateArguments, device: DeviceArguments | None = None) -> None:
     set_seed(args.seed)
-    model = load_pretrained(AutoModelForCausalLM, args.model_name_or_path).eval()
+    model = load_pretrained(AutoModelForCausalLM, args.model_name_or_path).to(
+        (device or DeviceArguments()).torch_device).eval()
     tok, topic_tok = data_lib.load_vocabularies(args.model_name_or_path)
     topic_ids = parse_ids(args.topic_ids, "--topic_ids") if args.topic_ids else None
     texts = generate_text(model, tok, args.prompt, topic_tokenizer=topic_tok, topic_ids=topic_ids,
@@ -513,10 +516,11 @@ def parse_ids(text: str, flag: str) -> list[int]:
         raise UsageError(f"{flag} takes comma-separated integers, e.g. {flag} 3,7 (got {text!r})") from None
 
 
-def run_steer(args: SteerArguments) -> None:
+def run_steer(args: SteerArguments, device: DeviceArguments | None = None) -> None:
     from .evaluation.steering import evaluate_steering, fit_lda_judge, format_steering_table
 
-    model = load_pretrained(AutoModelForCausalLM, args.model_name_or_path).eval()
+    where = (device or DeviceArguments()).torch_device
+    model = load_pretrained(AutoModelForCausalLM, args.model_name_or_path).to(where).eval()
     tok, topic_tok = data_lib.load_vocabularies(args.model_name_or_path)
     judge = None
     if args.judge_corpus:
@@ -527,7 +531,7 @@ def run_steer(args: SteerArguments) -> None:
                     args.judge_corpus)
         judge = fit_lda_judge(docs, topic_tok, num_topics=model.config.num_topics, seed=args.seed)
         logger.info("%s (%.0f s)", judge.description, time.perf_counter() - start)
-    fluency = load_pretrained(AutoModelForCausalLM, args.fluency_model).eval() if args.fluency_model else None
+    fluency = load_pretrained(AutoModelForCausalLM, args.fluency_model).to(where).eval() if args.fluency_model else None
     topics = parse_ids(args.topics, "--topics") if args.topics else None
     logger.info("Generating %d texts per topic ...", args.num_samples)
     result = evaluate_steering(model, topics=topics, num_topics_sampled=args.num_topics_sampled,
@@ -548,8 +552,8 @@ def run_steer(args: SteerArguments) -> None:
         Path(args.json).write_text(json.dumps(result, indent=1))
 
 
-def run_topics(args: TopicsArguments) -> None:
-    model = load_pretrained(AutoModelForCausalLM, args.model_name_or_path)
+def run_topics(args: TopicsArguments, device: DeviceArguments | None = None) -> None:
+    model = load_pretrained(AutoModelForCausalLM, args.model_name_or_path).to((device or DeviceArguments()).torch_device)
     if not hasattr(model, "get_topics"):
         raise ValueError(f"{type(model).__name__} has no topics (it is not a topic model)")
     layers = getattr(model.config, "topic_sizes", None)
@@ -585,17 +589,19 @@ COMMANDS: dict[str, Command] = {
         (DataArguments, ModelArguments, TrainingArguments, FastPathArguments), run_train,
         help="Resumes from the last checkpoint-* in --output_dir. Every TrainingArguments flag works; defaults that "
              "differ from TrainingArguments: --learning_rate 1e-3, --logging_steps 50, progress bar on "
-             "(--disable_tqdm true turns it off; the logs are then printed as lines). Trains in bf16 autocast with "
-             "a compiled output layer where the device runs bf16 natively (one log line says which; --precision "
-             "fp32 and --compile_output_layer false turn them off).",
+             "(--disable_tqdm true turns it off; the logs are then printed as lines). Trains on the GPU when "
+             "there is one (--use_cpu true: the CPU), topic-model pre-training included; in bf16 autocast with a "
+             "compiled output layer on a CPU with native bf16, in float32 eager on a GPU (measured faster there; one "
+             "log line says which and why; --precision and --compile_output_layer force either).",
         defaults={"learning_rate": 1e-3, "logging_steps": 50, "disable_tqdm": False}),
     "evaluate": Command(
-        "Perplexity of a saved model under each context protocol.", (EvaluateArguments,), run_evaluate,
+        "Perplexity of a saved model under each context protocol.", (EvaluateArguments, DeviceArguments), run_evaluate,
         help="Logs a line when each protocol starts and ends (with its time), then prints a table."),
     "generate": Command(
         "Generate text from a saved model: from a prompt, from topics or from a document's topics.",
-        (GenerateArguments,), run_generate),
-    "topics": Command("Print the top words of every topic of a saved topic model.", (TopicsArguments,), run_topics),
+        (GenerateArguments, DeviceArguments), run_generate),
+    "topics": Command("Print the top words of every topic of a saved topic model.", (TopicsArguments, DeviceArguments),
+                      run_topics),
     "export": Command(
         "Write a saved model as an upload-ready Hub folder: weights, code, tokenizers and a card with its results.",
         (ExportArguments,), run_export,
@@ -603,23 +609,23 @@ COMMANDS: dict[str, Command] = {
              "reports the rows of --results or of the model folder's perplexity.json (topic-lm evaluate writes it)."),
     "steer": Command(
         "Does generate(topic_ids=[k]) write about topic k? Topic accuracy, topic-word lift, fluency, Dist-n.",
-        (SteerArguments,), run_steer,
+        (SteerArguments, DeviceArguments), run_steer,
         help="The protocol of topic_lm_hf.evaluate_steering (PPLM-style, judged by the model's own encoder and by an "
              "LDA fitted on --judge_corpus)."),
     "classify": Command(
         "Document classification with a saved model's features: train a head (or fine-tune) and report accuracy.",
-        (TaskDataArguments, ClassifyArguments), run_classify,
+        (TaskDataArguments, ClassifyArguments, DeviceArguments), run_classify,
         help="Splits --dataset (stratified, seeded), loads the model folder with AutoModelForSequenceClassification "
              "and trains through Trainer; prints accuracy next to the majority class and tf-idf + logistic "
              "regression."),
     "retrieve": Command(
         "Document retrieval with a saved model's [o_N; c]: precision@k of cosine search, labels as relevance.",
-        (TaskDataArguments, RetrieveArguments), run_retrieve,
+        (TaskDataArguments, RetrieveArguments, DeviceArguments), run_retrieve,
         help="Queries = the held-out documents of --dataset, corpus = the rest; prints precision next to tf-idf "
              "and LDA cosine retrieval."),
     "demo": Command(
         "The first thing to run: train a TCNLM and the same-size LSTM, show topics, steered text and perplexity.",
-        (DemoArguments, FastPathArguments), run_demo,
+        (DemoArguments, FastPathArguments, DeviceArguments), run_demo,
         help="Uses ../shared/data/apnews when it exists, --train_file when given, else a synthetic corpus (the "
              "output says SYNTHETIC). About 3 minutes on 2 CPU cores."),
     # two-word commands: "topic-lm wsd train ..." (main joins the words)
@@ -632,7 +638,7 @@ COMMANDS: dict[str, Command] = {
                   "logging_steps": 100, "report_to": "none"}),
     "wsd evaluate": Command(
         "Tag a WSD set with a trained sense tagger, write the key file(s) and print P / R / F1 per output mode.",
-        (WSDEvaluateArguments,), run_wsd_evaluate),
+        (WSDEvaluateArguments, DeviceArguments), run_wsd_evaluate),
 }
 
 

@@ -22,7 +22,8 @@ from transformers import AutoModelForCausalLM, PrinterCallback, TrainerCallback,
 from . import data as data_lib
 from .collator import TopicContextCollator, make_bow
 from .evaluation import evaluate_perplexity, evaluate_steering
-from .fast_path import FastPathArguments, resolve_precision
+from .devices import DeviceArguments
+from .fast_path import FastPathArguments, resolve_compile, resolve_precision
 from .models import LSTMLMConfig, LSTMLMForCausalLM, TCNLMConfig, TCNLMForCausalLM
 from .pretraining import pretrain_topic_model
 from .trainer import TopicLMTrainer
@@ -103,17 +104,20 @@ def locate_corpus(train_file: Optional[str], synthetic: bool = False):
     return train, valid, source, resolve_stopwords("mallet" if on_apnews else "default")
 
 
-def training_arguments(out_dir: str, learning_rate: float, max_steps: int = 100_000, bf16: bool = False):
+def training_arguments(out_dir: str, learning_rate: float, max_steps: int = 100_000, bf16: bool = False,
+                       device: torch.device | str = "cpu"):
+    on_cpu = torch.device(device).type == "cpu"
     return TrainingArguments(output_dir=out_dir, max_steps=max_steps, per_device_train_batch_size=64,
                              learning_rate=learning_rate, max_grad_norm=0.5, lr_scheduler_type="constant",
-                             logging_steps=25, save_strategy="no", eval_strategy="no", report_to=[], use_cpu=True,
-                             disable_tqdm=True, seed=0, dataloader_pin_memory=False, bf16=bf16)
+                             logging_steps=25, save_strategy="no", eval_strategy="no", report_to=[], use_cpu=on_cpu,
+                             disable_tqdm=True, seed=0, dataloader_pin_memory=not on_cpu, bf16=bf16)
 
 
 def train_for(model, rows, collator, seconds: float, out_dir: str, label: str, learning_rate: float,
-              max_steps: int = 100_000, bf16: bool = False, compile_output_layer: bool = False):
-    """Train until ``seconds`` of wall time or ``max_steps`` have passed; returns the steps taken."""
-    args = training_arguments(out_dir, learning_rate, max_steps, bf16)
+              max_steps: int = 100_000, bf16: bool = False, compile_output_layer: bool = False,
+              device: torch.device | str = "cpu"):
+    """Train on ``device`` until ``seconds`` of wall time or ``max_steps`` have passed; returns the steps taken."""
+    args = training_arguments(out_dir, learning_rate, max_steps, bf16, device)
     budget = TimeBudget(seconds, label)
     trainer = TopicLMTrainer(model=model, args=args, train_dataset=rows, data_collator=collator, callbacks=[budget],
                              compile_output_layer=compile_output_layer)
@@ -182,20 +186,20 @@ def verdict(topic: float, lstm: float, ablation: float, steps: dict, seconds: fl
                    "improving.")
 
 
-def run_demo(args: DemoArguments, fast: FastPathArguments | None = None) -> None:
-    """The demo (see the module docstring); ``topic-lm demo`` parses ``args`` and ``fast`` (default: bf16 autocast
-    where the CPU runs it natively, and the compiled output layer). The package's log messages below errors are
-    silenced while it runs: it prints its own line per phase."""
+def run_demo(args: DemoArguments, fast: FastPathArguments | None = None, device: DeviceArguments | None = None) -> None:
+    """The demo (see the module docstring); ``topic-lm demo`` parses ``args``, ``fast`` (default: the fast path
+    measured for the device) and ``device`` (default: the GPU when there is one). The package's log messages below
+    errors are silenced while it runs: it prints its own line per phase."""
     package_logger = logging.getLogger("topic_lm_hf")
     previous = package_logger.level
     package_logger.setLevel(logging.ERROR)
     try:
-        _run_demo(args, fast if fast is not None else FastPathArguments())
+        _run_demo(args, fast if fast is not None else FastPathArguments(), (device or DeviceArguments()).torch_device)
     finally:
         package_logger.setLevel(previous)
 
 
-def _run_demo(args: DemoArguments, fast: FastPathArguments) -> None:
+def _run_demo(args: DemoArguments, fast: FastPathArguments, device: torch.device) -> None:
     import datasets
     import transformers
 
@@ -219,8 +223,8 @@ def _run_demo(args: DemoArguments, fast: FastPathArguments) -> None:
           f"{len(tok):,} words (frequency >= {1 if synthetic else DEMO_MIN_FREQ}), topic vocabulary {len(topic_tok):,} "
           f"({done(start)})", flush=True)
 
-    lstm = LSTMLMForCausalLM(LSTMLMConfig(vocab_size=len(tok), **SIZES))
-    tcnlm = TCNLMForCausalLM(TCNLMConfig.from_tokenizers(tok, topic_tok, **SIZES, **TCNLM_OPTIONS))
+    lstm = LSTMLMForCausalLM(LSTMLMConfig(vocab_size=len(tok), **SIZES)).to(device)
+    tcnlm = TCNLMForCausalLM(TCNLMConfig.from_tokenizers(tok, topic_tok, **SIZES, **TCNLM_OPTIONS)).to(device)
     lm_collator = TopicContextCollator.for_model(lstm, tok)
     topic_collator = TopicContextCollator.for_model(tcnlm, tok, topic_tok)  # TCNLM's training context: "others"
     topic_rows = topic_collator.prepare(train_docs)
@@ -231,10 +235,11 @@ def _run_demo(args: DemoArguments, fast: FastPathArguments) -> None:
 
     start = phase(3, total, f"training TCNLM ({TCNLM_OPTIONS['num_topics']} topics), then the same-size LSTM, for "
                             f"{args.train_seconds:.0f} s each")
-    bf16, sentence = resolve_precision(training_arguments(args.output_dir, 3e-3), fast.precision,
-                                       fast.compile_output_layer)
-    print(f"       {sentence}", flush=True)
-    speed = dict(bf16=bf16, compile_output_layer=fast.compile_output_layer)
+    targs = training_arguments(args.output_dir, 3e-3, device=device)
+    compiled = resolve_compile(targs, fast.compile_output_layer)
+    bf16, sentence = resolve_precision(targs, fast.precision, compiled)
+    print(f"       {sentence} Device: {device}.", flush=True)
+    speed = dict(bf16=bf16, compile_output_layer=compiled, device=device)
     steps = {}
     steps["TCNLM"] = train_for(tcnlm, topic_rows, topic_collator, args.train_seconds,
                                os.path.join(args.output_dir, "tcnlm"), "TCNLM", 3e-3, **speed)
@@ -251,8 +256,8 @@ def _run_demo(args: DemoArguments, fast: FastPathArguments) -> None:
         path = os.path.join(args.output_dir, name)
         model.save_pretrained(path)
         data_lib.save_vocabularies(tok, topic_tok, path)
-        reloaded[name] = AutoModelForCausalLM.from_pretrained(path).eval()
-        probe = tok(["the"], return_tensors="pt")
+        reloaded[name] = AutoModelForCausalLM.from_pretrained(path).to(device).eval()
+        probe = tok(["the"], return_tensors="pt").to(device)
         with torch.no_grad():
             difference = float((model(**probe).logits - reloaded[name](**probe).logits).abs().max())
         same = difference <= 1e-4  # float32 rounding only (the copies' weights may be laid out differently)
@@ -296,8 +301,8 @@ def _run_demo(args: DemoArguments, fast: FastPathArguments) -> None:
     context = [w for s in document[1:] for w in s]
     prompt = document[0][:4]
     print(f"       a validation document: \"{' '.join(w for s in document[:2] for w in s)[:160]} ...\"", flush=True)
-    inputs = tok([" ".join(prompt)], return_tensors="pt")
-    bow = make_bow([context], topic_tok)
+    inputs = tok([" ".join(prompt)], return_tensors="pt").to(device)
+    bow = make_bow([context], topic_tok).to(device)
     t = tcnlm.infer_topics(bow)[0]
     top = t.topk(2)
     print("       its topics (inferred from the rest of the document): " + "; ".join(

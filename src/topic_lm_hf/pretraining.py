@@ -87,7 +87,8 @@ def _topic_inputs(model, batch: dict) -> dict:
     names = getattr(model, "topic_model_inputs", ("context_bow",))
     if "context_bow" not in batch:
         raise ValueError("The collator gives no context_bow: build it with a context mode other than 'none'")
-    return {name: batch[name] for name in names if batch.get(name) is not None}
+    device = next(model.parameters()).device  # the batches follow the model (a GPU when it is there)
+    return {name: batch[name].to(device) for name in names if batch.get(name) is not None}
 
 
 @torch.no_grad()

@@ -108,7 +108,7 @@ def normalize_topic_ids(topic_ids, num_topics: int, batch_size: Optional[int] = 
         width = max(len(r) for r in topic_ids)
         if width == 0:
             raise ValueError("topic_ids has an empty row: give at least one topic id per row")
-        rows = torch.full((len(topic_ids), width), -1, dtype=torch.long)
+        rows = torch.full((len(topic_ids), width), -1, dtype=torch.long, device="cpu")  # parsed on the host
         for i, r in enumerate(topic_ids):
             for j, t in enumerate(r):
                 t = _topic_id(t, i)
@@ -129,7 +129,7 @@ def normalize_topic_ids(topic_ids, num_topics: int, batch_size: Optional[int] = 
 
 def topic_ids_to_mixture(topic_ids: torch.Tensor, num_topics: int) -> torch.Tensor:
     """(b, k) ids padded with -1 -> (b, T) equal mixture over each row's distinct topics."""
-    onehot = torch.zeros(topic_ids.shape[0], num_topics + 1, device=topic_ids.device)
+    onehot = torch.zeros(topic_ids.shape[0], num_topics + 1, device=topic_ids.device, dtype=torch.float32)
     onehot.scatter_(1, topic_ids.clamp(min=-1) % (num_topics + 1), 1.0)  # -1 -> the extra column
     onehot = onehot[:, :num_topics]
     return onehot / onehot.sum(1, keepdim=True)
@@ -390,10 +390,10 @@ def lm_to_topic_index(module: nn.Module, config, device, validate=None) -> torch
         return cached[1]
     if validate is not None:
         validate()
-    topic_word_ids = torch.tensor(ids, dtype=torch.long)
+    topic_word_ids = torch.tensor(ids, dtype=torch.long, device="cpu")  # built on the host, then moved once
     real = topic_word_ids >= 0
-    lm_to_topic = torch.full((config.vocab_size,), -1, dtype=torch.long)
-    lm_to_topic[topic_word_ids[real]] = torch.arange(len(ids))[real]
+    lm_to_topic = torch.full((config.vocab_size,), -1, dtype=torch.long, device="cpu")
+    lm_to_topic[topic_word_ids[real]] = torch.arange(len(ids), device="cpu")[real]
     lm_to_topic = lm_to_topic.to(device)
     module.__dict__["_lm_to_topic_cache"] = (key, lm_to_topic)
     return lm_to_topic

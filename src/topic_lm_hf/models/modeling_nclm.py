@@ -475,7 +475,7 @@ class NCLMForCausalLM(DocumentRepresentationDelegate, TopicWordPriorMixin, NCLMP
     def topic_diversity_term(self) -> torch.Tensor:
         """- diversity_weight * R(W rows): TCNLM's regulariser on the decoder's topics (0 when the weight is 0)."""
         if self.config.diversity_weight == 0:
-            return torch.zeros((), device=self.device)
+            return torch.zeros((), device=self.device, dtype=torch.float32)
         return -self.config.diversity_weight * angular_diversity(self.model.topic_model.topic_word_weights())
 
     def topic_model_parameters(self) -> list[nn.Parameter]:

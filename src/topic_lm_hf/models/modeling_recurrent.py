@@ -131,27 +131,43 @@ def _linear_cross_entropy(features: torch.Tensor, weight: torch.Tensor, bias: Op
     return nn.functional.cross_entropy(logits.float(), targets, reduction="sum")
 
 
-_COMPILED: dict = {}  # variant -> _linear_cross_entropy compiled for it; "error": why compiling fails here
+_COMPILED: dict = {}  # (variant, device type) -> the compiled function; ("error", device type): why compiling fails
+# The compiled path pads its rows to a multiple of this on a GPU: inductor's padded matrix products guard on the
+# alignment of the row count, and a row count that changes every batch hit the recompilation limit (8) there. On a
+# CPU no guard depends on it (one graph for every row count, measured), so nothing is padded.
+COMPILED_ROW_BUCKET = {"cpu": 1, "default": 64}
 
 
-def compiled_linear_cross_entropy(variant: tuple = (False, False)):
-    """``_linear_cross_entropy`` under ``torch.compile`` for one ``variant`` (with a row bias?, with its mask?), each
-    compiled on its own so that their graphs do not share one recompilation budget (dynamic shapes: the number of
-    predicted positions changes every batch); ``None`` with the reason in ``_COMPILED["error"]`` where compiling
-    fails here (no C++ compiler, an unsupported platform), tried once per process on a tiny forward and backward."""
-    if "error" not in _COMPILED:
+def compiled_linear_cross_entropy(variant: tuple = (False, False), device_type: str = "cpu"):
+    """``_linear_cross_entropy`` under ``torch.compile`` for one ``variant`` (with a row bias?, with its mask?) on
+    one device type, each compiled on its own so that their graphs do not share one recompilation budget (dynamic
+    shapes: the number of predicted positions changes every batch; on a GPU it is padded to a multiple of
+    ``COMPILED_ROW_BUCKET``); ``None`` with the reason in ``_COMPILED["error", device_type]`` where compiling fails
+    there (no C++ compiler, an unsupported platform), tried once per process and device type on a tiny forward and
+    backward on that device (never a CPU probe before a GPU run)."""
+    error_key = ("error", device_type)
+    if error_key not in _COMPILED:
         probe = torch.compile(_linear_cross_entropy, dynamic=True)
         try:
-            weight = torch.zeros(5, 3, requires_grad=True)
-            probe(torch.ones(4, 3), weight, None, torch.tensor([0, 1, 2, 3]), None, None, None).backward()
-            _COMPILED["error"] = None
+            weight = torch.zeros(5, 3, requires_grad=True, device=device_type)
+            probe(torch.ones(4, 3, device=device_type), weight, None, torch.tensor([0, 1, 2, 3], device=device_type),
+                  None, None, None).backward()
+            _COMPILED[error_key] = None
         except Exception as error:  # the toolchain, not the model: fall back to eager
-            _COMPILED["error"] = f"{type(error).__name__}: {str(error).splitlines()[0]}"
-    if _COMPILED["error"] is not None:
+            _COMPILED[error_key] = f"{type(error).__name__}: {str(error).splitlines()[0]}"
+    if _COMPILED[error_key] is not None:
         return None
-    if variant not in _COMPILED:
-        _COMPILED[variant] = torch.compile(_VARIANTS[variant], dynamic=True)
-    return _COMPILED[variant]
+    key = (variant, device_type)
+    if key not in _COMPILED:
+        _COMPILED[key] = torch.compile(_VARIANTS[variant], dynamic=True)
+    return _COMPILED[key]
+
+
+def _pad_rows(n: int, device_type: str, *tensors):
+    """``tensors`` (each (n, ...) or None) padded with zeros to the next multiple of the device's
+    ``COMPILED_ROW_BUCKET`` rows."""
+    extra = -n % COMPILED_ROW_BUCKET.get(device_type, COMPILED_ROW_BUCKET["default"])
+    return [t if t is None or extra == 0 else torch.cat([t, t.new_zeros(extra, *t.shape[1:])]) for t in tensors]
 
 
 # One function (one code object: torch.compile's cache and recompilation limit are per code object) per variant.
@@ -195,9 +211,13 @@ def next_token_loss(features: torch.Tensor, labels: torch.Tensor, output: nn.Lin
     if row_bias is not None:
         rows = torch.arange(targets.shape[0], device=features.device).unsqueeze(1).expand_as(targets)[keep]
         scale = row_bias_mask[keep] if row_bias_mask is not None else None
-    fn = (compiled and compiled_linear_cross_entropy((row_bias is not None, scale is not None))) \
-        or _linear_cross_entropy
-    total = fn(selected, output.weight, output.bias, targets[keep], row_bias, rows, scale)
+    kept = targets[keep]
+    fn = compiled and compiled_linear_cross_entropy((row_bias is not None, scale is not None), features.device.type)
+    if fn:  # padded rows: feature 0, target -100 (ignored by the loss), bias row 0, scale 0
+        n = kept.shape[0]
+        selected, rows, scale = _pad_rows(n, features.device.type, selected, rows, scale)
+        kept = torch.cat([kept, kept.new_full((selected.shape[0] - n,), -100)])
+    total = (fn or _linear_cross_entropy)(selected, output.weight, output.bias, kept, row_bias, rows, scale)
     return total / keep.sum().clamp_min(1)
 
 
@@ -501,9 +521,9 @@ class RecurrentPreTrainedModel(PreTrainedModel):
         predicted positions and returns ``logits=None``; evaluation and generation are unchanged. Where
         ``torch.compile`` does not work (no C++ compiler), logs one warning and stays eager. Returns whether the
         output layer is compiled. ``TopicLMTrainer(compile_output_layer=True)`` calls it."""
-        if enabled and compiled_linear_cross_entropy() is None:
+        if enabled and compiled_linear_cross_entropy(device_type=self.device.type) is None:
             logger.warning("The output layer stays eager: torch.compile does not work here (%s).",
-                           _COMPILED["error"])
+                           _COMPILED["error", self.device.type])
             enabled = False
         self.output_layer_compiled = bool(enabled)
         return self.output_layer_compiled

@@ -684,8 +684,8 @@ class RGBNRNNModel(DocumentRepresentationMixin, RGBNRNNPreTrainedModel):
             raise ValueError(f"topic_mode must be 'propagate' or 'chain', got {mode!r}")
         K = self.config.topic_sizes
         ids = normalize_topic_ids(topic_ids, K[layer - 1], batch_size).to(self.device)
-        thetas = [torch.zeros(ids.shape[0], k, device=self.device) for k in K]
-        onehot = torch.zeros(ids.shape[0], K[layer - 1] + 1, device=self.device)
+        thetas = [torch.zeros(ids.shape[0], k, device=self.device, dtype=self.dtype) for k in K]
+        onehot = torch.zeros(ids.shape[0], K[layer - 1] + 1, device=self.device, dtype=self.dtype)
         onehot.scatter_(1, ids.clamp(min=-1) % (K[layer - 1] + 1), 1.0)
         thetas[layer - 1] = onehot[:, :-1]
         for l in range(layer - 1, 0, -1):  # 0-based index of the layer below: l - 1
@@ -711,7 +711,7 @@ class RGBNRNNModel(DocumentRepresentationMixin, RGBNRNNPreTrainedModel):
         for l in range(L - 1, -1, -1):
             if l == L - 1:
                 shape = (cfg.tau0 * prev[l] @ pis[l].T if (pis is not None and prev is not None)
-                         else torch.ones(batch_size, cfg.topic_sizes[l], device=self.device))
+                         else torch.ones(batch_size, cfg.topic_sizes[l], device=self.device, dtype=self.dtype))
             else:
                 shape = thetas[l + 1] @ phis[l + 1].T
                 if pis is not None and prev is not None:
@@ -765,7 +765,7 @@ class RGBNRNNModel(DocumentRepresentationMixin, RGBNRNNPreTrainedModel):
                                                              batch_size=b))
         else:
             if context_bow is None:
-                bow = torch.zeros(b, cfg.topic_vocab_size, device=device)
+                bow = torch.zeros(b, cfg.topic_vocab_size, device=device, dtype=torch.float32)  # counts, as the collator's
             else:
                 bow = normalize_topic_kwargs(cfg.num_topics, cfg.topic_vocab_size, b,
                                              context_bow=context_bow)["context_bow"].to(device)
@@ -817,7 +817,7 @@ class RGBNRNNModel(DocumentRepresentationMixin, RGBNRNNPreTrainedModel):
         J = int(slot.max()) + 1
         slot_mask = torch.zeros(b, J, dtype=torch.bool, device=device)
         slot_mask.scatter_(1, torch.where(chunk_mask, slot, torch.zeros_like(slot)), chunk_mask)
-        bows = torch.zeros(b, J, cfg.topic_vocab_size, device=device)
+        bows = torch.zeros(b, J, cfg.topic_vocab_size, device=device, dtype=torch.float32)
         if context_bow is not None:
             if context_bow.dim() != 3 or tuple(context_bow.shape) != (b, c, cfg.topic_vocab_size):
                 raise ValueError(f"context_bow of a documents batch must have shape ({b}, {c}, "

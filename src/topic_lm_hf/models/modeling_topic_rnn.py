@@ -340,7 +340,7 @@ class TopicRNNForCausalLM(DocumentRepresentationDelegate, TopicWordPriorMixin, T
             return cond["topic_mixture"].to(device), None
         bow = cond.get("context_bow")
         bow = bow.to(device) if bow is not None else torch.zeros(batch_size, self.config.topic_vocab_size,
-                                                                 device=device)
+                                                                 device=device, dtype=torch.float32)
         mean, log_sigma = self.model.inference_net(bow)  # (b, K) each
         z = mean + torch.exp(log_sigma) * torch.randn_like(mean) if self.training else mean
         return self._theta(z), gaussian_kl(mean, log_sigma, per_dimension=True)
@@ -419,7 +419,7 @@ class TopicRNNForCausalLM(DocumentRepresentationDelegate, TopicWordPriorMixin, T
             # log p(l_t | h_t): binary cross-entropy on the logits (never on sigmoid(logits)).
             bce = F.binary_cross_entropy_with_logits(stop_logits[:, :-1], is_stop.float(), reduction="none")
             aux_loss = (bce * valid).sum() / n_tokens
-            kl_loss = kl.sum() / n_tokens if kl is not None else torch.zeros((), device=hidden.device)
+            kl_loss = kl.sum() / n_tokens if kl is not None else torch.zeros((), device=hidden.device, dtype=torch.float32)
             kl_objective = kl_loss
             if kl is not None and self.config.kl_free_bits > 0:
                 # Free bits (Kingma et al. 2016): each dimension's batch-mean KL counts at least

@@ -260,7 +260,8 @@ class FeatureCollator:
 def train_classifier(model, train_rows: datasets.Dataset, collator, output_dir: str, *, epochs: float = 3,
                      learning_rate: float = 1e-3, batch_size: int = 32, seed: int = 0, max_steps: int = -1,
                      **training_kwargs):
-    """Train a sequence classifier with ``Trainer`` (no checkpoints written); returns the trainer."""
+    """Train a sequence classifier with ``Trainer`` (no checkpoints written) on the device ``model`` is on (a model
+    on the CPU trains there even when a GPU is present); returns the trainer."""
     from transformers import TrainingArguments
 
     from ..trainer import TopicLMTrainer
@@ -268,7 +269,7 @@ def train_classifier(model, train_rows: datasets.Dataset, collator, output_dir: 
     args = TrainingArguments(output_dir=output_dir, num_train_epochs=epochs, max_steps=max_steps,
                              learning_rate=learning_rate, per_device_train_batch_size=batch_size,
                              per_device_eval_batch_size=batch_size, save_strategy="no", report_to=[],
-                             seed=seed, use_cpu=not torch.cuda.is_available(), remove_unused_columns=False,
+                             seed=seed, use_cpu=model.device.type == "cpu", remove_unused_columns=False,
                              disable_tqdm=True, **{"logging_steps": 50, **training_kwargs})
     trainer = TopicLMTrainer(model=model, args=args, train_dataset=train_rows, data_collator=collator)
     trainer.train()

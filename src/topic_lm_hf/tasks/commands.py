@@ -21,6 +21,7 @@ from typing import Optional
 
 from transformers import TrainingArguments, set_seed
 
+from ..devices import DeviceArguments
 from ..hub import load_pretrained
 from ..models.configuration_sense_tagger import INPUT_FEATURES, OUTPUT_MODES
 
@@ -81,7 +82,7 @@ def _splits(args: TaskDataArguments):
     return train, test
 
 
-def run_classify(data_args: TaskDataArguments, args: ClassifyArguments) -> None:
+def run_classify(data_args: TaskDataArguments, args: ClassifyArguments, device: DeviceArguments | None = None) -> None:
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     from ..data import load_vocabularies, save_vocabularies
@@ -94,6 +95,7 @@ def run_classify(data_args: TaskDataArguments, args: ClassifyArguments) -> None:
                           id2label=dict(enumerate(names)), label2id={name: i for i, name in enumerate(names)},
                                                              freeze_backbone=args.freeze_backbone,
                                                              classifier_head=args.head)
+    clf.to((device or DeviceArguments()).torch_device)  # the classifier trains and scores there (train_classifier)
     collator = document_collator(clf, max_document_length=data_args.max_document_length)
     start = time.perf_counter()
     if args.head == "mlp" and args.freeze_backbone:  # features once, then an epoch costs only the MLP
@@ -129,7 +131,7 @@ def run_classify(data_args: TaskDataArguments, args: ClassifyArguments) -> None:
         print(f"saved to {args.output_dir}")
 
 
-def run_retrieve(data_args: TaskDataArguments, args: RetrieveArguments) -> None:
+def run_retrieve(data_args: TaskDataArguments, args: RetrieveArguments, device: DeviceArguments | None = None) -> None:
     from transformers import AutoModelForCausalLM
 
     from .retrieval import evaluate_retrieval, lda_retrieval, tfidf_retrieval
@@ -137,7 +139,8 @@ def run_retrieve(data_args: TaskDataArguments, args: RetrieveArguments) -> None:
     train, test = _splits(data_args)
     ks = [int(x) for x in args.k.split(",") if x.strip()]
     fractions = [float(x) for x in args.fractions.split(",") if x.strip()]
-    model = load_pretrained(AutoModelForCausalLM, data_args.model_name_or_path)
+    model = load_pretrained(AutoModelForCausalLM, data_args.model_name_or_path).to(
+        (device or DeviceArguments()).torch_device)
     results = [(type(model).__name__, evaluate_retrieval(model, test, train, ks, fractions, normalize=args.normalize,
                                                           batch_size=data_args.batch_size,
                                                           max_document_length=data_args.max_document_length))]
@@ -234,7 +237,7 @@ def run_wsd_train(args: WSDTrainArguments, training_args: TrainingArguments) -> 
     print(f"saved to {training_args.output_dir}")
 
 
-def run_wsd_evaluate(args: WSDEvaluateArguments) -> None:
+def run_wsd_evaluate(args: WSDEvaluateArguments, device: DeviceArguments | None = None) -> None:
     from transformers import AutoModelForTokenClassification
 
     from .wsd import load_sense_inventory, load_wsd_corpus
@@ -244,7 +247,8 @@ def run_wsd_evaluate(args: WSDEvaluateArguments) -> None:
     bad = [m for m in modes if m not in OUTPUT_MODES]
     if bad or not modes:
         raise ValueError(f"--modes takes {OUTPUT_MODES}, got {args.modes!r}")
-    model = load_pretrained(AutoModelForTokenClassification, args.model_name_or_path)
+    model = load_pretrained(AutoModelForTokenClassification, args.model_name_or_path).to(
+        (device or DeviceArguments()).torch_device)
     corpus = load_wsd_corpus(args.dataset)
     inventory = None
     if "candidates" in modes:

@@ -85,7 +85,7 @@ def document_topic_representation(topic_model, context_bow: torch.Tensor) -> tor
     if topic_model.training:
         raise ValueError("the topic model must be in eval mode (a deterministic c): call topic_model.eval()")
     with torch.no_grad():
-        return topic_model.document_topic_representation(context_bow).float()
+        return topic_model.document_topic_representation(context_bow.to(topic_model.device)).float().cpu()
 
 
 def load_frozen_topic_model(name_or_path: PathLike):
@@ -321,7 +321,7 @@ def _topic_representations_for(model, corpus, topic_model=None, topic_tokenizer=
     if not config.uses_topics:
         return None
     if topic_model is None or isinstance(topic_model, (str, os.PathLike)):
-        topic_model = load_frozen_topic_model(topic_model or config.topic_model_name_or_path)
+        topic_model = load_frozen_topic_model(topic_model or config.topic_model_name_or_path).to(model.device)
     if topic_tokenizer is None:
         topic_tokenizer = _topic_tokenizer_for(getattr(model, "name_or_path", None) or None,
                                                config.topic_model_name_or_path)
@@ -470,6 +470,8 @@ def train_sense_tagger(train: Union[datasets.Dataset, PathLike], output_dir: Pat
     if isinstance(topic_model, (str, os.PathLike)):
         topic_path = str(topic_model)
         topic_model = load_frozen_topic_model(topic_model)
+        if training_args is not None:  # the frozen topic model computes c where the tagger trains
+            topic_model.to(training_args.device)
     elif topic_model is not None:
         topic_model.eval().requires_grad_(False)
         topic_path = topic_path or getattr(topic_model, "name_or_path", None)
