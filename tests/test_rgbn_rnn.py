@@ -458,7 +458,7 @@ def test_get_topics_of_every_layer_and_the_topic_tree(apnews):
     for layer, K in zip((1, 2, 3), model.config.topic_sizes):
         topics = model.get_topics(layer=layer, top_n=5, topic_tokenizer=apnews["topic_tok"])
         assert len(topics) == K and all(len(t) == 5 and "<unk>" not in t for t in topics)
-    dist = model.topic_word_distributions(3)
+    dist = model.topic_word_distributions(layer=3)
     assert torch.allclose(dist.sum(1), torch.ones(4), atol=1e-5)
     manual = (model.model.phi(1) @ model.model.phi(2) @ model.model.phi(3)).T.float()
     assert torch.allclose(dist, manual, atol=1e-6)

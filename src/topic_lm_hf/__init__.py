@@ -1,7 +1,6 @@
 """topic-lm-hf: topic-guided neural language models as Hugging Face transformers models."""
 
-from transformers import (AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification,
-                          AutoModelForTokenClassification)
+from transformers import AutoConfig, AutoModelForTokenClassification
 
 from .collator import TopicContextCollator, make_bow
 from .data import (build_vocabularies, check_vocabularies, documents_from_lists, load_documents,
@@ -21,27 +20,9 @@ from .trainer import TopicLMTrainer
 
 __version__ = "0.1.0"
 
-# Auto-class registration: importing the package makes every model loadable with the Auto classes.
-# (config, base model, causal LM, sequence classifier or None) per family.
-FAMILIES = ((LSTMLMConfig, LSTMLMModel, LSTMLMForCausalLM, LSTMLMForSequenceClassification),
-            (TCNLMConfig, TCNLMModel, TCNLMForCausalLM, TCNLMForSequenceClassification),
-            (TopicRNNConfig, TopicRNNModel, TopicRNNForCausalLM, TopicRNNForSequenceClassification),
-            (NCLMConfig, NCLMModel, NCLMForCausalLM, NCLMForSequenceClassification),
-            (RGBNRNNConfig, RGBNRNNModel, RGBNRNNForCausalLM, RGBNRNNForSequenceClassification))
-# Every save_pretrained (Trainer checkpoints included) also writes the model's flat code files and an
-# ``auto_map`` into config.json. The folder then loads with ``trust_remote_code=True`` where this package is not
-# imported, and transformers' error there asks for exactly that instead of suggesting to upgrade transformers.
-# Where the package is imported, its registered classes are used (transformers prefers them to remote code).
-for _config, _base, _lm, _classifier in FAMILIES:
-    AutoConfig.register(_config.model_type, _config, exist_ok=True)
-    AutoModel.register(_config, _base, exist_ok=True)
-    AutoModelForCausalLM.register(_config, _lm, exist_ok=True)
-    for _cls, _auto in ((_config, "AutoConfig"), (_base, "AutoModel"), (_lm, "AutoModelForCausalLM"),
-                        (_classifier, "AutoModelForSequenceClassification")):
-        if _cls is not None:
-            _cls.register_for_auto_class(_auto)
-    if _classifier is not None:
-        AutoModelForSequenceClassification.register(_config, _classifier, exist_ok=True)
+# Auto-class registration: importing the package makes every model loadable with the Auto classes (one record per
+# family in families.FAMILIES; register_family adds one).
+from .families import FAMILIES, Family, register_family  # noqa: E402
 
 # The word sense tagger (tasks/wsd_tagger.py trains and applies it).
 AutoConfig.register(SenseTaggerConfig.model_type, SenseTaggerConfig, exist_ok=True)
@@ -60,5 +41,5 @@ __all__ = [
     "NCLMForSequenceClassification",
     "RGBNRNNConfig", "RGBNRNNModel", "RGBNRNNForCausalLM", "RGBNRNNForSequenceClassification",
     "pretrain_topic_model", "steering_recipe", "STEERING_RECIPE", "evaluate_retrieval", "extract_document_features",
-    "SenseTaggerConfig", "SenseTaggerForTokenClassification",
+    "SenseTaggerConfig", "SenseTaggerForTokenClassification", "FAMILIES", "Family", "register_family",
 ]

@@ -38,6 +38,7 @@ from .fast_path import FastPathArguments, fast_training_arguments, resolve_compi
 from .hub import load_pretrained, resolve_model_source
 from .pretraining import RECIPE_PRETRAINING, pretrain_topic_model, steering_recipe
 from .models.modeling_recurrent import leaky_modes_of
+from .models.modeling_topic_family import TopicFamilyForCausalLM
 from .demo import DemoArguments, run_demo
 from .devices import DeviceArguments
 from .tasks.commands import (ClassifyArguments, RetrieveArguments, TaskDataArguments, WSDEvaluateArguments,
@@ -353,7 +354,7 @@ def pretraining_steps(model_args: ModelArguments, model) -> int:
     new topic model (``RECIPE_PRETRAINING``), else 0."""
     if model_args.pretrain_topic_model_steps is not None:
         return model_args.pretrain_topic_model_steps
-    new_topic_model = not model_args.model_name_or_path and hasattr(model, "topic_model_loss")
+    new_topic_model = not model_args.model_name_or_path and isinstance(model, TopicFamilyForCausalLM)
     return RECIPE_PRETRAINING["steps"] if recipe_of(model_args) == "steering" and new_topic_model else 0
 
 
@@ -369,7 +370,7 @@ def pretrain_for_cli(model, train_rows, collator, steps: int, dev_rows, seed: in
     """``--pretrain_topic_model_steps``: the topic model alone first, early-stopped on ``dev_rows`` when given."""
     if steps < 0:
         raise ValueError(f"--pretrain_topic_model_steps must be >= 0, got {steps}")
-    if not hasattr(model, "topic_model_loss"):
+    if not isinstance(model, TopicFamilyForCausalLM):
         raise ValueError(f"--pretrain_topic_model_steps: {type(model).__name__} has no topic model to pre-train")
     rows = "whole documents' bags of words" if collator.layout == "sequence" else "the context bags of sentence chunks"
     logger.info("Pre-training the topic model on %d rows, %s (at most %d steps) ...", len(train_rows), rows, steps)
@@ -554,16 +555,15 @@ def run_steer(args: SteerArguments, device: DeviceArguments | None = None) -> No
 
 def run_topics(args: TopicsArguments, device: DeviceArguments | None = None) -> None:
     model = load_pretrained(AutoModelForCausalLM, args.model_name_or_path).to((device or DeviceArguments()).torch_device)
-    if not hasattr(model, "get_topics"):
+    if not isinstance(model, TopicFamilyForCausalLM):
         raise ValueError(f"{type(model).__name__} has no topics (it is not a topic model)")
-    layers = getattr(model.config, "topic_sizes", None)
-    if layers is None:
+    if model.num_topic_layers == 1:
         if args.layer is not None:
             raise ValueError(f"--layer is for models with topic layers (rGBN-RNN); {type(model).__name__} has one")
         for k, words in enumerate(model.get_topics(top_n=args.top_n)):
             print(f"topic {k:3d}: {' '.join(words)}")
         return
-    for layer in ([args.layer] if args.layer is not None else range(1, len(layers) + 1)):
+    for layer in ([args.layer] if args.layer is not None else range(1, model.num_topic_layers + 1)):
         topics = model.get_topics(layer=layer, top_n=args.top_n)
         print(f"layer {layer} ({len(topics)} topics)")
         for k, words in enumerate(topics):

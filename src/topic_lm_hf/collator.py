@@ -40,6 +40,8 @@ import numpy as np
 import torch
 
 from .data import BOS, EOS, PAD, STREAM_BATCH_SIZE, UNK, check_vocabularies, dataset_columns
+from .models.modeling_recurrent import RecurrentPreTrainedModel
+from .models.modeling_topic_family import TopicFamilyForCausalLM
 
 CONTEXT_MODES = ("others", "preceding", "document", "none")
 LAYOUTS = ("sentences", "documents", "sequence")
@@ -162,18 +164,24 @@ class TopicContextCollator:
         """
         if protocol not in ("train", "pretraining") and protocol not in PROTOCOL_BATCHES:
             raise ValueError(f"protocol must be one of {['train', 'pretraining', *PROTOCOL_BATCHES]}, got {protocol!r}")
+        family = model if isinstance(model, type) else type(model)
+        if not issubclass(family, RecurrentPreTrainedModel):
+            raise ValueError(f"TopicContextCollator.for_model takes a model of the package (or its class), got "
+                             f"{family.__name__}: build the collator with TopicContextCollator(...) instead")
         if protocol == "pretraining":
-            whole_bags = getattr(model, "topic_pretraining_batches", "train") == "document"
+            if not issubclass(family, TopicFamilyForCausalLM):
+                raise ValueError(f"{family.__name__} has no topic model to pre-train")
+            whole_bags = family.topic_pretraining_batches == "document"
             protocol, context, layout = ("document", None, None) if whole_bags else ("train", context, layout)
         if (context is not None or layout is not None) and protocol != "train":
             raise ValueError(f"context= and layout= choose the training batches (protocol='train'); "
                              f"protocol={protocol!r} fixes its own")
         if layout not in (None, "sentences", "documents"):
             raise ValueError(f"layout must be 'sentences' or 'documents' for the training batches, got {layout!r}")
-        reads_context = "context_bow" in getattr(model, "conditioning_inputs", ())
-        reads_documents = bool(getattr(model, "reads_documents", False))
+        reads_context = "context_bow" in family.conditioning_inputs
+        reads_documents = family.reads_documents
         if protocol == "train":
-            mode, whole_documents = context or getattr(model, "training_context", "none"), reads_documents
+            mode, whole_documents = context or family.training_context, reads_documents
         else:
             mode, whole_documents = PROTOCOL_BATCHES[protocol]
             whole_documents = whole_documents or reads_documents
@@ -183,7 +191,7 @@ class TopicContextCollator:
             layout, prefix = "sequence", False
         else:
             layout = layout or ("documents" if whole_documents else "sentences")
-            prefix = bool(getattr(model, "reads_sentence_prefix", False))
+            prefix = family.reads_sentence_prefix
         # A topic model keeps its topic vocabulary also without a context (the sliding window maps words to it).
         return cls(tokenizer, topic_tokenizer if (reads_context or prefix) else None, context=mode, layout=layout,
                    sentence_prefix=prefix, **kwargs)

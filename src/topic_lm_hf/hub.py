@@ -73,43 +73,8 @@ PIPELINE_TAGS = {"AutoModelForCausalLM": "text-generation", "AutoModelForSequenc
 TASK_NAMES = {"text-generation": "Language modeling", "text-classification": "Text classification",
               "token-classification": "Word sense disambiguation", "feature-extraction": "Document representation"}
 
-# Each family in one paragraph: the paper, its equation in one line, and where the package departs from it.
-FAMILY_CARDS = {
-    "lstm_lm": dict(
-        name="LSTM language model",
-        paper="the baseline of every topic-guided LM paper (Lau, Baldwin & Cohn 2017; Wang et al. 2018)",
-        equation="p(w_t | w_<t) = softmax(W h_t + b), h_t = LSTM(x_t, h_{t-1})",
-        departures="none: it is the same-size baseline every topic model here is compared with."),
-    "tcnlm": dict(
-        name="TCNLM (topic compositional neural language model)",
-        paper="Wang et al., AISTATS 2018, \"Topic Compositional Neural Language Model\"",
-        equation="every LSTM weight is W(t) = W_a diag(W_b t) W_c, with t the document's topic proportions from a "
-                 "neural topic model (a VAE over the bag of words)",
-        departures="the KL term is annealed from 0 over `kl_annealing_steps` (without it the topic posterior "
-                   "collapsed on APNEWS); the topic model's loss is normalised per `topic_loss_normalization`."),
-    "topic_rnn": dict(
-        name="TopicRNN",
-        paper="Dieng, Wang, Gao & Paisley, ICLR 2017, \"TopicRNN: A Recurrent Neural Network with Long-Range "
-              "Semantic Dependency\"",
-        equation="p(w_t | h_t, theta, l_t) = softmax(V h_t + (1 - l_t) B theta), with l_t the stop-word indicator, "
-                 "marginalised at evaluation",
-        departures="the cell (RNN, LSTM, GRU) is a configuration field; theta is inferred from the context the "
-                   "collator gives (the preceding sentences under the causal protocols)."),
-    "nclm": dict(
-        name="NCLM (neural composite language model)",
-        paper="Chaudhary, Schütze & Gupta, ICML 2020, \"Explainable and Discourse Topic-aware Neural Language "
-              "Understanding\"",
-        equation="the LSTM reads [x_t; document topics] (LTA), the output reads them (ETA: explainable topic "
-                 "words as an embedding), or both (LETA); SDT adds sentence-level topics",
-        departures="see the package's notes on NCLM (the official code's choices where the paper is silent)."),
-    "rgbn_rnn": dict(
-        name="rGBN-RNN (recurrent gamma belief network guided RNN)",
-        paper="Guo, Chen, Lu & Zhou, ICML 2020, \"Recurrent Hierarchical Topic-Guided RNN for Language "
-              "Generation\"",
-        equation="a multi-layer recurrent gamma belief network over the sentences of a document (Weibull "
-                 "encoder) gates a stacked RNN, layer by layer; the topics Phi are sampled by TLASGR-MCMC",
-        departures="Phi's sampler state is stored in the weights file (`phi`, `pi` buffers), so training resumes "
-                   "exactly."),
+# The paragraph of a model that is not a family of causal LMs (the families' own are in families.FAMILIES).
+TASK_CARDS = {
     "sense_tagger": dict(
         name="BiLSTM word sense tagger",
         paper="the WSD evaluation of NCLM (Chaudhary et al. 2020): a BiLSTM tagger, optionally with a frozen topic "
@@ -124,11 +89,24 @@ SIZE_FIELDS = ("vocab_size", "topic_vocab_size", "num_topics", "topic_sizes", "e
                "inference_hidden_size", "cell", "lm_type", "variant", "num_labels")
 
 
+def family_card(model_type: str) -> dict:
+    """The card paragraph of ``model_type``: its family's (``Family.card``), or a task model's (``TASK_CARDS``)."""
+    from .families import FAMILIES
+
+    return FAMILIES[model_type].card if model_type in FAMILIES else TASK_CARDS.get(model_type, {})
+
+
+def is_topic_family(model_type: str) -> bool:
+    from .families import FAMILIES
+
+    return model_type in FAMILIES and FAMILIES[model_type].is_topic_model
+
+
 def card_tags(config) -> list[str]:
     """Hub tags of a model family: what it is (a language model, a topic model), its recurrent cell,
     its ``model_type`` and variant, and ``custom_code`` (it loads with ``trust_remote_code``)."""
     tags = ["language-model", config.model_type]
-    if hasattr(config, "num_topics") or hasattr(config, "topic_sizes"):
+    if is_topic_family(config.model_type):
         tags.append("topic-model")
     cell = getattr(config, "cell", None)
     if cell is not None:  # TopicRNN / TopicLSTM / TopicGRU
@@ -215,14 +193,14 @@ def render_card(config, model_class: str, repo_id: str, results=None, datasets=N
         pipeline_tag=pipeline_tag, tags=card_tags(config), model_name=Path(repo_id).name,
         eval_results=eval_results(results, pipeline_tag) or None)
     template = resources.files(__package__).joinpath(CARD_TEMPLATE)
-    family = FAMILY_CARDS.get(config.model_type, {})
+    family = family_card(config.model_type)
     with resources.as_file(template) as path:
         return ModelCard.from_template(
             card_data, template_path=str(path), model_type=config.model_type, model_class=model_class,
             auto_class=auto_class, pipeline_tag=pipeline_tag, repo_id=repo_id, sizes=sizes, rows=rows,
             model_description=description, family=family, training=training or {}, topics=topics or [],
             steering=steering or {}, measured_note=measured_note,
-            topic_model=hasattr(config, "num_topics") or hasattr(config, "topic_sizes"),
+            topic_model=is_topic_family(config.model_type),
             reads_context=config.model_type not in ("lstm_lm", "sense_tagger"))
 
 

@@ -25,24 +25,40 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import torch
 
+from .models.modeling_topic_family import TopicFamilyForCausalLM
 
-# The steering recipe: what makes a topic family's topics matter and steer (README, "Topics that steer, in every
-# family"; measured in scripts/benchmark_steering.py). Every entry is a departure from the family's paper, one
-# configuration value each; ``topic-lm train`` applies them by default and ``--recipe paper`` leaves them out.
-_PRIOR = {"topic_output_bias": "beta", "topic_prior_weight_init": 1.0}  # the shared topic output prior
-STEERING_RECIPE: dict[str, dict] = {
-    "tcnlm": dict(_PRIOR),
-    "topic_rnn": {**_PRIOR, "bow_loss_weight": 1.0, "theta_transform": "softmax"},
-    "nclm": {**_PRIOR, "diversity_weight": 1.0},
-    # sparser topics (PGBN's Gibbs sampler's pseudo-count; the paper's TLASGR code uses 0.1): pre-trained on APNEWS
-    # they reached NPMI 0.060 against 0.031 with 0.1 (scripts/benchmark_steering.py)
-    "rgbn_rnn": {**_PRIOR, "eta_phi": 0.01},
-}
+
+class _SteeringRecipes(Mapping):
+    """model_type -> the steering recipe of every registered topic family (``Family.steering_recipe``): what makes
+    its topics matter and steer (README, "Topics that steer, in every family"; measured in
+    scripts/benchmark_steering.py). Every entry is a departure from the family's paper, one configuration value
+    each; ``topic-lm train`` applies them by default and ``--recipe paper`` leaves them out. A read-only view of the
+    family registry."""
+
+    def __getitem__(self, model_type: str) -> dict:
+        from .families import FAMILIES
+
+        family = FAMILIES.get(model_type)
+        if family is None or not family.steering_recipe:
+            raise KeyError(model_type)
+        return dict(family.steering_recipe)
+
+    def __iter__(self):
+        from .families import FAMILIES
+
+        return iter([name for name, family in FAMILIES.items() if family.steering_recipe])
+
+    def __len__(self) -> int:
+        return len(list(iter(self)))
+
+
+STEERING_RECIPE: Mapping[str, dict] = _SteeringRecipes()
 # ... and its topic-model pre-training (pretrain_topic_model's arguments): at most ``steps`` Adam steps, stopped
 # by the development objective.
 RECIPE_PRETRAINING = {"steps": 20000, "learning_rate": 3e-3, "batch_size": 64, "eval_every": 500, "patience": 3}
@@ -53,12 +69,12 @@ def steering_recipe(model_type: str, **settings) -> dict:
     topics). ``settings``: configuration values already chosen (``variant``, ``lm_type``, ...; None = the default).
     Where the configuration class says the shared prior is unavailable with them (its
     ``output_prior_unavailable``: NCLM's ETA, TCNLM's naive mixture of experts), the rest of the recipe."""
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    from .families import FAMILIES, SHARED_PRIOR
 
     recipe = dict(STEERING_RECIPE.get(model_type, {}))
-    config_class = CONFIG_MAPPING[model_type] if recipe else None
+    config_class = FAMILIES[model_type].config_class if recipe else None
     if recipe and config_class.output_prior_unavailable(**{k: v for k, v in settings.items() if v is not None}):
-        for key in _PRIOR:
+        for key in SHARED_PRIOR:
             recipe.pop(key)
     return recipe
 
@@ -84,7 +100,7 @@ class TopicPretrainingResult:
 
 
 def _topic_inputs(model, batch: dict) -> dict:
-    names = getattr(model, "topic_model_inputs", ("context_bow",))
+    names = model.topic_model_inputs
     if "context_bow" not in batch:
         raise ValueError("The collator gives no context_bow: build it with a context mode other than 'none'")
     device = next(model.parameters()).device  # the batches follow the model (a GPU when it is there)
@@ -130,9 +146,9 @@ def pretrain_topic_model(model, dataset, collator, steps: int, learning_rate: fl
     Returns:
         A :class:`TopicPretrainingResult`. The LM's weights are untouched; the model is left in training mode.
     """
-    for method in ("topic_model_loss", "topic_model_parameters"):
-        if not hasattr(model, method):
-            raise ValueError(f"{type(model).__name__} has no {method}(): its topic model cannot be pre-trained")
+    if not isinstance(model, TopicFamilyForCausalLM):
+        raise ValueError(f"{type(model).__name__} is not a topic model: it has no topic_model_loss() and its "
+                         "topic model cannot be pre-trained")
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0 or batch_size < 1:
         raise ValueError(f"steps must be an integer >= 0 and batch_size >= 1, got {steps!r}, {batch_size!r}")
     if eval_dataset is not None and (eval_every < 1 or patience < 1):
@@ -141,9 +157,7 @@ def pretrain_topic_model(model, dataset, collator, steps: int, learning_rate: fl
         raise ValueError("pretrain_topic_model needs a non-empty dataset")
     if eval_dataset is not None and len(eval_dataset) == 0:
         raise ValueError("eval_dataset is empty: give development rows, or None to train for `steps` steps")
-    set_corpus_size = getattr(model, "set_training_corpus_size", None)
-    if set_corpus_size is not None:  # rGBN-RNN's TLASGR-MCMC scales minibatch statistics to the corpus
-        set_corpus_size(len(dataset))
+    model.set_training_corpus_size(len(dataset))  # rGBN-RNN's TLASGR-MCMC scales minibatch statistics to the corpus
     params = model.topic_model_parameters()
     optimizer = torch.optim.Adam(params, lr=learning_rate)
     generator = torch.Generator().manual_seed(seed)

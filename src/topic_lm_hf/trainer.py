@@ -12,6 +12,7 @@ import math
 import os
 import re
 from collections import defaultdict
+from collections.abc import Sized
 
 import torch
 from transformers import Trainer
@@ -21,7 +22,8 @@ from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGH
 
 from .collator import TopicContextCollator
 from .data import record_vocabularies, save_vocabularies
-from .models.modeling_recurrent import TopicLMOutput, leaky_modes_of, select_state_rows
+from .models.modeling_recurrent import RecurrentPreTrainedModel, TopicLMOutput, leaky_modes_of, select_state_rows
+from .models.modeling_topic_family import TopicFamilyForCausalLM
 
 logger = logging.getLogger(__name__)
 
@@ -199,12 +201,12 @@ def check_carry_state_model(model) -> None:
     ``causal-carry``, the protocol this training is for)."""
     model = _unwrap(model)
     name = type(model).__name__
-    if getattr(model, "reads_documents", False):
-        raise ValueError(f"{name} reads whole documents (chunk_mask) and carries its recurrences itself: train it "
-                         "on its documents batches without carry_state")
-    if not getattr(model, "_is_stateful", False):
+    if not isinstance(model, RecurrentPreTrainedModel) or not model._is_stateful:
         raise ValueError(f"{name}.forward takes no recurrent state (state): carry_state needs a model that "
                          "continues from one")
+    if model.reads_documents:
+        raise ValueError(f"{name} reads whole documents (chunk_mask) and carries its recurrences itself: train it "
+                         "on its documents batches without carry_state")
     leaky = leaky_modes_of(model)
     if leaky:
         raise ValueError(f"{name} reads words it predicts ({', '.join(leaky)}): carry_state trains for the "
@@ -405,17 +407,16 @@ class TopicLMTrainer(Trainer):
         self.pretraining_phases = self._check_phases(pretraining_phases)
         self._loss_terms: dict[str, list[torch.Tensor]] = defaultdict(list)
         self._eval_sums: dict[str, torch.Tensor] | None = None  # while evaluating: token-weighted sums
-        set_corpus_size = getattr(self.model, "set_training_corpus_size", None)
-        if set_corpus_size is not None and self.train_dataset is not None and hasattr(self.train_dataset, "__len__"):
+        topic_model = _unwrap(self.model)
+        if isinstance(topic_model, TopicFamilyForCausalLM) and isinstance(self.train_dataset, Sized):
             # Models whose sampler scales minibatch statistics to the corpus (rGBN-RNN's TLASGR-MCMC).
-            set_corpus_size(len(self.train_dataset))
+            topic_model.set_training_corpus_size(len(self.train_dataset))
         self.carry_state, self.bptt_chunks = self._check_carry_state(carry_state, bptt_chunks)
         if compile_output_layer:
-            compile_ = getattr(_unwrap(self.model), "compile_output_layer", None)
-            if compile_ is None:
+            if not isinstance(_unwrap(self.model), RecurrentPreTrainedModel):
                 raise ValueError(f"compile_output_layer=True: {type(_unwrap(self.model)).__name__} has no language "
                                  "model output layer to compile")
-            compile_(True)
+            _unwrap(self.model).compile_output_layer(True)
         collator = self.data_collator
         if isinstance(collator, TopicContextCollator) and getattr(self.model.config, "vocab_size", None) is not None:
             # The config (saved in every checkpoint) records which vocabularies the model is trained on.
@@ -425,8 +426,9 @@ class TopicLMTrainer(Trainer):
         phases = [tuple(p) for p in (phases or [])]
         if not phases:
             return []
-        supported = getattr(self.model, "training_phases", None)
-        if supported is None or not hasattr(self.model, "set_training_phase"):
+        model = _unwrap(self.model)
+        supported = model.training_phases if isinstance(model, TopicFamilyForCausalLM) else ()
+        if not supported:
             raise ValueError(f"{type(self.model).__name__} has no training phases (training_phases / "
                              "set_training_phase): pretraining_phases cannot be used with it")
         for phase in phases:
@@ -464,11 +466,13 @@ class TopicLMTrainer(Trainer):
         if not isinstance(collator, TopicContextCollator):
             return
         name = type(model).__name__
-        if collator.context == "none" and "context_bow" in getattr(model, "conditioning_inputs", ()):
+        if not isinstance(model, RecurrentPreTrainedModel):
+            return
+        if collator.context == "none" and "context_bow" in model.conditioning_inputs:
             raise ValueError(f"{name} reads the document's bag of words, but the collator gives none (context='none'): "
                              f"its topic part would get no training signal. Use TopicContextCollator.for_model(model, "
-                             f"...) or context={getattr(model, 'training_context', 'others')!r}")
-        if getattr(model, "reads_documents", False) and collator.layout != "documents":
+                             f"...) or context={model.training_context!r}")
+        if model.reads_documents and collator.layout != "documents":
             raise ValueError(f"{name} reads whole documents, but the collator gives layout={collator.layout!r}: it "
                              f"would read every sentence as a one-sentence document. Use "
                              f"TopicContextCollator.for_model(model, ...) or layout='documents'")

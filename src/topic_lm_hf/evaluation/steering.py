@@ -46,6 +46,7 @@ import torch
 
 from ..collator import make_bow
 from ..data import check_vocabularies
+from ..models.modeling_topic_family import TopicFamilyForCausalLM
 from .perplexity import _chunk_nll, model_vocabularies
 
 
@@ -111,10 +112,12 @@ class LDAJudge:
         lda_to_model[lda_rows] = model_cols
         return lda_to_model, float(similarity[lda_rows, model_cols].mean())
 
-    def get_topics(self, top_n: int = 10, topic_tokenizer=None) -> list[list[str]]:
+    def get_topics(self, top_n: int = 10, *, layer=None, topic_tokenizer=None) -> list[list[str]]:
         """The ``top_n`` most probable words of every LDA topic (``topic_tokenizer``: the vocabulary it was fitted
-        over; ``<unk>`` at id 0 never counts), as a model's ``get_topics``: ``evaluate_topics(judge, reference,
-        topic_tokenizer=...)`` scores LDA's topics on the same vocabulary as a model's."""
+        over; ``<unk>`` at id 0 never counts), with a topic model's signature: ``evaluate_topics(judge, reference,
+        topic_tokenizer=...)`` scores LDA's topics on the same vocabulary as a model's. LDA has one layer."""
+        if layer not in (None, 1):
+            raise ValueError(f"LDA has one layer of topics: layer must be None or 1, got {layer!r}")
         if topic_tokenizer is None:
             raise ValueError("LDAJudge.get_topics needs the topic_tokenizer it was fitted over")
         words = {i: w for w, i in topic_tokenizer.get_vocab().items()}
@@ -250,17 +253,16 @@ def evaluate_steering(model, topics: Optional[Sequence[int]] = None, num_topics_
         with its top words and example texts), "unconditioned_texts", "judge", "lda_match_cosine",
         "protocol"}``; LDA and fluency entries are None when skipped.
     """
-    for method in ("infer_topics", "topic_word_distributions"):
-        if not hasattr(model, method):
-            raise ValueError(f"{type(model).__name__} has no {method}(): it is not a topic model")
+    if not isinstance(model, TopicFamilyForCausalLM):
+        raise ValueError(f"{type(model).__name__} has no topics to steer by: it is not a topic model")
     if num_samples < 1 or max_new_tokens < 1:
         raise ValueError(f"num_samples and max_new_tokens must be >= 1, got {num_samples}, {max_new_tokens}")
     layer = {}
     if topic_layer is not None:
-        if "topic_layer" not in getattr(model, "conditioning_options", ()):
+        if "topic_layer" not in model.conditioning_options:
             raise ValueError(f"topic_layer is for a model with a topic hierarchy (rGBN-RNN); "
                              f"{type(model).__name__} has one layer of topics: leave it None")
-        layer = {"layer": model.model.check_layer(topic_layer)}
+        layer = {"layer": model.check_layer(topic_layer)}
     with torch.no_grad():
         topic_word = model.topic_word_distributions(**layer).float().cpu()  # (T, V_c) of the steered layer
     num_topics = topic_word.shape[0]

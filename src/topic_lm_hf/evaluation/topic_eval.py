@@ -1,6 +1,6 @@
 """Topic quality of a trained topic model: NPMI coherence and diversity in one call.
 
-Works for every model of the package that has ``get_topics(top_n, topic_tokenizer)`` (TCNLM,
+Works for every topic family of the package (``TopicFamilyForCausalLM.get_topics``: TCNLM,
 TopicRNN, ...); the metrics themselves live in :mod:`topic_lm_hf.evaluation.topics`, and every
 number comes back with the protocol that produced it.
 """
@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
+from ..models.modeling_topic_family import TopicFamilyForCausalLM
+from .steering import LDAJudge
 from .topics import PRESETS, load_reference_corpus, topic_coherence, topic_diversity
 
 
@@ -19,7 +21,8 @@ def evaluate_topics(model, reference: Any, top_n: Optional[int | Sequence[int]] 
     """NPMI coherence (against ``reference``) and diversity of a model's topics.
 
     Args:
-        model: anything with ``get_topics(top_n, topic_tokenizer)`` returning one word list per topic.
+        model: a topic family's causal LM, or an :class:`~topic_lm_hf.evaluation.steering.LDAJudge` (the same
+            ``get_topics`` signature), which gives one word list per topic.
         reference: the reference corpus for NPMI: a path (e.g. ``../shared/data/wiki/articles.jsonl.gz``),
             documents, or a :class:`~topic_lm_hf.evaluation.topics.ReferenceCorpus` built once with
             ``load_reference_corpus`` (much faster when several models are scored).
@@ -42,7 +45,7 @@ def evaluate_topics(model, reference: Any, top_n: Optional[int | Sequence[int]] 
         unseen-pair rule, reference corpus and its hash) and ``top_words`` the top-10 words of
         every topic.
     """
-    if not hasattr(model, "get_topics"):
+    if not isinstance(model, (TopicFamilyForCausalLM, LDAJudge)):
         raise ValueError(f"{type(model).__name__} has no get_topics(): it is not a topic model")
     if preset != "custom" and preset not in PRESETS:
         raise ValueError(f"Unknown preset {preset!r}; use one of {sorted(PRESETS)} or 'custom'")

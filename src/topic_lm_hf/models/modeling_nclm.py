@@ -63,11 +63,12 @@ from torch.nn import functional as F
 from transformers import GenerationMixin
 
 from .configuration_nclm import NCLMConfig
-from .modeling_conditioning import (TopicGenerationMixin, TopicWordPriorMixin, _broadcast_rows, angular_diversity,
+from .modeling_conditioning import (TopicGenerationMixin, _broadcast_rows, angular_diversity,
                                     lm_to_topic_index, normalize_topic_kwargs, topic_ids_to_mixture, topic_vocabulary)
-from .modeling_document import DocumentClassifierMixin, DocumentRepresentationDelegate, DocumentRepresentationMixin
+from .modeling_document import DocumentClassifierMixin, DocumentRepresentationMixin
 from .modeling_recurrent import (RecurrentBodyMixin, RecurrentPreTrainedModel, TopicLMOutput,
                                  detach_or_none, last_columns, last_token_positions)
+from .modeling_topic_family import TopicFamilyForCausalLM
 
 TRAINING_PHASES = ("joint", "lm", "topic_model")
 _ROWS_PER_DENSE_BLOCK = 8  # rows of (K, V_c) scores at a time in the official code's ETR selection
@@ -422,8 +423,7 @@ class NCLMModel(DocumentRepresentationMixin, RecurrentBodyMixin, NCLMPreTrainedM
         return [[words[i] for i in row] for row in top.tolist()]
 
 
-class NCLMForCausalLM(DocumentRepresentationDelegate, TopicWordPriorMixin, NCLMPreTrainedModel, TopicGenerationMixin,
-                      GenerationMixin):
+class NCLMForCausalLM(TopicFamilyForCausalLM, NCLMPreTrainedModel, TopicGenerationMixin, GenerationMixin):
     """NCLM with the composition sigmoid([o; c] W_p + b_p), the output softmax, the joint loss and
     topic-steered generation.
 
@@ -451,19 +451,19 @@ class NCLMForCausalLM(DocumentRepresentationDelegate, TopicWordPriorMixin, NCLMP
 
     # -- topics ------------------------------------------------------------------------------------
 
-    def infer_topics(self, context_bow) -> torch.Tensor:
+    def infer_topics(self, context_bow, *, layer=None) -> torch.Tensor:
         """Topic proportions h = softmax(mu) (b, K) of documents given as bags of words (b, V_c)."""
+        self.check_layer(layer)
         return self.model.infer_topics(context_bow)
 
-    def get_topics(self, top_n: int = 10, topic_tokenizer=None) -> list[list[str]]:
-        """The ``top_n`` words of each topic: the largest entries of its decoder row W_k.
-
-        Words come from ``topic_tokenizer``, or from the ``topic_tokenizer/`` folder saved next to the model."""
-        return self.model.get_topics(top_n, topic_tokenizer)
+    def topic_word_scores(self, layer: int) -> torch.Tensor:
+        """The decoder rows W_k (K, V_c): a topic's words are the largest entries of its row (the paper's topics)."""
+        return self.model.topic_model.topic_word_weights()
 
     @torch.no_grad()
-    def topic_word_distributions(self) -> torch.Tensor:
+    def topic_word_distributions(self, *, layer=None) -> torch.Tensor:
         """p(w | topic k) = softmax(W_k + b) over the topic vocabulary (K, V_c): the decoder at h = e_k."""
+        self.check_layer(layer)
         eye = torch.eye(self.config.num_topics, device=self.device, dtype=self.model.topic_model.decoder.weight.dtype)
         return self.model.topic_model.word_log_probs(eye).exp()
 
@@ -482,7 +482,7 @@ class NCLMForCausalLM(DocumentRepresentationDelegate, TopicWordPriorMixin, NCLMP
         """The NVDM's parameters (for a topic-model-only training phase)."""
         return list(self.model.topic_model.parameters())
 
-    def topic_model_loss(self, context_bow: torch.Tensor) -> torch.Tensor:
+    def topic_model_loss(self, context_bow: torch.Tensor, **inputs) -> torch.Tensor:
         """The NVDM's own objective on bags of words (b, V_c): (reconstruction + KL) per context word,
         over the rows that have words (samples in training mode, softmax(mu) otherwise)."""
         bow = normalize_topic_kwargs(self.config.num_topics, self.config.topic_vocab_size,

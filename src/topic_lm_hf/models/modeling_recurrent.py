@@ -472,7 +472,7 @@ def auto_class_of(model_class: type | str) -> str:
 def leaky_modes_of(model) -> list[str]:
     """The options in use that let ``model`` read the words it predicts (``model.leaky_modes()``; none for a
     model that does not declare any): such a model's perplexity is only reported under ``paper``, labelled."""
-    return list(getattr(model, "leaky_modes", lambda: [])())
+    return list(model.leaky_modes()) if isinstance(model, RecurrentPreTrainedModel) else []
 
 
 def auto_map_for(model: PreTrainedModel) -> dict[str, str]:
@@ -665,27 +665,7 @@ class RecurrentPreTrainedModel(PreTrainedModel):
         raise OSError(message + " Load it with the class it was saved from (a training run of another model needs "
                       "its own output_dir).")
 
-    def _register_kl_annealing(self):
-        """A saved counter of training forward passes (so that a resumed run goes on annealing)."""
-        self.register_buffer("kl_annealing_step", torch.zeros((), dtype=torch.long))
-
-    def kl_annealing_ramp(self, count: bool):
-        """``min(1, passes / config.kl_annealing_steps)`` (1 when annealing is off). ``count=True`` in
-        training mode first counts this forward pass; evaluation never counts."""
-        if count and self.training:
-            self.kl_annealing_step += 1
-        steps = self.config.kl_annealing_steps
-        if steps == 0:
-            return 1.0
-        return (self.kl_annealing_step.float() / steps).clamp(max=1.0)  # a tensor: no device sync
-
     def _init_weights(self, module):
-        step = getattr(module, "kl_annealing_step", None)
-        if isinstance(step, torch.Tensor):  # also when a checkpoint without it is loaded: never left uninitialised
-            step.zero_()
-        prior_weight = getattr(module, "topic_prior_weight", None)  # the shared topic output prior's lambda
-        if isinstance(prior_weight, nn.Parameter):
-            nn.init.constant_(prior_weight, self.config.topic_prior_weight_init)
         std = getattr(self.config, "initializer_range", 0.1)
         if isinstance(module, nn.Embedding):
             nn.init.uniform_(module.weight, -std, std)

@@ -58,11 +58,12 @@ from torch.nn import functional as F
 from transformers import GenerationMixin
 
 from .configuration_rgbn_rnn import RGBNRNNConfig
-from .modeling_conditioning import (TopicGenerationMixin, TopicWordPriorMixin, check_at_most_one,
+from .modeling_conditioning import (TopicGenerationMixin, check_at_most_one,
                                     normalize_topic_ids, normalize_topic_kwargs, topic_vocabulary)
-from .modeling_document import DocumentClassifierMixin, DocumentRepresentationDelegate, DocumentRepresentationMixin
+from .modeling_document import DocumentClassifierMixin, DocumentRepresentationMixin
 from .modeling_recurrent import (RecurrentModelOutput, RecurrentPreTrainedModel, TopicLMOutput,
                                  detach_or_none, embed_checked, last_columns, last_token_positions, run_rnn)
+from .modeling_topic_family import TopicFamilyForCausalLM
 
 logger = logging.getLogger(__name__)
 
@@ -390,7 +391,6 @@ class RGBNRNNPreTrainedModel(RecurrentPreTrainedModel):
     conditioning_inputs = ("context_bow", "theta", "topic_ids")
     training_context = "preceding"  # the sentence recurrence reads the sentences before each one
     reads_documents = True
-    topic_pretraining_batches = "document"  # whole documents' bags: the causal context's first ones are near empty
 
     def _init_weights(self, module):
         super()._init_weights(module)  # embeddings, linear layers, LSTMs: U(-r, r), zero biases
@@ -684,8 +684,8 @@ class RGBNRNNModel(DocumentRepresentationMixin, RGBNRNNPreTrainedModel):
             raise ValueError(f"topic_mode must be 'propagate' or 'chain', got {mode!r}")
         K = self.config.topic_sizes
         ids = normalize_topic_ids(topic_ids, K[layer - 1], batch_size).to(self.device)
-        thetas = [torch.zeros(ids.shape[0], k, device=self.device, dtype=self.dtype) for k in K]
-        onehot = torch.zeros(ids.shape[0], K[layer - 1] + 1, device=self.device, dtype=self.dtype)
+        thetas = [torch.zeros(ids.shape[0], k, device=self.device, dtype=torch.float32) for k in K]  # topic side
+        onehot = torch.zeros(ids.shape[0], K[layer - 1] + 1, device=self.device, dtype=torch.float32)
         onehot.scatter_(1, ids.clamp(min=-1) % (K[layer - 1] + 1), 1.0)
         thetas[layer - 1] = onehot[:, :-1]
         for l in range(layer - 1, 0, -1):  # 0-based index of the layer below: l - 1
@@ -711,7 +711,7 @@ class RGBNRNNModel(DocumentRepresentationMixin, RGBNRNNPreTrainedModel):
         for l in range(L - 1, -1, -1):
             if l == L - 1:
                 shape = (cfg.tau0 * prev[l] @ pis[l].T if (pis is not None and prev is not None)
-                         else torch.ones(batch_size, cfg.topic_sizes[l], device=self.device, dtype=self.dtype))
+                         else torch.ones(batch_size, cfg.topic_sizes[l], device=self.device, dtype=torch.float32))
             else:
                 shape = thetas[l + 1] @ phis[l + 1].T
                 if pis is not None and prev is not None:
@@ -902,8 +902,7 @@ class RGBNRNNModel(DocumentRepresentationMixin, RGBNRNNPreTrainedModel):
         return out if return_dict is not False else out.to_tuple()
 
 
-class RGBNRNNForCausalLM(DocumentRepresentationDelegate, TopicWordPriorMixin, RGBNRNNPreTrainedModel, TopicGenerationMixin,
-                         GenerationMixin):
+class RGBNRNNForCausalLM(TopicFamilyForCausalLM, RGBNRNNPreTrainedModel, TopicGenerationMixin, GenerationMixin):
     """GBN-RNN / rGBN-RNN with the output softmax over [a^1; ...; a^L], the joint loss, TLASGR-MCMC and generation.
 
     Conditioning of a chunk batch (at most one): ``context_bow`` (b, V_c), encoded as the next sentence of the
@@ -913,6 +912,7 @@ class RGBNRNNForCausalLM(DocumentRepresentationDelegate, TopicWordPriorMixin, RG
     """
 
     conditioning_options = ("topic_layer", "topic_mode")  # which layer topic_ids name, how theta is completed
+    topic_pretraining_batches = "document"  # whole documents' bags: the causal context's first ones are near empty
 
     def __init__(self, config: RGBNRNNConfig):
         super().__init__(config)
@@ -934,6 +934,13 @@ class RGBNRNNForCausalLM(DocumentRepresentationDelegate, TopicWordPriorMixin, RG
     def set_training_corpus_size(self, rows: int) -> None:
         self.model.set_training_corpus_size(rows)
 
+    @property
+    def num_topic_layers(self) -> int:
+        return self.config.num_layers
+
+    def check_layer(self, layer) -> int:
+        return 1 if layer is None else self.model.check_layer(layer)
+
     def topic_word_log_probs(self, theta: torch.Tensor) -> torch.Tensor:
         """log p(w | theta^1) (b, V_c) = log of Phi^1 theta^1 normalised; theta (b, sum K) or (b, K_1)."""
         theta1 = theta[..., :self.config.topic_sizes[0]].float()
@@ -951,7 +958,7 @@ class RGBNRNNForCausalLM(DocumentRepresentationDelegate, TopicWordPriorMixin, RG
         return params
 
     def topic_model_loss(self, context_bow: torch.Tensor, input_ids=None, chunk_mask=None,
-                         sentence_index=None) -> torch.Tensor:
+                         sentence_index=None, **inputs) -> torch.Tensor:
         """The (r)GBN alone on bags of words: (Poisson NLL + every layer's KL) per context word, unweighted.
         ``context_bow``: (b, V_c) one-sentence documents, or a documents batch's (b, c, V_c) with ``chunk_mask`` and
         ``sentence_index`` (or ``input_ids``): sentences in order. Training mode gathers TLASGR-MCMC statistics."""
@@ -1120,10 +1127,10 @@ class RGBNRNNForCausalLM(DocumentRepresentationDelegate, TopicWordPriorMixin, RG
     # -- topics ------------------------------------------------------------------------------------
 
     @torch.no_grad()
-    def infer_topics(self, context_bow, layer: int = 1) -> torch.Tensor:
+    def infer_topics(self, context_bow, *, layer=None) -> torch.Tensor:
         """Topic proportions (b, K_layer) of bags of words (b, V_c), each read as a document's first sentence:
-        the encoder's posterior mean of theta^layer, normalised to sum 1."""
-        layer = self.model.check_layer(layer)
+        the encoder's posterior mean of theta^layer (1 = bottom, the default), normalised to sum 1."""
+        layer = self.check_layer(layer)
         bow = normalize_topic_kwargs(self.config.num_topics, self.config.topic_vocab_size,
                                      context_bow=context_bow)["context_bow"].to(self.device)
         shapes, scales, _ = self.model.encoder.step(bow, None)
@@ -1131,25 +1138,18 @@ class RGBNRNNForCausalLM(DocumentRepresentationDelegate, TopicWordPriorMixin, RG
         return theta / theta.sum(-1, keepdim=True)
 
     @torch.no_grad()
-    def topic_word_distributions(self, layer: int = 1) -> torch.Tensor:
-        """(K_layer, V_c): each topic of ``layer`` projected down to words, Phi^1 Phi^2 ... Phi^layer (columns)."""
-        layer = self.model.check_layer(layer)
+    def topic_word_distributions(self, *, layer=None) -> torch.Tensor:
+        """(K_layer, V_c): each topic of ``layer`` (1 = bottom, the default) projected down to words,
+        Phi^1 Phi^2 ... Phi^layer (columns)."""
+        layer = self.check_layer(layer)
         matrix = self.model.phi(1).double()
         for l in range(2, layer + 1):
             matrix = matrix @ self.model.phi(l).double()
         return matrix.T.float()
 
-    @torch.no_grad()
-    def get_topics(self, layer: int = 1, top_n: int = 10, topic_tokenizer=None) -> list[list[str]]:
-        """The ``top_n`` words of every topic of ``layer`` (1 = bottom), projected down through Phi; never ``<unk>``.
-        Words come from ``topic_tokenizer`` or the ``topic_tokenizer/`` folder saved with the model."""
-        if isinstance(top_n, bool) or not isinstance(top_n, int) or top_n < 1:
-            raise ValueError(f"top_n must be a positive integer, got {top_n!r}")
-        words = topic_vocabulary(self, topic_tokenizer)
-        dist = self.topic_word_distributions(layer).clone()
-        dist[:, 0] = -1.0  # the topic <unk> is never a word
-        top = dist.topk(min(top_n, dist.shape[1] - 1), dim=-1).indices
-        return [[words[i] for i in row] for row in top.tolist()]
+    def topic_word_scores(self, layer: int) -> torch.Tensor:
+        """The topics of ``layer`` projected down to words: a topic's words are its most probable ones."""
+        return self.topic_word_distributions(layer=layer)
 
     @torch.no_grad()
     def topic_tree(self, top_n: int = 5, num_children: int = 3, topic_tokenizer=None) -> list[dict]:
@@ -1161,7 +1161,7 @@ class RGBNRNNForCausalLM(DocumentRepresentationDelegate, TopicWordPriorMixin, RG
         if isinstance(num_children, bool) or not isinstance(num_children, int) or num_children < 1:
             raise ValueError(f"num_children must be a positive integer, got {num_children!r}")
         L = self.config.num_layers
-        topics = {l: self.get_topics(l, top_n, topic_tokenizer) for l in range(1, L + 1)}
+        topics = {l: self.get_topics(top_n, layer=l, topic_tokenizer=topic_tokenizer) for l in range(1, L + 1)}
 
         def node(layer, k, weight):
             children = []

@@ -70,11 +70,12 @@ from transformers import GenerationMixin
 from transformers.utils import ModelOutput
 
 from .configuration_tcnlm import TCNLMConfig
-from .modeling_conditioning import (TOPIC_LOGIT_INIT_STD, TopicGenerationMixin, TopicWordPriorMixin, angular_diversity,
+from .modeling_conditioning import (TOPIC_LOGIT_INIT_STD, TopicGenerationMixin, angular_diversity,
                                     normalize_topic_kwargs, topic_ids_to_mixture, topic_vocabulary)
-from .modeling_document import DocumentClassifierMixin, DocumentRepresentationDelegate, DocumentRepresentationMixin
+from .modeling_document import DocumentClassifierMixin, DocumentRepresentationMixin
 from .modeling_recurrent import (RecurrentPreTrainedModel, TopicLMOutput, causal_lm_loss, detach_or_none,
                                  embed_checked, last_columns, run_rnn, run_rnn_layers)
+from .modeling_topic_family import TopicFamilyForCausalLM
 
 NUM_GATES = 4  # i, f, g (= c~), o
 
@@ -481,8 +482,7 @@ class TCNLMModel(DocumentRepresentationMixin, TCNLMPreTrainedModel):
         return out if return_dict is not False else out.to_tuple()
 
 
-class TCNLMForCausalLM(DocumentRepresentationDelegate, TopicWordPriorMixin, TCNLMPreTrainedModel, TopicGenerationMixin,
-                       GenerationMixin):
+class TCNLMForCausalLM(TopicFamilyForCausalLM, TCNLMPreTrainedModel, TopicGenerationMixin, GenerationMixin):
     """TCNLM with its output softmax, the ELBO training loss, and topic-steered generation.
 
     Conditioning (``forward`` and ``generate``; give at most one):
@@ -513,16 +513,14 @@ class TCNLMForCausalLM(DocumentRepresentationDelegate, TopicWordPriorMixin, TCNL
         self._register_kl_annealing()
         self.post_init()
 
-    def infer_topics(self, context_bow) -> torch.Tensor:
+    def infer_topics(self, context_bow, *, layer=None) -> torch.Tensor:
         """Topic proportions t (b, T) of documents given as bags of words (b, V_c): the posterior mean."""
+        self.check_layer(layer)
         return self.model.infer_topics(context_bow)
 
-    def get_topics(self, top_n: int = 10, topic_tokenizer=None) -> list[list[str]]:
-        """The ``top_n`` most probable words of each of the T topics (from beta).
-
-        Words come from ``topic_tokenizer``, or from the ``topic_tokenizer/`` folder saved next to the model.
-        """
-        return self.model.get_topics(top_n, topic_tokenizer)
+    def topic_word_scores(self, layer: int) -> torch.Tensor:
+        """beta (T, V_c): a topic's words are its most probable ones."""
+        return self.model.topic_model.beta()
 
     def topic_word_log_probs(self, t: torch.Tensor) -> torch.Tensor:
         """log (beta^T t)_w over the topic vocabulary (b, V_c): the topic model's word distribution at t (the
@@ -530,15 +528,16 @@ class TCNLMForCausalLM(DocumentRepresentationDelegate, TopicWordPriorMixin, TCNL
         return (t.float() @ self.model.topic_model.beta().float()).clamp_min(1e-10).log()
 
     @torch.no_grad()
-    def topic_word_distributions(self) -> torch.Tensor:
+    def topic_word_distributions(self, *, layer=None) -> torch.Tensor:
         """beta (T, V_c): each topic's distribution over the topic vocabulary."""
+        self.check_layer(layer)
         return self.model.topic_model.beta()
 
     def topic_model_parameters(self) -> list[nn.Parameter]:
         """The neural topic model's parameters (encoder, g(theta), beta), for :func:`pretrain_topic_model`."""
         return list(self.model.topic_model.parameters())
 
-    def topic_model_loss(self, context_bow: torch.Tensor) -> torch.Tensor:
+    def topic_model_loss(self, context_bow: torch.Tensor, **inputs) -> torch.Tensor:
         """The topic model's own objective on bags of words (b, V_c), on the scale of ``forward``'s topic
         terms: (-log p(d | t) + KL) per context word (``"context_tokens"`` normalisation) - lambda R."""
         bow = normalize_topic_kwargs(self.config.num_topics, self.config.topic_vocab_size,
@@ -651,7 +650,7 @@ class TCNLMForCausalLM(DocumentRepresentationDelegate, TopicWordPriorMixin, TCNL
             bow_loss = base.bow_nll.sum() / count
             kl_loss = base.kl.sum() / count
             aux_loss = -self.config.diversity_weight * self.model.topic_model.diversity()
-            loss = lm_loss + bow_loss + self.kl_annealing_ramp(count=True) * kl_loss + aux_loss
+            loss = lm_loss + bow_loss + self.kl_annealing_weight(count=True) * kl_loss + aux_loss
 
         out = TopicLMOutput(loss=loss, logits=logits, state=base.state,
                             hidden_states=base.hidden_states,

@@ -70,12 +70,13 @@ from transformers import GenerationMixin
 from transformers.utils import ModelOutput
 
 from .configuration_topic_rnn import TopicRNNConfig
-from .modeling_conditioning import (TOPIC_LOGIT_INIT_STD, TopicGenerationMixin, TopicWordPriorMixin, lm_to_topic_index,
+from .modeling_conditioning import (TOPIC_LOGIT_INIT_STD, TopicGenerationMixin, lm_to_topic_index,
                                     normalize_topic_kwargs, topic_ids_to_mixture, topic_scores_to_vocab,
                                     topic_vocabulary, topic_word_mask)
-from .modeling_document import DocumentClassifierMixin, DocumentRepresentationDelegate, DocumentRepresentationMixin
+from .modeling_document import DocumentClassifierMixin, DocumentRepresentationMixin
 from .modeling_recurrent import (RecurrentPreTrainedModel, TopicLMOutput, detach_or_none, next_token_loss,
                                  run_token_rnn)
+from .modeling_topic_family import TopicFamilyForCausalLM
 
 _CELLS = {"rnn": nn.RNN, "lstm": nn.LSTM, "gru": nn.GRU}
 
@@ -212,8 +213,7 @@ class TopicRNNModel(DocumentRepresentationMixin, TopicRNNPreTrainedModel):
         return torch.cat([mean, log_sigma], dim=-1) if self.config.feature_log_sigma else mean
 
 
-class TopicRNNForCausalLM(DocumentRepresentationDelegate, TopicWordPriorMixin, TopicRNNPreTrainedModel,
-                          TopicGenerationMixin, GenerationMixin):
+class TopicRNNForCausalLM(TopicFamilyForCausalLM, TopicRNNPreTrainedModel, TopicGenerationMixin, GenerationMixin):
     """TopicRNN language model: ELBO training, marginal-likelihood evaluation, topic-steered generation.
 
     Conditioning (at most one; ``generate()`` takes the same names):
@@ -243,9 +243,9 @@ class TopicRNNForCausalLM(DocumentRepresentationDelegate, TopicWordPriorMixin, T
         self._register_kl_annealing()
         self.post_init()
 
-    def kl_annealing_weight(self, count: bool = False):
-        """The current KL weight: ``kl_weight``, ramped up over ``kl_annealing_steps`` passes."""
-        return self.config.kl_weight * self.kl_annealing_ramp(count)
+    def kl_weight_target(self) -> float:
+        """``config.kl_weight``: the KL weight once annealed."""
+        return self.config.kl_weight
 
     # ------------------------------------------------------------------------------------------
     # vocabulary maps
@@ -297,7 +297,7 @@ class TopicRNNForCausalLM(DocumentRepresentationDelegate, TopicWordPriorMixin, T
         """The inference network and B, for :func:`~topic_lm_hf.pretrain_topic_model`."""
         return list(self.model.inference_net.parameters()) + list(self.topic_head.parameters())
 
-    def topic_model_loss(self, context_bow: torch.Tensor) -> torch.Tensor:
+    def topic_model_loss(self, context_bow: torch.Tensor, **inputs) -> torch.Tensor:
         """The topic model alone on bags of words (b, V_c): (-log p(d | theta) + KL(q(theta | d) || N(0, I))) per
         context word, with p(w | theta) = softmax(B theta) over the topic words (not the paper's ELBO, where B is
         trained only through the LM; see ``bow_loss_weight``). theta is sampled in training mode."""
@@ -454,38 +454,31 @@ class TopicRNNForCausalLM(DocumentRepresentationDelegate, TopicWordPriorMixin, T
     # ------------------------------------------------------------------------------------------
 
     @torch.no_grad()
-    def get_topics(self, top_n: int = 10, topic_tokenizer=None) -> list[list[str]]:
-        """The ``top_n`` words of each topic: the largest entries of each column of B (K lists).
-
-        Words come from ``topic_tokenizer`` or the ``topic_tokenizer/`` saved next to the model.
-        """
-        words = topic_vocabulary(self, topic_tokenizer)
-        scores = self.topic_head.weight.detach().float().clone()  # (V_c, K)
+    def topic_word_scores(self, layer: int) -> torch.Tensor:
+        """The columns of B (K, V_c): a topic's words are the largest entries of its column, among the words its
+        topic bias can favour (``-inf`` at ``<unk>`` and at topic words the LM lacks)."""
+        scores = self.topic_head.weight.detach().float().T.clone()  # (K, V_c)
         ids = self.config.topic_word_ids
-        usable = torch.tensor([i >= 0 for i in ids]) if ids is not None else torch.ones(len(words), dtype=torch.bool)
-        usable[0] = False  # the topic <unk>
-        scores[~usable.to(scores.device)] = float("-inf")
-        top_n = min(top_n, int(usable.sum()))
-        top = scores.topk(top_n, dim=0).indices.T  # (K, top_n)
-        return [[words[i] for i in row.tolist()] for row in top]
+        if ids is not None:
+            usable = torch.tensor([i >= 0 for i in ids], device="cpu")
+            scores[:, ~usable.to(scores.device)] = float("-inf")
+        scores[:, 0] = float("-inf")
+        return scores
 
     @torch.no_grad()
-    def topic_word_distributions(self) -> torch.Tensor:
+    def topic_word_distributions(self, *, layer=None) -> torch.Tensor:
         """(K, V_c) one distribution over the topic vocabulary per topic: softmax of column k of B
         over the topic words (the words the topic bias can favour; ``<unk>`` and words the LM lacks
         get 0). The words of ``get_topics`` are the most probable ones."""
-        scores = self.topic_head.weight.detach().float().T.clone()  # (K, V_c)
-        ids = self.config.topic_word_ids
-        usable = torch.tensor([i >= 0 for i in ids]) if ids is not None else torch.ones(scores.shape[1], dtype=torch.bool)
-        usable[0] = False
-        scores[:, ~usable.to(scores.device)] = float("-inf")
-        return torch.softmax(scores, dim=-1)
+        self.check_layer(layer)
+        return torch.softmax(self.topic_word_scores(1), dim=-1)
 
     @torch.no_grad()
-    def infer_topics(self, context_bow) -> torch.Tensor:
+    def infer_topics(self, context_bow, *, layer=None) -> torch.Tensor:
         """theta (b, K) of documents given as bags of words (b, V_c): theta at the posterior mean of
         q(z | X_c). The paper's theta is a real vector (not a distribution); with ``theta_transform="softmax"``
         it is a distribution. Its largest entry is the document's dominant topic in the sense of ``topic_ids``."""
+        self.check_layer(layer)
         bow = normalize_topic_kwargs(self.config.num_topics, self.config.topic_vocab_size,
                                      context_bow=context_bow)["context_bow"].to(self.lm_head.weight.device)
         mean, _ = self.model.inference_net(bow)

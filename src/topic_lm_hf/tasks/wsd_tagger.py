@@ -49,6 +49,7 @@ from transformers import AutoModelForCausalLM, Trainer, TrainerCallback, Trainin
 from ..models.configuration_sense_tagger import OUTPUT_MODES, SenseTaggerConfig
 from ..models.modeling_conditioning import TOPIC_TOKENIZER_SUBFOLDER, load_topic_tokenizer
 from ..models.modeling_sense_tagger import SenseTaggerForTokenClassification
+from ..models.modeling_topic_family import TopicFamilyForCausalLM
 from .wsd import (PathLike, SenseInventory, WSDScore, _as_corpus, iter_wsd_instances, load_sense_inventory,
                   score_wsd, wsd_gold, write_key_file)
 
@@ -96,7 +97,7 @@ def load_frozen_topic_model(name_or_path: PathLike):
         raise FileNotFoundError(f"topic model folder {path} does not exist (pass the folder of a trained topic "
                                 "model of the package: NCLM, TCNLM or TopicRNN)")
     model = AutoModelForCausalLM.from_pretrained(path)
-    if getattr(model, "document_topic_size", 0) == 0:
+    if not isinstance(model, TopicFamilyForCausalLM):
         raise ValueError(f"{path} holds a {type(model).__name__}, which is not a topic model (it has no document "
                          "topic representation)")
     model.eval().requires_grad_(False)

@@ -1,0 +1,160 @@
+"""The family registry: one record per model family, from which every list of families in the package is derived.
+
+A :class:`Family` holds what the package needs to know about a family: its configuration and model classes (the
+Auto classes register them), the paragraph its Hub card shows, its steering recipe (``topic-lm train``'s default
+configuration values for a new topic model), and its short name in the benchmark scripts. Whether it is a topic
+family is not declared but read from its causal LM's class (:class:`TopicFamilyForCausalLM`).
+
+Adding a family is writing its ``configuration_*`` / ``modeling_*`` files and one :func:`register_family` call::
+
+    register_family(Family(MyConfig, MyModel, MyForCausalLM, MyForSequenceClassification,
+                           card=dict(name=..., paper=..., equation=..., departures=...)))
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from transformers import (AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification,
+                          PretrainedConfig)
+
+from .models import (LSTMLMConfig, LSTMLMForCausalLM, LSTMLMForSequenceClassification, LSTMLMModel, NCLMConfig,
+                     NCLMForCausalLM, NCLMForSequenceClassification, NCLMModel, RGBNRNNConfig, RGBNRNNForCausalLM,
+                     RGBNRNNForSequenceClassification, RGBNRNNModel, TCNLMConfig, TCNLMForCausalLM,
+                     TCNLMForSequenceClassification, TCNLMModel, TopicRNNConfig, TopicRNNForCausalLM,
+                     TopicRNNForSequenceClassification, TopicRNNModel)
+from .models.modeling_topic_family import TopicFamilyForCausalLM
+
+# The shared topic output prior (TopicWordPriorMixin): part of every topic family's steering recipe, left out where
+# the configuration class says it is unavailable (``output_prior_unavailable``).
+SHARED_PRIOR = {"topic_output_bias": "beta", "topic_prior_weight_init": 1.0}
+
+
+@dataclass(frozen=True)
+class Family:
+    """One model family of the package (see the module docstring)."""
+
+    config_class: type[PretrainedConfig]
+    base_model_class: type
+    causal_lm_class: type
+    classifier_class: Optional[type]
+    card: dict  # the Hub card's paragraph: name, paper, equation, departures
+    # configuration values that make its topics matter and steer (departures from its paper, one value each)
+    steering_recipe: dict = field(default_factory=dict)
+    benchmark_name: str = ""  # its name in the benchmark scripts' model tables (default: its model_type)
+
+    @property
+    def model_type(self) -> str:
+        return self.config_class.model_type
+
+    @property
+    def is_topic_model(self) -> bool:
+        return issubclass(self.causal_lm_class, TopicFamilyForCausalLM)
+
+    @property
+    def short_name(self) -> str:
+        return self.benchmark_name or self.model_type
+
+
+FAMILIES: dict[str, Family] = {}  # model_type -> Family, in the order they were registered
+
+
+def register_family(family: Family) -> Family:
+    """Add ``family`` to :data:`FAMILIES` and register its classes with the Auto classes (``AutoConfig``,
+    ``AutoModel``, ``AutoModelForCausalLM``, ``AutoModelForSequenceClassification``), also for remote code: every
+    ``save_pretrained`` then writes the model's flat code files and an ``auto_map``, so that the folder loads with
+    ``trust_remote_code=True`` where this package is not imported. Where it is imported, its registered classes
+    are used (transformers prefers them to remote code)."""
+    if family.steering_recipe and not family.is_topic_model:
+        raise ValueError(f"{family.model_type}: a steering recipe is for a topic family "
+                         f"({family.causal_lm_class.__name__} is not a TopicFamilyForCausalLM)")
+    config = family.config_class
+    AutoConfig.register(config.model_type, config, exist_ok=True)
+    AutoModel.register(config, family.base_model_class, exist_ok=True)
+    AutoModelForCausalLM.register(config, family.causal_lm_class, exist_ok=True)
+    if family.classifier_class is not None:
+        AutoModelForSequenceClassification.register(config, family.classifier_class, exist_ok=True)
+    for cls, auto in ((config, "AutoConfig"), (family.base_model_class, "AutoModel"),
+                      (family.causal_lm_class, "AutoModelForCausalLM"),
+                      (family.classifier_class, "AutoModelForSequenceClassification")):
+        if cls is not None:
+            cls.register_for_auto_class(auto)
+    FAMILIES[family.model_type] = family
+    return family
+
+
+def family_of(model_type: str) -> Family:
+    """The registered family of ``model_type``; a ``ValueError`` that lists the families otherwise."""
+    if model_type not in FAMILIES:
+        raise ValueError(f"unknown model family {model_type!r}: the package's families are {list(FAMILIES)}")
+    return FAMILIES[model_type]
+
+
+def topic_families() -> list[Family]:
+    """The registered families that have topics."""
+    return [f for f in FAMILIES.values() if f.is_topic_model]
+
+
+# ----------------------------------------------------------------------------------------------
+# the package's five families
+# ----------------------------------------------------------------------------------------------
+
+register_family(Family(
+    LSTMLMConfig, LSTMLMModel, LSTMLMForCausalLM, LSTMLMForSequenceClassification, benchmark_name="lstm",
+    card=dict(
+        name="LSTM language model",
+        paper="the baseline of every topic-guided LM paper (Lau, Baldwin & Cohn 2017; Wang et al. 2018)",
+        equation="p(w_t | w_<t) = softmax(W h_t + b), h_t = LSTM(x_t, h_{t-1})",
+        departures="none: it is the same-size baseline every topic model here is compared with.")))
+
+register_family(Family(
+    TCNLMConfig, TCNLMModel, TCNLMForCausalLM, TCNLMForSequenceClassification, benchmark_name="tcnlm",
+    steering_recipe=dict(SHARED_PRIOR),
+    card=dict(
+        name="TCNLM (topic compositional neural language model)",
+        paper="Wang et al., AISTATS 2018, \"Topic Compositional Neural Language Model\"",
+        equation="every LSTM weight is W(t) = W_a diag(W_b t) W_c, with t the document's topic proportions from a "
+                 "neural topic model (a VAE over the bag of words)",
+        departures="the KL term is annealed from 0 over `kl_annealing_steps` (without it the topic posterior "
+                   "collapsed on APNEWS); the topic model's loss is normalised per `topic_loss_normalization`.")))
+
+register_family(Family(
+    TopicRNNConfig, TopicRNNModel, TopicRNNForCausalLM, TopicRNNForSequenceClassification,
+    benchmark_name="topic_rnn",
+    steering_recipe={**SHARED_PRIOR, "bow_loss_weight": 1.0, "theta_transform": "softmax"},
+    card=dict(
+        name="TopicRNN",
+        paper="Dieng, Wang, Gao & Paisley, ICLR 2017, \"TopicRNN: A Recurrent Neural Network with Long-Range "
+              "Semantic Dependency\"",
+        equation="p(w_t | h_t, theta, l_t) = softmax(V h_t + (1 - l_t) B theta), with l_t the stop-word indicator, "
+                 "marginalised at evaluation",
+        departures="the cell (RNN, LSTM, GRU) is a configuration field; theta is inferred from the context the "
+                   "collator gives (the preceding sentences under the causal protocols).")))
+
+register_family(Family(
+    NCLMConfig, NCLMModel, NCLMForCausalLM, NCLMForSequenceClassification, benchmark_name="nclm",
+    steering_recipe={**SHARED_PRIOR, "diversity_weight": 1.0},
+    card=dict(
+        name="NCLM (neural composite language model)",
+        paper="Chaudhary, Schütze & Gupta, ICML 2020, \"Explainable and Discourse Topic-aware Neural Language "
+              "Understanding\"",
+        equation="the LSTM reads [x_t; document topics] (LTA), the output reads them (ETA: explainable topic "
+                 "words as an embedding), or both (LETA); SDT adds sentence-level topics",
+        departures="see the package's notes on NCLM (the official code's choices where the paper is silent).")))
+
+register_family(Family(
+    RGBNRNNConfig, RGBNRNNModel, RGBNRNNForCausalLM, RGBNRNNForSequenceClassification, benchmark_name="rgbn",
+    # sparser topics (PGBN's Gibbs sampler's pseudo-count; the paper's TLASGR code uses 0.1): pre-trained on APNEWS
+    # they reached NPMI 0.060 against 0.031 with 0.1 (scripts/benchmark_steering.py)
+    steering_recipe={**SHARED_PRIOR, "eta_phi": 0.01},
+    card=dict(
+        name="rGBN-RNN (recurrent gamma belief network guided RNN)",
+        paper="Guo, Chen, Lu & Zhou, ICML 2020, \"Recurrent Hierarchical Topic-Guided RNN for Language "
+              "Generation\"",
+        equation="a multi-layer recurrent gamma belief network over the sentences of a document (Weibull "
+                 "encoder) gates a stacked RNN, layer by layer; the topics Phi are sampled by TLASGR-MCMC",
+        departures="Phi's sampler state is stored in the weights file (`phi`, `pi` buffers), so training resumes "
+                   "exactly.")))
+
+__all__ = ["Family", "FAMILIES", "SHARED_PRIOR", "family_of", "register_family", "topic_families"]

@@ -1,0 +1,135 @@
+"""The base of every topic family's causal LM: the topic API declared once, with one signature each.
+
+Copied next to the weights with a family's own files when a model is shared with remote code.
+
+A topic family's ``*ForCausalLM`` lists :class:`TopicFamilyForCausalLM` first among its bases (before its
+``*PreTrainedModel``, then ``TopicGenerationMixin`` and ``GenerationMixin``) and implements a handful of methods:
+
+* ``topic_word_scores(layer)`` (K, V_c): what ranks the words of each topic (its distribution, or the decoder
+  weights the paper reads its topics from), ``-inf`` where a word must never be shown;
+* ``topic_word_distributions(*, layer=None)`` (K, V_c): each topic's distribution over the topic vocabulary;
+* ``infer_topics(context_bow, *, layer=None)`` (b, K): a document's topic proportions (deterministic);
+* ``topic_model_parameters()`` and ``topic_model_loss(context_bow, **inputs)``: the topic model alone, for
+  :func:`~topic_lm_hf.pretrain_topic_model`.
+
+What the package asks of a topic model is asked through these names only (``isinstance(model,
+TopicFamilyForCausalLM)`` says whether a model has topics; nothing is probed with ``hasattr``). The optional parts
+have defaults here: ``set_training_corpus_size`` (rGBN-RNN's TLASGR-MCMC scales its statistics to the corpus),
+``training_phases`` (NCLM's phases before the joint objective), ``topic_model_inputs`` and
+``topic_pretraining_batches`` (what the topic model reads when pre-trained alone), ``num_topic_layers`` (rGBN-RNN's
+hierarchy), and one KL-annealing mechanism (``kl_annealing_weight``).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .modeling_conditioning import TopicWordPriorMixin, topic_vocabulary
+from .modeling_document import DocumentRepresentationDelegate
+
+
+class TopicFamilyForCausalLM(DocumentRepresentationDelegate, TopicWordPriorMixin):
+    """The topic API of every topic family's causal LM (see the module docstring)."""
+
+    # What the topic model reads when pre-trained alone (the keywords of topic_model_loss), and its batches:
+    # "train" = the family's training batches' context bags, "document" = one row per document with its whole bag.
+    topic_model_inputs: tuple[str, ...] = ("context_bow",)
+    topic_pretraining_batches: str = "train"
+    # Phases TopicLMTrainer(pretraining_phases=...) may run before the joint objective (NCLM: "lm", "topic_model").
+    training_phases: tuple[str, ...] = ()
+
+    # -- topic layers ------------------------------------------------------------------------------
+
+    @property
+    def num_topic_layers(self) -> int:
+        """The number of topic layers (1 but for rGBN-RNN's hierarchy)."""
+        return 1
+
+    def check_layer(self, layer) -> int:
+        """``layer`` (1 = bottom; ``None``: 1) checked against :attr:`num_topic_layers`."""
+        if layer is None:
+            return 1
+        if isinstance(layer, bool) or not isinstance(layer, int) or not 1 <= layer <= self.num_topic_layers:
+            raise ValueError(f"layer must be an integer in [1, {self.num_topic_layers}] (1 = the bottom topic "
+                             f"layer), got {layer!r}")
+        return layer
+
+    # -- the topics --------------------------------------------------------------------------------
+
+    def topic_word_scores(self, layer: int) -> torch.Tensor:
+        """(K, V_c) scores that rank the words of each topic of ``layer``; ``-inf`` at words never shown."""
+        raise NotImplementedError
+
+    def topic_word_distributions(self, *, layer=None) -> torch.Tensor:
+        """(K, V_c): each topic's distribution over the topic vocabulary."""
+        raise NotImplementedError
+
+    def infer_topics(self, context_bow, *, layer=None) -> torch.Tensor:
+        """(b, K): the topic proportions of documents given as bags of words (b, V_c), deterministic."""
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def get_topics(self, top_n: int = 10, *, layer=None, topic_tokenizer=None) -> list[list[str]]:
+        """The ``top_n`` words of every topic (of ``layer``, for a hierarchy; 1 = bottom), best first; never
+        ``<unk>``. Words come from ``topic_tokenizer``, or from the ``topic_tokenizer/`` folder saved next to
+        the model."""
+        if isinstance(top_n, bool) or not isinstance(top_n, int) or top_n < 1:
+            raise ValueError(f"top_n must be a positive integer, got {top_n!r}")
+        words = topic_vocabulary(self, topic_tokenizer)
+        scores = self.topic_word_scores(self.check_layer(layer)).detach().float().clone()
+        scores[:, 0] = float("-inf")  # the topic <unk> is never a word
+        shown = int(torch.isfinite(scores[0]).sum())
+        top = scores.topk(min(top_n, shown), dim=-1).indices
+        return [[words[i] for i in row] for row in top.tolist()]
+
+    # -- the topic model alone ---------------------------------------------------------------------
+
+    def topic_model_parameters(self) -> list[nn.Parameter]:
+        """The topic model's parameters (what :func:`~topic_lm_hf.pretrain_topic_model` trains)."""
+        raise NotImplementedError
+
+    def topic_model_loss(self, context_bow: torch.Tensor, **inputs) -> torch.Tensor:
+        """The topic model's own objective per context word on bags of words (b, V_c) (and the
+        ``topic_model_inputs`` beyond ``context_bow``)."""
+        raise NotImplementedError
+
+    def set_training_phase(self, phase: str) -> None:
+        """Switch what a training-mode ``forward`` optimises to ``phase`` (one of ``training_phases``)."""
+        raise ValueError(f"{type(self).__name__} has no training phases: it always trains jointly")
+
+    def set_training_corpus_size(self, rows: int) -> None:
+        """The number of training rows (rGBN-RNN scales its sampler's statistics to it); nothing by default."""
+
+    # -- KL annealing ------------------------------------------------------------------------------
+
+    def _register_kl_annealing(self) -> None:
+        """A saved counter of training forward passes (so that a resumed run goes on annealing)."""
+        self.register_buffer("kl_annealing_step", torch.zeros((), dtype=torch.long))
+
+    def kl_weight_target(self) -> float:
+        """The KL weight once annealed (1 but for TopicRNN's ``kl_weight``)."""
+        return 1.0
+
+    def kl_annealing_weight(self, count: bool = False):
+        """The KL weight now: ``kl_weight_target() * min(1, passes / config.kl_annealing_steps)`` (no ramp when
+        annealing is off). ``count=True`` in training mode first counts this forward pass; evaluation never
+        counts."""
+        if count and self.training:
+            self.kl_annealing_step += 1
+        steps = self.config.kl_annealing_steps
+        if steps == 0:
+            return self.kl_weight_target() * 1.0
+        return self.kl_weight_target() * (self.kl_annealing_step.float() / steps).clamp(max=1.0)  # no device sync
+
+    def _init_weights(self, module):
+        super()._init_weights(module)
+        if module is self:  # the head's own values (also when a checkpoint without them is loaded)
+            step = self._buffers.get("kl_annealing_step")
+            if step is not None:
+                step.zero_()
+            if self.topic_prior_weight is not None:  # the shared topic output prior's lambda
+                nn.init.constant_(self.topic_prior_weight, self.config.topic_prior_weight_init)
+
+
+__all__ = ["TopicFamilyForCausalLM"]

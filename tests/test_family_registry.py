@@ -1,0 +1,190 @@
+"""The family registry (``topic_lm_hf.families``): every list of families in the package is derived from it, and a
+new family is a subclass of the shared pieces, a handful of methods and one record.
+
+The toy family below is a sixth topic family written the way the guide asks: its config subclasses the LSTM LM's,
+its body is the LSTM LM's body plus a one-layer topic encoder and a topic-word matrix, and its causal LM subclasses
+:class:`TopicFamilyForCausalLM` and implements only ``topic_word_scores``, ``topic_word_distributions``,
+``infer_topics``, ``topic_model_parameters``, ``topic_model_loss``, ``topic_word_log_probs`` and ``forward``. Once
+registered, the Auto classes build it, ``topic-lm``'s recipe, the Hub card, topic-model pre-training, the
+collator and the shared model tester's checks (padding, state equivalence, cached generation) all work with it."""
+
+from typing import Optional
+
+import pytest
+import torch
+from torch import nn
+from transformers import AutoConfig, AutoModelForCausalLM, GenerationMixin
+
+import model_tester
+from conftest import TINY_CORPUS
+import topic_lm_hf
+from topic_lm_hf import TopicContextCollator, pretrain_topic_model, steering_recipe
+from topic_lm_hf.families import FAMILIES, SHARED_PRIOR, Family, register_family
+from topic_lm_hf.models import LSTMLMConfig
+from topic_lm_hf.models.configuration_common import TopicConfigMixin
+from topic_lm_hf.models.modeling_conditioning import (TopicGenerationMixin, normalize_topic_kwargs,
+                                                      topic_ids_to_mixture)
+from topic_lm_hf.models.modeling_lstm_lm import LSTMLMModel
+from topic_lm_hf.models.modeling_recurrent import RecurrentPreTrainedModel, TopicLMOutput
+from topic_lm_hf.models.modeling_topic_family import TopicFamilyForCausalLM
+
+
+class ToyTopicConfig(TopicConfigMixin, LSTMLMConfig):
+    model_type = "toy_topic_lm"
+
+    def __init__(self, topic_vocab_size=100, num_topics=4, topic_word_ids=None, topic_output_bias="beta",
+                 topic_prior_weight_init=1.0, kl_annealing_steps=0, **kwargs):
+        self.topic_vocab_size, self.num_topics = topic_vocab_size, num_topics
+        self.topic_word_ids = topic_word_ids
+        self.topic_output_bias, self.topic_prior_weight_init = topic_output_bias, topic_prior_weight_init
+        self.kl_annealing_steps = kl_annealing_steps
+        super().__init__(**kwargs)
+
+
+class ToyTopicPreTrainedModel(RecurrentPreTrainedModel):
+    config_class = ToyTopicConfig
+    conditioning_inputs = ("context_bow", "topic_ids", "topic_mixture")
+    training_context = "others"
+
+
+class ToyTopicModel(LSTMLMModel, ToyTopicPreTrainedModel):
+    """The LSTM LM's body, plus t = softmax(encoder(bag of words)) and the topics' word logits beta."""
+
+    config_class = ToyTopicConfig
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.encoder = nn.Linear(config.topic_vocab_size, config.num_topics)
+        self.beta = nn.Parameter(torch.randn(config.num_topics, config.topic_vocab_size) * 0.5)
+
+
+class ToyTopicForCausalLM(TopicFamilyForCausalLM, ToyTopicPreTrainedModel, TopicGenerationMixin, GenerationMixin):
+    def __init__(self, config):
+        super().__init__(config)
+        self.model = ToyTopicModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size)
+        self._init_topic_word_prior()
+        self.post_init()
+
+    # the topic API: five methods
+    def topic_word_scores(self, layer: int) -> torch.Tensor:
+        return self.model.beta
+
+    def topic_word_distributions(self, *, layer=None) -> torch.Tensor:
+        self.check_layer(layer)
+        return torch.softmax(self.model.beta.float(), -1)
+
+    def infer_topics(self, context_bow, *, layer=None) -> torch.Tensor:
+        self.check_layer(layer)
+        bow = normalize_topic_kwargs(self.config.num_topics, self.config.topic_vocab_size,
+                                     context_bow=context_bow)["context_bow"].to(self.device)
+        return torch.softmax(self.model.encoder(bow.log1p()), -1)
+
+    def topic_model_parameters(self) -> list[nn.Parameter]:
+        return [*self.model.encoder.parameters(), self.model.beta]
+
+    def topic_model_loss(self, context_bow, **inputs) -> torch.Tensor:
+        bow = context_bow.to(self.device).float()
+        log_p = self.topic_word_log_probs(self.infer_topics(bow))
+        return -(bow * log_p).sum() / bow.sum().clamp_min(1)
+
+    def topic_word_log_probs(self, t: torch.Tensor) -> torch.Tensor:
+        return (t.float() @ self.topic_word_distributions()).clamp_min(1e-10).log()
+
+    def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, state=None, labels=None,
+                use_cache=None, context_bow=None, topic_ids=None, topic_mixture=None,
+                topic_representation: Optional[torch.Tensor] = None, return_dict=None, **kwargs):
+        base = self.model(input_ids, attention_mask, inputs_embeds, state, use_cache)
+        b = base.last_hidden_state.shape[0]
+        t = topic_representation
+        if t is None:
+            given = normalize_topic_kwargs(self.config.num_topics, self.config.topic_vocab_size, b,
+                                           context_bow=context_bow, topic_ids=topic_ids, topic_mixture=topic_mixture)
+            if "topic_ids" in given:
+                t = topic_ids_to_mixture(given["topic_ids"], self.config.num_topics)
+            elif "topic_mixture" in given:
+                t = given["topic_mixture"]
+            elif "context_bow" in given:
+                t = self.infer_topics(given["context_bow"])
+            else:
+                t = torch.full((b, self.config.num_topics), 1 / self.config.num_topics)
+        t = t.to(self.device)
+        logits, lm_loss = self.output_layer(base.last_hidden_state, labels, row_bias=self.topic_word_prior(t))
+        loss = None
+        if lm_loss is not None:
+            loss = lm_loss + (self.topic_model_loss(context_bow) if context_bow is not None else 0.0)
+        out = TopicLMOutput(loss=loss, logits=logits, state=base.state, lm_loss=lm_loss, topic_mixture=t,
+                            topic_representation=t)
+        return out if return_dict is not False else out.to_tuple()
+
+
+RECIPE = {**SHARED_PRIOR, "topic_prior_weight_init": 0.5}
+
+
+@pytest.fixture
+def toy_family():
+    """The toy family registered (one record) for the test, and taken out of the registry after it."""
+    family = register_family(Family(ToyTopicConfig, ToyTopicModel, ToyTopicForCausalLM, None,
+                                    card=dict(name="Toy topic LM", paper="none", equation="softmax(W h + lambda "
+                                              "log(V_c beta^T t))", departures="none"),
+                                    steering_recipe=RECIPE, benchmark_name="toy"))
+    yield family
+    FAMILIES.pop(family.model_type)
+
+
+def test_the_registry_lists_the_five_families_and_derives_the_recipes_and_cards():
+    assert list(FAMILIES) == ["lstm_lm", "tcnlm", "topic_rnn", "nclm", "rgbn_rnn"]
+    assert [f.model_type for f in topic_lm_hf.families.topic_families()] == ["tcnlm", "topic_rnn", "nclm",
+                                                                             "rgbn_rnn"]
+    assert set(topic_lm_hf.STEERING_RECIPE) == {"tcnlm", "topic_rnn", "nclm", "rgbn_rnn"}
+    assert steering_recipe("lstm_lm") == {}
+    with pytest.raises(ValueError, match="unknown model family 'tcnml'"):
+        topic_lm_hf.families.family_of("tcnml")
+
+
+def test_a_toy_sixth_family_is_one_record_and_a_few_methods(toy_family, tiny_vocabularies):
+    tok, topic_tok = tiny_vocabularies
+    assert FAMILIES["toy_topic_lm"] is toy_family and toy_family.is_topic_model
+    # the Auto classes, topic-lm train's recipe and the Hub card come from the record
+    config = AutoConfig.for_model("toy_topic_lm", **topic_lm_hf.models.configuration_common.config_kwargs_from_tokenizers(
+        tok, topic_tok, num_topics=3, embedding_size=8, hidden_size=8, dropout=0.0))
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config)
+    assert type(model) is ToyTopicForCausalLM
+    assert steering_recipe("toy_topic_lm") == RECIPE
+    from topic_lm_hf.hub import card_tags, family_card
+
+    assert family_card("toy_topic_lm")["name"] == "Toy topic LM" and "topic-model" in card_tags(config)
+    # the shared topic API: get_topics with one signature, the layer checked once
+    topics = model.get_topics(top_n=2, topic_tokenizer=topic_tok)
+    assert len(topics) == 3 and all(len(words) == 2 and "<unk>" not in words for words in topics)
+    with pytest.raises(ValueError, match=r"layer must be an integer in \[1, 1\]"):
+        model.get_topics(layer=2, topic_tokenizer=topic_tok)
+    # the collator and topic-model pre-training read what it declares
+    collator = TopicContextCollator.for_model(model, tok, topic_tok, protocol="pretraining")
+    rows = collator.prepare(topic_lm_hf.documents_from_lists(TINY_CORPUS * 2))  # "others": each sentence's context
+    before = model.model.beta.detach().clone()
+    result = pretrain_topic_model(model, rows, collator, steps=5, batch_size=4)
+    assert result.steps == 5 and result.losses[0] > 0 and not torch.equal(before, model.model.beta)
+    # generation with topics, guided
+    model.eval()
+    out = model.generate(torch.tensor([[tok.bos_token_id]]), topic_ids=[1], topic_guidance_scale=2.0,
+                         max_new_tokens=3, do_sample=False, pad_token_id=tok.pad_token_id)
+    assert out.shape == (1, 4)
+
+
+@pytest.mark.parametrize("check", ["padding-left", "padding-right", "state-left", "state-right", "generation"])
+def test_the_shared_model_tester_runs_on_the_toy_family(toy_family, check, request, monkeypatch):
+    monkeypatch.setitem(model_tester.FAMILIES, "toy", model_tester.Family(
+        ToyTopicConfig, ToyTopicForCausalLM, ToyTopicModel, dict(num_topics=3, embedding_size=8, hidden_size=8,
+                                                                 dropout=0.0), state_size=2,
+        conditions=model_tester._topic_conditions(simplex=True), reads=("context_bow",)))
+    tester = model_tester.ModelTester("toy", model_tester.load_contract_data(request))
+    kind, _, side = check.partition("-")
+    if kind == "padding":
+        tester.check_padded_rows_equal_unpadded_rows(side)
+    elif kind == "state":
+        tester.check_state_equivalence(side)
+    else:
+        for condition in ("prior", "context_bow", "topic_ids", "topic_mixture-shared"):
+            tester.check_generation(condition, "greedy")
