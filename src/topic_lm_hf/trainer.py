@@ -20,19 +20,16 @@ from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
 
+from .carried_state import run_carried_chunks
 from .collator import TopicContextCollator
 from .data import record_vocabularies, save_vocabularies
-from .models.modeling_recurrent import RecurrentPreTrainedModel, TopicLMOutput, leaky_modes_of, select_state_rows
+from .models.modeling_recurrent import RecurrentPreTrainedModel, TopicLMOutput, leaky_modes_of
 from .models.modeling_topic_family import TopicFamilyForCausalLM
 
 logger = logging.getLogger(__name__)
 
 LOSS_TERMS = ("lm_loss", "kl_loss", "bow_loss", "aux_loss")
 WEIGHTS_FILES = (SAFE_WEIGHTS_NAME, SAFE_WEIGHTS_INDEX_NAME, WEIGHTS_NAME, WEIGHTS_INDEX_NAME)
-# Keys of a documents batch (TopicContextCollator(layout="documents")) that hold one entry per chunk (b, c, ...),
-# and the layout keys that the carried-state loop reads itself.
-CHUNK_KEYS = ("input_ids", "attention_mask", "labels", "context_bow", "sentence_prefix_bow")
-LAYOUT_KEYS = ("chunk_mask", "sentence_index")
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -234,10 +231,10 @@ def carried_state_loss(model, batch, bptt_chunks: int | None = None, chunk_callb
     """The loss of a documents batch with the model's recurrent state carried from chunk to chunk.
 
     Chunk k = 0 .. c-1 of every document is run in order, and the ``state`` the model returns after
-    chunk k is its initial state for chunk k + 1 of the same document. Rows are sorted by their number of
-    chunks (descending) first, so that the documents that still have a k-th chunk are the first rows:
-    each call runs only those rows, and the state is cut to them (as ``evaluate_perplexity``'s
-    ``causal-carry`` does), so padding chunks are never run.
+    chunk k is its initial state for chunk k + 1 of the same document. The batch is read by
+    :func:`~topic_lm_hf.carried_state.run_carried_chunks`, the loop ``evaluate_perplexity``'s ``causal-carry``
+    reads its batches with: the rows in the order of their number of chunks (descending), each call on only the
+    documents that still have a k-th chunk, the state cut to them, so padding chunks are never run.
 
     The carried state must be the one ``causal-carry`` evaluation continues from. Consecutive chunks of a
     sentence share a token (the last input of chunk k is the first of chunk k + 1, see the collator), and
@@ -275,38 +272,20 @@ def carried_state_loss(model, batch, bptt_chunks: int | None = None, chunk_callb
     check_bptt_chunks(bptt_chunks)
     check_carry_state_model(model)
     check_documents_batch(batch)
-    chunk_mask = batch["chunk_mask"].bool()
-    b, c = chunk_mask.shape
-    order = torch.argsort(chunk_mask.sum(1), descending=True, stable=True).to(chunk_mask.device)
-    per_chunk, per_row = {}, {}
-    for key, value in batch.items():
-        if key in LAYOUT_KEYS or value is None:
-            continue
-        if not isinstance(value, torch.Tensor) or value.dim() == 0 or value.shape[0] != b:
-            raise ValueError(f"carry_state cannot cut {key!r} to a chunk's rows: a documents batch holds tensors "
-                             "with one entry per document")
-        value = value.index_select(0, order.to(value.device))
-        if key in CHUNK_KEYS:
-            per_chunk[key] = value
-        else:
-            per_row[key] = value
-    active = chunk_mask.index_select(0, order).sum(0).tolist()  # documents with a k-th chunk: a prefix
-    kl_step = getattr(_unwrap(model), "kl_annealing_step", None)
-    kl_step_before = kl_step.clone() if isinstance(kl_step, torch.Tensor) and model.training else None
-    total, sums, weights, state = None, {}, {}, None
-    for k in range(c):
-        rows = active[k]
-        if rows == 0:
-            break
-        chunk = {key: value[:rows, k] for key, value in per_chunk.items()}
+    c = batch["chunk_mask"].shape[1]
+    lm = _unwrap(model)
+    kl_step = lm._buffers.get("kl_annealing_step") if isinstance(lm, TopicFamilyForCausalLM) else None
+    kl_step_before = kl_step.clone() if kl_step is not None and model.training else None
+    total, sums, weights = None, {}, {}
+
+    def step(k, chunk, state):
+        nonlocal total
         mask = chunk["attention_mask"]
         # 1 at inputs whose target is real (right padding): the last real token stays out of the state.
-        chunk["attention_mask"] = torch.cat([mask[:, 1:], mask.new_zeros(rows, 1)], dim=1)
-        state = select_state_rows(state, rows)
+        chunk["attention_mask"] = torch.cat([mask[:, 1:], mask.new_zeros(mask.shape[0], 1)], dim=1)
         if kl_step_before is not None and k > 0:
             kl_step.copy_(kl_step_before)  # each chunk's pass sees (and counts) the batch's one pass
-        out = model(**chunk, **{key: value[:rows] for key, value in per_row.items()}, state=state, use_cache=True,
-                    return_dict=True)
+        out = model(**chunk, state=state, use_cache=True, return_dict=True)
         if chunk_callback is not None:
             chunk_callback(chunk["labels"], out)
         state = _output(out, "state")
@@ -326,6 +305,9 @@ def carried_state_loss(model, batch, bptt_chunks: int | None = None, chunk_callb
             if value is not None:
                 sums[key] = sums.get(key, 0) + tokens * value.detach().float().mean()
                 weights[key] = weights.get(key, 0) + tokens
+        return state
+
+    run_carried_chunks(batch, step)
     return TopicLMOutput(loss=total / weights["loss"].clamp_min(1),
                          **{key: sums[key] / weights[key].clamp_min(1) for key in sums})
 
@@ -526,8 +508,9 @@ class TopicLMTrainer(Trainer):
             outputs = carried_state_loss(model, inputs, self.bptt_chunks, chunk_callback=collect)
             loss = outputs.loss
         else:
-            if inputs.get("chunk_mask") is not None and not getattr(self.accelerator.unwrap_model(model),
-                                                                     "reads_documents", False):
+            unwrapped = self.accelerator.unwrap_model(model)
+            reads_documents = isinstance(unwrapped, RecurrentPreTrainedModel) and unwrapped.reads_documents
+            if inputs.get("chunk_mask") is not None and not reads_documents:
                 raise ValueError("A documents batch (chunk_mask) for a model that reads one sentence chunk at a time: "
                                  "train it with TopicLMTrainer(..., carry_state=True), or use layout='sentences'")
             loss, outputs = super().compute_loss(model, inputs, return_outputs=True)
@@ -643,10 +626,9 @@ class TopicLMTrainer(Trainer):
     def _issue_warnings_after_load(self, load_result):
         # Resuming loads with load_state_dict(strict=False), which only warns about missing weights:
         # for the package's models they are an error, as in from_pretrained.
-        check = getattr(self.model, "check_missing_weights", None)
-        if check is not None:
-            check(load_result.missing_keys, getattr(self, "_checkpoint_being_loaded", None) or "the checkpoint",
-                  load_result.unexpected_keys)
+        if isinstance(self.model, RecurrentPreTrainedModel):
+            source = getattr(self, "_checkpoint_being_loaded", None) or "the checkpoint"
+            self.model.check_missing_weights(load_result.missing_keys, source, load_result.unexpected_keys)
         super()._issue_warnings_after_load(load_result)
 
     def log(self, logs, start_time=None):

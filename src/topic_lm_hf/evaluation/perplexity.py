@@ -31,9 +31,10 @@ from typing import Any, Sequence
 import datasets
 import torch
 
+from ..carried_state import run_carried_chunks
 from ..collator import PROTOCOL_BATCHES, TopicContextCollator
 from ..data import check_vocabularies, documents_from_lists, load_vocabularies
-from ..models.modeling_recurrent import leaky_modes_of, select_state_rows
+from ..models.modeling_recurrent import leaky_modes_of
 
 # protocol -> (collator context mode, carry the LSTM state across a document)
 PROTOCOLS = {name: PROTOCOL_BATCHES[name] for name in ("paper", "causal", "causal-carry")}
@@ -215,22 +216,22 @@ def evaluate_perplexity(model, documents: datasets.Dataset | Sequence, protocol:
                 total_nll += nll
                 total_tokens += n
         else:
-            # Documents in parallel; at step k every document that still has a k-th chunk advances.
+            # Documents in parallel, chunk after chunk, the state carried (run_carried_chunks, as in training with
+            # carry_state). Sorted by their number of chunks, a batch's documents have similar lengths.
+            def step(k, chunk, state):
+                nonlocal total_nll, total_tokens
+                bow = chunk["context_bow"].to(device) if uses_context else None
+                prefix = chunk["sentence_prefix_bow"].to(device) if sentence_prefix else None
+                nll, n, state = _chunk_nll(model, chunk["input_ids"].to(device), chunk["attention_mask"].to(device),
+                                           bow, state, use_cache=True, sentence_prefix_bow=prefix)
+                total_nll += nll
+                total_tokens += n
+                return state
+
             n_chunks = [len(x) for x in rows["input_ids"]]
             order = sorted(range(len(rows)), key=lambda i: -n_chunks[i])
             for start in range(0, len(order), batch_size):
-                batch = collator([rows[i] for i in order[start:start + batch_size]])
-                state = None
-                for k in range(batch["input_ids"].shape[1]):
-                    active = int(batch["chunk_mask"][:, k].sum())  # a prefix: documents are sorted
-                    state = select_state_rows(state, active)
-                    bow = batch["context_bow"][:active, k].to(device) if uses_context else None
-                    prefix = batch["sentence_prefix_bow"][:active, k].to(device) if sentence_prefix else None
-                    nll, n, state = _chunk_nll(model, batch["input_ids"][:active, k].to(device),
-                                               batch["attention_mask"][:active, k].to(device), bow, state,
-                                               use_cache=True, sentence_prefix_bow=prefix)
-                    total_nll += nll
-                    total_tokens += n
+                run_carried_chunks(collator([rows[i] for i in order[start:start + batch_size]]), step)
     finally:
         model.train(was_training)
     if total_tokens == 0:

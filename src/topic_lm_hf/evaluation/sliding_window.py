@@ -20,14 +20,16 @@ The result is labelled ``protocol="topicrnn-sliding-window"``.
 from __future__ import annotations
 
 import math
+from collections import defaultdict
 from typing import Any, Sequence
 
 import datasets
 import numpy as np
 import torch
 
+from ..carried_state import run_carried_chunks
 from ..collator import TopicContextCollator
-from ..models.modeling_recurrent import leaky_modes_of, select_state_rows
+from ..models.modeling_recurrent import leaky_modes_of
 from .perplexity import _chunk_nll, prepare_evaluation
 
 PROTOCOL = "topicrnn-sliding-window"
@@ -68,31 +70,35 @@ def evaluate_perplexity_sliding_window(model, documents: datasets.Dataset | Sequ
     was_training = model.training
     model.eval()
     total_nll, total_tokens = 0.0, 0
+    # Row i of a batch -> the LM ids it has predicted so far. Chunk k runs the first rows of the loop's order, so
+    # row i is the same document at every chunk of the batch.
+    history: defaultdict[int, list[int]] = defaultdict(list)
+
+    def step(k, chunk, state):
+        nonlocal total_nll, total_tokens
+        ids, mask = chunk["input_ids"], chunk["attention_mask"]
+        bow = None
+        if uses_context:
+            topic_ids = [lm_to_topic[np.asarray(history[i][-window:], dtype=np.int64)] for i in range(len(ids))]
+            bow = collator.bag_of_words([t[t >= 0] for t in topic_ids]).to(device)
+        prefix = chunk["sentence_prefix_bow"].to(device) if sentence_prefix else None
+        nll, n, state = _chunk_nll(model, ids.to(device), mask.to(device), bow, state, use_cache=carry_state,
+                                   sentence_prefix_bow=prefix)
+        total_nll += nll
+        total_tokens += n
+        for i in range(len(ids)):
+            length = int(mask[i].sum())
+            history[i].extend(ids[i, 1:length].tolist())  # this chunk's predicted tokens
+        return state if carry_state else None
+
     try:
+        # Documents in parallel, chunk after chunk (run_carried_chunks, as causal-carry); sorted by their number of
+        # chunks, a batch's documents have similar lengths.
         n_chunks = [len(x) for x in rows["input_ids"]]
         order = sorted(range(len(rows)), key=lambda i: -n_chunks[i])
         for start in range(0, len(order), batch_size):
-            batch = collator([rows[i] for i in order[start:start + batch_size]])
-            history: list[list[int]] = [[] for _ in range(batch["input_ids"].shape[0])]  # predicted LM ids
-            state = None
-            for k in range(batch["input_ids"].shape[1]):
-                active = int(batch["chunk_mask"][:, k].sum())  # a prefix: documents are sorted
-                state = select_state_rows(state, active) if carry_state else None
-                ids = batch["input_ids"][:active, k]
-                mask = batch["attention_mask"][:active, k]
-                bow = None
-                if uses_context:
-                    topic_ids = [lm_to_topic[np.asarray(history[i][-window:], dtype=np.int64)] for i in range(active)]
-                    bow = collator.bag_of_words([t[t >= 0] for t in topic_ids]).to(device)
-                prefix = batch["sentence_prefix_bow"][:active, k].to(device) if sentence_prefix else None
-                nll, n, new_state = _chunk_nll(model, ids.to(device), mask.to(device), bow, state,
-                                               use_cache=carry_state, sentence_prefix_bow=prefix)
-                state = new_state if carry_state else None
-                total_nll += nll
-                total_tokens += n
-                for i in range(active):
-                    length = int(mask[i].sum())
-                    history[i].extend(ids[i, 1:length].tolist())  # this chunk's predicted tokens
+            history.clear()
+            run_carried_chunks(collator([rows[i] for i in order[start:start + batch_size]]), step)
     finally:
         model.train(was_training)
     if total_tokens == 0:

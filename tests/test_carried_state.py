@@ -1,0 +1,82 @@
+"""The carried-state loop shared by causal-carry evaluation, the sliding window and carried training
+(``run_carried_chunks``), driven directly on real APNEWS documents against each document run alone."""
+
+import pytest
+import torch
+from conftest import tiny_model
+
+from topic_lm_hf import TopicContextCollator
+from topic_lm_hf.carried_state import run_carried_chunks
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+# Sentences kept of the first APNEWS training documents: not sorted by length, so the loop must reorder the rows,
+# and of different lengths, so the batch has padding chunks (and, at max_sentence_length=8, sentences of
+# several chunks).
+SENTENCES = (2, 5, 1, 3, 5)
+
+
+def documents_batch(apnews, family):
+    """A documents batch of the cut documents, with the inputs ``family`` reads, and ``doc_index`` (b,): a tensor
+    with one entry per document, which the loop cuts to each chunk's rows like any other."""
+    context = "none" if family == "lstm_lm" else "preceding"
+    collator = TopicContextCollator(apnews["tok"], apnews["topic_tok"] if context != "none" else None,
+                                    context=context, layout="documents", max_sentence_length=8,
+                                    sentence_prefix=family.startswith("nclm"))
+    docs = apnews["train"]["sentences"][:len(SENTENCES)]
+    batch = collator([{"sentences": doc[:n]} for doc, n in zip(docs, SENTENCES)])
+    batch["doc_index"] = torch.arange(len(SENTENCES))
+    return {k: v.double() if v.is_floating_point() else v for k, v in batch.items()}
+
+
+def token_nll(model, input_ids, attention_mask, state, inputs):
+    """Per-token NLL (rows, l - 1) of chunks (inputs chunk[:-1], targets chunk[1:]), as evaluation computes it, the
+    target mask, and the state after the chunk's inputs."""
+    target_mask = attention_mask[:, 1:].bool()
+    out = model(input_ids=input_ids[:, :-1], attention_mask=target_mask.long(), state=state, use_cache=True,
+                return_dict=True, **inputs)
+    log_probs = torch.log_softmax(out.logits.double(), dim=-1)
+    return -log_probs.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1), target_mask, out.state
+
+
+def naive_document_nll(model, batch, i):
+    """Document ``i`` alone, chunk after chunk without padding, the state carried: its NLL sum and token count."""
+    total, tokens, state = 0.0, 0, None
+    for k in range(int(batch["chunk_mask"][i].sum())):
+        length = int(batch["attention_mask"][i, k].sum())
+        ids = batch["input_ids"][i, k, :length].unsqueeze(0)
+        inputs = {key: batch[key][i, k].unsqueeze(0) for key in ("context_bow", "sentence_prefix_bow") if key in batch}
+        nll, mask, state = token_nll(model, ids, torch.ones_like(ids), state, inputs)
+        total += nll.sum().item()
+        tokens += int(mask.sum())
+    return total, tokens
+
+
+@pytest.mark.parametrize("family", ["lstm_lm", "tcnlm", "nclm-leta-sdt"])
+def test_the_loop_equals_each_document_run_alone(apnews, family):
+    batch = documents_batch(apnews, family)
+    model = tiny_model(family, apnews["tok"], apnews["topic_tok"]).double().eval()
+    nll = torch.zeros(len(SENTENCES), dtype=torch.float64)
+    tokens = torch.zeros(len(SENTENCES), dtype=torch.long)
+    visits = []
+
+    def step(k, chunk, state):
+        docs = chunk["doc_index"]
+        visits.append((k, docs.tolist(), state is None))
+        inputs = {key: chunk[key] for key in ("context_bow", "sentence_prefix_bow") if key in chunk}
+        token, mask, state = token_nll(model, chunk["input_ids"], chunk["attention_mask"], state, inputs)
+        nll.index_add_(0, docs, (token * mask).sum(1))
+        tokens.index_add_(0, docs, mask.sum(1))
+        return state
+
+    with torch.no_grad():
+        run_carried_chunks(batch, step)
+        expected = [naive_document_nll(model, batch, i) for i in range(len(SENTENCES))]
+    n_chunks = batch["chunk_mask"].sum(1).tolist()
+    assert n_chunks != sorted(n_chunks, reverse=True)  # rows to reorder (and padding chunks)
+    # Chunk k runs the documents that have one, longest first (ties in batch order), from a fresh state at k = 0.
+    by_length = sorted(range(len(SENTENCES)), key=lambda i: -n_chunks[i])
+    assert visits == [(k, [i for i in by_length if n_chunks[i] > k], k == 0) for k in range(max(n_chunks))]
+    assert tokens.tolist() == [n for _, n in expected]
+    for i, (want, _) in enumerate(expected):
+        assert nll[i].item() == pytest.approx(want, rel=1e-9), i
