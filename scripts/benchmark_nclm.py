@@ -2,7 +2,7 @@
 
 NCLM is Chaudhary, Schütze & Gupta, ICML 2020 (``topic_lm_hf.NCLMForCausalLM``). Every model is
 trained in this one run on ``apnews/train.txt`` and measured on ``apnews/valid.txt``, with the
-settings of ``scripts/benchmark_tcnlm.py`` and the pieces of ``topic_lm_hf.benchmarking``: the vocabularies
+settings of ``scripts/benchmark_tcnlm.py`` and the pieces of ``scripts/benchmarking.py``: the vocabularies
 of Lau et al. 2017 (LM: words with frequency >= 10; topic: minus the MALLET stop list, the top 0.1 % and
 non-alphabetic tokens), 30-token chunks, context bags of words capped at 300 topic tokens,
 ``TopicLMTrainer`` with the same optimiser (Adam, lr 2e-3, linear warm-up over 2 % of the steps
@@ -64,7 +64,7 @@ Decisions (the same for every run of this script):
 * Steering. For the causal NCLM variant with the lowest ``causal`` perplexity, ``evaluate_steering``
   (``topic_ids=[k]`` for a seeded sample of topics; judges: the model's encoder, the model's own topic
   distributions and scikit-learn LDA fitted on train.txt; fluency = perplexity of the generated text
-  under the LSTM trained in this run), through ``topic_lm_hf.benchmarking.steer``.
+  under the LSTM trained in this run), through ``benchmarking.steer``.
 
 Resumable. ``--out`` (default ``out/nclm``) holds ``settings.json`` (a rerun with other settings is
 refused), and per model ``<name>/model`` (the trained weights and both vocabularies),
@@ -88,12 +88,13 @@ from transformers.utils import logging as hf_logging
 
 from topic_lm_hf import (LSTMLMForCausalLM, NCLMForCausalLM, TopicContextCollator, build_vocabularies,
                          evaluate_topics, load_documents)
-from topic_lm_hf.benchmark_training import train_resumable
-from topic_lm_hf.benchmarking import (DATA, PROTOCOLS, TRAINING_FLAGS, add_common_arguments, build_lstm, build_nclm,
-                                      cached_lda_judge, check_settings, code_version, evaluate_protocols, fmt,
-                                      interleaved_step_times, read_json, steer, write_json)
 from topic_lm_hf.evaluation.steering import format_steering_table
 from topic_lm_hf.evaluation.topics import load_reference_corpus
+
+from benchmark_training import train_resumable
+from benchmarking import (DATA, PROTOCOLS, TRAINING_FLAGS, add_common_arguments, build_lstm, build_nclm,
+                          cached_lda_judge, check_settings, code_version, evaluate_protocols, fmt,
+                          interleaved_step_times, read_json, steer, write_json)
 
 # name -> what it is; NCLM entries give the config and the training context
 MODELS = {

@@ -1,5 +1,5 @@
 """What the benchmark scripts (``scripts/benchmark_*.py``) share, in one place, so that every benchmark states,
-records and measures its runs the same way. Their training pieces are in ``topic_lm_hf.benchmark_training``.
+records and measures its runs the same way. Their training pieces are in ``scripts/benchmark_training.py``.
 
 * **Command line.** ``add_common_arguments`` adds the flags the scripts share (``--steps``, ``--dropout``,
   ``--lr``, ``--threads``, ``--seed``, ...), each with one definition; a script names the ones it takes and
@@ -44,7 +44,7 @@ from topic_lm_hf.pretraining import steering_recipe
 from topic_lm_hf.evaluation import PROTOCOLS as PROTOCOL_CONTEXTS
 from topic_lm_hf.trainer import carried_state_loss
 
-ROOT = Path(__file__).resolve().parents[2]  # the checkout: src/topic_lm_hf/benchmarking.py
+ROOT = Path(__file__).resolve().parents[1]  # the checkout: scripts/benchmarking.py
 # $TOPIC_LM_DATA or ../shared/data (data.shared_data_dir); where it is absent, the path the error messages name
 DATA = shared_data_dir() or ROOT.parent / "shared" / "data"
 PROTOCOLS = tuple(PROTOCOL_CONTEXTS)  # paper, causal, causal-carry
@@ -155,8 +155,8 @@ def check_settings(out: Path, settings: dict) -> None:
 
 
 def code_version() -> str:
-    """The commit of the checkout this package is imported from, and a hash of the uncommitted changes under src/
-    if there are any."""
+    """The commit of the checkout these scripts run from, and a hash of the uncommitted changes under src/ if there
+    are any."""
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
                                 check=True).stdout.strip()
