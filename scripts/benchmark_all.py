@@ -113,10 +113,11 @@ Decisions (the same for every run of this script):
 Resumable. ``--out`` holds ``settings.json`` (a rerun with other settings is refused: ``check_settings``),
 ``benchmark.log`` (everything printed, appended), per model ``<name>/model`` (the best weights and both
 vocabularies), ``train.json``, ``dev.jsonl`` (every dev evaluation), ``steps.jsonl``, ``eval.json``,
-``topics.json``, ``steering.json``; then ``lda_judge.pkl``, ``speed.json``, ``results.json``, ``table.md``,
-``perplexity.png`` and ``steering.png`` (matplotlib, ``pip install topic-lm-hf[bench]``; skipped with a message
-without it). A rerun skips whatever is done (a trained model is never retrained) and resumes an interrupted
-training from its last checkpoint (one at every dev evaluation), the early-stopping state from ``dev.jsonl``.
+``topics.json``, ``steering.json``; then ``lda_judge.safetensors`` and ``lda_judge.json`` (the LDA judge and what it
+was fitted with), ``speed.json``, ``results.json``, ``table.md``, ``perplexity.png`` and ``steering.png``
+(matplotlib, ``pip install topic-lm-hf[bench]``; skipped with a message without it). A rerun skips whatever is done
+(a trained model is never retrained) and resumes an interrupted training from its last checkpoint (one at every dev
+evaluation), the early-stopping state from ``dev.jsonl``.
 ``--readme results/README.md`` publishes a finished table: ``table.md``, ``results.json`` and the figures are copied
 to ``results/<corpus>-<size>/``, and the page's block for that run is rewritten (``publish``).
 """
@@ -458,7 +459,7 @@ def run(args) -> dict:
         if not todo or "lstm" not in done:
             continue
         if judge is None:
-            judge = cached_lda_judge(out / "lda_judge.pkl", train_docs, topic_tok, args.num_topics, args.seed,
+            judge = cached_lda_judge(out / "lda_judge", train_docs, topic_tok, args.num_topics, args.seed,
                                      max_iter=args.lda_max_iter)
             fluency_model = load_model("lstm", out / "lstm" / "model", args.device)
         model = load_model(name, out / name / "model", args.device)

@@ -68,11 +68,11 @@ Decisions (the same for every run of this script):
 
 Resumable. ``--out`` (default ``out/nclm``) holds ``settings.json`` (a rerun with other settings is
 refused), and per model ``<name>/model`` (the trained weights and both vocabularies),
-``<name>/train.json``, ``<name>/eval.json``, ``<name>/topics.json``, ``<name>/steps.jsonl`` (per-step
-time and tokens); then ``lda_judge.pkl``, ``steering.json``, ``speed.json``, ``table.md`` and
-``results.json``. A rerun skips whatever is done and resumes an interrupted training from its last
-complete checkpoint (``<name>/checkpoints``, every ``--save-steps`` steps; removed once the model is
-saved).
+``<name>/train.json``, ``<name>/eval.json``, ``<name>/topics.json``, ``<name>/steps.jsonl`` (per-step time
+and tokens); then ``lda_judge.safetensors`` and ``lda_judge.json`` (the LDA judge and what it was fitted
+with), ``steering.json``, ``speed.json``, ``table.md`` and ``results.json``. A rerun skips whatever is
+done and resumes an interrupted training from its last complete checkpoint (``<name>/checkpoints``, every
+``--save-steps`` steps; removed once the model is saved).
 """
 
 from __future__ import annotations
@@ -283,7 +283,7 @@ def main() -> None:
     if candidates and "lstm" in done:
         best = min(candidates, key=lambda n: results[n]["eval"]["causal"]["perplexity"])
         if steering is None or steering.get("model") != best:
-            judge = cached_lda_judge(out / "lda_judge.pkl", train_docs, topic_tok, args.num_topics, args.seed)
+            judge = cached_lda_judge(out / "lda_judge", train_docs, topic_tok, args.num_topics, args.seed)
             print(f"\n== steering {best} (lowest causal perplexity among {candidates})", flush=True)
             model = load_model(best, out / best)
             fluency_model = load_model("lstm", out / "lstm")

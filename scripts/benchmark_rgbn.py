@@ -80,9 +80,10 @@ Decisions (the same for every run of this script):
 Resumable. ``--out`` (default ``out/rgbn``) holds ``settings.json`` (a rerun with other settings is refused),
 ``benchmark.log`` (everything printed, appended), and per model ``<name>/model``, ``train.json``, ``eval.json``,
 ``topics.json``, ``bleu.json`` (+ ``generated.txt``), ``steering.json``, ``steps.jsonl``; then
-``real_sentences_bleu.json``, ``lda_judge.pkl``, ``speed.json``, ``topic_tree.txt``, ``paragraph.txt``,
-``table.md`` and ``results.json``. A rerun skips whatever is done and resumes an interrupted training from its
-last complete checkpoint (``<name>/checkpoints``, every ``--save-steps`` steps; removed once the model is saved).
+``real_sentences_bleu.json``, ``lda_judge.safetensors`` and ``lda_judge.json`` (the LDA judge and what it was fitted
+with), ``speed.json``, ``topic_tree.txt``, ``paragraph.txt``, ``table.md`` and ``results.json``. A rerun skips
+whatever is done and resumes an interrupted training from its last complete checkpoint (``<name>/checkpoints``,
+every ``--save-steps`` steps; removed once the model is saved).
 """
 
 from __future__ import annotations
@@ -349,7 +350,7 @@ def main() -> None:
         if judge_name is None or (previous is not None and previous["fluency_judge"] == judge_name):
             continue
         if judge is None:
-            judge = cached_lda_judge(out / "lda_judge.pkl", train_docs, topic_tok, args.topic_sizes[0], args.seed,
+            judge = cached_lda_judge(out / "lda_judge", train_docs, topic_tok, args.topic_sizes[0], args.seed,
                                      max_iter=args.lda_max_iter)
             fluency_model = load_model(judge_name, out / judge_name)
         print(f"\n== steering {name} (first-layer topics; fluency judge {judge_name})", flush=True)

@@ -231,7 +231,7 @@ def main() -> None:
           f"evaluations {args.eval_steps} steps apart, at most {args.max_steps} steps", flush=True)
     if not args.table_only:
         (out / "args.json").write_text(json.dumps(vars(args), indent=1))
-    judge = cached_lda_judge(out / f"lda_judge_T{args.num_topics}.pkl", train_docs, topic_tok, args.num_topics,
+    judge = cached_lda_judge(out / f"lda_judge_T{args.num_topics}", train_docs, topic_tok, args.num_topics,
                              args.seed)
     cache = {}
 
