@@ -3,7 +3,7 @@
 One command trains the LSTM LM and every topic-guided family of the package at one size, with one budget and
 early stopping on a development split carved from ``train.txt``, evaluates everything on ``valid.txt``, and
 writes ``results.json``, ``table.md`` (the table ``results/README.md`` includes) and two figures. The pieces are
-every benchmark's (``topic_lm_hf.benchmarking`` and ``topic_lm_hf.benchmark_training``): the vocabularies of Lau
+every benchmark's (``scripts/benchmarking.py`` and ``scripts/benchmark_training.py``): the vocabularies of Lau
 et al. 2017 (``build_vocabularies``: LM words with frequency >= 10; topic words minus the MALLET stop list, the top
 0.1 % and non-alphabetic tokens), 30-token chunks and contexts capped at 300 topic tokens
 (``TopicContextCollator``), ``BenchmarkTrainer`` (fixed batch order, linear schedule), ``StepTimer`` (per-step
@@ -113,10 +113,11 @@ Decisions (the same for every run of this script):
 Resumable. ``--out`` holds ``settings.json`` (a rerun with other settings is refused: ``check_settings``),
 ``benchmark.log`` (everything printed, appended), per model ``<name>/model`` (the best weights and both
 vocabularies), ``train.json``, ``dev.jsonl`` (every dev evaluation), ``steps.jsonl``, ``eval.json``,
-``topics.json``, ``steering.json``; then ``lda_judge.pkl``, ``speed.json``, ``results.json``, ``table.md``,
-``perplexity.png`` and ``steering.png`` (matplotlib, ``pip install topic-lm-hf[bench]``; skipped with a message
-without it). A rerun skips whatever is done (a trained model is never retrained) and resumes an interrupted
-training from its last checkpoint (one at every dev evaluation), the early-stopping state from ``dev.jsonl``.
+``topics.json``, ``steering.json``; then ``lda_judge.safetensors`` and ``lda_judge.json`` (the LDA judge and what it
+was fitted with), ``speed.json``, ``results.json``, ``table.md``, ``perplexity.png`` and ``steering.png``
+(matplotlib, ``pip install topic-lm-hf[bench]``; skipped with a message without it). A rerun skips whatever is done
+(a trained model is never retrained) and resumes an interrupted training from its last checkpoint (one at every dev
+evaluation), the early-stopping state from ``dev.jsonl``.
 ``--readme results/README.md`` publishes a finished table: ``table.md``, ``results.json`` and the figures are copied
 to ``results/<corpus>-<size>/``, and the page's block for that run is rewritten (``publish``).
 """
@@ -135,15 +136,15 @@ import torch
 from transformers.utils import logging as hf_logging
 
 from topic_lm_hf import TopicContextCollator, build_vocabularies, evaluate_topics, load_documents
-from topic_lm_hf.benchmark_training import (pretrain_topic_model_once, pretrain_topic_model_phase, step_throughput,
-                                            train_to_convergence)
 from topic_lm_hf.pretraining import RECIPE_PRETRAINING
-from topic_lm_hf.benchmarking import (CLASSES, DATA, MAX_FLUENCY_RATIO, MODELS, PROTOCOLS, SIZES, TRAINING_FLAGS,
-                                      CarriedLoss, OnDevice, Tee, add_common_arguments, build_model, cached_lda_judge,
-                                      check_settings, code_version, evaluate_protocols, fluent_setting, fmt,
-                                      interleaved_step_times, make_collator, prepared_rows, publish, read_json,
-                                      read_jsonl, steer, write_json)
 from topic_lm_hf.evaluation.topics import load_reference_corpus
+
+from benchmark_training import (pretrain_topic_model_once, pretrain_topic_model_phase, step_throughput,
+                                train_to_convergence)
+from benchmarking import (CLASSES, DATA, MAX_FLUENCY_RATIO, MODELS, PROTOCOLS, SIZES, TRAINING_FLAGS, CarriedLoss,
+                          OnDevice, Tee, add_common_arguments, build_model, cached_lda_judge, check_settings,
+                          code_version, evaluate_protocols, fluent_setting, fmt, interleaved_step_times, make_collator,
+                          prepared_rows, publish, read_json, read_jsonl, steer, write_json)
 
 MAX_EPOCHS = 20  # the default cap: early stopping is meant to end every run before it
 BATCH_DOCUMENTS = {"apnews": 4, "brown": 1, "imdb": 6}  # about 60 chunks on APNEWS and IMDB, 100 on Brown
@@ -458,7 +459,7 @@ def run(args) -> dict:
         if not todo or "lstm" not in done:
             continue
         if judge is None:
-            judge = cached_lda_judge(out / "lda_judge.pkl", train_docs, topic_tok, args.num_topics, args.seed,
+            judge = cached_lda_judge(out / "lda_judge", train_docs, topic_tok, args.num_topics, args.seed,
                                      max_iter=args.lda_max_iter)
             fluency_model = load_model("lstm", out / "lstm" / "model", args.device)
         model = load_model(name, out / name / "model", args.device)

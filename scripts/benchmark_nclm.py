@@ -2,7 +2,7 @@
 
 NCLM is Chaudhary, Schütze & Gupta, ICML 2020 (``topic_lm_hf.NCLMForCausalLM``). Every model is
 trained in this one run on ``apnews/train.txt`` and measured on ``apnews/valid.txt``, with the
-settings of ``scripts/benchmark_tcnlm.py`` and the pieces of ``topic_lm_hf.benchmarking``: the vocabularies
+settings of ``scripts/benchmark_tcnlm.py`` and the pieces of ``scripts/benchmarking.py``: the vocabularies
 of Lau et al. 2017 (LM: words with frequency >= 10; topic: minus the MALLET stop list, the top 0.1 % and
 non-alphabetic tokens), 30-token chunks, context bags of words capped at 300 topic tokens,
 ``TopicLMTrainer`` with the same optimiser (Adam, lr 2e-3, linear warm-up over 2 % of the steps
@@ -64,15 +64,15 @@ Decisions (the same for every run of this script):
 * Steering. For the causal NCLM variant with the lowest ``causal`` perplexity, ``evaluate_steering``
   (``topic_ids=[k]`` for a seeded sample of topics; judges: the model's encoder, the model's own topic
   distributions and scikit-learn LDA fitted on train.txt; fluency = perplexity of the generated text
-  under the LSTM trained in this run), through ``topic_lm_hf.benchmarking.steer``.
+  under the LSTM trained in this run), through ``benchmarking.steer``.
 
 Resumable. ``--out`` (default ``out/nclm``) holds ``settings.json`` (a rerun with other settings is
 refused), and per model ``<name>/model`` (the trained weights and both vocabularies),
-``<name>/train.json``, ``<name>/eval.json``, ``<name>/topics.json``, ``<name>/steps.jsonl`` (per-step
-time and tokens); then ``lda_judge.pkl``, ``steering.json``, ``speed.json``, ``table.md`` and
-``results.json``. A rerun skips whatever is done and resumes an interrupted training from its last
-complete checkpoint (``<name>/checkpoints``, every ``--save-steps`` steps; removed once the model is
-saved).
+``<name>/train.json``, ``<name>/eval.json``, ``<name>/topics.json``, ``<name>/steps.jsonl`` (per-step time
+and tokens); then ``lda_judge.safetensors`` and ``lda_judge.json`` (the LDA judge and what it was fitted
+with), ``steering.json``, ``speed.json``, ``table.md`` and ``results.json``. A rerun skips whatever is
+done and resumes an interrupted training from its last complete checkpoint (``<name>/checkpoints``, every
+``--save-steps`` steps; removed once the model is saved).
 """
 
 from __future__ import annotations
@@ -88,12 +88,13 @@ from transformers.utils import logging as hf_logging
 
 from topic_lm_hf import (LSTMLMForCausalLM, NCLMForCausalLM, TopicContextCollator, build_vocabularies,
                          evaluate_topics, load_documents)
-from topic_lm_hf.benchmark_training import train_resumable
-from topic_lm_hf.benchmarking import (DATA, PROTOCOLS, TRAINING_FLAGS, add_common_arguments, build_lstm, build_nclm,
-                                      cached_lda_judge, check_settings, code_version, evaluate_protocols, fmt,
-                                      interleaved_step_times, read_json, steer, write_json)
 from topic_lm_hf.evaluation.steering import format_steering_table
 from topic_lm_hf.evaluation.topics import load_reference_corpus
+
+from benchmark_training import train_resumable
+from benchmarking import (DATA, PROTOCOLS, TRAINING_FLAGS, add_common_arguments, build_lstm, build_nclm,
+                          cached_lda_judge, check_settings, code_version, evaluate_protocols, fmt,
+                          interleaved_step_times, read_json, steer, write_json)
 
 # name -> what it is; NCLM entries give the config and the training context
 MODELS = {
@@ -282,7 +283,7 @@ def main() -> None:
     if candidates and "lstm" in done:
         best = min(candidates, key=lambda n: results[n]["eval"]["causal"]["perplexity"])
         if steering is None or steering.get("model") != best:
-            judge = cached_lda_judge(out / "lda_judge.pkl", train_docs, topic_tok, args.num_topics, args.seed)
+            judge = cached_lda_judge(out / "lda_judge", train_docs, topic_tok, args.num_topics, args.seed)
             print(f"\n== steering {best} (lowest causal perplexity among {candidates})", flush=True)
             model = load_model(best, out / best)
             fluency_model = load_model("lstm", out / "lstm")

@@ -2,7 +2,7 @@
 
 GBN-RNN / rGBN-RNN is Guo, Chen, Lu & Zhou, ICML 2020 (``topic_lm_hf.RGBNRNNForCausalLM``; implementation note
 ``../shared/docs/rgbn.md``). Every model is trained in this one run on ``apnews/train.txt`` and measured on
-``apnews/valid.txt``, with the pieces of ``topic_lm_hf.benchmarking`` (as ``scripts/benchmark_nclm.py``): Lau et
+``apnews/valid.txt``, with the pieces of ``scripts/benchmarking.py`` (as ``scripts/benchmark_nclm.py``): Lau et
 al. 2017 vocabularies, 30-token chunks, context bags of words capped at 300 topic tokens, ``TopicLMTrainer`` with a
 fixed batch order and a linear schedule (``BenchmarkTrainer``), per-step timing (``StepTimer``), the perplexity
 protocols ``paper`` / ``causal`` / ``causal-carry`` of ``evaluate_perplexity`` and its mismatched-context ablation,
@@ -80,9 +80,10 @@ Decisions (the same for every run of this script):
 Resumable. ``--out`` (default ``out/rgbn``) holds ``settings.json`` (a rerun with other settings is refused),
 ``benchmark.log`` (everything printed, appended), and per model ``<name>/model``, ``train.json``, ``eval.json``,
 ``topics.json``, ``bleu.json`` (+ ``generated.txt``), ``steering.json``, ``steps.jsonl``; then
-``real_sentences_bleu.json``, ``lda_judge.pkl``, ``speed.json``, ``topic_tree.txt``, ``paragraph.txt``,
-``table.md`` and ``results.json``. A rerun skips whatever is done and resumes an interrupted training from its
-last complete checkpoint (``<name>/checkpoints``, every ``--save-steps`` steps; removed once the model is saved).
+``real_sentences_bleu.json``, ``lda_judge.safetensors`` and ``lda_judge.json`` (the LDA judge and what it was fitted
+with), ``speed.json``, ``topic_tree.txt``, ``paragraph.txt``, ``table.md`` and ``results.json``. A rerun skips
+whatever is done and resumes an interrupted training from its last complete checkpoint (``<name>/checkpoints``,
+every ``--save-steps`` steps; removed once the model is saved).
 """
 
 from __future__ import annotations
@@ -100,13 +101,14 @@ from transformers.utils import logging as hf_logging
 
 from topic_lm_hf import (LSTMLMForCausalLM, RGBNRNNForCausalLM, TopicContextCollator, build_vocabularies,
                          evaluate_topics, load_documents)
-from topic_lm_hf.benchmark_training import train_resumable
-from topic_lm_hf.benchmarking import (DATA, PROTOCOLS, TRAINING_FLAGS, Tee, add_common_arguments, build_lstm, build_rgbn,
-                                      cached_lda_judge, check_settings, code_version, evaluate_protocols, fmt,
-                                      interleaved_step_times, read_json, steer, write_json)
 from topic_lm_hf.evaluation import texygen_bleu, texygen_self_bleu
 from topic_lm_hf.evaluation.topics import load_reference_corpus
 from topic_lm_hf.models.modeling_rgbn_rnn import format_topic_tree
+
+from benchmark_training import train_resumable
+from benchmarking import (DATA, PROTOCOLS, TRAINING_FLAGS, Tee, add_common_arguments, build_lstm, build_rgbn,
+                          cached_lda_judge, check_settings, code_version, evaluate_protocols, fmt,
+                          interleaved_step_times, read_json, steer, write_json)
 
 MODELS = {}
 for _L in (1, 2, 3):
@@ -348,7 +350,7 @@ def main() -> None:
         if judge_name is None or (previous is not None and previous["fluency_judge"] == judge_name):
             continue
         if judge is None:
-            judge = cached_lda_judge(out / "lda_judge.pkl", train_docs, topic_tok, args.topic_sizes[0], args.seed,
+            judge = cached_lda_judge(out / "lda_judge", train_docs, topic_tok, args.topic_sizes[0], args.seed,
                                      max_iter=args.lda_max_iter)
             fluency_model = load_model(judge_name, out / judge_name)
         print(f"\n== steering {name} (first-layer topics; fluency judge {judge_name})", flush=True)

@@ -1,7 +1,7 @@
 """Training and generation speed of every family: float32 eager, bf16 autocast, and bf16 with the compiled output
 layer (the package's fast path, ``topic_lm_hf.fast_path``), against the same-size LSTM in the same run.
 
-The models are the unified benchmark's (``topic_lm_hf.benchmarking.MODELS``, ``build_model``, ``make_collator``):
+The models are the unified benchmark's (``benchmarking.MODELS``, ``build_model``, ``make_collator``):
 E = H = 128 and 50 topics (``--size cpu``) on APNEWS ``train.txt`` with its vocabularies (words seen at least 10
 times; the topic vocabulary without the MALLET stop list), every model reading the same ``--batch-size`` training
 documents per step (their sentence chunks, about 60 of 30 tokens; ``*-carry`` models the documents with the state
@@ -40,12 +40,13 @@ import torch
 from transformers import TrainingArguments
 
 from topic_lm_hf import build_vocabularies, load_documents
-from topic_lm_hf.benchmark_training import BatchTokens, BenchmarkTrainer, batch_order, fast_path
-from topic_lm_hf.benchmarking import (DATA, MODELS, SIZES, SPEED_MODES, CarriedLoss, OnDevice, add_common_arguments,
-                                      build_model, interleaved_step_times, make_collator, prepared_rows, write_json)
 from topic_lm_hf.devices import synchronize
 from topic_lm_hf.evaluation import evaluate_perplexity
 from topic_lm_hf.fast_path import cpu_bf16_flags
+
+from benchmark_training import BatchTokens, BenchmarkTrainer, batch_order, fast_path
+from benchmarking import (DATA, MODELS, SIZES, SPEED_MODES, CarriedLoss, OnDevice, add_common_arguments, build_model,
+                          interleaved_step_times, make_collator, prepared_rows, write_json)
 
 CHUNK_MODELS = ("lstm", "tcnlm", "topic-lstm", "nclm-lta", "nclm-leta", "gbn", "rgbn")
 CARRY_MODELS = ("lstm-carry", "tcnlm-carry", "topic-lstm-carry", "nclm-leta-carry")

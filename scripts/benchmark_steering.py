@@ -61,12 +61,12 @@ from topic_lm_hf import (LSTMLMConfig, LSTMLMForCausalLM, NCLMConfig, NCLMForCau
                          TopicRNNForCausalLM, build_vocabularies, evaluate_perplexity, evaluate_topics,
                          load_documents, steering_recipe)
 from topic_lm_hf.pretraining import RECIPE_PRETRAINING
-from topic_lm_hf.benchmark_training import pretrain_topic_model_once, train_to_convergence
-from topic_lm_hf.benchmarking import (DATA, TRAINING_FLAGS, add_common_arguments, cached_lda_judge, fluent_setting,
-                                    steer)
 from topic_lm_hf.evaluation.steering import format_steering_table
 from topic_lm_hf.models.modeling_rgbn_rnn import format_topic_tree
 from topic_lm_hf.evaluation.topics import load_reference_corpus
+
+from benchmark_training import pretrain_topic_model_once, train_to_convergence
+from benchmarking import DATA, TRAINING_FLAGS, add_common_arguments, cached_lda_judge, fluent_setting, steer
 
 RECIPE = "pre-trained topic model (dev early stopping) + shared topic output prior"
 # name -> (family, config overrides, steering recipe?, what it is)
@@ -231,7 +231,7 @@ def main() -> None:
           f"evaluations {args.eval_steps} steps apart, at most {args.max_steps} steps", flush=True)
     if not args.table_only:
         (out / "args.json").write_text(json.dumps(vars(args), indent=1))
-    judge = cached_lda_judge(out / f"lda_judge_T{args.num_topics}.pkl", train_docs, topic_tok, args.num_topics,
+    judge = cached_lda_judge(out / f"lda_judge_T{args.num_topics}", train_docs, topic_tok, args.num_topics,
                              args.seed)
     cache = {}
 

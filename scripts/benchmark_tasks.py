@@ -60,13 +60,14 @@ from transformers.utils import logging as hf_logging
 
 from topic_lm_hf import (LSTMLMConfig, NCLMConfig, TCNLMConfig, TopicContextCollator, TopicLMTrainer, TopicRNNConfig,
                          build_vocabularies, save_vocabularies)
-from topic_lm_hf.benchmark_training import fast_path, pretrain_topic_model_phase
-from topic_lm_hf.benchmarking import (DATA, TRAINING_FLAGS, add_common_arguments, check_settings, read_json,
-                                      write_json)
 from topic_lm_hf.tasks import (FeatureCollator, bow_logistic_regression, classification_accuracy, document_collator,
                                extract_document_features, lda_retrieval, load_classification_splits,
                                majority_accuracy, normalize_blocks, retrieval_precision, tfidf_retrieval,
                                train_classifier)
+
+from benchmark_training import fast_path, pretrain_topic_model_phase
+from benchmarking import DATA, TRAINING_FLAGS, add_common_arguments, check_settings, read_json, write_json
+
 DATASETS = {"r8": ("r8/train.jsonl.gz", None), "20ng": ("20ng/train.jsonl.gz", "newsgroups")}
 MODELS = ("lstm", "tcnlm", "topiclstm", "nclm-lta", "nclm-eta", "nclm-leta")
 DEFAULT_MODELS = ("lstm", "tcnlm", "nclm-lta", "nclm-leta")

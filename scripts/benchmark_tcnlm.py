@@ -40,11 +40,12 @@ from transformers.utils import logging as hf_logging
 
 from topic_lm_hf import (LSTMLMForCausalLM, TCNLMForCausalLM, TopicContextCollator, build_vocabularies,
                          evaluate_perplexity, load_documents)
-from topic_lm_hf.benchmark_training import train_for_steps
-from topic_lm_hf.benchmarking import (DATA, PROTOCOLS, TRAINING_FLAGS, add_common_arguments, build_lstm, build_tcnlm,
-                                      interleaved_step_times)
 from topic_lm_hf.evaluation.topic_eval import evaluate_topics
 from topic_lm_hf.evaluation.topics import load_reference_corpus
+
+from benchmark_training import train_for_steps
+from benchmarking import (DATA, PROTOCOLS, TRAINING_FLAGS, add_common_arguments, build_lstm, build_tcnlm,
+                          interleaved_step_times)
 
 PAPER_SIZES = {"small": dict(embedding_size=300, hidden_size=600, layers=1),
                "large": dict(embedding_size=300, hidden_size=900, layers=2)}

@@ -43,12 +43,13 @@ from transformers import AutoModelForSequenceClassification, TrainingArguments, 
 from topic_lm_hf import (LSTMLMConfig, LSTMLMForCausalLM, TopicContextCollator, TopicLMTrainer, TopicRNNConfig,
                          TopicRNNForCausalLM, build_vocabularies, evaluate_perplexity, load_documents,
                          save_vocabularies)
-from topic_lm_hf.benchmark_training import CountingCollator, fast_path
-from topic_lm_hf.benchmarking import DATA, TRAINING_FLAGS, add_common_arguments
 from topic_lm_hf.evaluation.sliding_window import evaluate_perplexity_sliding_window
 from topic_lm_hf.tasks.classification import (FeatureCollator, add_document_features, bow_logistic_regression,
                                               classification_accuracy, load_imdb_splits, majority_accuracy,
                                               train_classifier)
+
+from benchmark_training import CountingCollator, fast_path
+from benchmarking import DATA, TRAINING_FLAGS, add_common_arguments
 
 NAMES = {"rnn": "TopicRNN", "lstm": "TopicLSTM", "gru": "TopicGRU"}
 

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-from topic_lm_hf.benchmarking import DATA, add_common_arguments
+from benchmarking import DATA, add_common_arguments
 
 ROOT = Path(__file__).resolve().parents[1]
 SETS = ("semeval2007", "senseval2", "senseval3")

@@ -70,7 +70,7 @@ def _setup(args):
     datasets.disable_progress_bars()
     torch.set_num_threads(args.threads)
     from topic_lm_hf import build_vocabularies, load_documents
-    from topic_lm_hf.benchmarking import DATA
+    from benchmarking import DATA
 
     train_docs = load_documents(DATA / "apnews" / "train.txt", max_documents=args.max_train_docs)
     tok, topic_tok = build_vocabularies(train_docs, min_freq=3 if args.tiny else 10,
@@ -89,8 +89,7 @@ def part_steps(args, compiled: bool) -> dict:
     torch, train_docs, tok, topic_tok = _setup(args)
     from transformers import TrainingArguments
 
-    from topic_lm_hf.benchmarking import (MODELS, OnDevice, build_model, interleaved_step_times, make_collator,
-                                          prepared_rows)
+    from benchmarking import MODELS, OnDevice, build_model, interleaved_step_times, make_collator, prepared_rows
     from topic_lm_hf.devices import synchronize
     from topic_lm_hf.fast_path import resolve_compile, resolve_precision
 
@@ -142,7 +141,7 @@ def part_steps(args, compiled: bool) -> dict:
 
 def part_generation(args) -> dict:
     torch, train_docs, tok, topic_tok = _setup(args)
-    from topic_lm_hf.benchmarking import build_model
+    from benchmarking import build_model
     from topic_lm_hf.devices import synchronize
 
     device = torch.device(args.device)
@@ -174,7 +173,7 @@ def part_cli(args, name: str) -> dict:
     import io
     from contextlib import redirect_stdout
 
-    from topic_lm_hf.benchmarking import DATA
+    from benchmarking import DATA
     from topic_lm_hf.cli import main
 
     label, model_type, overrides = FAMILIES[name]
@@ -338,7 +337,7 @@ def main(argv=None) -> dict:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.part is not None:  # a child process: run the part, write its JSON
-        from topic_lm_hf.benchmarking import write_json
+        from benchmarking import write_json
 
         if args.part.startswith("steps-"):
             result = part_steps(args, compiled=args.part == "steps-compiled")
@@ -350,7 +349,7 @@ def main(argv=None) -> dict:
         return result
     import torch
 
-    from topic_lm_hf.benchmarking import DATA, write_json
+    from benchmarking import DATA, write_json
 
     if not (DATA / "apnews" / "train.txt").exists():
         raise SystemExit(f"APNEWS is absent ({DATA / 'apnews'}): set TOPIC_LM_DATA to the folder of the shared corpora")

@@ -1,10 +1,15 @@
 """Shared fixtures: the real corpora of ../shared/data (skipped with a reason when absent)."""
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+# The benchmark harness (scripts/benchmarking.py, scripts/benchmark_training.py) is not part of the package: the
+# scripts import it as plain modules from their own folder, and the tests from there too.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 
 DATA = Path(os.environ.get("TOPIC_LM_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
 MALLET = DATA / "stopwords" / "mallet_en.txt"

@@ -1,6 +1,6 @@
 """scripts/benchmark_all.py in its smoke configuration, run as a program: every output is written, every number is
 finite and labelled with its protocol, and a second run retrains nothing (resume). Its shared pieces are tested
-through topic_lm_hf.benchmarking / benchmark_training; results/README.md holds what it published."""
+through scripts/benchmarking.py / benchmark_training.py; results/README.md holds what it published."""
 
 import importlib.util
 import json
@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from benchmark_training import step_throughput, stopped
+from benchmarking import publish
 from conftest import requires_data
-from topic_lm_hf.benchmark_training import step_throughput, stopped
-from topic_lm_hf.benchmarking import publish
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "benchmark_all.py"
@@ -28,8 +28,10 @@ SMOKE = ["--corpus", "apnews", "--max-steps", "4", "--eval-steps", "2", "--patie
          "--speed-repeats", "1", "--lda-max-iter", "2", "--pretrain-steps", "4", "--pretrain-eval-every", "2",
          "--guidance-scales", "1", "2", "--only", "lstm", "lstm-carry", "topic-lstm", "topic-lstm-recipe"]
 PROTOCOLS = ("paper", "causal", "causal-carry")
-# runs the script as __main__ with matplotlib unimportable (the figures are then skipped with a message)
-WITHOUT_MATPLOTLIB = ("import runpy, sys; sys.modules['matplotlib'] = None; sys.argv = sys.argv[1:]; "
+# runs the script as __main__ with matplotlib unimportable (the figures are then skipped with a message); its folder
+# goes first on the path, as for ``python scripts/benchmark_all.py``, where the shared modules are
+WITHOUT_MATPLOTLIB = ("import os, runpy, sys; sys.modules['matplotlib'] = None; sys.argv = sys.argv[1:]; "
+                      "sys.path.insert(0, os.path.dirname(sys.argv[0])); "
                       "runpy.run_path(sys.argv[0], run_name='__main__')")
 
 
@@ -185,7 +187,8 @@ def test_documented_commands_parse_and_published_blocks_are_the_tables():
     commands = _benchmark_all_commands((ROOT / "README.md").read_text()) + \
         _benchmark_all_commands(RESULTS.read_text())
     assert commands
-    check = ("import json, runpy, sys; parse = runpy.run_path(sys.argv[1])['parse_args']; "
+    check = ("import json, os, runpy, sys; sys.path.insert(0, os.path.dirname(sys.argv[1])); "
+             "parse = runpy.run_path(sys.argv[1])['parse_args']; "
              "print(json.dumps([[parse(argv).readme, parse(argv).names] for argv in json.loads(sys.argv[2])]))")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run([sys.executable, "-c", check, str(SCRIPT), json.dumps(commands)], cwd=ROOT, env=env,

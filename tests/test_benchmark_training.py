@@ -7,11 +7,11 @@ import json
 import os
 
 import torch
+from benchmark_training import best_dirs, train_to_convergence
 from conftest import TINY_CORPUS
 
 from topic_lm_hf import (LSTMLMConfig, LSTMLMForCausalLM, TopicContextCollator, documents_from_lists,
                          evaluate_perplexity)
-from topic_lm_hf.benchmark_training import best_dirs, train_to_convergence
 
 
 def _run(tiny_vocabularies, mdir, max_steps=40, patience=2):

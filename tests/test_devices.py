@@ -147,7 +147,7 @@ def test_on_a_gpu_the_default_path_is_float32_eager_and_says_why(monkeypatch, tm
 
 
 def test_the_interleaved_timing_synchronises_the_device_around_every_step(monkeypatch, tiny_vocabularies):
-    from topic_lm_hf import benchmarking
+    import benchmarking
 
     tok, topic_tok = tiny_vocabularies
     model = topic_family_model("lstm_lm", tok, topic_tok)

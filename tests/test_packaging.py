@@ -44,3 +44,21 @@ def test_every_imported_third_party_module_is_declared():
     undeclared = {module for module in _imported_top_level_modules()
                   if not {d.lower().replace("_", "-") for d in distributions.get(module, [module])} & _declared()}
     assert undeclared == set(), f"imported but not declared in pyproject.toml: {sorted(undeclared)}"
+
+
+def test_the_package_needs_no_checkout():
+    """An installed wheel has no checkout around it: the benchmark harness lives in scripts/ (outside the wheel), and
+    no module of the package imports it, runs git or names the checkout's folder."""
+    harness = {"benchmarking", "benchmark_training"}
+    for path in (ROOT / "src" / "topic_lm_hf").rglob("*.py"):
+        assert path.stem not in harness, path
+        text = path.read_text()
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.Import):
+                modules = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                modules = [node.module or ""] + [f"{node.module}.{alias.name}" for alias in node.names]
+            else:
+                continue
+            assert not [m for m in modules if m.split(".")[-1] in harness], f"{path} imports the benchmark harness"
+        assert '"git"' not in text and "parents[2]" not in text and "ROOT" not in text, f"{path} needs a checkout"

@@ -12,8 +12,8 @@ from topic_lm_hf import (LSTMLMConfig, LSTMLMForCausalLM, TCNLMConfig, TCNLMForC
                          TopicRNNConfig, TopicRNNForCausalLM, build_vocabularies, save_vocabularies,
                          synthetic_documents)
 from topic_lm_hf.data import _SYNTHETIC_TOPICS
-from topic_lm_hf.evaluation.steering import (bag_of_words_matrix, distinct_n, evaluate_steering, fit_lda_judge,
-                                             format_steering_table)
+from topic_lm_hf.evaluation.steering import (LDAJudge, bag_of_words_matrix, distinct_n, evaluate_steering,
+                                             fit_lda_judge, format_steering_table)
 
 TOPIC_NAMES = sorted(_SYNTHETIC_TOPICS)
 
@@ -106,6 +106,41 @@ def test_lda_judge_recovers_the_synthetic_topics(synthetic):
         assert "<unk>" not in topic
         # ... and they are the words of the synthetic topic it was matched to
         assert set(topic) <= set(topic_words(topic_tok, TOPIC_NAMES[lda_to_model[k]]))
+
+
+def test_a_saved_judge_loads_as_the_same_judge(synthetic, tmp_path):
+    """LDAJudge.save / load (safetensors, no pickle): the same settings, fitted state and random state, so the same
+    judgements and the same continued fit; a file of another format or scikit-learn version is refused."""
+    from safetensors import safe_open
+    from safetensors.numpy import save_file
+
+    docs, _, topic_tok = synthetic
+    judge = fit_lda_judge(docs, topic_tok, num_topics=JUDGE_TOPICS, seed=0, max_iter=5, restarts=1)
+    path = tmp_path / "judge.safetensors"
+    judge.save(path)
+    loaded = LDAJudge.load(path)
+    assert loaded.description == judge.description and np.array_equal(loaded.topic_word, judge.topic_word)
+    assert loaded.lda.get_params() == judge.lda.get_params() and vars(loaded.lda).keys() == vars(judge.lda).keys()
+    bows = bag_of_words_matrix(docs, topic_tok)
+    assert np.array_equal(loaded.lda.transform(bows), judge.lda.transform(bows))
+    assert np.array_equal(loaded.dominant_topics(bows), judge.dominant_topics(bows))
+    model_topic_word = np.random.default_rng(0).random((JUDGE_TOPICS, len(topic_tok)))
+    assert np.array_equal(loaded.match(model_topic_word)[0], judge.match(model_topic_word)[0])
+    assert loaded.get_topics(5, topic_tok) == judge.get_topics(5, topic_tok)
+    # continued fitting starts from the restored random state
+    assert np.array_equal(loaded.lda.partial_fit(bows).components_, judge.lda.partial_fit(bows).components_)
+
+    with safe_open(str(path), framework="numpy") as f:
+        arrays, metadata = {k: f.get_tensor(k) for k in f.keys()}, f.metadata()
+    save_file(arrays, str(tmp_path / "old.safetensors"), metadata={**metadata, "scikit_learn": "0.1"})
+    with pytest.raises(ValueError, match="scikit-learn 0.1"):
+        LDAJudge.load(tmp_path / "old.safetensors")
+    save_file(arrays, str(tmp_path / "weights.safetensors"))
+    with pytest.raises(ValueError, match="not a judge"):
+        LDAJudge.load(tmp_path / "weights.safetensors")
+    (tmp_path / "text.safetensors").write_text("not a safetensors file")
+    with pytest.raises(ValueError, match="not a safetensors file"):
+        LDAJudge.load(tmp_path / "text.safetensors")
 
 
 def test_a_model_known_to_steer_scores_high_and_an_untrained_one_near_chance(synthetic):

@@ -36,6 +36,7 @@ topic model itself, not an attribute model on top of a frozen LM.
 
 from __future__ import annotations
 
+import json
 import math
 import random
 from dataclasses import dataclass
@@ -90,6 +91,8 @@ class LDAJudge:
         lda: the fitted ``sklearn.decomposition.LatentDirichletAllocation``.
         topic_word: (T, V_c) its topic-word distributions (normalised ``components_``).
         description: what it was fitted on (documents, topics, iterations, seed).
+
+    ``save`` and ``load`` keep a fitted judge in a safetensors file (arrays and JSON, no pickle).
     """
 
     lda: Any
@@ -131,6 +134,69 @@ class LDAJudge:
         empty = np.asarray(bows.sum(1)).ravel() == 0
         dominant[empty] = -1
         return dominant
+
+    def save(self, path) -> None:
+        """Write the judge to the safetensors file ``path`` without pickle, so that reading it back runs no code: the
+        fitted LDA's arrays as tensors; its settings, its fitted numbers, its random state (continued fitting draws
+        from it), the description and the scikit-learn version that fitted it as JSON metadata."""
+        import sklearn
+        from safetensors.numpy import save_file
+
+        settings = self.lda.get_params()
+        arrays, numbers, random_states = {"topic_word": self.topic_word}, {}, {}
+        for name, value in vars(self.lda).items():
+            if name in settings:
+                continue
+            if isinstance(value, np.ndarray):
+                arrays[f"lda.{name}"] = value
+            elif isinstance(value, np.random.RandomState):
+                kind, keys, position, has_gauss, cached_gaussian = value.get_state()
+                arrays[f"lda.{name}"] = keys
+                random_states[name] = [kind, int(position), int(has_gauss), float(cached_gaussian)]
+            elif isinstance(value, (bool, int, float, np.number)):
+                numbers[name] = value.item() if isinstance(value, np.generic) else value
+            else:
+                raise TypeError(f"LDAJudge.save cannot store the LDA's {name} ({type(value).__name__})")
+        metadata = {"format": "topic_lm_hf.LDAJudge", "scikit_learn": sklearn.__version__,
+                    "description": self.description, "settings": json.dumps(settings),
+                    "numbers": json.dumps(numbers), "random_states": json.dumps(random_states)}
+        save_file({k: np.ascontiguousarray(v) for k, v in arrays.items()}, str(path), metadata=metadata)
+
+    @classmethod
+    def load(cls, path) -> "LDAJudge":
+        """The judge ``save`` wrote to ``path``: an equivalent ``LatentDirichletAllocation`` (the same settings and
+        fitted state, so the same judgements), rebuilt from arrays and JSON only. A file of another format, or
+        written under another scikit-learn version (whose LDA may keep other state), raises ``ValueError``."""
+        import sklearn
+        from safetensors import SafetensorError, safe_open
+        from sklearn.decomposition import LatentDirichletAllocation
+
+        try:
+            with safe_open(str(path), framework="numpy") as f:
+                metadata = f.metadata() or {}
+                arrays = {key: f.get_tensor(key) for key in f.keys()}
+        except SafetensorError as e:
+            raise ValueError(f"{path} is not a safetensors file ({e})") from e
+        if metadata.get("format") != "topic_lm_hf.LDAJudge":
+            raise ValueError(f"{path} is not a judge written by LDAJudge.save")
+        if metadata["scikit_learn"] != sklearn.__version__:
+            raise ValueError(f"{path} was written under scikit-learn {metadata['scikit_learn']}, this is "
+                             f"{sklearn.__version__}")
+        lda = LatentDirichletAllocation(**json.loads(metadata["settings"]))
+        for name, value in json.loads(metadata["numbers"]).items():
+            setattr(lda, name, value)
+        random_states = json.loads(metadata["random_states"])
+        for key, value in arrays.items():
+            if not key.startswith("lda."):
+                continue
+            name = key[len("lda."):]
+            if name in random_states:  # the generator's keys; the rest of its state is in the metadata
+                kind, position, has_gauss, cached_gaussian = random_states[name]
+                generator = np.random.RandomState()
+                generator.set_state((kind, value, position, has_gauss, cached_gaussian))
+                value = generator
+            setattr(lda, name, value)
+        return cls(lda=lda, topic_word=arrays["topic_word"], description=metadata["description"])
 
 
 def fit_lda_judge(documents, topic_tokenizer, num_topics: int, max_iter: int = 20, seed: int = 0,

@@ -1,5 +1,5 @@
 """What the benchmark scripts (``scripts/benchmark_*.py``) share, in one place, so that every benchmark states,
-records and measures its runs the same way. Their training pieces are in ``topic_lm_hf.benchmark_training``.
+records and measures its runs the same way. Their training pieces are in ``scripts/benchmark_training.py``.
 
 * **Command line.** ``add_common_arguments`` adds the flags the scripts share (``--steps``, ``--dropout``,
   ``--lr``, ``--threads``, ``--seed``, ...), each with one definition; a script names the ones it takes and
@@ -23,7 +23,6 @@ import argparse
 import hashlib
 import json
 import os
-import pickle
 import re
 import shutil
 import statistics
@@ -41,10 +40,10 @@ from topic_lm_hf.data import shared_data_dir
 from topic_lm_hf.devices import synchronize
 from topic_lm_hf.models.configuration_common import config_kwargs_from_tokenizers
 from topic_lm_hf.pretraining import steering_recipe
-from topic_lm_hf.evaluation import PROTOCOLS as PROTOCOL_CONTEXTS
+from topic_lm_hf.evaluation import PROTOCOLS as PROTOCOL_CONTEXTS, LDAJudge
 from topic_lm_hf.trainer import carried_state_loss
 
-ROOT = Path(__file__).resolve().parents[2]  # the checkout: src/topic_lm_hf/benchmarking.py
+ROOT = Path(__file__).resolve().parents[1]  # the checkout: scripts/benchmarking.py
 # $TOPIC_LM_DATA or ../shared/data (data.shared_data_dir); where it is absent, the path the error messages name
 DATA = shared_data_dir() or ROOT.parent / "shared" / "data"
 PROTOCOLS = tuple(PROTOCOL_CONTEXTS)  # paper, causal, causal-carry
@@ -155,8 +154,8 @@ def check_settings(out: Path, settings: dict) -> None:
 
 
 def code_version() -> str:
-    """The commit of the checkout this package is imported from, and a hash of the uncommitted changes under src/
-    if there are any."""
+    """The commit of the checkout these scripts run from, and a hash of the uncommitted changes under src/ if there
+    are any."""
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
                                 check=True).stdout.strip()
@@ -486,13 +485,33 @@ def interleaved_step_times(models: dict, collators: dict, rows: dict, args, repe
 
 
 def cached_lda_judge(path: Path, train_docs, topic_tok, num_topics: int, seed: int, **lda_settings):
-    """The LDA judge fitted on ``train_docs``, pickled at ``path`` (read back when it is there: fitting takes minutes);
-    ``lda_settings`` (e.g. ``max_iter``) go to ``fit_lda_judge``."""
-    if path.exists():
-        return pickle.loads(path.read_bytes())
+    """The LDA judge fitted on ``train_docs``, cached in two files named ``path`` plus a suffix (read back when they
+    are there: fitting takes minutes): ``<path>.safetensors`` holds the judge (``LDAJudge.save``: arrays and JSON,
+    no pickle) and ``<path>.json`` what it was fitted with (``num_topics``, ``seed``, ``lda_settings``, the topic
+    vocabulary); a cache fitted with anything else is fitted again. A ``<path>.pkl`` that earlier versions wrote is
+    never read (unpickling a file runs whatever code it names, and results folders are shared): it is left alone,
+    and the judge is fitted again. ``lda_settings`` (e.g. ``max_iter``) go to ``fit_lda_judge``."""
+    stored, fitted_with, pickled = (path.with_name(path.name + suffix) for suffix in (".safetensors", ".json", ".pkl"))
+    ids = topic_tok.get_vocab()
+    settings = jsonable({"num_topics": num_topics, "seed": seed, "lda_settings": lda_settings,
+                         "topic_vocabulary": sorted(ids, key=ids.get)})
+    why = None
+    if stored.exists() and read_json(fitted_with) == settings:
+        try:
+            return LDAJudge.load(stored)
+        except ValueError as e:
+            why = str(e)
+    elif stored.exists():
+        why = f"{fitted_with} does not name these settings and this topic vocabulary"
+    elif pickled.exists():
+        why = f"{pickled} is ignored: a pickle is never loaded (unpickling can run any code)"
+    if why is not None:
+        print(f"LDA judge: {why}; fitting it again", flush=True)
     start = time.perf_counter()
     judge = fit_lda_judge(train_docs, topic_tok, num_topics=num_topics, seed=seed, **lda_settings)
-    path.write_bytes(pickle.dumps(judge))
+    fitted_with.unlink(missing_ok=True)  # the settings are written last: they mark a complete cache
+    judge.save(stored)
+    write_json(fitted_with, settings)
     print(f"LDA judge: {judge.description} ({time.perf_counter() - start:.0f} s)", flush=True)
     return judge
 

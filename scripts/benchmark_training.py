@@ -6,7 +6,7 @@ timed (``StepTimer``, ``step_throughput``: tokens/s robust to a paused process),
 (``pretrain_topic_model_once``), a plain run (``train_for_steps``), a resumable run (``train_resumable``), and
 a resumable run to convergence: early stopping on a development split (``DevEarlyStopping``,
 ``train_to_convergence``). The rest of what the scripts share (command line,
-result folders, models, measurements) is in ``topic_lm_hf.benchmarking``.
+result folders, models, measurements) is in ``scripts/benchmarking.py``.
 """
 
 from __future__ import annotations
@@ -25,11 +25,11 @@ from transformers.trainer_callback import PrinterCallback
 
 from topic_lm_hf import (NCLMForCausalLM, TopicContextCollator, TopicLMTrainer, evaluate_perplexity,
                          pretrain_topic_model, record_vocabularies, save_vocabularies)
-from topic_lm_hf.benchmarking import read_json, read_jsonl, write_json
 from topic_lm_hf.devices import synchronize
 from topic_lm_hf.fast_path import fast_training_arguments, resolve_compile
 from topic_lm_hf.trainer import float32_forward, last_complete_checkpoint
 
+from benchmarking import read_json, read_jsonl, write_json
 
 
 # ----------------------------------------------------------------------------------------------

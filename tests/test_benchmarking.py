@@ -1,0 +1,73 @@
+"""The benchmarks' cache of the LDA judge (scripts/benchmarking.py, ``cached_lda_judge``): it reads back a judge that
+scores texts as the fitted one did, fits again when its settings change, and never unpickles a file: a results
+folder is shared, and a crafted ``lda_judge.pkl`` there must not run code."""
+
+import pickle
+from pathlib import Path
+
+import benchmarking
+import numpy as np
+import pytest
+from conftest import TINY_CORPUS
+
+from topic_lm_hf import documents_from_lists
+from topic_lm_hf.evaluation.steering import bag_of_words_matrix
+
+DOCUMENTS = documents_from_lists(TINY_CORPUS * 3)
+TEXTS = [[["court", "ruled", "tax"]], [["fans", "cheered", "game"]], [["police", "team", "case"]], [["zzz"]]]
+
+
+def _judge(path, topic_tok, **settings):
+    return benchmarking.cached_lda_judge(path, DOCUMENTS, topic_tok, num_topics=2, seed=0, max_iter=3, restarts=1,
+                                         **settings)
+
+
+def test_the_cache_reads_back_a_judge_that_scores_texts_identically(tiny_vocabularies, tmp_path, monkeypatch, capsys):
+    _, topic_tok = tiny_vocabularies
+    fitted = _judge(tmp_path / "lda_judge", topic_tok)
+    assert (tmp_path / "lda_judge.safetensors").exists() and (tmp_path / "lda_judge.json").exists()
+    assert "LDA judge: sklearn LDA, 2 topics" in capsys.readouterr().out
+
+    fit = benchmarking.fit_lda_judge
+    monkeypatch.setattr(benchmarking, "fit_lda_judge", lambda *a, **k: pytest.fail("the cached judge was refitted"))
+    cached = _judge(tmp_path / "lda_judge", topic_tok)
+    assert capsys.readouterr().out == ""
+    bows = bag_of_words_matrix(TEXTS, topic_tok)
+    assert np.array_equal(cached.lda.transform(bows), fitted.lda.transform(bows))
+    assert cached.dominant_topics(bows).tolist() == fitted.dominant_topics(bows).tolist()
+    assert cached.description == fitted.description and np.array_equal(cached.topic_word, fitted.topic_word)
+
+    # other settings: fitted again, and said why
+    monkeypatch.setattr(benchmarking, "fit_lda_judge", fit)
+    _judge(tmp_path / "lda_judge", topic_tok, max_documents=4)
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == f"LDA judge: {tmp_path / 'lda_judge.json'} does not name these settings and this topic " \
+                     "vocabulary; fitting it again"
+    assert benchmarking.read_json(tmp_path / "lda_judge.json")["lda_settings"]["max_documents"] == 4
+
+
+class _TouchOnLoad:
+    """Pickled, it names ``Path.touch`` on ``path``: unpickling it creates the file."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def __reduce__(self):
+        return Path.touch, (self.path,)
+
+
+def test_a_pickled_judge_is_never_loaded(tiny_vocabularies, tmp_path, capsys):
+    _, topic_tok = tiny_vocabularies
+    marker = tmp_path / "unpickled"
+    crafted = tmp_path / "lda_judge.pkl"
+    crafted.write_bytes(pickle.dumps(_TouchOnLoad(marker)))
+    judge = _judge(tmp_path / "lda_judge", topic_tok)
+    assert not marker.exists()
+    assert judge.dominant_topics(bag_of_words_matrix(TEXTS, topic_tok)).tolist()[-1] == -1  # a fitted judge
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == f"LDA judge: {crafted} is ignored: a pickle is never loaded (unpickling can run any code); " \
+                     "fitting it again"
+    _judge(tmp_path / "lda_judge", topic_tok)  # read back from its own cache, the pickle still beside it
+    assert capsys.readouterr().out == "" and not marker.exists() and crafted.exists()
+    pickle.loads(crafted.read_bytes())  # the file was live: unpickling it does run its code
+    assert marker.exists()
