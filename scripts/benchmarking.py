@@ -37,6 +37,7 @@ from topic_lm_hf import (LSTMLMConfig, LSTMLMForCausalLM, NCLMConfig, NCLMForCau
                          RGBNRNNForCausalLM, TCNLMConfig, TCNLMForCausalLM, TopicContextCollator, TopicRNNConfig,
                          TopicRNNForCausalLM, evaluate_perplexity, evaluate_steering, fit_lda_judge)
 from topic_lm_hf.data import shared_data_dir
+from topic_lm_hf.families import FAMILIES
 from topic_lm_hf.devices import synchronize
 from topic_lm_hf.models.configuration_common import config_kwargs_from_tokenizers
 from topic_lm_hf.pretraining import steering_recipe
@@ -297,11 +298,11 @@ MODELS = {
     "rgbn-recipe": dict(family="rgbn", label="rGBN-RNN, steering recipe", context="preceding", recurrent=True,
                         recipe=True),
 }
-MODEL_TYPES = {"tcnlm": "tcnlm", "topic_rnn": "topic_rnn", "nclm": "nclm", "rgbn": "rgbn_rnn"}
+# the benchmark's family names (Family.short_name) -> model_type and causal LM class, from the family registry
+MODEL_TYPES = {f.short_name: f.model_type for f in FAMILIES.values() if f.is_topic_model}
 SIZES = {"cpu": dict(embedding_size=128, hidden_size=128, num_topics=50),
          "paper": dict(embedding_size=300, hidden_size=600, num_topics=50)}
-CLASSES = {"lstm": LSTMLMForCausalLM, "tcnlm": TCNLMForCausalLM, "topic_rnn": TopicRNNForCausalLM,
-           "nclm": NCLMForCausalLM, "rgbn": RGBNRNNForCausalLM}
+CLASSES = {f.short_name: f.causal_lm_class for f in FAMILIES.values()}
 
 
 class DocumentChunks:

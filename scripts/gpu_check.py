@@ -95,7 +95,7 @@ def part_steps(args, compiled: bool) -> dict:
 
     device = torch.device(args.device)
     margs = _model_args(args)
-    cache, rows, collators, built = {}, {}, {}, {}
+    cache, rows, collators = {}, {}, {}
     for name in FAMILIES:
         documents, collator = make_collator(name, tok, topic_tok)
         rows[name] = prepared_rows(cache, name, documents, train_docs)

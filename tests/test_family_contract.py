@@ -13,7 +13,7 @@ import torch
 from topic_lm_hf import (LSTMLMConfig, LSTMLMForCausalLM, LSTMLMForSequenceClassification, NCLMConfig,
                          NCLMForCausalLM, RGBNRNNConfig, RGBNRNNForCausalLM, TCNLMConfig, TCNLMForCausalLM,
                          TCNLMForSequenceClassification, TopicContextCollator, TopicRNNForCausalLM)
-from topic_lm_hf.models.modeling_conditioning import TopicLMCache
+from topic_lm_hf.models.modeling_generation import TopicLMCache
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "src" / "topic_lm_hf"

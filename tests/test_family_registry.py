@@ -22,8 +22,8 @@ from topic_lm_hf import TopicContextCollator, pretrain_topic_model, steering_rec
 from topic_lm_hf.families import FAMILIES, SHARED_PRIOR, Family, register_family
 from topic_lm_hf.models import LSTMLMConfig
 from topic_lm_hf.models.configuration_common import TopicConfigMixin
-from topic_lm_hf.models.modeling_conditioning import (TopicGenerationMixin, normalize_topic_kwargs,
-                                                      topic_ids_to_mixture)
+from topic_lm_hf.models.modeling_conditioning import normalize_topic_kwargs, topic_ids_to_mixture
+from topic_lm_hf.models.modeling_generation import TopicGenerationMixin
 from topic_lm_hf.models.modeling_lstm_lm import LSTMLMModel
 from topic_lm_hf.models.modeling_recurrent import RecurrentPreTrainedModel, TopicLMOutput
 from topic_lm_hf.models.modeling_topic_family import TopicFamilyForCausalLM

@@ -33,7 +33,7 @@ from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError
 from transformers import PreTrainedModel
 
 from .data import save_vocabularies
-from .models.modeling_recurrent import HubUnreachableError, auto_class_of, is_network_error, unreachable_message
+from .models.modeling_hub import HubUnreachableError, auto_class_of, is_network_error, unreachable_message
 
 CARD_TEMPLATE = "templates/model_card.md"  # inside the package (package data, see pyproject.toml)
 

@@ -53,7 +53,7 @@ def config_kwargs_from_tokenizers(tokenizer, topic_tokenizer, **kwargs) -> dict:
 
 def check_topic_output_prior(topic_output_bias, topic_prior_weight_init, allowed=(None, "beta")):
     """``(topic_output_bias, float(topic_prior_weight_init))`` checked: the value must be one of ``allowed``
-    (``"beta"`` is the shared topic output prior, :class:`~topic_lm_hf.models.modeling_conditioning.TopicWordPriorMixin`;
+    (``"beta"`` is the shared topic output prior, :class:`~topic_lm_hf.models.modeling_topic_family.TopicWordPriorMixin`;
     a config saved with ``False`` reads as ``None``), and lambda's initial value a finite number."""
     if topic_output_bias is False:  # configs saved when this was a flag
         topic_output_bias = None

@@ -73,7 +73,7 @@ class NCLMConfig(TopicConfigMixin, ClassifierConfigMixin, CompactReprMixin, Pret
             against the NVDM's redundant topics (the same topic learnt several times). Not in the NCLM paper;
             0 = the paper.
         topic_output_bias, topic_prior_weight_init: ``"beta"`` adds the shared topic output prior
-            (:class:`~topic_lm_hf.models.modeling_conditioning.TopicWordPriorMixin`, not in the paper):
+            (:class:`~topic_lm_hf.models.modeling_topic_family.TopicWordPriorMixin`, not in the paper):
             lambda * log(V_c p(w | h)) at every topic word, p(w | h) = softmax(W h + b) the NVDM decoder at the
             document's proportions h, lambda learned from ``topic_prior_weight_init``. Needs h: the ``"lta"``
             and ``"leta"`` variants. ``None``: the paper.

@@ -60,7 +60,7 @@ class RGBNRNNConfig(TopicConfigMixin, ClassifierConfigMixin, CompactReprMixin, P
             (one Weibull draw, as the code).
         initializer_range: r of the uniform initialisation U(-r, r) of the LM and gate weights (0.05, the code's).
         topic_output_bias, topic_prior_weight_init: ``"beta"`` adds the shared topic output prior
-            (:class:`~topic_lm_hf.models.modeling_conditioning.TopicWordPriorMixin`, not in the paper):
+            (:class:`~topic_lm_hf.models.modeling_topic_family.TopicWordPriorMixin`, not in the paper):
             lambda * log(V_c p(w | theta^1)) at every topic word, p(w | theta^1) = Phi^1 theta^1 normalised (the
             first layer's Poisson rate of the sentence's words as a distribution), lambda learned from
             ``topic_prior_weight_init``. ``None``: the paper.

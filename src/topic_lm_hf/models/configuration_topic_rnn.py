@@ -61,7 +61,7 @@ class TopicRNNConfig(TopicConfigMixin, ClassifierConfigMixin, CompactReprMixin, 
             collapse. 0 = the paper. :meth:`TopicRNNForCausalLM.topic_model_loss` is this term plus the KL, per
             context word, the objective of :func:`~topic_lm_hf.pretrain_topic_model`.
         topic_output_bias, topic_prior_weight_init: ``"beta"`` adds the shared topic output prior
-            (:class:`~topic_lm_hf.models.modeling_conditioning.TopicWordPriorMixin`, not in the paper):
+            (:class:`~topic_lm_hf.models.modeling_topic_family.TopicWordPriorMixin`, not in the paper):
             lambda * log(V_c p(w | theta)) at every topic word, p(w | theta) = softmax(B theta) over the topic
             words, lambda learned from ``topic_prior_weight_init``. ``None``: the paper.
         dropout: dropout on embeddings, between recurrent layers and before the output layers

@@ -1,5 +1,6 @@
 """Topic conditioning: what ``topic_ids`` / ``topic_mixture`` / ``context_bow`` may be and how they are
-validated, the generation path that resolves them once, and the map between the LM and topic vocabularies.
+validated, the map between the LM and topic vocabularies, and the topic tokenizer. (Generation, which resolves the
+conditioning once and carries it in its cache, is ``modeling_generation``.)
 
 Copied next to the weights with a family's own files when a model is shared with remote code.
 
@@ -8,15 +9,12 @@ Notation: b batch, k topics asked for per row, T topics, V LM vocabulary, V_c to
 
 from __future__ import annotations
 
-import math
 import numbers
 from typing import Optional
 
 import torch
 from torch import nn
 from torch.nn import functional as F
-
-from .modeling_recurrent import reorder_state
 
 # Spread of the topic-word logits at initialisation where a topic is a softmax over words and the topic proportions
 # are a distribution (TCNLM's beta, TopicRNN's columns of B with theta_transform="softmax"): topics start as
@@ -194,190 +192,6 @@ def normalize_topic_kwargs(num_topics: int, topic_vocab_size: int, batch_size: O
     return {}
 
 
-# The raw conditioning keywords generate() may be given; a family accepts those it declares in conditioning_inputs.
-RAW_CONDITIONING = ("topic_ids", "topic_mixture", "context_bow", "theta")
-
-
-class TopicLMCache:
-    """What generation carries from one step to the next, as one field (``state`` in the generation kwargs, as
-    Mamba carries one cache object): the recurrent state and the resolved topic conditioning.
-
-    Args:
-        state: the batch-first recurrent state (a tuple of (b, ...) tensors) or None.
-        conditioning: the resolved topic representation as the ``forward`` keywords that take it (e.g.
-            ``{"topic_representation": t}``), each (b, ...); resolved once, on the first step, never re-validated.
-
-    ``generate(..., return_dict_in_generate=True).past_key_values`` is this object: pass it back as
-    ``generate(next_tokens, state=cache)`` to continue with the same topics.
-    """
-
-    is_compileable = False
-
-    def __init__(self, state, conditioning: dict):
-        self.state = state
-        self.conditioning = dict(conditioning)
-
-    def reorder(self, beam_idx: torch.Tensor) -> "TopicLMCache":
-        """The rows ``beam_idx`` of the state and of the conditioning (beam search)."""
-        return TopicLMCache(reorder_state(self.state, beam_idx),
-                            {name: value.index_select(0, beam_idx.to(value.device))
-                             for name, value in self.conditioning.items()})
-
-
-class TopicGuidanceLogitsProcessor:
-    """Decode-time topic guidance (classifier-free guidance, Sanchez et al. 2024) for a recurrent topic LM:
-    the next-token scores of the topic-conditioned run, ``l_cond``, become ``l_cond + (s - 1) (l_cond - l_prior)``,
-    with ``l_prior`` those of the same model given no conditioning (its prior: no document, no topics) on the
-    same tokens. ``s = 1`` leaves the scores as they are; ``s > 1`` pushes towards what the topics add.
-
-    The prior run keeps its own recurrent state (with ``use_cache``) and follows beam search's reordering by
-    matching each row's prefix to the previous step's rows; without ``use_cache`` it reads the whole sequence at
-    every step. Tokens the conditioned run rules out (``-inf``) stay out. It runs first among the logits
-    processors, on the model's own scores (before temperature, top-k and the rest)."""
-
-    def __init__(self, model, scale: float, attention_mask: Optional[torch.Tensor], use_cache: bool = True):
-        self.model, self.scale, self.use_cache = model, float(scale), bool(use_cache)
-        self.prompt_mask = attention_mask
-        self.state = self.sequences = None
-
-    def _mask(self, input_ids: torch.Tensor) -> Optional[torch.Tensor]:
-        if self.prompt_mask is None:
-            return None
-        prompt = self.prompt_mask.to(input_ids.device)
-        prompt = prompt.repeat_interleave(input_ids.shape[0] // prompt.shape[0], dim=0)  # beams, return sequences
-        new = input_ids.shape[1] - prompt.shape[1]
-        return torch.cat([prompt, prompt.new_ones(input_ids.shape[0], new)], dim=1)
-
-    def prior_scores(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """``l_prior`` (n, V) of the last position of ``input_ids`` (n, t)."""
-        mask = self._mask(input_ids)
-        if self.use_cache and self.sequences is not None and self.sequences.shape[1] == input_ids.shape[1] - 1:
-            previous = self.sequences.to(input_ids.device)
-            match = (input_ids[:, None, :-1] == previous[None]).all(-1)  # (n, n_previous): whose prefix it is
-            if not bool(match.any(1).all()):
-                raise RuntimeError("topic guidance lost track of the sequences (a row's prefix is no earlier row)")
-            state = reorder_state(self.state, match.int().argmax(1))
-            out = self.model(input_ids=input_ids[:, -1:], attention_mask=mask, state=state, use_cache=True,
-                             return_dict=True)
-        else:
-            out = self.model(input_ids=input_ids, attention_mask=mask, use_cache=self.use_cache, return_dict=True)
-        if self.use_cache:
-            self.state, self.sequences = out.state, input_ids
-        return out.logits[:, -1].float()
-
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        with torch.no_grad():
-            prior = self.prior_scores(input_ids).to(scores.device, scores.dtype)
-        finite = torch.isfinite(scores)
-        difference = torch.where(finite & torch.isfinite(prior), scores - prior, torch.zeros_like(scores))
-        return torch.where(finite, scores + (self.scale - 1.0) * difference, scores)
-
-
-class TopicGenerationMixin:
-    """``generate()`` with topic conditioning, for a ``*ForCausalLM`` that also inherits ``GenerationMixin``.
-
-    Put it before ``GenerationMixin`` in the bases. What the model accepts is what it declares
-    (``conditioning_inputs``, plus ``conditioning_options`` such as rGBN-RNN's ``topic_layer``); the
-    conditioning is resolved once:
-
-    * ``generate`` validates the raw conditioning (:meth:`prepare_generation_conditioning`) and makes it
-      batch-first tensors *before* transformers expands the batch for beams and ``num_return_sequences``
-      (a 1-D tensor would otherwise be repeat-interleaved, hf-notes §2). Without a prompt, one ``<bos>`` row
-      is generated per conditioning row.
-    * The first forward resolves it into the model's topic representation and returns it (the outputs named
-      by ``_cached_conditioning``); :meth:`_update_model_kwargs_for_generation` keeps that representation
-      with the recurrent state in one :class:`TopicLMCache`, and every later step reads it from there as the
-      trusted ``forward`` keywords of the same names: the document is encoded and the conditioning
-      checked once, not at every token (hf-notes §1.5).
-    """
-
-    _topic_mixture_on_simplex = True  # TCNLM's t is a distribution; TopicRNN's theta is any vector
-    # The outputs of the first forward that stand for the conditioning at every later step (forward takes them by
-    # these names, trusted): the resolved topic representation (NCLM adds its topic vectors).
-    _cached_conditioning = ("topic_representation",)
-    conditioning_options: tuple[str, ...] = ()  # generate() keywords that only shape the conditioning
-    _topic_guidance: Optional[TopicGuidanceLogitsProcessor] = None  # set by generate() while it runs
-
-    def prepare_generation_conditioning(self, batch_size: Optional[int], **given) -> dict:
-        """The raw conditioning of ``generate`` (at most one of ``conditioning_inputs``) validated as batch-first
-        tensors of ``batch_size`` rows (the forward keywords that take them)."""
-        return normalize_topic_kwargs(self.config.num_topics, self.config.topic_vocab_size, batch_size, **given,
-                                      mixture_on_simplex=self._topic_mixture_on_simplex)
-
-    def generate(self, inputs=None, generation_config=None, topic_guidance_scale: Optional[float] = None, **kwargs):
-        """``GenerationMixin.generate`` with the family's topic conditioning (its ``conditioning_inputs``) and
-        ``topic_guidance_scale=s``: decode-time topic guidance (:class:`TopicGuidanceLogitsProcessor`), which
-        mixes the scores of the conditioned run with those of the same model under its prior."""
-        if topic_guidance_scale is None:
-            return self._generate(inputs, generation_config, **kwargs)
-        if isinstance(topic_guidance_scale, bool) or not isinstance(topic_guidance_scale, numbers.Real) \
-                or not topic_guidance_scale >= 0:
-            raise ValueError(f"topic_guidance_scale must be a number >= 0 (1: no guidance), got {topic_guidance_scale!r}")
-        if not any(kwargs.get(name) is not None for name in RAW_CONDITIONING) and \
-                not isinstance(kwargs.get("state"), TopicLMCache):
-            raise ValueError(f"topic_guidance_scale guides towards a conditioning: give one of "
-                             f"{list(self.conditioning_inputs)} (e.g. topic_ids=[3])")
-        prompt = inputs if inputs is not None else kwargs.get("input_ids")
-        use_cache = kwargs.get("use_cache", getattr(generation_config or self.generation_config, "use_cache", True))
-        self._topic_guidance = TopicGuidanceLogitsProcessor(
-            self, topic_guidance_scale, kwargs.get("attention_mask") if isinstance(prompt, torch.Tensor) else None,
-            use_cache=use_cache is not False)
-        try:
-            return self._generate(inputs, generation_config, **kwargs)
-        finally:
-            self._topic_guidance = None
-
-    def _get_logits_processor(self, *args, **kwargs):
-        processors = super()._get_logits_processor(*args, **kwargs)
-        if self._topic_guidance is not None:
-            processors.insert(0, self._topic_guidance)  # on the model's own scores, before temperature, top-k, ...
-        return processors
-
-    def _generate(self, inputs=None, generation_config=None, **kwargs):
-        prompt = inputs if inputs is not None else kwargs.get("input_ids", kwargs.get("inputs_embeds"))
-        batch_size = prompt.shape[0] if isinstance(prompt, torch.Tensor) else None
-        given = {}
-        for name in (*RAW_CONDITIONING, *self.conditioning_options):
-            value = kwargs.pop(name, None)
-            if value is None:
-                continue
-            if name not in self.conditioning_inputs and name not in self.conditioning_options:
-                raise ValueError(f"{type(self).__name__} does not take {name}; it is conditioned by "
-                                 f"{list(self.conditioning_inputs)}")
-            given[name] = value
-        cache = kwargs.get("state")
-        if isinstance(cache, TopicLMCache):  # continuing an earlier generation (its past_key_values)
-            kwargs["state"] = cache.state
-            if not given:  # with the same topics, already resolved
-                return super().generate(inputs, generation_config, **cache.conditioning, **kwargs)
-        resolved = self.prepare_generation_conditioning(batch_size, **given)
-        resolved = {name: value.to(self.device).contiguous() for name, value in resolved.items()}
-        return super().generate(inputs, generation_config, **resolved, **kwargs)
-
-    def prepare_inputs_for_generation(self, *args, **kwargs):
-        inputs = super().prepare_inputs_for_generation(*args, **kwargs)
-        cache = inputs.get("state")
-        if isinstance(cache, TopicLMCache):
-            inputs["state"] = cache.state
-            inputs.update(cache.conditioning)
-        return inputs
-
-    def _update_model_kwargs_for_generation(self, outputs, model_kwargs, is_encoder_decoder=False, num_new_tokens=1):
-        previous = model_kwargs.get("state")
-        model_kwargs = super()._update_model_kwargs_for_generation(outputs, model_kwargs, is_encoder_decoder,
-                                                                   num_new_tokens)
-        if isinstance(previous, TopicLMCache):
-            conditioning = previous.conditioning
-        else:
-            conditioning = {name: model_kwargs.get(name) if model_kwargs.get(name) is not None
-                            else getattr(outputs, name, None) for name in self._cached_conditioning}
-            conditioning = {name: value for name, value in conditioning.items() if value is not None}
-        for name in (*RAW_CONDITIONING, *self.conditioning_options, *self._cached_conditioning):
-            model_kwargs.pop(name, None)
-        model_kwargs["state"] = TopicLMCache(getattr(outputs, "state", None), conditioning)
-        return model_kwargs
-
-
 def lm_to_topic_index(module: nn.Module, config, device, validate=None) -> torch.Tensor:
     """(V,) topic id of every LM word, -1 for words outside the topic vocabulary (stop words), from
     ``config.topic_word_ids``; cached on ``module``, and ``validate()`` is called whenever it is rebuilt.
@@ -428,42 +242,6 @@ def topic_word_mask(module: nn.Module, config, device) -> torch.Tensor:
     mask[lm_to_topic[lm_to_topic >= 0]] = True
     module.__dict__["_topic_word_mask_cache"] = (lm_to_topic, mask)
     return mask
-
-
-class TopicWordPriorMixin:
-    """The shared topic output prior of every topic family (``config.topic_output_bias="beta"``; not in the papers).
-
-    A product of experts of the LM with its own topic model: the logits of every topic word w get
-    ``lambda * log(V_c p(w | t))``, where ``p(w | t)`` is the family's topic-word distribution at the topic
-    representation t the LM is conditioned on (TCNLM: beta^T t; NCLM: the NVDM decoder softmax(W h + b);
-    TopicRNN: softmax(B theta) over the topic words; rGBN-RNN: Phi^1 theta^1 normalised), V_c the number of topic
-    words the LM has (the ratio is to the uniform distribution, so an uninformative topic model adds 0), and
-    lambda one learned scalar (``topic_prior_weight``, from ``config.topic_prior_weight_init``). Stop words get 0.
-    With ``topic_ids`` the topic model's own topic k tilts the LM towards its words, which is what makes a
-    topic steer when the LM alone has learnt to ignore t.
-
-    A family provides ``topic_word_log_probs(t) -> (b, V_c)`` and calls :meth:`_init_topic_word_prior` in its
-    ``__init__``; ``RecurrentPreTrainedModel._init_weights`` sets lambda to its initial value."""
-
-    def _init_topic_word_prior(self) -> None:
-        on = getattr(self.config, "topic_output_bias", None) == "beta"
-        self.topic_prior_weight = nn.Parameter(torch.zeros(())) if on else None
-
-    def topic_word_log_probs(self, representation: torch.Tensor) -> torch.Tensor:
-        """log p(w | t) over the topic vocabulary (b, V_c) for the family's topic representation (b, .)."""
-        raise NotImplementedError
-
-    def topic_word_prior(self, representation: torch.Tensor) -> torch.Tensor:
-        """lambda * log(V_c p(w | t)) at every topic word of the LM vocabulary, 0 elsewhere: (b, .) -> (b, V)."""
-        if self.config.topic_word_ids is None:
-            raise ValueError("topic_output_bias='beta' needs config.topic_word_ids (the LM id of every topic word): "
-                             f"build the config with {type(self.config).__name__}.from_tokenizers(tokenizer, "
-                             "topic_tokenizer, ...)")
-        device = representation.device
-        n_words = topic_word_mask(self, self.config, device).sum()  # a tensor: no device sync, no loop over V_c
-        log_ratio = self.topic_word_log_probs(representation).float().clamp_min(math.log(1e-10)) + n_words.log()
-        prior = topic_scores_to_vocab(log_ratio, lm_to_topic_index(self, self.config, device))
-        return self.topic_prior_weight.float() * prior
 
 
 TOPIC_TOKENIZER_SUBFOLDER = "topic_tokenizer"

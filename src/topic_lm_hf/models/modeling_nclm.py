@@ -63,8 +63,9 @@ from torch.nn import functional as F
 from transformers import GenerationMixin
 
 from .configuration_nclm import NCLMConfig
-from .modeling_conditioning import (TopicGenerationMixin, _broadcast_rows, angular_diversity,
+from .modeling_conditioning import (_broadcast_rows, angular_diversity,
                                     lm_to_topic_index, normalize_topic_kwargs, topic_ids_to_mixture, topic_vocabulary)
+from .modeling_generation import TopicGenerationMixin
 from .modeling_document import DocumentClassifierMixin, DocumentRepresentationMixin
 from .modeling_recurrent import (RecurrentBodyMixin, RecurrentPreTrainedModel, TopicLMOutput,
                                  detach_or_none, last_columns, last_token_positions)

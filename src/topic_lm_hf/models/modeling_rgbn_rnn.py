@@ -58,8 +58,9 @@ from torch.nn import functional as F
 from transformers import GenerationMixin
 
 from .configuration_rgbn_rnn import RGBNRNNConfig
-from .modeling_conditioning import (TopicGenerationMixin, check_at_most_one,
-                                    normalize_topic_ids, normalize_topic_kwargs, topic_vocabulary)
+from .modeling_conditioning import (check_at_most_one,
+                                    normalize_topic_ids, normalize_topic_kwargs)
+from .modeling_generation import TopicGenerationMixin
 from .modeling_document import DocumentClassifierMixin, DocumentRepresentationMixin
 from .modeling_recurrent import (RecurrentModelOutput, RecurrentPreTrainedModel, TopicLMOutput,
                                  detach_or_none, embed_checked, last_columns, last_token_positions, run_rnn)
@@ -937,9 +938,6 @@ class RGBNRNNForCausalLM(TopicFamilyForCausalLM, RGBNRNNPreTrainedModel, TopicGe
     @property
     def num_topic_layers(self) -> int:
         return self.config.num_layers
-
-    def check_layer(self, layer) -> int:
-        return 1 if layer is None else self.model.check_layer(layer)
 
     def topic_word_log_probs(self, theta: torch.Tensor) -> torch.Tensor:
         """log p(w | theta^1) (b, V_c) = log of Phi^1 theta^1 normalised; theta (b, sum K) or (b, K_1)."""

@@ -70,8 +70,9 @@ from transformers import GenerationMixin
 from transformers.utils import ModelOutput
 
 from .configuration_tcnlm import TCNLMConfig
-from .modeling_conditioning import (TOPIC_LOGIT_INIT_STD, TopicGenerationMixin, angular_diversity,
+from .modeling_conditioning import (TOPIC_LOGIT_INIT_STD, angular_diversity,
                                     normalize_topic_kwargs, topic_ids_to_mixture, topic_vocabulary)
+from .modeling_generation import TopicGenerationMixin
 from .modeling_document import DocumentClassifierMixin, DocumentRepresentationMixin
 from .modeling_recurrent import (RecurrentPreTrainedModel, TopicLMOutput, causal_lm_loss, detach_or_none,
                                  embed_checked, last_columns, run_rnn, run_rnn_layers)

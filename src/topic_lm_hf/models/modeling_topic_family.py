@@ -22,11 +22,49 @@ hierarchy), and one KL-annealing mechanism (``kl_annealing_weight``).
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
-from .modeling_conditioning import TopicWordPriorMixin, topic_vocabulary
+from .modeling_conditioning import lm_to_topic_index, topic_scores_to_vocab, topic_vocabulary, topic_word_mask
 from .modeling_document import DocumentRepresentationDelegate
+
+
+class TopicWordPriorMixin:
+    """The shared topic output prior of every topic family (``config.topic_output_bias="beta"``; not in the papers).
+
+    A product of experts of the LM with its own topic model: the logits of every topic word w get
+    ``lambda * log(V_c p(w | t))``, where ``p(w | t)`` is the family's topic-word distribution at the topic
+    representation t the LM is conditioned on (TCNLM: beta^T t; NCLM: the NVDM decoder softmax(W h + b);
+    TopicRNN: softmax(B theta) over the topic words; rGBN-RNN: Phi^1 theta^1 normalised), V_c the number of topic
+    words the LM has (the ratio is to the uniform distribution, so an uninformative topic model adds 0), and
+    lambda one learned scalar (``topic_prior_weight``, from ``config.topic_prior_weight_init``). Stop words get 0.
+    With ``topic_ids`` the topic model's own topic k tilts the LM towards its words, which is what makes a
+    topic steer when the LM alone has learnt to ignore t.
+
+    A family provides ``topic_word_log_probs(t) -> (b, V_c)`` and calls :meth:`_init_topic_word_prior` in its
+    ``__init__``; ``TopicFamilyForCausalLM._init_weights`` sets lambda to its initial value."""
+
+    def _init_topic_word_prior(self) -> None:
+        on = getattr(self.config, "topic_output_bias", None) == "beta"
+        self.topic_prior_weight = nn.Parameter(torch.zeros(())) if on else None
+
+    def topic_word_log_probs(self, representation: torch.Tensor) -> torch.Tensor:
+        """log p(w | t) over the topic vocabulary (b, V_c) for the family's topic representation (b, .)."""
+        raise NotImplementedError
+
+    def topic_word_prior(self, representation: torch.Tensor) -> torch.Tensor:
+        """lambda * log(V_c p(w | t)) at every topic word of the LM vocabulary, 0 elsewhere: (b, .) -> (b, V)."""
+        if self.config.topic_word_ids is None:
+            raise ValueError("topic_output_bias='beta' needs config.topic_word_ids (the LM id of every topic word): "
+                             f"build the config with {type(self.config).__name__}.from_tokenizers(tokenizer, "
+                             "topic_tokenizer, ...)")
+        device = representation.device
+        n_words = topic_word_mask(self, self.config, device).sum()  # a tensor: no device sync, no loop over V_c
+        log_ratio = self.topic_word_log_probs(representation).float().clamp_min(math.log(1e-10)) + n_words.log()
+        prior = topic_scores_to_vocab(log_ratio, lm_to_topic_index(self, self.config, device))
+        return self.topic_prior_weight.float() * prior
 
 
 class TopicFamilyForCausalLM(DocumentRepresentationDelegate, TopicWordPriorMixin):
@@ -51,7 +89,7 @@ class TopicFamilyForCausalLM(DocumentRepresentationDelegate, TopicWordPriorMixin
         if layer is None:
             return 1
         if isinstance(layer, bool) or not isinstance(layer, int) or not 1 <= layer <= self.num_topic_layers:
-            raise ValueError(f"layer must be an integer in [1, {self.num_topic_layers}] (1 = the bottom topic "
+            raise ValueError(f"topic_layer must be an integer in [1, {self.num_topic_layers}] (1 = the bottom "
                              f"layer), got {layer!r}")
         return layer
 
@@ -132,4 +170,4 @@ class TopicFamilyForCausalLM(DocumentRepresentationDelegate, TopicWordPriorMixin
                 nn.init.constant_(self.topic_prior_weight, self.config.topic_prior_weight_init)
 
 
-__all__ = ["TopicFamilyForCausalLM"]
+__all__ = ["TopicFamilyForCausalLM", "TopicWordPriorMixin"]

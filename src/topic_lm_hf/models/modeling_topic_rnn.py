@@ -70,9 +70,9 @@ from transformers import GenerationMixin
 from transformers.utils import ModelOutput
 
 from .configuration_topic_rnn import TopicRNNConfig
-from .modeling_conditioning import (TOPIC_LOGIT_INIT_STD, TopicGenerationMixin, lm_to_topic_index,
-                                    normalize_topic_kwargs, topic_ids_to_mixture, topic_scores_to_vocab,
-                                    topic_vocabulary, topic_word_mask)
+from .modeling_conditioning import (TOPIC_LOGIT_INIT_STD, lm_to_topic_index,
+                                    normalize_topic_kwargs, topic_ids_to_mixture, topic_scores_to_vocab, topic_word_mask)
+from .modeling_generation import TopicGenerationMixin
 from .modeling_document import DocumentClassifierMixin, DocumentRepresentationMixin
 from .modeling_recurrent import (RecurrentPreTrainedModel, TopicLMOutput, detach_or_none, next_token_loss,
                                  run_token_rnn)
