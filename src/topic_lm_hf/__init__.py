@@ -1,6 +1,7 @@
 """topic-lm-hf: topic-guided neural language models as Hugging Face transformers models."""
 
-from transformers import AutoConfig, AutoModelForTokenClassification
+from transformers import (AutoConfig, AutoModel, AutoModelForCausalLM,  # noqa: F401 (importable from here too)
+                          AutoModelForSequenceClassification, AutoModelForTokenClassification)
 
 from .collator import TopicContextCollator, make_bow
 from .data import (build_vocabularies, check_vocabularies, documents_from_lists, load_documents,
