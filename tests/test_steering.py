@@ -126,7 +126,7 @@ def test_a_saved_judge_loads_as_the_same_judge(synthetic, tmp_path):
     assert np.array_equal(loaded.dominant_topics(bows), judge.dominant_topics(bows))
     model_topic_word = np.random.default_rng(0).random((JUDGE_TOPICS, len(topic_tok)))
     assert np.array_equal(loaded.match(model_topic_word)[0], judge.match(model_topic_word)[0])
-    assert loaded.get_topics(5, topic_tok) == judge.get_topics(5, topic_tok)
+    assert loaded.get_topics(5, topic_tokenizer=topic_tok) == judge.get_topics(5, topic_tokenizer=topic_tok)
     # continued fitting starts from the restored random state
     assert np.array_equal(loaded.lda.partial_fit(bows).components_, judge.lda.partial_fit(bows).components_)
 
