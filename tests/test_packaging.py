@@ -61,4 +61,5 @@ def test_the_package_needs_no_checkout():
             else:
                 continue
             assert not [m for m in modules if m.split(".")[-1] in harness], f"{path} imports the benchmark harness"
-        assert '"git"' not in text and "parents[2]" not in text and "ROOT" not in text, f"{path} needs a checkout"
+        assert '"git"' not in text and "ROOT" not in text, f"{path} needs a checkout"
+        assert not re.search(r"Path\(__file__\)[^\n]*\.parents\[", text), f"{path} looks for a checkout folder"

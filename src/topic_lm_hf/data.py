@@ -671,8 +671,9 @@ class DataArguments:
 
 
 def shared_data_dir() -> Optional[Path]:
-    """``../shared/data`` next to the current directory or next to this checkout, if present."""
-    candidates = [Path.cwd().parent / "shared" / "data", Path(__file__).resolve().parents[3] / "shared" / "data"]
+    """``$TOPIC_LM_DATA``, else ``../shared/data`` next to the current directory, if present (the package assumes no
+    checkout: installed from a wheel it finds the corpora the same way)."""
+    candidates = [Path.cwd().parent / "shared" / "data"]
     if os.environ.get("TOPIC_LM_DATA"):
         candidates.insert(0, Path(os.environ["TOPIC_LM_DATA"]))
     return next((c for c in candidates if (c / "apnews" / "train.txt").exists()), None)

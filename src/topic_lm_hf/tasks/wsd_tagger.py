@@ -288,7 +288,7 @@ class SenseTaggingCollator:
 
 def default_sense_inventory_path() -> Optional[Path]:
     """``$TOPIC_LM_DATA/wordnet/senses.tsv.gz`` or ``../shared/data/wordnet/senses.tsv.gz`` when present."""
-    candidates = [Path.cwd().parent / "shared" / "data", Path(__file__).resolve().parents[4] / "shared" / "data"]
+    candidates = [Path.cwd().parent / "shared" / "data"]
     if os.environ.get("TOPIC_LM_DATA"):
         candidates.insert(0, Path(os.environ["TOPIC_LM_DATA"]))
     for root in candidates:
