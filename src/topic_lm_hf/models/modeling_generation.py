@@ -12,7 +12,6 @@ from typing import Optional
 
 import torch
 
-from .modeling_conditioning import normalize_topic_kwargs
 from .modeling_recurrent import reorder_state
 
 
@@ -113,7 +112,6 @@ class TopicGenerationMixin:
       checked once, not at every token (hf-notes §1.5).
     """
 
-    _topic_mixture_on_simplex = True  # TCNLM's t is a distribution; TopicRNN's theta is any vector
     # The outputs of the first forward that stand for the conditioning at every later step (forward takes them by
     # these names, trusted): the resolved topic representation (NCLM adds its topic vectors).
     _cached_conditioning = ("topic_representation",)
@@ -122,9 +120,8 @@ class TopicGenerationMixin:
 
     def prepare_generation_conditioning(self, batch_size: Optional[int], **given) -> dict:
         """The raw conditioning of ``generate`` (at most one of ``conditioning_inputs``) validated as batch-first
-        tensors of ``batch_size`` rows (the forward keywords that take them)."""
-        return normalize_topic_kwargs(self.config.num_topics, self.config.topic_vocab_size, batch_size, **given,
-                                      mixture_on_simplex=self._topic_mixture_on_simplex)
+        tensors of ``batch_size`` rows (the forward keywords that take them): the model's ``resolve_conditioning``."""
+        return self.resolve_conditioning(batch_size, **given)
 
     def generate(self, inputs=None, generation_config=None, topic_guidance_scale: Optional[float] = None, **kwargs):
         """``GenerationMixin.generate`` with the family's topic conditioning (its ``conditioning_inputs``) and

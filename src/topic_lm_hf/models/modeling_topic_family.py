@@ -12,6 +12,10 @@ A topic family's ``*ForCausalLM`` lists :class:`TopicFamilyForCausalLM` first am
 * ``topic_model_parameters()`` and ``topic_model_loss(context_bow, **inputs)``: the topic model alone, for
   :func:`~topic_lm_hf.pretrain_topic_model`.
 
+The topic keywords of ``forward`` and ``generate`` are validated in one place, :meth:`~TopicFamilyForCausalLM.
+resolve_conditioning`, once per call: ``forward`` calls it first and hands the batch-first tensors it returns to
+the helpers that use them, which trust them and do not check them again.
+
 What the package asks of a topic model is asked through these names only (``isinstance(model,
 TopicFamilyForCausalLM)`` says whether a model has topics; nothing is probed with ``hasattr``). The optional parts
 have defaults here: ``set_training_corpus_size`` (rGBN-RNN's TLASGR-MCMC scales its statistics to the corpus),
@@ -23,11 +27,13 @@ hierarchy), and one KL-annealing mechanism (``kl_annealing_weight``).
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import torch
 from torch import nn
 
-from .modeling_conditioning import lm_to_topic_index, topic_scores_to_vocab, topic_vocabulary, topic_word_mask
+from .modeling_conditioning import (lm_to_topic_index, normalize_topic_kwargs, topic_scores_to_vocab, topic_vocabulary,
+                                    topic_word_mask)
 from .modeling_document import DocumentRepresentationDelegate
 
 
@@ -76,6 +82,18 @@ class TopicFamilyForCausalLM(DocumentRepresentationDelegate, TopicWordPriorMixin
     topic_pretraining_batches: str = "train"
     # Phases TopicLMTrainer(pretraining_phases=...) may run before the joint objective (NCLM: "lm", "topic_model").
     training_phases: tuple[str, ...] = ()
+    # Whether a topic_mixture must be a distribution: TCNLM's t is; TopicRNN's theta is any real vector.
+    _topic_mixture_on_simplex = True
+
+    # -- the conditioning --------------------------------------------------------------------------
+
+    def resolve_conditioning(self, batch_size: Optional[int], **given) -> dict:
+        """The raw topic keywords of ``forward`` / ``generate`` (at most one of ``conditioning_inputs``) validated
+        and made batch-first tensors of ``batch_size`` rows, under the same names (an empty dict when none is
+        given). The one place they are checked: ``forward`` calls it once and passes what it returns down, and
+        ``generate`` once before its first step; a bad value is a ``ValueError`` that names it."""
+        return normalize_topic_kwargs(self.config.num_topics, self.config.topic_vocab_size, batch_size, **given,
+                                      mixture_on_simplex=self._topic_mixture_on_simplex)
 
     # -- topic layers ------------------------------------------------------------------------------
 
