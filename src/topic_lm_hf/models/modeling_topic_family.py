@@ -32,8 +32,8 @@ from typing import Optional
 import torch
 from torch import nn
 
-from .modeling_conditioning import (lm_to_topic_index, normalize_topic_kwargs, topic_scores_to_vocab, topic_vocabulary,
-                                    topic_word_mask)
+from .modeling_conditioning import (check_topic_layer, lm_to_topic_index, normalize_topic_kwargs, topic_scores_to_vocab,
+                                    topic_vocabulary, topic_word_mask)
 from .modeling_document import DocumentRepresentationDelegate
 
 
@@ -104,12 +104,7 @@ class TopicFamilyForCausalLM(DocumentRepresentationDelegate, TopicWordPriorMixin
 
     def check_layer(self, layer) -> int:
         """``layer`` (1 = bottom; ``None``: 1) checked against :attr:`num_topic_layers`."""
-        if layer is None:
-            return 1
-        if isinstance(layer, bool) or not isinstance(layer, int) or not 1 <= layer <= self.num_topic_layers:
-            raise ValueError(f"topic_layer must be an integer in [1, {self.num_topic_layers}] (1 = the bottom "
-                             f"layer), got {layer!r}")
-        return layer
+        return check_topic_layer(layer, self.num_topic_layers)
 
     # -- the topics --------------------------------------------------------------------------------
 
