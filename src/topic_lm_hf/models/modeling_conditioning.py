@@ -152,6 +152,12 @@ def check_counts(bow: torch.Tensor) -> None:
         raise ValueError("context_bow must hold finite, non-negative counts")
 
 
+def given_keywords(**named) -> dict:
+    """The keywords that were given (not None), as they are: a ``forward``'s conditioning when it is already
+    resolved (``conditioning_resolved=True``: ``generate`` validated it before its first step)."""
+    return {name: value for name, value in named.items() if value is not None}
+
+
 def check_at_most_one(**named) -> list[str]:
     """The names of the given (non-None) values; more than one is a ``ValueError`` naming them."""
     given = [name for name, value in named.items() if value is not None]

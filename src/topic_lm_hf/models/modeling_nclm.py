@@ -63,8 +63,8 @@ from torch.nn import functional as F
 from transformers import GenerationMixin
 
 from .configuration_nclm import NCLMConfig
-from .modeling_conditioning import (_broadcast_rows, angular_diversity,
-                                    lm_to_topic_index, normalize_topic_kwargs, topic_ids_to_mixture, topic_vocabulary)
+from .modeling_conditioning import (_broadcast_rows, angular_diversity, given_keywords, lm_to_topic_index,
+                                    normalize_topic_kwargs, topic_ids_to_mixture, topic_vocabulary)
 from .modeling_generation import TopicGenerationMixin
 from .modeling_document import DocumentClassifierMixin, DocumentRepresentationMixin
 from .modeling_recurrent import (RecurrentBodyMixin, RecurrentPreTrainedModel, TopicLMOutput,
@@ -535,7 +535,7 @@ class NCLMForCausalLM(TopicFamilyForCausalLM, NCLMPreTrainedModel, TopicGenerati
                 sentence_prefix_bow: Optional[torch.Tensor] = None,
                 topic_representation: Optional[torch.Tensor] = None, topic_embeddings: Optional[torch.Tensor] = None,
                 output_hidden_states: Optional[bool] = None, return_dict: Optional[bool] = None,
-                logits_to_keep: int = 0, **kwargs) -> NCLMOutput:
+                logits_to_keep: int = 0, conditioning_resolved: bool = False, **kwargs) -> NCLMOutput:
         r"""
         Args:
             input_ids: (b, s) token ids, left- or right-padded.
@@ -547,6 +547,8 @@ class NCLMForCausalLM(TopicFamilyForCausalLM, NCLMPreTrainedModel, TopicGenerati
             topic_representation, topic_embeddings: the document part c (b, |c_doc|) and the topic vectors
                 (b, K, D) that an earlier call returned (generation reuses them instead of re-encoding).
             logits_to_keep: compute logits for the last N positions only (0 = all).
+            conditioning_resolved: the topic keywords already are what :meth:`resolve_conditioning` returns
+                (``generate`` validates them before its first step and says so): they are not validated again.
 
         Returns:
             :class:`NCLMOutput`: ``loss = (1 - alpha) lm_loss + alpha (bow_loss + kl_loss)`` (module doc),
@@ -565,9 +567,9 @@ class NCLMForCausalLM(TopicFamilyForCausalLM, NCLMPreTrainedModel, TopicGenerati
             raise ValueError("NCLM with sentence_topics needs input_ids (the sentence topics read the words)")
         b, s = (input_ids if input_ids is not None else inputs_embeds).shape[:2]
         given = {}
-        if topic_representation is None:  # the one validation of the topic keywords (none for a resolved c_doc)
-            given = self.resolve_conditioning(b, context_bow=context_bow, topic_ids=topic_ids,
-                                              topic_mixture=topic_mixture)
+        if topic_representation is None:  # the topic keywords, validated once (here, or by generate)
+            given = dict(context_bow=context_bow, topic_ids=topic_ids, topic_mixture=topic_mixture)
+            given = given_keywords(**given) if conditioning_resolved else self.resolve_conditioning(b, **given)
         elif any(v is not None for v in (context_bow, topic_ids, topic_mixture)):
             raise ValueError("Give topic_representation or one of context_bow, topic_ids, topic_mixture, not both")
         attention_mask = last_columns(attention_mask, s)

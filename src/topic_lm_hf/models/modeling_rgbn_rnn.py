@@ -59,7 +59,7 @@ from transformers import GenerationMixin
 
 from .configuration_rgbn_rnn import RGBNRNNConfig
 from .modeling_conditioning import (_broadcast_rows, check_at_most_one, check_counts, check_topic_layer,
-                                    normalize_topic_kwargs)
+                                    given_keywords, normalize_topic_kwargs)
 from .modeling_generation import TopicGenerationMixin
 from .modeling_document import DocumentClassifierMixin, DocumentRepresentationMixin
 from .modeling_recurrent import (RecurrentModelOutput, RecurrentPreTrainedModel, TopicLMOutput,
@@ -651,8 +651,7 @@ class RGBNRNNModel(DocumentRepresentationMixin, RGBNRNNPreTrainedModel):
     def check_theta(self, theta, batch_size: Optional[int]) -> torch.Tensor:
         total = sum(self.config.topic_sizes)
         theta = torch.as_tensor(theta, dtype=torch.float32) if not isinstance(theta, torch.Tensor) else theta
-        if theta.dim() == 1:
-            theta = theta.unsqueeze(0)
+        theta = theta.unsqueeze(0) if theta.dim() == 1 else theta
         if theta.dim() != 2 or theta.shape[-1] != total:
             raise ValueError(f"theta must have shape (b, {total}) (every layer's topics, bottom first), got "
                              f"{tuple(theta.shape)}")
@@ -737,13 +736,13 @@ class RGBNRNNModel(DocumentRepresentationMixin, RGBNRNNPreTrainedModel):
         return (input_ids is not None and input_ids.dim() == 3) or \
             (inputs_embeds is not None and inputs_embeds.dim() == 4)
 
-    def conditioning_of_batch(self, input_ids, inputs_embeds, context_bow=None, **raw) -> dict:
-        """What :meth:`_run` takes: a chunk batch's raw keywords validated once (:meth:`resolve_conditioning`), a
-        documents batch's ``context_bow`` as it is (:meth:`sentence_slots` checks it against the chunks)."""
-        if self.is_documents_batch(input_ids, inputs_embeds):
-            return {"context_bow": context_bow}
+    def conditioning_of_batch(self, input_ids, inputs_embeds, resolved: bool = False, **raw) -> dict:
+        """What :meth:`_run` takes: a chunk batch's raw keywords validated once by :meth:`resolve_conditioning`; the
+        keywords as they are when ``resolved`` already, or for a documents batch (sentence_slots checks its bags)."""
+        if resolved or self.is_documents_batch(input_ids, inputs_embeds):
+            return given_keywords(**raw)
         tokens = input_ids if input_ids is not None else inputs_embeds
-        return self.resolve_conditioning(None if tokens is None else tokens.shape[0], context_bow=context_bow, **raw)
+        return self.resolve_conditioning(None if tokens is None else tokens.shape[0], **raw)
 
     def _run(self, input_ids, attention_mask, inputs_embeds, state, use_cache, given: dict, chunk_mask=None,
              sentence_index=None, output_hidden_states=None, topic_representation=None):
@@ -997,7 +996,7 @@ class RGBNRNNForCausalLM(TopicFamilyForCausalLM, RGBNRNNPreTrainedModel, TopicGe
                 topic_layer: Optional[int] = None, chunk_mask: Optional[torch.Tensor] = None,
                 sentence_index: Optional[torch.Tensor] = None, topic_representation: Optional[torch.Tensor] = None,
                 output_hidden_states: Optional[bool] = None, return_dict: Optional[bool] = None,
-                logits_to_keep: int = 0, **kwargs) -> RGBNRNNOutput:
+                logits_to_keep: int = 0, conditioning_resolved: bool = False, **kwargs) -> RGBNRNNOutput:
         r"""
         Args:
             input_ids: (b, s) chunks, or (b, c, s) documents (``TopicContextCollator(layout="documents")``).
@@ -1010,6 +1009,7 @@ class RGBNRNNForCausalLM(TopicFamilyForCausalLM, RGBNRNNPreTrainedModel, TopicGe
             topic_representation: (b, sum K) theta already resolved (returned by an earlier call under this
                 name; what generation caches), used as is.
             logits_to_keep: logits for the last N positions only (0 = all; chunk batches).
+            conditioning_resolved: the keywords are already :meth:`resolve_conditioning`'s (generate's first step).
 
         Returns:
             :class:`RGBNRNNOutput`; for documents ``logits`` are (b, c, s, V) (zero for padding chunks).
@@ -1017,9 +1017,10 @@ class RGBNRNNForCausalLM(TopicFamilyForCausalLM, RGBNRNNPreTrainedModel, TopicGe
         cfg = self.config
         use_cache = use_cache if use_cache is not None else (cfg.use_cache and not self.training)
         given = {}
-        if topic_representation is None:  # the one validation of the topic keywords (none for a resolved theta)
-            given = self.model.conditioning_of_batch(input_ids, inputs_embeds, context_bow=context_bow, theta=theta,
-                                                     topic_ids=topic_ids, topic_layer=topic_layer)
+        if topic_representation is None:  # the topic keywords, validated once (here, or by generate)
+            given = self.model.conditioning_of_batch(input_ids, inputs_embeds, conditioning_resolved,
+                                                     context_bow=context_bow, theta=theta, topic_ids=topic_ids,
+                                                     topic_layer=topic_layer)
         features, new_state, hidden, tp, theta_out, doc = self.model._run(
             input_ids, attention_mask, inputs_embeds, state, use_cache, given, chunk_mask, sentence_index,
             output_hidden_states, topic_representation)

@@ -70,8 +70,8 @@ from transformers import GenerationMixin
 from transformers.utils import ModelOutput
 
 from .configuration_tcnlm import TCNLMConfig
-from .modeling_conditioning import (TOPIC_LOGIT_INIT_STD, angular_diversity,
-                                    normalize_topic_kwargs, topic_ids_to_mixture, topic_vocabulary)
+from .modeling_conditioning import (TOPIC_LOGIT_INIT_STD, angular_diversity, given_keywords, normalize_topic_kwargs,
+                                    topic_ids_to_mixture, topic_vocabulary)
 from .modeling_generation import TopicGenerationMixin
 from .modeling_document import DocumentClassifierMixin, DocumentRepresentationMixin
 from .modeling_recurrent import (RecurrentPreTrainedModel, TopicLMOutput, causal_lm_loss, detach_or_none,
@@ -451,8 +451,8 @@ class TCNLMModel(DocumentRepresentationMixin, TCNLMPreTrainedModel):
             t, topic_losses = topic_representation.to(inputs_embeds.device), None
         else:
             given = dict(context_bow=context_bow, topic_ids=topic_ids, topic_mixture=topic_mixture)
-            given = ({name: value for name, value in given.items() if value is not None} if conditioning_resolved
-                     else normalize_topic_kwargs(self.config.num_topics, self.config.topic_vocab_size, b, **given))
+            given = given_keywords(**given) if conditioning_resolved else \
+                normalize_topic_kwargs(self.config.num_topics, self.config.topic_vocab_size, b, **given)
             t, topic_losses = self.topic_proportions(b, inputs_embeds.device, given, return_topic_losses)
         x = self.dropout(inputs_embeds)
         if self.experts is not None:
@@ -599,7 +599,8 @@ class TCNLMForCausalLM(TopicFamilyForCausalLM, TCNLMPreTrainedModel, TopicGenera
                 labels: Optional[torch.LongTensor] = None, use_cache: Optional[bool] = None,
                 context_bow: Optional[torch.Tensor] = None, topic_ids=None, topic_mixture=None,
                 topic_representation: Optional[torch.Tensor] = None, output_hidden_states: Optional[bool] = None,
-                return_dict: Optional[bool] = None, logits_to_keep: int = 0, **kwargs) -> TopicLMOutput:
+                return_dict: Optional[bool] = None, logits_to_keep: int = 0, conditioning_resolved: bool = False,
+                **kwargs) -> TopicLMOutput:
         r"""
         Args:
             input_ids: (b, s) token ids, left- or right-padded.
@@ -611,6 +612,8 @@ class TCNLMForCausalLM(TopicFamilyForCausalLM, TCNLMPreTrainedModel, TopicGenera
             topic_representation: (b, T) t already resolved (returned by an earlier call under this name; what
                 generation caches), used as is.
             logits_to_keep: compute logits for the last N positions only (0 = all).
+            conditioning_resolved: the topic keywords already are what :meth:`resolve_conditioning` returns
+                (``generate`` validates them before its first step and says so): they are not validated again.
 
         Returns:
             :class:`TopicLMOutput`; ``loss`` = lm_loss + bow_loss + kl_weight * kl_loss - lambda R;
@@ -619,10 +622,11 @@ class TCNLMForCausalLM(TopicFamilyForCausalLM, TCNLMPreTrainedModel, TopicGenera
             loss is computed with gradients they are not materialised (``logits=None``).
         """
         given = {}
-        if topic_representation is None:  # the one validation of the topic keywords (none for a resolved t)
+        if topic_representation is None:  # the topic keywords, validated once (here, or by generate)
             tokens = input_ids if input_ids is not None else inputs_embeds
-            given = self.resolve_conditioning(None if tokens is None else tokens.shape[0], context_bow=context_bow,
-                                              topic_ids=topic_ids, topic_mixture=topic_mixture)
+            given = dict(context_bow=context_bow, topic_ids=topic_ids, topic_mixture=topic_mixture)
+            given = given_keywords(**given) if conditioning_resolved else \
+                self.resolve_conditioning(None if tokens is None else tokens.shape[0], **given)
         compute_ntm = labels is not None and "context_bow" in given
         base = self.model(input_ids, attention_mask, inputs_embeds, state, use_cache, **given,
                           topic_representation=topic_representation, return_topic_losses=compute_ntm,

@@ -70,8 +70,8 @@ from transformers import GenerationMixin
 from transformers.utils import ModelOutput
 
 from .configuration_topic_rnn import TopicRNNConfig
-from .modeling_conditioning import (TOPIC_LOGIT_INIT_STD, lm_to_topic_index,
-                                    normalize_topic_kwargs, topic_ids_to_mixture, topic_scores_to_vocab, topic_word_mask)
+from .modeling_conditioning import (TOPIC_LOGIT_INIT_STD, given_keywords, lm_to_topic_index, normalize_topic_kwargs,
+                                    topic_ids_to_mixture, topic_scores_to_vocab, topic_word_mask)
 from .modeling_generation import TopicGenerationMixin
 from .modeling_document import DocumentClassifierMixin, DocumentRepresentationMixin
 from .modeling_recurrent import (RecurrentPreTrainedModel, TopicLMOutput, detach_or_none, next_token_loss,
@@ -353,7 +353,7 @@ class TopicRNNForCausalLM(TopicFamilyForCausalLM, TopicRNNPreTrainedModel, Topic
                 context_bow: Optional[torch.Tensor] = None, topic_mixture: Optional[torch.Tensor] = None,
                 topic_ids=None, topic_representation: Optional[torch.Tensor] = None,
                 output_hidden_states: Optional[bool] = None, return_dict: Optional[bool] = None,
-                logits_to_keep: int = 0, **kwargs) -> TopicLMOutput:
+                logits_to_keep: int = 0, conditioning_resolved: bool = False, **kwargs) -> TopicLMOutput:
         r"""
         Args:
             input_ids: (b, s) token ids, left- or right-padded.
@@ -370,6 +370,8 @@ class TopicRNNForCausalLM(TopicFamilyForCausalLM, TopicRNNPreTrainedModel, Topic
             topic_representation: (b, K) theta already resolved (returned by an earlier call under this name;
                 what generation caches), used as is.
             logits_to_keep: compute logits for the last N positions only (0 = all).
+            conditioning_resolved: the topic keywords already are what :meth:`resolve_conditioning` returns
+                (``generate`` validates them before its first step and says so): they are not validated again.
 
         Returns:
             :class:`TopicLMOutput` with ``logits`` = log p(y_t) (indicator marginalised),
@@ -380,9 +382,10 @@ class TopicRNNForCausalLM(TopicFamilyForCausalLM, TopicRNNPreTrainedModel, Topic
         """
         tokens = input_ids if input_ids is not None else inputs_embeds
         cond = {}
-        if topic_representation is None:  # the one validation of the topic keywords (none for a resolved theta)
-            cond = self.resolve_conditioning(None if tokens is None else tokens.shape[0], context_bow=context_bow,
-                                             topic_mixture=topic_mixture, topic_ids=topic_ids)
+        if topic_representation is None:  # the topic keywords, validated once (here, or by generate)
+            cond = dict(context_bow=context_bow, topic_mixture=topic_mixture, topic_ids=topic_ids)
+            cond = given_keywords(**cond) if conditioning_resolved else \
+                self.resolve_conditioning(None if tokens is None else tokens.shape[0], **cond)
         use_cache = use_cache if use_cache is not None else (self.config.use_cache and not self.training)
         output_hidden_states = (output_hidden_states if output_hidden_states is not None
                                 else self.config.output_hidden_states)
