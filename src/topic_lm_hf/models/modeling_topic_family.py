@@ -12,9 +12,10 @@ A topic family's ``*ForCausalLM`` lists :class:`TopicFamilyForCausalLM` first am
 * ``topic_model_parameters()`` and ``topic_model_loss(context_bow, **inputs)``: the topic model alone, for
   :func:`~topic_lm_hf.pretrain_topic_model`.
 
-The topic keywords of ``forward`` and ``generate`` are validated in one place, :meth:`~TopicFamilyForCausalLM.
-resolve_conditioning`, once per call: ``forward`` calls it first and hands the batch-first tensors it returns to
-the helpers that use them, which trust them and do not check them again.
+The topic keywords of ``forward`` and ``generate`` are validated in one place, ``resolve_conditioning``, once per
+call: ``forward`` calls it first and hands the batch-first tensors it returns to the helpers that use them, which
+trust them and do not check them again; ``generate`` calls it before its first step and tells that step so
+(``conditioning_resolved=True``); a ``topic_representation`` resolved by an earlier step is used as it is.
 
 What the package asks of a topic model is asked through these names only (``isinstance(model,
 TopicFamilyForCausalLM)`` says whether a model has topics; nothing is probed with ``hasattr``). The optional parts
