@@ -146,12 +146,33 @@ def _float_rows(value, name: str, expected: str) -> torch.Tensor:
     return x
 
 
+def check_counts(bow: torch.Tensor) -> None:
+    """A ``ValueError`` unless the bags of words ``bow`` (any shape) hold finite, non-negative counts."""
+    if not bool(torch.isfinite(bow).all()) or bool((bow < 0).any()):
+        raise ValueError("context_bow must hold finite, non-negative counts")
+
+
+def given_keywords(**named) -> dict:
+    """The keywords that were given (not None), as they are: a ``forward``'s conditioning when it is already
+    resolved (``conditioning_resolved=True``: ``generate`` validated it before its first step)."""
+    return {name: value for name, value in named.items() if value is not None}
+
+
 def check_at_most_one(**named) -> list[str]:
     """The names of the given (non-None) values; more than one is a ``ValueError`` naming them."""
     given = [name for name, value in named.items() if value is not None]
     if len(given) > 1:
         raise ValueError(f"Give at most one of {', '.join(named)} (got {given})")
     return given
+
+
+def check_topic_layer(layer, num_layers: int) -> int:
+    """``layer`` (1 = the bottom layer; ``None``: 1) checked against a hierarchy of ``num_layers`` topic layers."""
+    if layer is None:
+        return 1
+    if isinstance(layer, bool) or not isinstance(layer, int) or not 1 <= layer <= num_layers:
+        raise ValueError(f"topic_layer must be an integer in [1, {num_layers}] (1 = the bottom layer), got {layer!r}")
+    return layer
 
 
 def normalize_topic_kwargs(num_topics: int, topic_vocab_size: int, batch_size: Optional[int] = None,
@@ -186,8 +207,7 @@ def normalize_topic_kwargs(num_topics: int, topic_vocab_size: int, batch_size: O
         if bow.shape[-1] != topic_vocab_size:
             raise ValueError(f"context_bow must have {topic_vocab_size} columns (the topic vocabulary), "
                              f"got {bow.shape[-1]}: mismatched vocabularies?")
-        if bool((bow < 0).any()) or not bool(torch.isfinite(bow).all()):
-            raise ValueError("context_bow must hold finite, non-negative counts")
+        check_counts(bow)
         return {"context_bow": _broadcast_rows(bow, batch_size, "context_bow")}
     return {}
 

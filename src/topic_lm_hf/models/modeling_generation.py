@@ -12,7 +12,6 @@ from typing import Optional
 
 import torch
 
-from .modeling_conditioning import normalize_topic_kwargs
 from .modeling_recurrent import reorder_state
 
 
@@ -73,6 +72,7 @@ class TopicGuidanceLogitsProcessor:
     def prior_scores(self, input_ids: torch.Tensor) -> torch.Tensor:
         """``l_prior`` (n, V) of the last position of ``input_ids`` (n, t)."""
         mask = self._mask(input_ids)
+        # The prior run is given no conditioning: there is nothing to validate (conditioning_resolved).
         if self.use_cache and self.sequences is not None and self.sequences.shape[1] == input_ids.shape[1] - 1:
             previous = self.sequences.to(input_ids.device)
             match = (input_ids[:, None, :-1] == previous[None]).all(-1)  # (n, n_previous): whose prefix it is
@@ -80,9 +80,10 @@ class TopicGuidanceLogitsProcessor:
                 raise RuntimeError("topic guidance lost track of the sequences (a row's prefix is no earlier row)")
             state = reorder_state(self.state, match.int().argmax(1))
             out = self.model(input_ids=input_ids[:, -1:], attention_mask=mask, state=state, use_cache=True,
-                             return_dict=True)
+                             return_dict=True, conditioning_resolved=True)
         else:
-            out = self.model(input_ids=input_ids, attention_mask=mask, use_cache=self.use_cache, return_dict=True)
+            out = self.model(input_ids=input_ids, attention_mask=mask, use_cache=self.use_cache, return_dict=True,
+                             conditioning_resolved=True)
         if self.use_cache:
             self.state, self.sequences = out.state, input_ids
         return out.logits[:, -1].float()
@@ -102,10 +103,11 @@ class TopicGenerationMixin:
     (``conditioning_inputs``, plus ``conditioning_options`` such as rGBN-RNN's ``topic_layer``); the
     conditioning is resolved once:
 
-    * ``generate`` validates the raw conditioning (:meth:`prepare_generation_conditioning`) and makes it
-      batch-first tensors *before* transformers expands the batch for beams and ``num_return_sequences``
-      (a 1-D tensor would otherwise be repeat-interleaved, hf-notes §2). Without a prompt, one ``<bos>`` row
-      is generated per conditioning row.
+    * ``generate`` validates the raw conditioning (:meth:`prepare_generation_conditioning`, the model's
+      ``resolve_conditioning``) and makes it batch-first tensors *before* transformers expands the batch for beams
+      and ``num_return_sequences`` (a 1-D tensor would otherwise be repeat-interleaved, hf-notes §2); the first
+      forward gets them with ``conditioning_resolved=True`` and does not validate them again. Without a prompt,
+      one ``<bos>`` row is generated per conditioning row.
     * The first forward resolves it into the model's topic representation and returns it (the outputs named
       by ``_cached_conditioning``); :meth:`_update_model_kwargs_for_generation` keeps that representation
       with the recurrent state in one :class:`TopicLMCache`, and every later step reads it from there as the
@@ -113,7 +115,6 @@ class TopicGenerationMixin:
       checked once, not at every token (hf-notes §1.5).
     """
 
-    _topic_mixture_on_simplex = True  # TCNLM's t is a distribution; TopicRNN's theta is any vector
     # The outputs of the first forward that stand for the conditioning at every later step (forward takes them by
     # these names, trusted): the resolved topic representation (NCLM adds its topic vectors).
     _cached_conditioning = ("topic_representation",)
@@ -122,9 +123,8 @@ class TopicGenerationMixin:
 
     def prepare_generation_conditioning(self, batch_size: Optional[int], **given) -> dict:
         """The raw conditioning of ``generate`` (at most one of ``conditioning_inputs``) validated as batch-first
-        tensors of ``batch_size`` rows (the forward keywords that take them)."""
-        return normalize_topic_kwargs(self.config.num_topics, self.config.topic_vocab_size, batch_size, **given,
-                                      mixture_on_simplex=self._topic_mixture_on_simplex)
+        tensors of ``batch_size`` rows (the forward keywords that take them): the model's ``resolve_conditioning``."""
+        return self.resolve_conditioning(batch_size, **given)
 
     def generate(self, inputs=None, generation_config=None, topic_guidance_scale: Optional[float] = None, **kwargs):
         """``GenerationMixin.generate`` with the family's topic conditioning (its ``conditioning_inputs``) and
@@ -182,6 +182,8 @@ class TopicGenerationMixin:
         if isinstance(cache, TopicLMCache):
             inputs["state"] = cache.state
             inputs.update(cache.conditioning)
+        else:  # the first step: its conditioning is what generate() validated (prepare_generation_conditioning)
+            inputs["conditioning_resolved"] = True
         return inputs
 
     def _update_model_kwargs_for_generation(self, outputs, model_kwargs, is_encoder_decoder=False, num_new_tokens=1):

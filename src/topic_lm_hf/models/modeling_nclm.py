@@ -63,8 +63,8 @@ from torch.nn import functional as F
 from transformers import GenerationMixin
 
 from .configuration_nclm import NCLMConfig
-from .modeling_conditioning import (_broadcast_rows, angular_diversity,
-                                    lm_to_topic_index, normalize_topic_kwargs, topic_ids_to_mixture, topic_vocabulary)
+from .modeling_conditioning import (_broadcast_rows, angular_diversity, given_keywords, lm_to_topic_index,
+                                    normalize_topic_kwargs, topic_ids_to_mixture, topic_vocabulary)
 from .modeling_generation import TopicGenerationMixin
 from .modeling_document import DocumentClassifierMixin, DocumentRepresentationMixin
 from .modeling_recurrent import (RecurrentBodyMixin, RecurrentPreTrainedModel, TopicLMOutput,
@@ -303,30 +303,29 @@ class NCLMModel(DocumentRepresentationMixin, RecurrentBodyMixin, NCLMPreTrainedM
 
     def document_topics(self, batch_size: int, device, context_bow=None, topic_ids=None, topic_mixture=None,
                         sample: bool = False, extra_present: Optional[torch.Tensor] = None):
-        """The document part of c from the conditioning given (at most one of them).
+        """The document part of c from the conditioning given (at most one of them), already validated: the
+        batch-first tensors of ``normalize_topic_kwargs`` (the causal LM's ``resolve_conditioning``), used as is.
 
         Returns ``(c (b, |c_doc|), h (b, K), z_k (b, K, D) or None, (bow, mean, log sigma, samples) or None)``.
-        ``context_bow``: h from the NVDM (sampled when ``sample``), ETR over the words present in it
-        (plus ``extra_present`` (b, V_c) bool); ``topic_mixture``: h as given; ``topic_ids``: the equal
-        mixture of the topics; nothing: the uniform mixture. Without a bag of words every topic word
+        ``context_bow`` (b, V_c): h from the NVDM (sampled when ``sample``), ETR over the words present in it
+        (plus ``extra_present`` (b, V_c) bool); ``topic_mixture`` (b, K): h as given; ``topic_ids`` (b, k): the
+        equal mixture of the topics; nothing: the uniform mixture. Without a bag of words every topic word
         counts as present for ETR.
         """
         cfg = self.config
-        given = normalize_topic_kwargs(cfg.num_topics, cfg.topic_vocab_size, batch_size, topic_ids=topic_ids,
-                                       topic_mixture=topic_mixture, context_bow=context_bow)
         posterior = None
         dtype = self.topic_model.decoder.weight.dtype
-        if "context_bow" in given:
-            bow = given["context_bow"].to(device)
+        if context_bow is not None:
+            bow = context_bow.to(device)
             mean, log_sigma = self.topic_model.posterior(bow.to(dtype))
             h, samples = self.topic_model.proportions(mean, log_sigma, sample)
             posterior = (bow, mean, log_sigma, samples)
             present = bow > 0
         else:
-            if "topic_mixture" in given:
-                h = given["topic_mixture"].to(device, dtype)
-            elif "topic_ids" in given:
-                h = topic_ids_to_mixture(given["topic_ids"].to(device), cfg.num_topics).to(dtype)
+            if topic_mixture is not None:
+                h = topic_mixture.to(device, dtype)
+            elif topic_ids is not None:
+                h = topic_ids_to_mixture(topic_ids.to(device), cfg.num_topics).to(dtype)
             else:
                 h = torch.full((batch_size, cfg.num_topics), 1.0 / cfg.num_topics, device=device, dtype=dtype)
             present = torch.ones(1, cfg.topic_vocab_size, dtype=torch.bool, device=device).expand(h.shape[0], -1)
@@ -334,7 +333,7 @@ class NCLMModel(DocumentRepresentationMixin, RecurrentBodyMixin, NCLMPreTrainedM
         if cfg.uses_etr:
             if extra_present is not None:
                 present = present | extra_present
-            if extra_present is None and "context_bow" not in given:
+            if extra_present is None and context_bow is None:
                 z_k = self.topic_embeddings(present[:1]).expand(h.shape[0], -1, -1)  # the same for every row
             else:
                 z_k = self.topic_embeddings(present)
@@ -401,9 +400,9 @@ class NCLMModel(DocumentRepresentationMixin, RecurrentBodyMixin, NCLMPreTrainedM
     def document_topic_representation(self, context_bow) -> torch.Tensor:
         """c (b, |c_doc|): the document topic representation of ``config.variant`` (h, z or [z; h]) from the
         NVDM's softmax(mu) (no sampling), ETR over the words present in ``context_bow``."""
-        bow = torch.as_tensor(context_bow)
-        b = bow.shape[0] if bow.dim() > 1 else 1
-        c, _, _, _ = self.document_topics(b, self.device, context_bow=bow, sample=False)
+        bow = normalize_topic_kwargs(self.config.num_topics, self.config.topic_vocab_size,
+                                     context_bow=context_bow)["context_bow"]
+        c, _, _, _ = self.document_topics(bow.shape[0], self.device, context_bow=bow, sample=False)
         return c
 
     def infer_topics(self, context_bow) -> torch.Tensor:
@@ -536,7 +535,7 @@ class NCLMForCausalLM(TopicFamilyForCausalLM, NCLMPreTrainedModel, TopicGenerati
                 sentence_prefix_bow: Optional[torch.Tensor] = None,
                 topic_representation: Optional[torch.Tensor] = None, topic_embeddings: Optional[torch.Tensor] = None,
                 output_hidden_states: Optional[bool] = None, return_dict: Optional[bool] = None,
-                logits_to_keep: int = 0, **kwargs) -> NCLMOutput:
+                logits_to_keep: int = 0, conditioning_resolved: bool = False, **kwargs) -> NCLMOutput:
         r"""
         Args:
             input_ids: (b, s) token ids, left- or right-padded.
@@ -548,6 +547,8 @@ class NCLMForCausalLM(TopicFamilyForCausalLM, NCLMPreTrainedModel, TopicGenerati
             topic_representation, topic_embeddings: the document part c (b, |c_doc|) and the topic vectors
                 (b, K, D) that an earlier call returned (generation reuses them instead of re-encoding).
             logits_to_keep: compute logits for the last N positions only (0 = all).
+            conditioning_resolved: the topic keywords already are what :meth:`resolve_conditioning` returns
+                (``generate`` validates them before its first step and says so): they are not validated again.
 
         Returns:
             :class:`NCLMOutput`: ``loss = (1 - alpha) lm_loss + alpha (bow_loss + kl_loss)`` (module doc),
@@ -565,6 +566,12 @@ class NCLMForCausalLM(TopicFamilyForCausalLM, NCLMPreTrainedModel, TopicGenerati
         if input_ids is None and cfg.sentence_topics:
             raise ValueError("NCLM with sentence_topics needs input_ids (the sentence topics read the words)")
         b, s = (input_ids if input_ids is not None else inputs_embeds).shape[:2]
+        given = {}
+        if topic_representation is None:  # the topic keywords, validated once (here, or by generate)
+            given = dict(context_bow=context_bow, topic_ids=topic_ids, topic_mixture=topic_mixture)
+            given = given_keywords(**given) if conditioning_resolved else self.resolve_conditioning(b, **given)
+        elif any(v is not None for v in (context_bow, topic_ids, topic_mixture)):
+            raise ValueError("Give topic_representation or one of context_bow, topic_ids, topic_mixture, not both")
         attention_mask = last_columns(attention_mask, s)
         device = self.lm_head.weight.device
         lstm_state = None if state is None else tuple(state[:2])
@@ -573,7 +580,7 @@ class NCLMForCausalLM(TopicFamilyForCausalLM, NCLMPreTrainedModel, TopicGenerati
                           output_hidden_states=output_hidden_states)
         o = self.dropout(base.last_hidden_state)  # (b, s, H)
         topics_on = self.training_phase == "joint" or not self.training
-        compute_ntm = labels is not None and context_bow is not None and topics_on
+        compute_ntm = labels is not None and "context_bow" in given and topics_on
 
         # the document part c_doc (b, Cd) and, for ETR, the topic vectors z_k; the sentence part c_sent (b, s, Cd)
         # and the running sum to carry. None of it in the LM pre-training phase (c = 0).
@@ -581,8 +588,7 @@ class NCLMForCausalLM(TopicFamilyForCausalLM, NCLMPreTrainedModel, TopicGenerati
         need_z = cfg.sentence_topics and cfg.uses_etr
         if topics_on:
             c_doc, h, z_k, posterior = self._document_part(b, device, input_ids, attention_mask, labels is not None,
-                                                           context_bow, topic_ids, topic_mixture,
-                                                           topic_representation, topic_embeddings)
+                                                           given, topic_representation, topic_embeddings)
             if cfg.sentence_topics:
                 c_sent, new_carry = self._sentence_part(input_ids, attention_mask, labels, carried,
                                                         sentence_prefix_bow, z_k, logits_to_keep)
@@ -624,19 +630,17 @@ class NCLMForCausalLM(TopicFamilyForCausalLM, NCLMPreTrainedModel, TopicGenerati
                          topic_embeddings=z_k if need_z else None)
         return out if return_dict is not False else out.to_tuple()
 
-    def _document_part(self, b, device, input_ids, attention_mask, window_excludes_last, context_bow, topic_ids,
-                       topic_mixture, topic_representation, topic_embeddings):
-        """(c_doc, h, z_k, posterior) from the conditioning, or as given by an earlier call (generation)."""
+    def _document_part(self, b, device, input_ids, attention_mask, window_excludes_last, given, topic_representation,
+                       topic_embeddings):
+        """(c_doc, h, z_k, posterior) from the validated conditioning ``given`` (:meth:`resolve_conditioning`), or
+        as given by an earlier call (generation)."""
         cfg = self.config
         if topic_representation is None:
             extra = None
-            if cfg.uses_etr and cfg.etr_mask_includes_current_sentence and context_bow is not None \
+            if cfg.uses_etr and cfg.etr_mask_includes_current_sentence and "context_bow" in given \
                     and input_ids is not None:
                 extra = self._window_topic_words(input_ids, attention_mask, window_excludes_last)
-            return self.model.document_topics(b, device, context_bow, topic_ids, topic_mixture, sample=self.training,
-                                              extra_present=extra)
-        if any(v is not None for v in (context_bow, topic_ids, topic_mixture)):
-            raise ValueError("Give topic_representation or one of context_bow, topic_ids, topic_mixture, not both")
+            return self.model.document_topics(b, device, **given, sample=self.training, extra_present=extra)
         if topic_representation.dim() != 2 or topic_representation.shape[-1] != cfg.document_topic_size:
             raise ValueError(f"topic_representation must have shape (b, {cfg.document_topic_size}), got "
                              f"{tuple(topic_representation.shape)}")

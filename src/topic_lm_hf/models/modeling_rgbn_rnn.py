@@ -58,8 +58,8 @@ from torch.nn import functional as F
 from transformers import GenerationMixin
 
 from .configuration_rgbn_rnn import RGBNRNNConfig
-from .modeling_conditioning import (check_at_most_one,
-                                    normalize_topic_ids, normalize_topic_kwargs)
+from .modeling_conditioning import (_broadcast_rows, check_at_most_one, check_counts, check_topic_layer,
+                                    given_keywords, normalize_topic_kwargs)
 from .modeling_generation import TopicGenerationMixin
 from .modeling_document import DocumentClassifierMixin, DocumentRepresentationMixin
 from .modeling_recurrent import (RecurrentModelOutput, RecurrentPreTrainedModel, TopicLMOutput,
@@ -558,8 +558,7 @@ class RGBNRNNModel(DocumentRepresentationMixin, RGBNRNNPreTrainedModel):
         -> theta per layer (b, J, K_l) (samples when ``sample``, else the posterior mean) with k, lambda."""
         b, J, _ = context_bow.shape
         hidden = None
-        shapes, scales, thetas = [[] for _ in self.config.topic_sizes], [[] for _ in self.config.topic_sizes], \
-            [[] for _ in self.config.topic_sizes]
+        shapes, scales, thetas = ([[] for _ in self.config.topic_sizes] for _ in range(3))
         for j in range(J):
             k, lam, hidden = self.encoder.step(context_bow[:, j], hidden)
             theta = self._theta_from_posterior(k, lam, sample)
@@ -652,39 +651,47 @@ class RGBNRNNModel(DocumentRepresentationMixin, RGBNRNNPreTrainedModel):
     def check_theta(self, theta, batch_size: Optional[int]) -> torch.Tensor:
         total = sum(self.config.topic_sizes)
         theta = torch.as_tensor(theta, dtype=torch.float32) if not isinstance(theta, torch.Tensor) else theta
-        if theta.dim() == 1:
-            theta = theta.unsqueeze(0)
+        theta = theta.unsqueeze(0) if theta.dim() == 1 else theta
         if theta.dim() != 2 or theta.shape[-1] != total:
             raise ValueError(f"theta must have shape (b, {total}) (every layer's topics, bottom first), got "
                              f"{tuple(theta.shape)}")
         if not bool(torch.isfinite(theta).all()) or bool((theta < 0).any()):
             raise ValueError("theta must be finite and non-negative")
-        if batch_size is not None and theta.shape[0] != batch_size:
-            if theta.shape[0] == 1:
-                theta = theta.expand(batch_size, -1)
-            elif batch_size % theta.shape[0] == 0:
-                theta = theta.repeat_interleave(batch_size // theta.shape[0], dim=0)
-            else:
-                raise ValueError(f"theta has {theta.shape[0]} rows but the batch has {batch_size}")
-        return theta
+        return _broadcast_rows(theta, batch_size, "theta")
 
-    def check_layer(self, topic_layer) -> int:
-        L = self.config.num_layers
-        if isinstance(topic_layer, bool) or not isinstance(topic_layer, int) or not 1 <= topic_layer <= L:
-            raise ValueError(f"topic_layer must be an integer in [1, {L}] (1 = the bottom layer), got {topic_layer!r}")
-        return topic_layer
+    def resolve_conditioning(self, batch_size: Optional[int], context_bow=None, theta=None, topic_ids=None,
+                             topic_layer=None, topic_mode: str = "propagate") -> dict:
+        """The raw conditioning of a chunk batch (at most one) validated once, as the batch-first tensors of
+        ``batch_size`` rows that :meth:`_run` takes and trusts: ``context_bow`` (b, V_c), or ``theta`` (b, sum K),
+        given or made from the ``topic_ids`` of layer ``topic_layer`` (1 = bottom) by :meth:`theta_of_topics`."""
+        check_at_most_one(context_bow=context_bow, theta=theta, topic_ids=topic_ids)
+        if topic_layer is not None and topic_ids is None:
+            raise ValueError("topic_layer goes with topic_ids")
+        layer = check_topic_layer(topic_layer, self.config.num_layers)
+        given = normalize_topic_kwargs(self.config.topic_sizes[layer - 1], self.config.topic_vocab_size, batch_size,
+                                       topic_ids=topic_ids, context_bow=context_bow)
+        if theta is not None:
+            return {"theta": self.check_theta(theta, batch_size)}
+        if topic_ids is not None:
+            return {"theta": self.theta_of_topics(given["topic_ids"], layer, topic_mode)}
+        return given
 
-    @torch.no_grad()
     def theta_from_topics(self, topic_ids, topic_layer: int = 1, mode: str = "propagate",
                           batch_size: Optional[int] = None) -> torch.Tensor:
-        """theta (b, sum K) for topics of one layer: theta^layer = the one-hot sum of the topics; the layers below
-        get ``"propagate"``: theta^{l-1} = Phi^l theta^l (the prior mean), or ``"chain"`` (the official
-        ``generate_on_topic``): one-hot at each parent's argmax_k' Phi^l[k', k]; the layers above are 0."""
-        layer = self.check_layer(topic_layer)
+        """theta (b, sum K) for raw ``topic_ids`` of layer ``topic_layer``, validated (:meth:`theta_of_topics`)."""
+        return self.resolve_conditioning(batch_size, topic_ids=topic_ids, topic_layer=topic_layer,
+                                         topic_mode=mode)["theta"]
+
+    @torch.no_grad()
+    def theta_of_topics(self, ids: torch.Tensor, layer: int, mode: str = "propagate") -> torch.Tensor:
+        """theta (b, sum K) for validated topic ids (b, k) of one layer: theta^layer = the one-hot sum of the
+        topics; the layers below get ``"propagate"``: theta^{l-1} = Phi^l theta^l (the prior mean), or ``"chain"``
+        (the official ``generate_on_topic``): one-hot at each parent's argmax_k' Phi^l[k', k]; the layers above
+        are 0."""
         if mode not in ("propagate", "chain"):
             raise ValueError(f"topic_mode must be 'propagate' or 'chain', got {mode!r}")
         K = self.config.topic_sizes
-        ids = normalize_topic_ids(topic_ids, K[layer - 1], batch_size).to(self.device)
+        ids = ids.to(self.device)
         thetas = [torch.zeros(ids.shape[0], k, device=self.device, dtype=torch.float32) for k in K]  # topic side
         onehot = torch.zeros(ids.shape[0], K[layer - 1] + 1, device=self.device, dtype=torch.float32)
         onehot.scatter_(1, ids.clamp(min=-1) % (K[layer - 1] + 1), 1.0)
@@ -723,10 +730,24 @@ class RGBNRNNModel(DocumentRepresentationMixin, RGBNRNNPreTrainedModel):
 
     # -- forward -----------------------------------------------------------------------------------
 
-    def _run(self, input_ids=None, attention_mask=None, inputs_embeds=None, state=None, use_cache=None,
-             context_bow=None, theta=None, topic_ids=None, topic_layer=None, chunk_mask=None, sentence_index=None,
-             output_hidden_states=None, topic_representation=None):
-        """The forward pass shared by the base and the causal LM (see the module docstring).
+    @staticmethod
+    def is_documents_batch(input_ids, inputs_embeds) -> bool:
+        """Whether the tokens are a documents batch: (b, c, s) ids or (b, c, s, E) embeddings."""
+        return (input_ids is not None and input_ids.dim() == 3) or \
+            (inputs_embeds is not None and inputs_embeds.dim() == 4)
+
+    def conditioning_of_batch(self, input_ids, inputs_embeds, resolved: bool = False, **raw) -> dict:
+        """What :meth:`_run` takes: a chunk batch's raw keywords validated once by :meth:`resolve_conditioning`; the
+        keywords as they are when ``resolved`` already, or for a documents batch (sentence_slots checks its bags)."""
+        if resolved or self.is_documents_batch(input_ids, inputs_embeds):
+            return given_keywords(**raw)
+        tokens = input_ids if input_ids is not None else inputs_embeds
+        return self.resolve_conditioning(None if tokens is None else tokens.shape[0], **raw)
+
+    def _run(self, input_ids, attention_mask, inputs_embeds, state, use_cache, given: dict, chunk_mask=None,
+             sentence_index=None, output_hidden_states=None, topic_representation=None):
+        """The forward pass shared by the base and the causal LM (see the module docstring), with the conditioning
+        ``given`` by :meth:`conditioning_of_batch` (used as is).
 
         Returns (features, state or None, hidden states, _TopicPass or None, theta out, documents layout info)."""
         cfg = self.config
@@ -734,19 +755,14 @@ class RGBNRNNModel(DocumentRepresentationMixin, RGBNRNNPreTrainedModel):
         tokens = input_ids if input_ids is not None else inputs_embeds
         if tokens is None:
             raise ValueError("Give exactly one of input_ids and inputs_embeds")
-        documents = (input_ids is not None and input_ids.dim() == 3) or \
-            (inputs_embeds is not None and inputs_embeds.dim() == 4)
         sample = self.training or cfg.eval_theta == "sample"
-        if documents:
-            return self._run_documents(input_ids, attention_mask, inputs_embeds, context_bow, chunk_mask,
+        if self.is_documents_batch(input_ids, inputs_embeds):
+            return self._run_documents(input_ids, attention_mask, inputs_embeds, given.get("context_bow"), chunk_mask,
                                        sentence_index, sample, output_hidden_states)
         if chunk_mask is not None or sentence_index is not None:
             raise ValueError("chunk_mask and sentence_index go with documents-shaped input_ids (b, chunks, tokens)")
         b = tokens.shape[0]
         device = self.embed_tokens.weight.device
-        check_at_most_one(context_bow=context_bow, theta=theta, topic_ids=topic_ids)
-        if topic_layer is not None and topic_ids is None:
-            raise ValueError("topic_layer goes with topic_ids")
         L = cfg.num_layers
         lstm_state = enc_hidden = prev = None
         if state is not None:
@@ -759,17 +775,11 @@ class RGBNRNNModel(DocumentRepresentationMixin, RGBNRNNPreTrainedModel):
         tp = None
         if topic_representation is not None:  # theta resolved before (generation's cache): used as is
             thetas = self.split_theta(topic_representation.to(device))
-        elif theta is not None:
-            thetas = self.split_theta(self.check_theta(theta, b).to(device))
-        elif topic_ids is not None:
-            thetas = self.split_theta(self.theta_from_topics(topic_ids, 1 if topic_layer is None else topic_layer,
-                                                             batch_size=b))
+        elif "theta" in given:
+            thetas = self.split_theta(given["theta"].to(device))
         else:
-            if context_bow is None:
-                bow = torch.zeros(b, cfg.topic_vocab_size, device=device, dtype=torch.float32)  # counts, as the collator's
-            else:
-                bow = normalize_topic_kwargs(cfg.num_topics, cfg.topic_vocab_size, b,
-                                             context_bow=context_bow)["context_bow"].to(device)
+            bow = given["context_bow"].to(device) if "context_bow" in given else \
+                torch.zeros(b, cfg.topic_vocab_size, device=device, dtype=torch.float32)  # counts, as the collator's
             # a chunk that starts with <bos> starts a new sentence; without a state every chunk does
             if state is None or input_ids is None:
                 new_sentence = torch.ones(b, dtype=torch.bool, device=device)
@@ -824,8 +834,7 @@ class RGBNRNNModel(DocumentRepresentationMixin, RGBNRNNPreTrainedModel):
                 raise ValueError(f"context_bow of a documents batch must have shape ({b}, {c}, "
                                  f"{cfg.topic_vocab_size}), got {tuple(context_bow.shape)}")
             context_bow = context_bow.to(device)
-            if not bool(torch.isfinite(context_bow).all()) or bool((context_bow < 0).any()):
-                raise ValueError("context_bow must hold finite, non-negative counts")
+            check_counts(context_bow)
             rows, cols = starts.nonzero(as_tuple=True)
             bows[rows, slot[rows, cols]] = context_bow[rows, cols].float()
         return slot, slot_mask, bows
@@ -890,9 +899,10 @@ class RGBNRNNModel(DocumentRepresentationMixin, RGBNRNNPreTrainedModel):
                 output_hidden_states=None, return_dict=None, **kwargs) -> RecurrentModelOutput:
         """[a^1; ...; a^L] (b, s, sum H) for a chunk batch (the conditioning as in :class:`RGBNRNNForCausalLM`)."""
         use_cache = use_cache if use_cache is not None else (self.config.use_cache and not self.training)
-        features, new_state, hidden, _, _, doc = self._run(
-            input_ids, attention_mask, inputs_embeds, state, use_cache, context_bow, theta, topic_ids, topic_layer,
-            chunk_mask, sentence_index, output_hidden_states)
+        given = self.conditioning_of_batch(input_ids, inputs_embeds, context_bow=context_bow, theta=theta,
+                                           topic_ids=topic_ids, topic_layer=topic_layer)
+        features, new_state, hidden, _, _, doc = self._run(input_ids, attention_mask, inputs_embeds, state, use_cache,
+                                                           given, chunk_mask, sentence_index, output_hidden_states)
         if doc is not None:
             rows, cols, b, c, _ = doc
             full = features.new_zeros(b, c, *features.shape[1:])
@@ -986,7 +996,7 @@ class RGBNRNNForCausalLM(TopicFamilyForCausalLM, RGBNRNNPreTrainedModel, TopicGe
                 topic_layer: Optional[int] = None, chunk_mask: Optional[torch.Tensor] = None,
                 sentence_index: Optional[torch.Tensor] = None, topic_representation: Optional[torch.Tensor] = None,
                 output_hidden_states: Optional[bool] = None, return_dict: Optional[bool] = None,
-                logits_to_keep: int = 0, **kwargs) -> RGBNRNNOutput:
+                logits_to_keep: int = 0, conditioning_resolved: bool = False, **kwargs) -> RGBNRNNOutput:
         r"""
         Args:
             input_ids: (b, s) chunks, or (b, c, s) documents (``TopicContextCollator(layout="documents")``).
@@ -999,15 +1009,21 @@ class RGBNRNNForCausalLM(TopicFamilyForCausalLM, RGBNRNNPreTrainedModel, TopicGe
             topic_representation: (b, sum K) theta already resolved (returned by an earlier call under this
                 name; what generation caches), used as is.
             logits_to_keep: logits for the last N positions only (0 = all; chunk batches).
+            conditioning_resolved: the keywords are already :meth:`resolve_conditioning`'s (generate's first step).
 
         Returns:
             :class:`RGBNRNNOutput`; for documents ``logits`` are (b, c, s, V) (zero for padding chunks).
         """
         cfg = self.config
         use_cache = use_cache if use_cache is not None else (cfg.use_cache and not self.training)
+        given = {}
+        if topic_representation is None:  # the topic keywords, validated once (here, or by generate)
+            given = self.model.conditioning_of_batch(input_ids, inputs_embeds, conditioning_resolved,
+                                                     context_bow=context_bow, theta=theta, topic_ids=topic_ids,
+                                                     topic_layer=topic_layer)
         features, new_state, hidden, tp, theta_out, doc = self.model._run(
-            input_ids, attention_mask, inputs_embeds, state, use_cache, context_bow, theta, topic_ids, topic_layer,
-            chunk_mask, sentence_index, output_hidden_states, topic_representation)
+            input_ids, attention_mask, inputs_embeds, state, use_cache, given, chunk_mask, sentence_index,
+            output_hidden_states, topic_representation)
         if logits_to_keep and labels is None and doc is None:
             features = features[:, -logits_to_keep:]
         loss = kl_loss = bow_loss = None
@@ -1034,12 +1050,9 @@ class RGBNRNNForCausalLM(TopicFamilyForCausalLM, RGBNRNNPreTrainedModel, TopicGe
                 loss = lm_loss + (w_poisson * poisson + sum(w * kl for w, kl in zip(w_kl, kls))) / n
                 bow_loss, kl_loss = (poisson / n).detach(), (sum(kls) / n).detach()
                 if self.training and torch.is_grad_enabled() and cfg.topic_learning == "tlasgr":
-                    counts, thetas = tp.counts, tp.thetas
+                    counts, thetas = tp.counts * tp.rows.unsqueeze(-1).to(tp.counts.dtype), tp.thetas
                     if counts.dim() == 2:  # chunk rows: each a one-sentence document; only sentence starts count
-                        counts = counts * tp.rows.unsqueeze(-1).to(counts.dtype)
                         counts, thetas = counts.unsqueeze(1), [t.unsqueeze(1) for t in thetas]
-                    else:
-                        counts = counts * tp.rows.unsqueeze(-1).to(counts.dtype)
                     self.model.accumulate_tlasgr_statistics(counts, thetas, rows=counts.shape[0])
         theta1 = self.model.split_theta(theta_out)[0].float()
         mixture = theta1 / theta1.sum(-1, keepdim=True).clamp_min(1e-20)
@@ -1050,8 +1063,11 @@ class RGBNRNNForCausalLM(TopicFamilyForCausalLM, RGBNRNNPreTrainedModel, TopicGe
 
     # -- generation --------------------------------------------------------------------------------
 
-    def prepare_generation_conditioning(self, batch_size: Optional[int], topic_ids=None, topic_layer=None,
-                                        context_bow=None, theta=None, topic_mode: str = "propagate") -> dict:
+    def resolve_conditioning(self, batch_size: Optional[int], **given) -> dict:
+        """A chunk batch's conditioning validated once: :meth:`RGBNRNNModel.resolve_conditioning`."""
+        return self.model.resolve_conditioning(batch_size, **given)
+
+    def prepare_generation_conditioning(self, batch_size: Optional[int], **given) -> dict:
         """rGBN conditioning of ``generate()`` (at most one), resolved once per row before transformers expands
         the batch for beams / return sequences:
 
@@ -1060,18 +1076,8 @@ class RGBNRNNForCausalLM(TopicFamilyForCausalLM, RGBNRNNPreTrainedModel, TopicGe
         * ``context_bow`` (b, V_c): encoded as a first sentence (posterior mean in eval mode);
         * ``theta`` (b, sum K): given directly;
         * nothing: theta sampled from the prior, top-down (rgbn.md §8)."""
-        check_at_most_one(topic_ids=topic_ids, context_bow=context_bow, theta=theta)
-        if topic_layer is not None and topic_ids is None:
-            raise ValueError("topic_layer goes with topic_ids")
-        if topic_ids is not None:
-            return {"theta": self.model.theta_from_topics(topic_ids, 1 if topic_layer is None else topic_layer,
-                                                          topic_mode, batch_size)}
-        if context_bow is not None:
-            return normalize_topic_kwargs(self.config.num_topics, self.config.topic_vocab_size, batch_size,
-                                          context_bow=context_bow)
-        if theta is not None:
-            return {"theta": self.model.check_theta(theta, batch_size)}
-        return {"theta": self.model.sample_prior_theta(batch_size or 1)}
+        resolved = self.resolve_conditioning(batch_size, **given)
+        return resolved or {"theta": self.model.sample_prior_theta(batch_size or 1)}
 
     @torch.no_grad()
     def generate_paragraph(self, num_sentences: int, topic_ids=None, topic_layer: Optional[int] = None, theta=None,
@@ -1096,19 +1102,14 @@ class RGBNRNNForCausalLM(TopicFamilyForCausalLM, RGBNRNNPreTrainedModel, TopicGe
             if bows.dim() != 3 or bows.shape[-1] != self.config.topic_vocab_size or bows.shape[1] == 0:
                 raise ValueError(f"context_bow must have shape (J, {self.config.topic_vocab_size}) or (b, J, "
                                  f"{self.config.topic_vocab_size}) with J >= 1, got {tuple(bows.shape)}")
-            if not bool(torch.isfinite(bows).all()) or bool((bows < 0).any()):
-                raise ValueError("context_bow must hold finite, non-negative counts")
+            check_counts(bows)
             mask = torch.ones(bows.shape[:2], dtype=torch.bool, device=self.device)
             encoded = torch.cat(self.model.encode_documents(bows, mask, sample=False).thetas, -1)  # (b, J, sum K)
             current = encoded[:, 0]
-        elif topic_ids is not None:
-            current = self.model.theta_from_topics(topic_ids, 1 if topic_layer is None else topic_layer, topic_mode)
-        elif theta is not None:
-            current = self.model.check_theta(theta, None).to(self.device)
-        else:
-            if topic_layer is not None:
-                raise ValueError("topic_layer goes with topic_ids")
-            current = self.model.sample_prior_theta(num_paragraphs)
+        else:  # as generate() resolves it; the prior's theta has num_paragraphs rows
+            rows = num_paragraphs if topic_ids is None and theta is None else None
+            current = self.prepare_generation_conditioning(rows, topic_ids=topic_ids, topic_layer=topic_layer,
+                                                           theta=theta, topic_mode=topic_mode)["theta"].to(self.device)
         sentences = []
         for j in range(num_sentences):
             if j > 0 and encoded is not None and j < encoded.shape[1]:

@@ -70,8 +70,8 @@ from transformers import GenerationMixin
 from transformers.utils import ModelOutput
 
 from .configuration_tcnlm import TCNLMConfig
-from .modeling_conditioning import (TOPIC_LOGIT_INIT_STD, angular_diversity,
-                                    normalize_topic_kwargs, topic_ids_to_mixture, topic_vocabulary)
+from .modeling_conditioning import (TOPIC_LOGIT_INIT_STD, angular_diversity, given_keywords, normalize_topic_kwargs,
+                                    topic_ids_to_mixture, topic_vocabulary)
 from .modeling_generation import TopicGenerationMixin
 from .modeling_document import DocumentClassifierMixin, DocumentRepresentationMixin
 from .modeling_recurrent import (RecurrentPreTrainedModel, TopicLMOutput, causal_lm_loss, detach_or_none,
@@ -360,17 +360,15 @@ class TCNLMModel(DocumentRepresentationMixin, TCNLMPreTrainedModel):
 
     # -- topics ---------------------------------------------------------------------------------
 
-    def topic_proportions(self, batch_size: int, device, context_bow=None, topic_ids=None, topic_mixture=None,
-                          return_topic_losses: bool = False):
+    def topic_proportions(self, batch_size: int, device, given: dict, return_topic_losses: bool = False):
         """Resolve the conditioning into t (b, T), plus per-document (bow_nll, kl, context_tokens) when asked.
 
-        Sources (at most one may be given): ``topic_mixture`` as is; ``topic_ids`` -> equal mixture
-        of the listed topics (one id = one-hot t); ``context_bow`` -> the NTM posterior (a sample in
-        training, the mean otherwise); nothing -> the prior mean softmax(W^ mu_0 + b^).
+        ``given`` is the validated conditioning (``normalize_topic_kwargs``' batch-first tensors, used as they
+        are), at most one of: ``topic_mixture`` as is; ``topic_ids`` -> equal mixture of the listed topics (one
+        id = one-hot t); ``context_bow`` -> the NTM posterior (a sample in training, the mean otherwise); nothing
+        -> the prior mean softmax(W^ mu_0 + b^).
         """
         cfg = self.config
-        given = normalize_topic_kwargs(cfg.num_topics, cfg.topic_vocab_size, batch_size, topic_ids=topic_ids,
-                                       topic_mixture=topic_mixture, context_bow=context_bow)
         if "topic_mixture" in given:
             return given["topic_mixture"].to(device), None
         if "topic_ids" in given:
@@ -431,7 +429,10 @@ class TCNLMModel(DocumentRepresentationMixin, TCNLMPreTrainedModel):
     def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, state=None, use_cache=None,
                 context_bow=None, topic_ids=None, topic_mixture=None, topic_representation=None,
                 return_topic_losses: bool = False, output_hidden_states=None, return_dict=None,
-                **kwargs) -> TCNLMModelOutput:
+                conditioning_resolved: bool = False, **kwargs) -> TCNLMModelOutput:
+        """The LSTM's outputs under t (see :class:`TCNLMModelOutput`). The topic keywords are validated here
+        unless ``conditioning_resolved`` says that they already are (the causal LM validates them once, in its
+        ``resolve_conditioning``); ``topic_representation`` is t itself, used as is."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Give exactly one of input_ids and inputs_embeds")
         if inputs_embeds is None:
@@ -449,8 +450,10 @@ class TCNLMModel(DocumentRepresentationMixin, TCNLMPreTrainedModel):
         if topic_representation is not None:  # resolved before (generation's cache): t as is, not re-validated
             t, topic_losses = topic_representation.to(inputs_embeds.device), None
         else:
-            t, topic_losses = self.topic_proportions(b, inputs_embeds.device, context_bow, topic_ids, topic_mixture,
-                                                     return_topic_losses)
+            given = dict(context_bow=context_bow, topic_ids=topic_ids, topic_mixture=topic_mixture)
+            given = given_keywords(**given) if conditioning_resolved else \
+                normalize_topic_kwargs(self.config.num_topics, self.config.topic_vocab_size, b, **given)
+            t, topic_losses = self.topic_proportions(b, inputs_embeds.device, given, return_topic_losses)
         x = self.dropout(inputs_embeds)
         if self.experts is not None:
             hidden, new_state, layers = self.experts(x, mask, state, need_state, output_hidden_states, checkpoint_fn)
@@ -596,7 +599,8 @@ class TCNLMForCausalLM(TopicFamilyForCausalLM, TCNLMPreTrainedModel, TopicGenera
                 labels: Optional[torch.LongTensor] = None, use_cache: Optional[bool] = None,
                 context_bow: Optional[torch.Tensor] = None, topic_ids=None, topic_mixture=None,
                 topic_representation: Optional[torch.Tensor] = None, output_hidden_states: Optional[bool] = None,
-                return_dict: Optional[bool] = None, logits_to_keep: int = 0, **kwargs) -> TopicLMOutput:
+                return_dict: Optional[bool] = None, logits_to_keep: int = 0, conditioning_resolved: bool = False,
+                **kwargs) -> TopicLMOutput:
         r"""
         Args:
             input_ids: (b, s) token ids, left- or right-padded.
@@ -608,6 +612,8 @@ class TCNLMForCausalLM(TopicFamilyForCausalLM, TCNLMPreTrainedModel, TopicGenera
             topic_representation: (b, T) t already resolved (returned by an earlier call under this name; what
                 generation caches), used as is.
             logits_to_keep: compute logits for the last N positions only (0 = all).
+            conditioning_resolved: the topic keywords already are what :meth:`resolve_conditioning` returns
+                (``generate`` validates them before its first step and says so): they are not validated again.
 
         Returns:
             :class:`TopicLMOutput`; ``loss`` = lm_loss + bow_loss + kl_weight * kl_loss - lambda R;
@@ -615,11 +621,16 @@ class TCNLMForCausalLM(TopicFamilyForCausalLM, TCNLMPreTrainedModel, TopicGenera
             For ``lm_type="naive_moe"`` the logits are the mixture's log-probabilities, and when a
             loss is computed with gradients they are not materialised (``logits=None``).
         """
-        compute_ntm = labels is not None and context_bow is not None
-        base = self.model(input_ids, attention_mask, inputs_embeds, state, use_cache, context_bow=context_bow,
-                          topic_ids=topic_ids, topic_mixture=topic_mixture, topic_representation=topic_representation,
-                          return_topic_losses=compute_ntm,
-                          output_hidden_states=output_hidden_states)
+        given = {}
+        if topic_representation is None:  # the topic keywords, validated once (here, or by generate)
+            tokens = input_ids if input_ids is not None else inputs_embeds
+            given = dict(context_bow=context_bow, topic_ids=topic_ids, topic_mixture=topic_mixture)
+            given = given_keywords(**given) if conditioning_resolved else \
+                self.resolve_conditioning(None if tokens is None else tokens.shape[0], **given)
+        compute_ntm = labels is not None and "context_bow" in given
+        base = self.model(input_ids, attention_mask, inputs_embeds, state, use_cache, **given,
+                          topic_representation=topic_representation, return_topic_losses=compute_ntm,
+                          output_hidden_states=output_hidden_states, conditioning_resolved=True)
         hidden, t = base.last_hidden_state, base.topic_mixture
         if logits_to_keep and labels is None:
             hidden = hidden[:, -logits_to_keep:]

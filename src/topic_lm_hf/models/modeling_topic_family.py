@@ -12,6 +12,11 @@ A topic family's ``*ForCausalLM`` lists :class:`TopicFamilyForCausalLM` first am
 * ``topic_model_parameters()`` and ``topic_model_loss(context_bow, **inputs)``: the topic model alone, for
   :func:`~topic_lm_hf.pretrain_topic_model`.
 
+The topic keywords of ``forward`` and ``generate`` are validated in one place, ``resolve_conditioning``, once per
+call: ``forward`` calls it first and hands the batch-first tensors it returns to the helpers that use them, which
+trust them and do not check them again; ``generate`` calls it before its first step and tells that step so
+(``conditioning_resolved=True``); a ``topic_representation`` resolved by an earlier step is used as it is.
+
 What the package asks of a topic model is asked through these names only (``isinstance(model,
 TopicFamilyForCausalLM)`` says whether a model has topics; nothing is probed with ``hasattr``). The optional parts
 have defaults here: ``set_training_corpus_size`` (rGBN-RNN's TLASGR-MCMC scales its statistics to the corpus),
@@ -23,11 +28,13 @@ hierarchy), and one KL-annealing mechanism (``kl_annealing_weight``).
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import torch
 from torch import nn
 
-from .modeling_conditioning import lm_to_topic_index, topic_scores_to_vocab, topic_vocabulary, topic_word_mask
+from .modeling_conditioning import (check_topic_layer, lm_to_topic_index, normalize_topic_kwargs, topic_scores_to_vocab,
+                                    topic_vocabulary, topic_word_mask)
 from .modeling_document import DocumentRepresentationDelegate
 
 
@@ -76,6 +83,18 @@ class TopicFamilyForCausalLM(DocumentRepresentationDelegate, TopicWordPriorMixin
     topic_pretraining_batches: str = "train"
     # Phases TopicLMTrainer(pretraining_phases=...) may run before the joint objective (NCLM: "lm", "topic_model").
     training_phases: tuple[str, ...] = ()
+    # Whether a topic_mixture must be a distribution: TCNLM's t is; TopicRNN's theta is any real vector.
+    _topic_mixture_on_simplex = True
+
+    # -- the conditioning --------------------------------------------------------------------------
+
+    def resolve_conditioning(self, batch_size: Optional[int], **given) -> dict:
+        """The raw topic keywords of ``forward`` / ``generate`` (at most one of ``conditioning_inputs``) validated
+        and made batch-first tensors of ``batch_size`` rows, under the same names (an empty dict when none is
+        given). The one place they are checked: ``forward`` calls it once and passes what it returns down, and
+        ``generate`` once before its first step; a bad value is a ``ValueError`` that names it."""
+        return normalize_topic_kwargs(self.config.num_topics, self.config.topic_vocab_size, batch_size, **given,
+                                      mixture_on_simplex=self._topic_mixture_on_simplex)
 
     # -- topic layers ------------------------------------------------------------------------------
 
@@ -86,12 +105,7 @@ class TopicFamilyForCausalLM(DocumentRepresentationDelegate, TopicWordPriorMixin
 
     def check_layer(self, layer) -> int:
         """``layer`` (1 = bottom; ``None``: 1) checked against :attr:`num_topic_layers`."""
-        if layer is None:
-            return 1
-        if isinstance(layer, bool) or not isinstance(layer, int) or not 1 <= layer <= self.num_topic_layers:
-            raise ValueError(f"topic_layer must be an integer in [1, {self.num_topic_layers}] (1 = the bottom "
-                             f"layer), got {layer!r}")
-        return layer
+        return check_topic_layer(layer, self.num_topic_layers)
 
     # -- the topics --------------------------------------------------------------------------------
 

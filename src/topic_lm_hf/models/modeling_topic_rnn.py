@@ -70,8 +70,8 @@ from transformers import GenerationMixin
 from transformers.utils import ModelOutput
 
 from .configuration_topic_rnn import TopicRNNConfig
-from .modeling_conditioning import (TOPIC_LOGIT_INIT_STD, lm_to_topic_index,
-                                    normalize_topic_kwargs, topic_ids_to_mixture, topic_scores_to_vocab, topic_word_mask)
+from .modeling_conditioning import (TOPIC_LOGIT_INIT_STD, given_keywords, lm_to_topic_index, normalize_topic_kwargs,
+                                    topic_ids_to_mixture, topic_scores_to_vocab, topic_word_mask)
 from .modeling_generation import TopicGenerationMixin
 from .modeling_document import DocumentClassifierMixin, DocumentRepresentationMixin
 from .modeling_recurrent import (RecurrentPreTrainedModel, TopicLMOutput, detach_or_none, next_token_loss,
@@ -303,7 +303,7 @@ class TopicRNNForCausalLM(TopicFamilyForCausalLM, TopicRNNPreTrainedModel, Topic
         trained only through the LM; see ``bow_loss_weight``). theta is sampled in training mode."""
         bow = normalize_topic_kwargs(self.config.num_topics, self.config.topic_vocab_size,
                                      context_bow=context_bow)["context_bow"].to(self.lm_head.weight.device)
-        theta, kl = self.infer_topic_vector(bow.shape[0], context_bow=bow)
+        theta, kl = self.infer_topic_vector(bow.shape[0], {"context_bow": bow})
         nll, words = self.bow_nll(bow, theta)
         return (nll.sum() + kl.sum()) / words.clamp_min(1)
 
@@ -311,11 +311,11 @@ class TopicRNNForCausalLM(TopicFamilyForCausalLM, TopicRNNPreTrainedModel, Topic
     # theta
     # ------------------------------------------------------------------------------------------
 
-    def steering_vector(self, topic_ids) -> torch.Tensor:
-        """theta (b, K) for ``topic_ids``: ``config.steering_scale`` * sum_{k in S} e_k / sqrt(|S|) per row (with
-        ``theta_transform="softmax"``: the distribution with 1/|S| on each topic of S)."""
-        ids = normalize_topic_kwargs(self.config.num_topics, self.config.topic_vocab_size,
-                                     topic_ids=topic_ids)["topic_ids"].to(self.lm_head.weight.device)
+    def steering_vector(self, topic_ids: torch.Tensor) -> torch.Tensor:
+        """theta (b, K) for the topic ids (b, k) of :meth:`resolve_conditioning` (-1 pads a row):
+        ``config.steering_scale`` * sum_{k in S} e_k / sqrt(|S|) per row (with ``theta_transform="softmax"``: the
+        distribution with 1/|S| on each topic of S)."""
+        ids = topic_ids.to(self.lm_head.weight.device)
         mixture = topic_ids_to_mixture(ids, self.config.num_topics)  # 1/|S| on each listed topic
         if self.config.theta_transform == "softmax":
             return mixture
@@ -327,13 +327,11 @@ class TopicRNNForCausalLM(TopicFamilyForCausalLM, TopicRNNPreTrainedModel, Topic
             return torch.softmax(self.model.inference_net.theta_proj(z).float(), dim=-1)
         return z
 
-    def infer_topic_vector(self, batch_size: int, context_bow=None, topic_mixture=None, device=None, topic_ids=None):
+    def infer_topic_vector(self, batch_size: int, cond: dict, device=None):
         """theta (b, K) and the KL of each row and dimension (b, K) (None when theta is given or steered by
-        ``topic_ids``)."""
+        ``topic_ids``), from the conditioning ``cond`` as :meth:`resolve_conditioning` returns it (already
+        validated: used as is); an empty ``cond`` is an empty bag of words."""
         device = device if device is not None else self.lm_head.weight.device
-        cond = normalize_topic_kwargs(self.config.num_topics, self.config.topic_vocab_size, batch_size,
-                                      topic_ids=topic_ids, topic_mixture=topic_mixture, context_bow=context_bow,
-                                      mixture_on_simplex=self._topic_mixture_on_simplex)
         if "topic_ids" in cond:
             return self.steering_vector(cond["topic_ids"]).to(device), None
         if "topic_mixture" in cond:
@@ -355,7 +353,7 @@ class TopicRNNForCausalLM(TopicFamilyForCausalLM, TopicRNNPreTrainedModel, Topic
                 context_bow: Optional[torch.Tensor] = None, topic_mixture: Optional[torch.Tensor] = None,
                 topic_ids=None, topic_representation: Optional[torch.Tensor] = None,
                 output_hidden_states: Optional[bool] = None, return_dict: Optional[bool] = None,
-                logits_to_keep: int = 0, **kwargs) -> TopicLMOutput:
+                logits_to_keep: int = 0, conditioning_resolved: bool = False, **kwargs) -> TopicLMOutput:
         r"""
         Args:
             input_ids: (b, s) token ids, left- or right-padded.
@@ -372,6 +370,8 @@ class TopicRNNForCausalLM(TopicFamilyForCausalLM, TopicRNNPreTrainedModel, Topic
             topic_representation: (b, K) theta already resolved (returned by an earlier call under this name;
                 what generation caches), used as is.
             logits_to_keep: compute logits for the last N positions only (0 = all).
+            conditioning_resolved: the topic keywords already are what :meth:`resolve_conditioning` returns
+                (``generate`` validates them before its first step and says so): they are not validated again.
 
         Returns:
             :class:`TopicLMOutput` with ``logits`` = log p(y_t) (indicator marginalised),
@@ -380,6 +380,12 @@ class TopicRNNForCausalLM(TopicFamilyForCausalLM, TopicRNNPreTrainedModel, Topic
             needs only the observed-indicator softmax, so ``logits`` is None there (computing the
             marginal as well would double the cost of the output layer).
         """
+        tokens = input_ids if input_ids is not None else inputs_embeds
+        cond = {}
+        if topic_representation is None:  # the topic keywords, validated once (here, or by generate)
+            cond = dict(context_bow=context_bow, topic_mixture=topic_mixture, topic_ids=topic_ids)
+            cond = given_keywords(**cond) if conditioning_resolved else \
+                self.resolve_conditioning(None if tokens is None else tokens.shape[0], **cond)
         use_cache = use_cache if use_cache is not None else (self.config.use_cache and not self.training)
         output_hidden_states = (output_hidden_states if output_hidden_states is not None
                                 else self.config.output_hidden_states)
@@ -389,7 +395,7 @@ class TopicRNNForCausalLM(TopicFamilyForCausalLM, TopicRNNPreTrainedModel, Topic
         if topic_representation is not None:
             theta, kl = topic_representation.to(hidden.device), None
         else:
-            theta, kl = self.infer_topic_vector(hidden.shape[0], context_bow, topic_mixture, hidden.device, topic_ids)
+            theta, kl = self.infer_topic_vector(hidden.shape[0], cond, hidden.device)
         if logits_to_keep and labels is None:
             hidden = hidden[:, -logits_to_keep:]
         h = self.dropout(hidden)
@@ -426,11 +432,9 @@ class TopicRNNForCausalLM(TopicFamilyForCausalLM, TopicRNNPreTrainedModel, Topic
                 # kl_free_bits nats, so the optimiser gains nothing by pushing it below (not the ELBO).
                 kl_objective = kl.mean(0).clamp(min=self.config.kl_free_bits).sum() * kl.shape[0] / n_tokens
             loss = lm_loss + aux_loss + self.kl_annealing_weight(count=True) * kl_objective
-            if self.config.bow_loss_weight > 0 and kl is not None and context_bow is not None:
+            if self.config.bow_loss_weight > 0 and kl is not None and "context_bow" in cond:
                 # Not the paper's ELBO: the bag-of-words likelihood of the context under softmax(B theta).
-                bow = normalize_topic_kwargs(self.config.num_topics, self.config.topic_vocab_size,
-                                             context_bow=context_bow)["context_bow"].to(hidden.device)
-                nll, words = self.bow_nll(bow, theta)
+                nll, words = self.bow_nll(cond["context_bow"].to(hidden.device), theta)
                 bow_loss = nll.sum() / words.clamp_min(1)  # per context word, as TCNLM's topic terms
                 loss = loss + self.config.bow_loss_weight * bow_loss
 
