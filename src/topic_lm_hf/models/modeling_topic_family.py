@@ -23,19 +23,73 @@ have defaults here: ``set_training_corpus_size`` (rGBN-RNN's TLASGR-MCMC scales 
 ``training_phases`` (NCLM's phases before the joint objective), ``topic_model_inputs`` and
 ``topic_pretraining_batches`` (what the topic model reads when pre-trained alone), ``num_topic_layers`` (rGBN-RNN's
 hierarchy), and one KL-annealing mechanism (``kl_annealing_weight``).
+
+Every head's ``forward`` is one template, :meth:`TopicFamilyForCausalLM.forward`, that runs five numbered stages;
+a family's own ``forward`` declares its keywords and documents them, then hands them to it. The family implements
+the stages' small methods, and overrides the one stage its maths does not fit (never a test of the family in the
+template):
+
+1. ``resolve_conditioning`` (through ``conditioning``): the topic keywords validated once, or the
+   ``topic_representation`` an earlier call resolved, trusted as it is;
+2. ``language_model_features``: the family's recurrent body, with the resolved topics where it needs them, as a
+   :class:`LanguageModelPass`;
+3. ``output_logits``: the output layer with the family's ``output_bias`` (by default the shared
+   ``output_layer`` with the topic output prior) -> the logits and the LM loss;
+4. ``loss_terms``: the family's terms (KL, bag-of-words, auxiliary) as :class:`LossTerm` s, summed with their
+   weights and ``lm_loss_weight`` (a term marked ``annealed`` is also weighted by ``kl_annealing_weight``);
+5. the output (``output_class``, a :class:`~.modeling_recurrent.TopicLMOutput`).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Optional
+from dataclasses import dataclass, field
+from typing import Optional, Union
 
 import torch
 from torch import nn
 
-from .modeling_conditioning import (check_topic_layer, lm_to_topic_index, normalize_topic_kwargs, topic_scores_to_vocab,
-                                    topic_vocabulary, topic_word_mask)
+from .modeling_conditioning import (check_topic_layer, given_keywords, lm_to_topic_index, normalize_topic_kwargs,
+                                    topic_scores_to_vocab, topic_vocabulary, topic_word_mask)
 from .modeling_document import DocumentRepresentationDelegate
+from .modeling_recurrent import TopicLMOutput, detach_or_none
+
+
+@dataclass
+class LanguageModelPass:
+    """What the language model of one ``forward`` produced (stage 2 of the template), for the stages after it.
+
+    Args:
+        features: the output layer's input, (b, s, F) (or what the family's ``output_logits`` reads).
+        state: the recurrent state the output returns (None when none is returned).
+        hidden_states: the per-layer tuple of :class:`TopicLMOutput` (with ``output_hidden_states``).
+        topic_mixture: the ``topic_mixture`` of the output.
+        topic_representation: the resolved topics, as ``forward`` takes them back; what the default output bias
+            reads.
+        outputs: the family's own output fields beyond :class:`TopicLMOutput`'s (e.g. NCLM's
+            ``topic_embeddings``).
+        details: what the family's later stages read (a posterior, its KL, ...), by name.
+    """
+
+    features: Optional[torch.Tensor] = None
+    state: Optional[tuple] = None
+    hidden_states: Optional[tuple] = None
+    topic_mixture: Optional[torch.Tensor] = None
+    topic_representation: Optional[torch.Tensor] = None
+    outputs: dict = field(default_factory=dict)
+    details: dict = field(default_factory=dict)
+
+
+@dataclass
+class LossTerm:
+    """One term of a family's objective (stage 4 of the template): ``weight * objective`` is added to the loss (times
+    ``kl_annealing_weight`` when ``annealed``), and ``reported`` holds what the output reports of it, by output field
+    (``kl_loss``, ``bow_loss``, ``aux_loss``; detached by the template)."""
+
+    objective: torch.Tensor
+    weight: Union[float, torch.Tensor] = 1.0
+    annealed: bool = False
+    reported: dict = field(default_factory=dict)
 
 
 class TopicWordPriorMixin:
@@ -85,6 +139,89 @@ class TopicFamilyForCausalLM(DocumentRepresentationDelegate, TopicWordPriorMixin
     training_phases: tuple[str, ...] = ()
     # Whether a topic_mixture must be a distribution: TCNLM's t is; TopicRNN's theta is any real vector.
     _topic_mixture_on_simplex = True
+    # The output of forward (stage 5): a TopicLMOutput, or the family's subclass of it.
+    output_class = TopicLMOutput
+
+    # -- the template forward ----------------------------------------------------------------------
+
+    def forward(self, input_ids: Optional[torch.LongTensor] = None, attention_mask: Optional[torch.Tensor] = None,
+                inputs_embeds: Optional[torch.Tensor] = None, state: Optional[tuple] = None,
+                labels: Optional[torch.LongTensor] = None, use_cache: Optional[bool] = None,
+                topic_representation: Optional[torch.Tensor] = None, output_hidden_states: Optional[bool] = None,
+                return_dict: Optional[bool] = None, logits_to_keep: int = 0, conditioning_resolved: bool = False,
+                **inputs) -> TopicLMOutput:
+        """The template of every family's ``forward`` (see the module docstring); the family's own ``forward``
+        documents the keywords. ``inputs`` holds the raw topic keywords (the class's ``conditioning_inputs`` and
+        ``conditioning_options``) and the family's other inputs, which go to :meth:`language_model_features`."""
+        raw = {name: inputs.pop(name) for name in (*self.conditioning_inputs, *self.conditioning_options)
+               if name in inputs}
+        # 1. The conditioning, validated once (or by generate), or the topic representation resolved before.
+        topics = {}
+        if topic_representation is None:
+            topics = self.conditioning(input_ids, inputs_embeds, conditioning_resolved, **raw)
+        # 2. The language model's features, with the resolved topics where the body needs them.
+        run = self.language_model_features(topics, topic_representation, input_ids=input_ids,
+                                           attention_mask=attention_mask, inputs_embeds=inputs_embeds, state=state,
+                                           labels=labels, use_cache=use_cache,
+                                           output_hidden_states=output_hidden_states, logits_to_keep=logits_to_keep,
+                                           **inputs)
+        # 3. The output layer with the family's output bias: the logits and the LM loss.
+        logits, lm_loss = self.output_logits(run, labels)
+        # 4. The family's loss terms, summed with their weights.
+        loss, reported = None, {}
+        if lm_loss is not None:
+            terms = self.loss_terms(run, labels)
+            annealing = self.kl_annealing_weight(count=True) if any(term.annealed for term in terms) else None
+            loss = lm_loss if not terms else self.lm_loss_weight() * lm_loss
+            for term in terms:
+                weight = term.weight * annealing if term.annealed else term.weight
+                loss = loss + weight * term.objective
+                reported.update({name: value.detach() for name, value in term.reported.items()})
+        # 5. The output.
+        out = self.output_class(loss=loss, logits=logits, state=run.state, hidden_states=run.hidden_states,
+                                lm_loss=detach_or_none(lm_loss), **reported, topic_mixture=run.topic_mixture,
+                                topic_representation=run.topic_representation, **run.outputs)
+        return out if return_dict is not False else out.to_tuple()
+
+    def conditioning(self, input_ids, inputs_embeds, resolved: bool, **raw) -> dict:
+        """Stage 1: the raw topic keywords as :meth:`resolve_conditioning` returns them, for a batch of the tokens'
+        rows; as they are when ``resolved`` (``generate`` validated them before its first step)."""
+        if resolved:
+            return given_keywords(**raw)
+        tokens = input_ids if input_ids is not None else inputs_embeds
+        return self.resolve_conditioning(None if tokens is None else tokens.shape[0], **raw)
+
+    def language_model_features(self, topics: dict, topic_representation: Optional[torch.Tensor], *, input_ids,
+                                attention_mask, inputs_embeds, state, labels, use_cache, output_hidden_states,
+                                logits_to_keep, **inputs) -> LanguageModelPass:
+        """Stage 2: the family's recurrent body on the tokens, conditioned by the resolved ``topics`` (or by the
+        trusted ``topic_representation``), with logits kept for the last ``logits_to_keep`` positions when no
+        labels are given."""
+        raise NotImplementedError
+
+    def output_bias(self, run: LanguageModelPass) -> Optional[torch.Tensor]:
+        """The (b, V) bias every position of a row gets: the shared topic output prior at the topic
+        representation (None without it)."""
+        if self.topic_prior_weight is None or run.topic_representation is None:
+            return None
+        return self.topic_word_prior(run.topic_representation)
+
+    def output_logits(self, run: LanguageModelPass, labels: Optional[torch.Tensor]):
+        """Stage 3: ``(logits, lm_loss)`` of the shared output layer on the features, with :meth:`output_bias`."""
+        return self.output_layer(run.features, labels, self.output_bias(run))
+
+    def loss_terms(self, run: LanguageModelPass, labels: torch.Tensor) -> list[LossTerm]:
+        """Stage 4: the family's terms beyond the LM loss (none by default)."""
+        return []
+
+    def lm_loss_weight(self) -> float:
+        """The LM loss's weight in the objective when there are other terms (1 but for NCLM's 1 - alpha)."""
+        return 1.0
+
+    @staticmethod
+    def predicted_tokens(labels: torch.Tensor) -> torch.Tensor:
+        """The number of predicted tokens of ``labels`` (position t predicts ``labels[:, t + 1]``; -100 ignored)."""
+        return (labels[:, 1:] != -100).sum()
 
     # -- the conditioning --------------------------------------------------------------------------
 
@@ -184,4 +321,4 @@ class TopicFamilyForCausalLM(DocumentRepresentationDelegate, TopicWordPriorMixin
                 nn.init.constant_(self.topic_prior_weight, self.config.topic_prior_weight_init)
 
 
-__all__ = ["TopicFamilyForCausalLM", "TopicWordPriorMixin"]
+__all__ = ["LanguageModelPass", "LossTerm", "TopicFamilyForCausalLM", "TopicWordPriorMixin"]

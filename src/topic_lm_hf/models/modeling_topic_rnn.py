@@ -70,13 +70,12 @@ from transformers import GenerationMixin
 from transformers.utils import ModelOutput
 
 from .configuration_topic_rnn import TopicRNNConfig
-from .modeling_conditioning import (TOPIC_LOGIT_INIT_STD, given_keywords, lm_to_topic_index, normalize_topic_kwargs,
+from .modeling_conditioning import (TOPIC_LOGIT_INIT_STD, lm_to_topic_index, normalize_topic_kwargs,
                                     topic_ids_to_mixture, topic_scores_to_vocab, topic_word_mask)
 from .modeling_generation import TopicGenerationMixin
 from .modeling_document import DocumentClassifierMixin, DocumentRepresentationMixin
-from .modeling_recurrent import (RecurrentPreTrainedModel, TopicLMOutput, detach_or_none, next_token_loss,
-                                 run_token_rnn)
-from .modeling_topic_family import TopicFamilyForCausalLM
+from .modeling_recurrent import RecurrentPreTrainedModel, TopicLMOutput, next_token_loss, run_token_rnn
+from .modeling_topic_family import LanguageModelPass, LossTerm, TopicFamilyForCausalLM
 
 _CELLS = {"rnn": nn.RNN, "lstm": nn.LSTM, "gru": nn.GRU}
 
@@ -380,12 +379,17 @@ class TopicRNNForCausalLM(TopicFamilyForCausalLM, TopicRNNPreTrainedModel, Topic
             needs only the observed-indicator softmax, so ``logits`` is None there (computing the
             marginal as well would double the cost of the output layer).
         """
-        tokens = input_ids if input_ids is not None else inputs_embeds
-        cond = {}
-        if topic_representation is None:  # the topic keywords, validated once (here, or by generate)
-            cond = dict(context_bow=context_bow, topic_mixture=topic_mixture, topic_ids=topic_ids)
-            cond = given_keywords(**cond) if conditioning_resolved else \
-                self.resolve_conditioning(None if tokens is None else tokens.shape[0], **cond)
+        return super().forward(input_ids, attention_mask, inputs_embeds, state, labels, use_cache,
+                               topic_representation, output_hidden_states, return_dict, logits_to_keep,
+                               conditioning_resolved, context_bow=context_bow, topic_mixture=topic_mixture,
+                               topic_ids=topic_ids)
+
+    def language_model_features(self, topics: dict, topic_representation: Optional[torch.Tensor], *, input_ids,
+                                attention_mask, inputs_embeds, state, labels, use_cache, output_hidden_states,
+                                logits_to_keep, **inputs) -> LanguageModelPass:
+        """The RNN's outputs h_t after dropout, theta (inferred from ``topics``, or the trusted
+        ``topic_representation``) and, in ``details``, the indicator logits Gamma^T h_t and the KL of each row and
+        dimension (None when theta is given)."""
         use_cache = use_cache if use_cache is not None else (self.config.use_cache and not self.training)
         output_hidden_states = (output_hidden_states if output_hidden_states is not None
                                 else self.config.output_hidden_states)
@@ -395,25 +399,37 @@ class TopicRNNForCausalLM(TopicFamilyForCausalLM, TopicRNNPreTrainedModel, Topic
         if topic_representation is not None:
             theta, kl = topic_representation.to(hidden.device), None
         else:
-            theta, kl = self.infer_topic_vector(hidden.shape[0], cond, hidden.device)
+            theta, kl = self.infer_topic_vector(hidden.shape[0], topics, hidden.device)
         if logits_to_keep and labels is None:
             hidden = hidden[:, -logits_to_keep:]
         h = self.dropout(hidden)
         stop_logits = self.stop_head(h).squeeze(-1).float()  # (b, s): Gamma^T h_t
-        bias = self.topic_bias(theta).float()  # (b, V): b_i^T theta, 0 at stop words
-        if self.topic_prior_weight is not None:  # the shared topic output prior, also 0 at stop words
-            bias = bias + self.topic_word_prior(theta)
+        return LanguageModelPass(h, new_state if use_cache else None, all_hidden, theta, theta,
+                                 details=dict(stop_logits=stop_logits, kl=kl, context_bow=topics.get("context_bow")))
+
+    def output_bias(self, run: LanguageModelPass) -> torch.Tensor:
+        """b_i^T theta (b, V), plus the shared topic output prior; both 0 at stop words."""
+        bias = self.topic_bias(run.topic_mixture).float()
+        if self.topic_prior_weight is not None:
+            bias = bias + self.topic_word_prior(run.topic_mixture)
+        return bias
+
+    def _observed_stop(self, labels: torch.Tensor, device) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the targets y_t (b, s - 1), the observed indicator l_t: whether y_t is a stop word)."""
+        targets = labels[:, 1:].to(device)  # y_t for the input at t (no off-by-one)
+        return targets, self.lm_to_topic_index(device)[targets.clamp(min=0)] < 0
+
+    def output_logits(self, run: LanguageModelPass, labels: Optional[torch.Tensor]):
+        """The logits log p(y_t) with the indicator marginalised, and the LM loss under the observed indicator.
+        In training mode with labels only the loss is computed, at the predicted positions (``logits`` None)."""
+        h, stop_logits, bias = run.features, run.details["stop_logits"], self.output_bias(run)
         # The full (b, s, V) scores v_i^T h_t + c_i only where the marginal is returned (not in training with labels)
         word_logits = None if self.training and labels is not None else self.lm_head(h).float()
-
-        loss = lm_loss = aux_loss = kl_loss = bow_loss = None
+        lm_loss = None
         if labels is not None:
-            targets = labels[:, 1:].to(hidden.device)  # y_t for the input at t (no off-by-one)
-            valid = targets != -100
-            is_stop = self.lm_to_topic_index(hidden.device)[targets.clamp(min=0)] < 0  # observed l_t
+            targets, is_stop = self._observed_stop(labels, h.device)
             # p(y_t | h_t, theta, l_t): one softmax over V of v_i^T h_t + c_i, plus the topic bias where l_t = 0
             # (only at the predicted positions).
-            n_tokens = valid.sum().clamp(min=1)
             bias_mask = (~is_stop).float()
             if word_logits is None:  # training: the output layer at the predicted positions only
                 lm_loss = next_token_loss(h, labels, self.lm_head, bias, bias_mask,
@@ -421,37 +437,42 @@ class TopicRNNForCausalLM(TopicFamilyForCausalLM, TopicRNNPreTrainedModel, Topic
             else:  # the full scores are there already
                 conditional = word_logits[:, :-1] + bias_mask.unsqueeze(-1) * bias.unsqueeze(1)  # (b, s-1, V)
                 lm_loss = F.cross_entropy(conditional.reshape(-1, conditional.shape[-1]), targets.reshape(-1),
-                                          ignore_index=-100, reduction="sum") / n_tokens
-            # log p(l_t | h_t): binary cross-entropy on the logits (never on sigmoid(logits)).
-            bce = F.binary_cross_entropy_with_logits(stop_logits[:, :-1], is_stop.float(), reduction="none")
-            aux_loss = (bce * valid).sum() / n_tokens
-            kl_loss = kl.sum() / n_tokens if kl is not None else torch.zeros((), device=hidden.device, dtype=torch.float32)
-            kl_objective = kl_loss
-            if kl is not None and self.config.kl_free_bits > 0:
-                # Free bits (Kingma et al. 2016): each dimension's batch-mean KL counts at least
-                # kl_free_bits nats, so the optimiser gains nothing by pushing it below (not the ELBO).
-                kl_objective = kl.mean(0).clamp(min=self.config.kl_free_bits).sum() * kl.shape[0] / n_tokens
-            loss = lm_loss + aux_loss + self.kl_annealing_weight(count=True) * kl_objective
-            if self.config.bow_loss_weight > 0 and kl is not None and "context_bow" in cond:
-                # Not the paper's ELBO: the bag-of-words likelihood of the context under softmax(B theta).
-                nll, words = self.bow_nll(cond["context_bow"].to(hidden.device), theta)
-                bow_loss = nll.sum() / words.clamp_min(1)  # per context word, as TCNLM's topic terms
-                loss = loss + self.config.bow_loss_weight * bow_loss
-
+                                          ignore_index=-100, reduction="sum") / (targets != -100).sum().clamp(min=1)
         log_marginal = None
         if word_logits is not None:
             # p(y_t) = sigmoid(z_t) p(y_t | l = 1) + (1 - sigmoid(z_t)) p(y_t | l = 0), in log space.
             log_marginal = torch.logaddexp(
                 F.logsigmoid(stop_logits).unsqueeze(-1) + torch.log_softmax(word_logits, dim=-1),
                 F.logsigmoid(-stop_logits).unsqueeze(-1) + torch.log_softmax(word_logits + bias.unsqueeze(1), dim=-1))
-        out = TopicLMOutput(loss=loss, logits=log_marginal, state=new_state if use_cache else None,
-                            hidden_states=all_hidden,
-                            lm_loss=lm_loss.detach() if lm_loss is not None else None,
-                            kl_loss=kl_loss.detach() if kl_loss is not None else None,
-                            aux_loss=aux_loss.detach() if aux_loss is not None else None,
-                            bow_loss=detach_or_none(bow_loss), topic_mixture=theta,
-                            topic_representation=theta)
-        return out if return_dict is not False else out.to_tuple()
+        return log_marginal, lm_loss
+
+    def loss_terms(self, run: LanguageModelPass, labels: torch.Tensor) -> list[LossTerm]:
+        """aux_loss (the indicator's cross-entropy), the KL (annealed; free bits in the objective) and, with
+        ``bow_loss_weight``, the context's bag-of-words likelihood: each per predicted token (the bag of words per
+        context word)."""
+        device, kl = run.features.device, run.details["kl"]
+        targets, is_stop = self._observed_stop(labels, device)
+        valid = targets != -100
+        n_tokens = valid.sum().clamp(min=1)
+        # log p(l_t | h_t): binary cross-entropy on the logits (never on sigmoid(logits)).
+        bce = F.binary_cross_entropy_with_logits(run.details["stop_logits"][:, :-1], is_stop.float(),
+                                                 reduction="none")
+        aux_loss = (bce * valid).sum() / n_tokens
+        kl_loss = kl.sum() / n_tokens if kl is not None else torch.zeros((), device=device, dtype=torch.float32)
+        kl_objective = kl_loss
+        if kl is not None and self.config.kl_free_bits > 0:
+            # Free bits (Kingma et al. 2016): each dimension's batch-mean KL counts at least
+            # kl_free_bits nats, so the optimiser gains nothing by pushing it below (not the ELBO).
+            kl_objective = kl.mean(0).clamp(min=self.config.kl_free_bits).sum() * kl.shape[0] / n_tokens
+        terms = [LossTerm(aux_loss, reported={"aux_loss": aux_loss}),
+                 LossTerm(kl_objective, annealed=True, reported={"kl_loss": kl_loss})]
+        bow = run.details["context_bow"]
+        if self.config.bow_loss_weight > 0 and kl is not None and bow is not None:
+            # Not the paper's ELBO: the bag-of-words likelihood of the context under softmax(B theta).
+            nll, words = self.bow_nll(bow.to(device), run.topic_mixture)
+            bow_loss = nll.sum() / words.clamp_min(1)  # per context word, as TCNLM's topic terms
+            terms.append(LossTerm(bow_loss, self.config.bow_loss_weight, reported={"bow_loss": bow_loss}))
+        return terms
 
     # ------------------------------------------------------------------------------------------
     # topics and features
