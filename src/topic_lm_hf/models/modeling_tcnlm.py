@@ -74,9 +74,9 @@ from .modeling_conditioning import (TOPIC_LOGIT_INIT_STD, angular_diversity, giv
                                     topic_ids_to_mixture, topic_vocabulary)
 from .modeling_generation import TopicGenerationMixin
 from .modeling_document import DocumentClassifierMixin, DocumentRepresentationMixin
-from .modeling_recurrent import (RecurrentPreTrainedModel, TopicLMOutput, causal_lm_loss, detach_or_none,
-                                 embed_checked, last_columns, run_rnn, run_rnn_layers)
-from .modeling_topic_family import TopicFamilyForCausalLM
+from .modeling_recurrent import (RecurrentPreTrainedModel, TopicLMOutput, causal_lm_loss, embed_checked,
+                                 last_columns, run_rnn, run_rnn_layers)
+from .modeling_topic_family import LanguageModelPass, LossTerm, TopicFamilyForCausalLM
 
 NUM_GATES = 4  # i, f, g (= c~), o
 
@@ -621,56 +621,62 @@ class TCNLMForCausalLM(TopicFamilyForCausalLM, TCNLMPreTrainedModel, TopicGenera
             For ``lm_type="naive_moe"`` the logits are the mixture's log-probabilities, and when a
             loss is computed with gradients they are not materialised (``logits=None``).
         """
-        given = {}
-        if topic_representation is None:  # the topic keywords, validated once (here, or by generate)
-            tokens = input_ids if input_ids is not None else inputs_embeds
-            given = dict(context_bow=context_bow, topic_ids=topic_ids, topic_mixture=topic_mixture)
-            given = given_keywords(**given) if conditioning_resolved else \
-                self.resolve_conditioning(None if tokens is None else tokens.shape[0], **given)
-        compute_ntm = labels is not None and "context_bow" in given
-        base = self.model(input_ids, attention_mask, inputs_embeds, state, use_cache, **given,
-                          topic_representation=topic_representation, return_topic_losses=compute_ntm,
+        return super().forward(input_ids, attention_mask, inputs_embeds, state, labels, use_cache,
+                               topic_representation, output_hidden_states, return_dict, logits_to_keep,
+                               conditioning_resolved, context_bow=context_bow, topic_ids=topic_ids,
+                               topic_mixture=topic_mixture)
+
+    def language_model_features(self, topics: dict, topic_representation: Optional[torch.Tensor], *, input_ids,
+                                attention_mask, inputs_embeds, state, labels, use_cache, output_hidden_states,
+                                logits_to_keep, **inputs) -> LanguageModelPass:
+        """The LSTM's outputs under t (:class:`TCNLMModel`; every expert's with the naive MoE), t itself and, with
+        labels and a context, the topic model's terms per document (the base model's output, in ``details``)."""
+        base = self.model(input_ids, attention_mask, inputs_embeds, state, use_cache, **topics,
+                          topic_representation=topic_representation,
+                          return_topic_losses=labels is not None and "context_bow" in topics,
                           output_hidden_states=output_hidden_states, conditioning_resolved=True)
         hidden, t = base.last_hidden_state, base.topic_mixture
         if logits_to_keep and labels is None:
             hidden = hidden[:, -logits_to_keep:]
+        return LanguageModelPass(hidden, base.state, base.hidden_states, t, t, details=dict(base=base))
 
-        logits, lm_loss = None, None
-        if self.config.lm_type == "naive_moe" and labels is not None and torch.is_grad_enabled():
-            lm_loss = self._mixture_lm_loss(hidden, t, labels)
-        elif self.config.lm_type == "naive_moe":
-            logits = self._mixture_log_probs(hidden, t)
-            if labels is not None:
-                lm_loss = causal_lm_loss(logits, labels)
+    def output_bias(self, run: LanguageModelPass) -> Optional[torch.Tensor]:
+        """B t (``topic_output_bias="learned"``) or the shared topic output prior (``"beta"``), or None."""
+        t, row_bias = run.topic_mixture, None
+        if self.topic_bias is not None:
+            row_bias = self.topic_bias(t.to(self.topic_bias.weight.dtype))
+        prior = super().output_bias(run)
+        if prior is not None:
+            row_bias = prior if row_bias is None else row_bias + prior.to(row_bias.dtype)
+        return row_bias
+
+    def output_logits(self, run: LanguageModelPass, labels: Optional[torch.Tensor]):
+        """The shared output layer on the projected outputs, or for the naive MoE the eq. 7 mixture's
+        log-probabilities (not materialised when a loss is computed with gradients: ``logits`` None)."""
+        hidden, t = run.features, run.topic_mixture
+        if self.config.lm_type != "naive_moe":
+            return self.output_layer(self._features(hidden), labels, self.output_bias(run))
+        if labels is not None and torch.is_grad_enabled():
+            return None, self._mixture_lm_loss(hidden, t, labels)
+        logits = self._mixture_log_probs(hidden, t)
+        return logits, (causal_lm_loss(logits, labels) if labels is not None else None)
+
+    def loss_terms(self, run: LanguageModelPass, labels: torch.Tensor) -> list[LossTerm]:
+        """With a context: bow_loss, kl_loss (annealed), each per context word (or per predicted token with
+        ``topic_loss_normalization="lm_tokens"``), and aux_loss = -lambda R (the topics' diversity)."""
+        base = run.details["base"]
+        if base.bow_nll is None:  # no context, or no labels
+            return []
+        if self.config.topic_loss_normalization == "lm_tokens":
+            count = self.predicted_tokens(labels)
         else:
-            row_bias = None  # (b, V): B t and the topic-word prior
-            if self.topic_bias is not None:
-                row_bias = self.topic_bias(t.to(self.topic_bias.weight.dtype))
-            if self.topic_prior_weight is not None:
-                prior = self.topic_word_prior(t)
-                row_bias = prior if row_bias is None else row_bias + prior.to(row_bias.dtype)
-            logits, lm_loss = self.output_layer(self._features(hidden), labels, row_bias)
-
-        loss = lm_loss
-        bow_loss = kl_loss = aux_loss = None
-        if lm_loss is not None and compute_ntm:
-            if self.config.topic_loss_normalization == "lm_tokens":
-                count = (labels[:, 1:] != -100).sum()
-            else:
-                count = base.context_tokens.sum()
-            count = count.clamp_min(1).to(lm_loss.device)
-            bow_loss = base.bow_nll.sum() / count
-            kl_loss = base.kl.sum() / count
-            aux_loss = -self.config.diversity_weight * self.model.topic_model.diversity()
-            loss = lm_loss + bow_loss + self.kl_annealing_weight(count=True) * kl_loss + aux_loss
-
-        out = TopicLMOutput(loss=loss, logits=logits, state=base.state,
-                            hidden_states=base.hidden_states,
-                            lm_loss=detach_or_none(lm_loss), kl_loss=detach_or_none(kl_loss),
-                            bow_loss=detach_or_none(bow_loss),
-                            aux_loss=detach_or_none(aux_loss), topic_mixture=t, topic_representation=t)
-        return out if return_dict is not False else out.to_tuple()
-
+            count = base.context_tokens.sum()
+        count = count.clamp_min(1).to(run.features.device)
+        bow_loss, kl_loss = base.bow_nll.sum() / count, base.kl.sum() / count
+        aux_loss = -self.config.diversity_weight * self.model.topic_model.diversity()
+        return [LossTerm(bow_loss, reported={"bow_loss": bow_loss}),
+                LossTerm(kl_loss, annealed=True, reported={"kl_loss": kl_loss}),
+                LossTerm(aux_loss, reported={"aux_loss": aux_loss})]
 
 
 class TCNLMForSequenceClassification(DocumentClassifierMixin, TCNLMPreTrainedModel):
