@@ -63,13 +63,13 @@ from torch.nn import functional as F
 from transformers import GenerationMixin
 
 from .configuration_nclm import NCLMConfig
-from .modeling_conditioning import (_broadcast_rows, angular_diversity, given_keywords, lm_to_topic_index,
-                                    normalize_topic_kwargs, topic_ids_to_mixture, topic_vocabulary)
+from .modeling_conditioning import (_broadcast_rows, angular_diversity, lm_to_topic_index, normalize_topic_kwargs,
+                                    topic_ids_to_mixture, topic_vocabulary)
 from .modeling_generation import TopicGenerationMixin
 from .modeling_document import DocumentClassifierMixin, DocumentRepresentationMixin
-from .modeling_recurrent import (RecurrentBodyMixin, RecurrentPreTrainedModel, TopicLMOutput,
-                                 detach_or_none, last_columns, last_token_positions)
-from .modeling_topic_family import TopicFamilyForCausalLM
+from .modeling_recurrent import (RecurrentBodyMixin, RecurrentPreTrainedModel, TopicLMOutput, last_columns,
+                                 last_token_positions)
+from .modeling_topic_family import LanguageModelPass, LossTerm, TopicFamilyForCausalLM
 
 TRAINING_PHASES = ("joint", "lm", "topic_model")
 _ROWS_PER_DENSE_BLOCK = 8  # rows of (K, V_c) scores at a time in the official code's ETR selection
@@ -437,6 +437,7 @@ class NCLMForCausalLM(TopicFamilyForCausalLM, NCLMPreTrainedModel, TopicGenerati
 
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
     _cached_conditioning = ("topic_representation", "topic_embeddings")  # c_doc and, for ETR, the z_k
+    output_class = NCLMOutput
 
     def __init__(self, config: NCLMConfig):
         super().__init__(config)
@@ -565,13 +566,23 @@ class NCLMForCausalLM(TopicFamilyForCausalLM, NCLMPreTrainedModel, TopicGenerati
             raise ValueError("Give exactly one of input_ids and inputs_embeds")
         if input_ids is None and cfg.sentence_topics:
             raise ValueError("NCLM with sentence_topics needs input_ids (the sentence topics read the words)")
-        b, s = (input_ids if input_ids is not None else inputs_embeds).shape[:2]
-        given = {}
-        if topic_representation is None:  # the topic keywords, validated once (here, or by generate)
-            given = dict(context_bow=context_bow, topic_ids=topic_ids, topic_mixture=topic_mixture)
-            given = given_keywords(**given) if conditioning_resolved else self.resolve_conditioning(b, **given)
-        elif any(v is not None for v in (context_bow, topic_ids, topic_mixture)):
+        if topic_representation is not None and any(v is not None for v in (context_bow, topic_ids, topic_mixture)):
             raise ValueError("Give topic_representation or one of context_bow, topic_ids, topic_mixture, not both")
+        return super().forward(input_ids, attention_mask, inputs_embeds, state, labels, use_cache,
+                               topic_representation, output_hidden_states, return_dict, logits_to_keep,
+                               conditioning_resolved, context_bow=context_bow, topic_ids=topic_ids,
+                               topic_mixture=topic_mixture, sentence_prefix_bow=sentence_prefix_bow,
+                               topic_embeddings=topic_embeddings)
+
+    def language_model_features(self, topics: dict, topic_representation: Optional[torch.Tensor], *, input_ids,
+                                attention_mask, inputs_embeds, state, labels, use_cache, output_hidden_states,
+                                logits_to_keep, sentence_prefix_bow=None, topic_embeddings=None,
+                                **inputs) -> LanguageModelPass:
+        """The composition o^_t = sigmoid([o_t; c_doc; c_sent] W_p + b_p) of the LSTM's outputs with the document
+        part c_doc (from ``topics``, or the trusted ``topic_representation`` and ``topic_embeddings``) and the
+        sentence part c_sent; c = 0 in the LM pre-training phase. ``details`` holds h and the posterior."""
+        cfg = self.config
+        b, s = (input_ids if input_ids is not None else inputs_embeds).shape[:2]
         attention_mask = last_columns(attention_mask, s)
         device = self.lm_head.weight.device
         lstm_state = None if state is None else tuple(state[:2])
@@ -580,15 +591,13 @@ class NCLMForCausalLM(TopicFamilyForCausalLM, NCLMPreTrainedModel, TopicGenerati
                           output_hidden_states=output_hidden_states)
         o = self.dropout(base.last_hidden_state)  # (b, s, H)
         topics_on = self.training_phase == "joint" or not self.training
-        compute_ntm = labels is not None and "context_bow" in given and topics_on
 
         # the document part c_doc (b, Cd) and, for ETR, the topic vectors z_k; the sentence part c_sent (b, s, Cd)
         # and the running sum to carry. None of it in the LM pre-training phase (c = 0).
         c_doc = h = z_k = posterior = c_sent = new_carry = None
-        need_z = cfg.sentence_topics and cfg.uses_etr
         if topics_on:
             c_doc, h, z_k, posterior = self._document_part(b, device, input_ids, attention_mask, labels is not None,
-                                                           given, topic_representation, topic_embeddings)
+                                                           topics, topic_representation, topic_embeddings)
             if cfg.sentence_topics:
                 c_sent, new_carry = self._sentence_part(input_ids, attention_mask, labels, carried,
                                                         sentence_prefix_bow, z_k, logits_to_keep)
@@ -603,32 +612,37 @@ class NCLMForCausalLM(TopicFamilyForCausalLM, NCLMPreTrainedModel, TopicGenerati
             pre_out = pre_out + F.linear(c_doc.to(W.dtype), W[:, H:H + Cd]).unsqueeze(1)
             if c_sent is not None:
                 pre_out = pre_out + F.linear(c_sent.to(W.dtype), W[:, H + Cd:])
-        row_bias = None  # the shared topic output prior (topic_output_bias="beta"), from the document's h
-        if self.topic_prior_weight is not None and topics_on and h is not None:
-            row_bias = self.topic_word_prior(h)
-        logits, lm_loss = self.output_layer(torch.sigmoid(pre_out), labels, row_bias)  # (b, s, V); None in training
-
-        loss = bow_loss = kl_loss = None
-        if labels is not None:
-            loss = lm_loss
-            if compute_ntm and posterior is not None:
-                reconstruction, kl = self.model.topic_model.row_losses(*posterior[:3], h, posterior[3])
-                tokens = (labels[:, 1:] != -100).sum().clamp_min(1).to(device)
-                bow_loss, kl_loss = reconstruction.sum() / tokens, kl.sum() / tokens
-                loss = (1.0 - cfg.alpha) * lm_loss + cfg.alpha * (bow_loss + kl_loss + self.topic_diversity_term())
 
         new_state = None
         if base.state is not None:
             new_state = tuple(base.state)
             if new_carry is not None:
                 new_state = new_state + (new_carry.unsqueeze(1),)
-        topic_mixture_out = h.float() if h is not None else None
-        out = NCLMOutput(loss=loss, logits=logits, state=new_state, hidden_states=base.hidden_states,
-                         lm_loss=detach_or_none(lm_loss), kl_loss=detach_or_none(kl_loss),
-                         bow_loss=detach_or_none(bow_loss),
-                         topic_mixture=topic_mixture_out, topic_representation=c_doc,
-                         topic_embeddings=z_k if need_z else None)
-        return out if return_dict is not False else out.to_tuple()
+        context = labels is not None and "context_bow" in topics and topics_on
+        return LanguageModelPass(torch.sigmoid(pre_out), new_state, base.hidden_states,
+                                 h.float() if h is not None else None, c_doc,
+                                 outputs=dict(topic_embeddings=z_k if cfg.sentence_topics and cfg.uses_etr else None),
+                                 details=dict(h=h, posterior=posterior if context else None))
+
+    def output_bias(self, run: LanguageModelPass) -> Optional[torch.Tensor]:
+        """The shared topic output prior (``topic_output_bias="beta"``) at the document's h, or None."""
+        h = run.details["h"]
+        return self.topic_word_prior(h) if self.topic_prior_weight is not None and h is not None else None
+
+    def loss_terms(self, run: LanguageModelPass, labels: torch.Tensor) -> list[LossTerm]:
+        """With a context (joint training): alpha (bow_loss + kl_loss - lambda R), each per predicted token."""
+        posterior, h = run.details["posterior"], run.details["h"]
+        if posterior is None:
+            return []
+        reconstruction, kl = self.model.topic_model.row_losses(*posterior[:3], h, posterior[3])
+        tokens = self.predicted_tokens(labels).clamp_min(1).to(self.lm_head.weight.device)
+        bow_loss, kl_loss = reconstruction.sum() / tokens, kl.sum() / tokens
+        return [LossTerm(bow_loss + kl_loss + self.topic_diversity_term(), self.config.alpha,
+                         reported=dict(bow_loss=bow_loss, kl_loss=kl_loss))]
+
+    def lm_loss_weight(self) -> float:
+        """1 - alpha, the official code's weighting of the LM and the topic model."""
+        return 1.0 - self.config.alpha
 
     def _document_part(self, b, device, input_ids, attention_mask, window_excludes_last, given, topic_representation,
                        topic_embeddings):
