@@ -160,6 +160,9 @@ class TopicFamilyForCausalLM(DocumentRepresentationDelegate, TopicWordPriorMixin
         if topic_representation is None:
             topics = self.conditioning(input_ids, inputs_embeds, conditioning_resolved, **raw)
         # 2. The language model's features, with the resolved topics where the body needs them.
+        use_cache = use_cache if use_cache is not None else (self.config.use_cache and not self.training)
+        if output_hidden_states is None:
+            output_hidden_states = self.config.output_hidden_states
         run = self.language_model_features(topics, topic_representation, input_ids=input_ids,
                                            attention_mask=attention_mask, inputs_embeds=inputs_embeds, state=state,
                                            labels=labels, use_cache=use_cache,
@@ -196,7 +199,7 @@ class TopicFamilyForCausalLM(DocumentRepresentationDelegate, TopicWordPriorMixin
                                 logits_to_keep, **inputs) -> LanguageModelPass:
         """Stage 2: the family's recurrent body on the tokens, conditioned by the resolved ``topics`` (or by the
         trusted ``topic_representation``), with logits kept for the last ``logits_to_keep`` positions when no
-        labels are given."""
+        labels are given. ``use_cache`` and ``output_hidden_states`` are resolved (the config's defaults)."""
         raise NotImplementedError
 
     def output_bias(self, run: LanguageModelPass) -> Optional[torch.Tensor]:

@@ -390,9 +390,6 @@ class TopicRNNForCausalLM(TopicFamilyForCausalLM, TopicRNNPreTrainedModel, Topic
         """The RNN's outputs h_t after dropout, theta (inferred from ``topics``, or the trusted
         ``topic_representation``) and, in ``details``, the indicator logits Gamma^T h_t and the KL of each row and
         dimension (None when theta is given)."""
-        use_cache = use_cache if use_cache is not None else (self.config.use_cache and not self.training)
-        output_hidden_states = (output_hidden_states if output_hidden_states is not None
-                                else self.config.output_hidden_states)
         hidden, new_state, all_hidden = self.model.run_tokens(input_ids, attention_mask, inputs_embeds, state,
                                                               need_state=use_cache or state is not None,
                                                               output_hidden_states=output_hidden_states)
