@@ -62,9 +62,9 @@ from .modeling_conditioning import (_broadcast_rows, check_at_most_one, check_co
                                     given_keywords, normalize_topic_kwargs)
 from .modeling_generation import TopicGenerationMixin
 from .modeling_document import DocumentClassifierMixin, DocumentRepresentationMixin
-from .modeling_recurrent import (RecurrentModelOutput, RecurrentPreTrainedModel, TopicLMOutput,
-                                 detach_or_none, embed_checked, last_columns, last_token_positions, run_rnn)
-from .modeling_topic_family import TopicFamilyForCausalLM
+from .modeling_recurrent import (RecurrentModelOutput, RecurrentPreTrainedModel, TopicLMOutput, embed_checked,
+                                 last_columns, last_token_positions, run_rnn)
+from .modeling_topic_family import LanguageModelPass, LossTerm, TopicFamilyForCausalLM
 
 logger = logging.getLogger(__name__)
 
@@ -903,11 +903,8 @@ class RGBNRNNModel(DocumentRepresentationMixin, RGBNRNNPreTrainedModel):
                                            topic_ids=topic_ids, topic_layer=topic_layer)
         features, new_state, hidden, _, _, doc = self._run(input_ids, attention_mask, inputs_embeds, state, use_cache,
                                                            given, chunk_mask, sentence_index, output_hidden_states)
-        if doc is not None:
-            rows, cols, b, c, _ = doc
-            full = features.new_zeros(b, c, *features.shape[1:])
-            full[rows, cols] = features
-            features = full
+        if doc is not None:  # per document (b, c, s, .), zero at padding chunks
+            features = features.new_zeros(*doc[2:4], *features.shape[1:]).index_put(doc[:2], features)
         out = RecurrentModelOutput(last_hidden_state=features, state=new_state if use_cache else None,
                                    hidden_states=hidden)
         return out if return_dict is not False else out.to_tuple()
@@ -923,6 +920,7 @@ class RGBNRNNForCausalLM(TopicFamilyForCausalLM, RGBNRNNPreTrainedModel, TopicGe
     """
 
     conditioning_options = ("topic_layer", "topic_mode")  # which layer topic_ids name, how theta is completed
+    output_class = RGBNRNNOutput
     topic_pretraining_batches = "document"  # whole documents' bags: the causal context's first ones are near empty
 
     def __init__(self, config: RGBNRNNConfig):
@@ -1006,60 +1004,63 @@ class RGBNRNNForCausalLM(TopicFamilyForCausalLM, RGBNRNNPreTrainedModel, TopicGe
             context_bow: (b, V_c) per chunk, or (b, c, V_c) per chunk of each document.
             theta, topic_ids, topic_layer: explicit conditioning (chunk batches; see the class doc).
             chunk_mask, sentence_index: (b, c) of a documents batch (the collator gives them).
-            topic_representation: (b, sum K) theta already resolved (returned by an earlier call under this
-                name; what generation caches), used as is.
+            topic_representation: (b, sum K) theta resolved by an earlier call (generation's cache), used as is.
             logits_to_keep: logits for the last N positions only (0 = all; chunk batches).
             conditioning_resolved: the keywords are already :meth:`resolve_conditioning`'s (generate's first step).
 
         Returns:
             :class:`RGBNRNNOutput`; for documents ``logits`` are (b, c, s, V) (zero for padding chunks).
         """
-        cfg = self.config
-        use_cache = use_cache if use_cache is not None else (cfg.use_cache and not self.training)
-        given = {}
-        if topic_representation is None:  # the topic keywords, validated once (here, or by generate)
-            given = self.model.conditioning_of_batch(input_ids, inputs_embeds, conditioning_resolved,
-                                                     context_bow=context_bow, theta=theta, topic_ids=topic_ids,
-                                                     topic_layer=topic_layer)
+        return super().forward(input_ids, attention_mask, inputs_embeds, state, labels, use_cache,
+                               topic_representation, output_hidden_states, return_dict, logits_to_keep,
+                               conditioning_resolved, context_bow=context_bow, theta=theta, topic_ids=topic_ids,
+                               topic_layer=topic_layer, chunk_mask=chunk_mask, sentence_index=sentence_index)
+
+    def conditioning(self, input_ids, inputs_embeds, resolved: bool, **raw) -> dict:
+        """The keywords as :meth:`RGBNRNNModel.conditioning_of_batch` takes them (a documents batch's as they are)."""
+        return self.model.conditioning_of_batch(input_ids, inputs_embeds, resolved, **raw)
+
+    def language_model_features(self, topics: dict, topic_representation: Optional[torch.Tensor], *, input_ids,
+                                attention_mask, inputs_embeds, state, labels, use_cache, output_hidden_states,
+                                logits_to_keep, chunk_mask=None, sentence_index=None, **inputs) -> LanguageModelPass:
+        """[a^1; ...; a^L] under theta (:meth:`RGBNRNNModel._run`) per chunk, with the topic pass in ``details``."""
         features, new_state, hidden, tp, theta_out, doc = self.model._run(
-            input_ids, attention_mask, inputs_embeds, state, use_cache, given, chunk_mask, sentence_index,
+            input_ids, attention_mask, inputs_embeds, state, use_cache, topics, chunk_mask, sentence_index,
             output_hidden_states, topic_representation)
         if logits_to_keep and labels is None and doc is None:
             features = features[:, -logits_to_keep:]
-        loss = kl_loss = bow_loss = None
-        if doc is not None:
-            rows, cols, b, c, row_theta = doc
-            if labels is not None:
-                labels = labels.to(features.device)[rows, cols]  # the chunks' labels, as rows of a chunk batch
-            row_bias = self.topic_word_prior(row_theta) if self.topic_prior_weight is not None else None
-            logits, lm_loss = self.output_layer(features, labels, row_bias)
-            if logits is not None:
-                full = logits.new_zeros(b, c, *logits.shape[1:])
-                full[rows, cols] = logits
-                logits = full
-        else:
-            row_bias = self.topic_word_prior(theta_out) if self.topic_prior_weight is not None else None
-            logits, lm_loss = self.output_layer(features, labels, row_bias)
-        if labels is not None:
-            tokens = (labels[:, 1:] != -100).sum()
-            loss = lm_loss
-            if tp is not None:
-                poisson, kls = self.model.topic_terms(tp)
-                n = tokens.clamp_min(1).to(features.device).float()
-                w_poisson, w_kl = cfg.loss_weights
-                loss = lm_loss + (w_poisson * poisson + sum(w * kl for w, kl in zip(w_kl, kls))) / n
-                bow_loss, kl_loss = (poisson / n).detach(), (sum(kls) / n).detach()
-                if self.training and torch.is_grad_enabled() and cfg.topic_learning == "tlasgr":
-                    counts, thetas = tp.counts * tp.rows.unsqueeze(-1).to(tp.counts.dtype), tp.thetas
-                    if counts.dim() == 2:  # chunk rows: each a one-sentence document; only sentence starts count
-                        counts, thetas = counts.unsqueeze(1), [t.unsqueeze(1) for t in thetas]
-                    self.model.accumulate_tlasgr_statistics(counts, thetas, rows=counts.shape[0])
         theta1 = self.model.split_theta(theta_out)[0].float()
         mixture = theta1 / theta1.sum(-1, keepdim=True).clamp_min(1e-20)
-        out = RGBNRNNOutput(loss=loss, logits=logits, state=new_state if use_cache or state is not None else None,
-                            hidden_states=hidden, lm_loss=detach_or_none(lm_loss), kl_loss=kl_loss, bow_loss=bow_loss,
-                            topic_mixture=mixture, theta=theta_out, topic_representation=theta_out)
-        return out if return_dict is not False else out.to_tuple()
+        return LanguageModelPass(features, new_state if use_cache or state is not None else None, hidden, mixture,
+                                 theta_out, outputs=dict(theta=theta_out), details=dict(tp=tp, doc=doc))
+
+    def output_logits(self, run: LanguageModelPass, labels: Optional[torch.Tensor]):
+        """The shared output layer; a documents batch's on its real chunks (rows), each with its sentence's theta."""
+        doc = run.details["doc"]  # (rows, cols, b, c, each row's theta) of a documents batch's real chunks
+        if doc is None:
+            return super().output_logits(run, labels)
+        labels = labels.to(run.features.device)[doc[:2]] if labels is not None else None  # the chunks as rows
+        row_bias = self.topic_word_prior(doc[4]) if self.topic_prior_weight is not None else None
+        logits, lm_loss = self.output_layer(run.features, labels, row_bias)
+        if logits is not None:  # (b, c, s, V), zero at padding chunks
+            logits = logits.new_zeros(*doc[2:4], *logits.shape[1:]).index_put(doc[:2], logits)
+        return logits, lm_loss
+
+    def loss_terms(self, run: LanguageModelPass, labels: torch.Tensor) -> list[LossTerm]:
+        """The weighted Poisson NLL and KL of every layer per predicted token (TLASGR training: and the statistics)."""
+        tp, doc = run.details["tp"], run.details["doc"]
+        if tp is None:
+            return []
+        labels = labels if doc is None else labels.to(run.features.device)[doc[:2]]
+        n = self.predicted_tokens(labels).clamp_min(1).to(run.features.device).float()
+        (poisson, kls), (w_poisson, w_kl) = self.model.topic_terms(tp), self.config.loss_weights
+        if self.training and torch.is_grad_enabled() and self.config.topic_learning == "tlasgr":
+            counts, thetas = tp.counts * tp.rows.unsqueeze(-1).to(tp.counts.dtype), tp.thetas
+            if counts.dim() == 2:  # chunk rows: each a one-sentence document; only sentence starts count
+                counts, thetas = counts.unsqueeze(1), [t.unsqueeze(1) for t in thetas]
+            self.model.accumulate_tlasgr_statistics(counts, thetas, rows=counts.shape[0])
+        return [LossTerm((w_poisson * poisson + sum(w * kl for w, kl in zip(w_kl, kls))) / n,
+                         reported=dict(bow_loss=poisson / n, kl_loss=sum(kls) / n))]
 
     # -- generation --------------------------------------------------------------------------------
 
