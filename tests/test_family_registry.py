@@ -4,11 +4,12 @@ new family is a subclass of the shared pieces, a handful of methods and one reco
 The toy family below is a sixth topic family written the way the guide asks: its config subclasses the LSTM LM's,
 its body is the LSTM LM's body plus a one-layer topic encoder and a topic-word matrix, and its causal LM subclasses
 :class:`TopicFamilyForCausalLM` and implements only ``topic_word_scores``, ``topic_word_distributions``,
-``infer_topics``, ``topic_model_parameters``, ``topic_model_loss``, ``topic_word_log_probs`` and ``forward``. Once
+``infer_topics``, ``topic_model_parameters``, ``topic_model_loss``, ``topic_word_log_probs``, a ``forward`` that
+declares its keywords and runs the template, and two of the template's stages (``language_model_features`` and
+``loss_terms``). Once
 registered, the Auto classes build it, ``topic-lm``'s recipe, the Hub card, topic-model pre-training, the
 collator and the shared model tester's checks (padding, state equivalence, cached generation) all work with it."""
 
-from typing import Optional
 
 import pytest
 import torch
@@ -25,8 +26,8 @@ from topic_lm_hf.models.configuration_common import TopicConfigMixin
 from topic_lm_hf.models.modeling_conditioning import normalize_topic_kwargs, topic_ids_to_mixture
 from topic_lm_hf.models.modeling_generation import TopicGenerationMixin
 from topic_lm_hf.models.modeling_lstm_lm import LSTMLMModel
-from topic_lm_hf.models.modeling_recurrent import RecurrentPreTrainedModel, TopicLMOutput
-from topic_lm_hf.models.modeling_topic_family import TopicFamilyForCausalLM
+from topic_lm_hf.models.modeling_recurrent import RecurrentPreTrainedModel
+from topic_lm_hf.models.modeling_topic_family import LanguageModelPass, LossTerm, TopicFamilyForCausalLM
 
 
 class ToyTopicConfig(TopicConfigMixin, LSTMLMConfig):
@@ -91,31 +92,36 @@ class ToyTopicForCausalLM(TopicFamilyForCausalLM, ToyTopicPreTrainedModel, Topic
     def topic_word_log_probs(self, t: torch.Tensor) -> torch.Tensor:
         return (t.float() @ self.topic_word_distributions()).clamp_min(1e-10).log()
 
+    # forward declares the keywords the family reads (generate checks its keywords against this signature) and
+    # runs the template; the template's stages: the features under t, and the topic model's term
     def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, state=None, labels=None,
-                use_cache=None, context_bow=None, topic_ids=None, topic_mixture=None,
-                topic_representation: Optional[torch.Tensor] = None, return_dict=None, **kwargs):
+                use_cache=None, context_bow=None, topic_ids=None, topic_mixture=None, topic_representation=None,
+                return_dict=None, **kwargs):
+        return super().forward(input_ids, attention_mask, inputs_embeds, state, labels, use_cache,
+                               topic_representation=topic_representation, return_dict=return_dict,
+                               context_bow=context_bow, topic_ids=topic_ids, topic_mixture=topic_mixture, **kwargs)
+
+    def language_model_features(self, topics, topic_representation, *, input_ids, attention_mask, inputs_embeds,
+                                state, labels, use_cache, output_hidden_states, logits_to_keep, **inputs):
         base = self.model(input_ids, attention_mask, inputs_embeds, state, use_cache)
         b = base.last_hidden_state.shape[0]
         t = topic_representation
         if t is None:
-            given = normalize_topic_kwargs(self.config.num_topics, self.config.topic_vocab_size, b,
-                                           context_bow=context_bow, topic_ids=topic_ids, topic_mixture=topic_mixture)
-            if "topic_ids" in given:
-                t = topic_ids_to_mixture(given["topic_ids"], self.config.num_topics)
-            elif "topic_mixture" in given:
-                t = given["topic_mixture"]
-            elif "context_bow" in given:
-                t = self.infer_topics(given["context_bow"])
+            if "topic_ids" in topics:
+                t = topic_ids_to_mixture(topics["topic_ids"], self.config.num_topics)
+            elif "topic_mixture" in topics:
+                t = topics["topic_mixture"]
+            elif "context_bow" in topics:
+                t = self.infer_topics(topics["context_bow"])
             else:
                 t = torch.full((b, self.config.num_topics), 1 / self.config.num_topics)
         t = t.to(self.device)
-        logits, lm_loss = self.output_layer(base.last_hidden_state, labels, row_bias=self.topic_word_prior(t))
-        loss = None
-        if lm_loss is not None:
-            loss = lm_loss + (self.topic_model_loss(context_bow) if context_bow is not None else 0.0)
-        out = TopicLMOutput(loss=loss, logits=logits, state=base.state, lm_loss=lm_loss, topic_mixture=t,
-                            topic_representation=t)
-        return out if return_dict is not False else out.to_tuple()
+        return LanguageModelPass(base.last_hidden_state, base.state, topic_mixture=t, topic_representation=t,
+                                 details=dict(context_bow=topics.get("context_bow")))
+
+    def loss_terms(self, run, labels):
+        bow = run.details["context_bow"]
+        return [] if bow is None else [LossTerm(self.topic_model_loss(bow))]
 
 
 RECIPE = {**SHARED_PRIOR, "topic_prior_weight_init": 0.5}

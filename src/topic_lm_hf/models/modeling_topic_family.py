@@ -25,9 +25,9 @@ have defaults here: ``set_training_corpus_size`` (rGBN-RNN's TLASGR-MCMC scales 
 hierarchy), and one KL-annealing mechanism (``kl_annealing_weight``).
 
 Every head's ``forward`` is one template, :meth:`TopicFamilyForCausalLM.forward`, that runs five numbered stages;
-a family's own ``forward`` declares its keywords and documents them, then hands them to it. The family implements
-the stages' small methods, and overrides the one stage its maths does not fit (never a test of the family in the
-template):
+a family's own ``forward`` declares its keywords and documents them (``generate`` checks its keywords against that
+signature), then hands them to it. The family implements the stages' small methods, and overrides the one stage
+its maths does not fit (never a test of the family in the template):
 
 1. ``resolve_conditioning`` (through ``conditioning``): the topic keywords validated once, or the
    ``topic_representation`` an earlier call resolved, trusted as it is;
