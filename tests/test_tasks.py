@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import DATA, FAMILIES, requires_data, tiny_model
+from conftest import DATA, requires_data, tiny_model, variants
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
 from topic_lm_hf import TopicContextCollator, documents_from_lists, evaluate_retrieval, extract_document_features
@@ -40,7 +40,7 @@ def _batch(tok, topic_tok, n=4, **kwargs):
 # ----------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("family", variants(reads_documents=False))
 def test_document_representation_shapes_determinism_and_parts(toy, family):
     tok, topic_tok = toy
     model = tiny_model(family, tok, topic_tok).eval()
