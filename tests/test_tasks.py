@@ -115,7 +115,7 @@ def test_the_document_topics_change_c_and_not_the_lstm_for_nclm(toy):
 # ----------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("family", ["lstm_lm", "tcnlm", "topic_rnn-gru", "nclm-leta-sdt"])
+@pytest.mark.parametrize("family", variants(representative=True, reads_documents=False, topic_rnn="topic_rnn-gru"))
 @pytest.mark.parametrize("head", ["mlp", "cnn"])
 def test_classifier_loads_the_lm_body_and_trains_only_its_head(toy, tmp_path, family, head):
     tok, topic_tok = toy

@@ -8,7 +8,8 @@ import pytest
 import torch
 from conftest import topic_family_model, variants
 
-from topic_lm_hf import AutoModelForCausalLM, NCLMConfig, RGBNRNNConfig, TCNLMConfig, TopicRNNConfig
+from topic_lm_hf import AutoModelForCausalLM, NCLMConfig, TCNLMConfig
+from topic_lm_hf.families import topic_families
 
 # one variant per topic family, and TopicRNN with topic proportions (softmax theta) besides its Gaussian theta
 FAMILIES = variants(topic_only=True, representative=True) + ["topic_rnn-softmax"]
@@ -109,8 +110,9 @@ def test_generation_with_the_prior_cached_equals_uncached_and_it_is_saved(tiny_v
     assert torch.equal(loaded.generate(**prompt, **kwargs), cached)
 
 
-@pytest.mark.parametrize("config_class,extra", [(TCNLMConfig, {}), (TopicRNNConfig, {}), (NCLMConfig, {}),
-                                                (RGBNRNNConfig, {"topic_sizes": [4], "hidden_sizes": [8]})])
+@pytest.mark.parametrize("config_class,extra", [
+    (f.config_class, {"rgbn_rnn": {"topic_sizes": [4], "hidden_sizes": [8]}}.get(f.model_type, {}))
+    for f in topic_families()])
 def test_one_option_name_checked_the_same_way_in_every_family(config_class, extra):
     with pytest.raises(ValueError, match="topic_output_bias must be one of"):
         config_class(topic_output_bias="phi", **extra)
