@@ -6,7 +6,8 @@ configuration values for a new topic model), its short name in the benchmark scr
 papers' variants the package implements, each the configuration values that make it (TCNLM's naive mixture of
 experts, TopicRNN's cells, NCLM's LTA / ETA / LETA with or without SDT, GBN-RNN and rGBN-RNN). Whether it is a
 topic family is not declared but read from its causal LM's class (:class:`TopicFamilyForCausalLM`). The tests
-derive their lists of families from the records: every variant of every registered family is tested.
+derive their lists of families and variants from the records (``tests/conftest.py``'s ``variants``), so that a
+registered family is tested without editing them.
 
 Adding a family is writing its ``configuration_*`` / ``modeling_*`` files and one :func:`register_family` call::
 
