@@ -3,6 +3,7 @@
 import os
 import sys
 from pathlib import Path
+from typing import Optional
 
 import pytest
 import torch
@@ -72,37 +73,66 @@ def run_without_package(body: str, cwd: Path) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-# Every model family of the package, as (model_type, config overrides): what "test every family" runs.
-FAMILIES = {
-    "lstm_lm": ("lstm_lm", {}),
-    "tcnlm": ("tcnlm", {"num_topics": 4, "num_factors": 8, "encoder_hidden_size": 16, "topic_embedding_size": 8}),
-    "tcnlm-naive_moe": ("tcnlm", {"num_topics": 3, "lm_type": "naive_moe", "encoder_hidden_size": 16,
-                                  "topic_embedding_size": 8}),
-    "topic_rnn-rnn": ("topic_rnn", {"cell": "rnn", "num_topics": 4, "inference_hidden_size": 16}),
-    "topic_rnn-lstm": ("topic_rnn", {"cell": "lstm", "num_topics": 4, "inference_hidden_size": 16}),
-    "topic_rnn-gru": ("topic_rnn", {"cell": "gru", "num_topics": 4, "inference_hidden_size": 16}),
-    "topic_rnn-softmax": ("topic_rnn", {"cell": "lstm", "num_topics": 4, "inference_hidden_size": 16,
-                                        "theta_transform": "softmax"}),
-    "nclm-leta-sdt": ("nclm", {"variant": "leta", "sentence_topics": True, "num_topics": 4, "encoder_hidden_size": 16,
-                               "etr_top_n": 5, "num_topic_samples": 2}),
+# The tiny sizes of the tests' models, per model_type (test data, not the package's): a variant (Family.variants) is
+# its family's sizes with the variant's own configuration values on top.
+_TINY_LSTM = {"embedding_size": 16, "hidden_size": 16, "dropout": 0.0}
+TINY_SIZES = {
+    "lstm_lm": _TINY_LSTM,
+    "tcnlm": {**_TINY_LSTM, "num_topics": 4, "num_factors": 8, "encoder_hidden_size": 16, "topic_embedding_size": 8},
+    "topic_rnn": {**_TINY_LSTM, "num_topics": 4, "inference_hidden_size": 16},
+    "nclm": {**_TINY_LSTM, "num_topics": 4, "encoder_hidden_size": 16, "etr_top_n": 5, "num_topic_samples": 2},
+    # two topic layers of 4 and 2 topics, two LSTM layers of 16
+    "rgbn_rnn": {"embedding_size": 16, "topic_sizes": [4, 2], "hidden_sizes": [16, 16]},
 }
 
 
+def variants(topic_only: bool = False, representative: bool = False, reads_documents: Optional[bool] = None,
+             **instead: str) -> list[str]:
+    """The names of the registered families' variants (``topic_lm_hf.families``), in the registry's order: what
+    "test every family" runs, so that a family added to the registry is tested without editing a list.
+
+    ``representative``: one variant per family, where a test keeps a small budget: the family's representative
+    (``Family.representative``, its first variant: the paper's full model), unless ``instead`` names another for
+    its model_type (``nclm="nclm-leta"``). ``topic_only``: only the families with topics. ``reads_documents``:
+    only the families whose causal LM reads whole documents (``True``: rGBN-RNN) or only those that read sentence
+    chunks (``False``: the families a state is carried for from chunk to chunk, whose sentence and sequence batches
+    the tests build)."""
+    from topic_lm_hf.families import FAMILIES
+
+    unknown = set(instead) - set(FAMILIES)
+    assert not unknown, f"instead names no registered family: {sorted(unknown)}"
+    names = []
+    for family in FAMILIES.values():
+        if (topic_only and not family.is_topic_model) or \
+                reads_documents not in (None, bool(family.causal_lm_class.reads_documents)):
+            continue
+        if representative:
+            names.append(instead.get(family.model_type, family.representative))
+        else:
+            names.extend(family.variants)
+    return names
+
+
 def tiny_model(family: str, tok, topic_tok, **overrides):
-    """A small model of ``family`` (a key of FAMILIES) sized to the two tokenizers, the way
-    ``topic-lm train`` builds one (``cli.build_model``)."""
+    """A small model of variant ``family`` (a name of :func:`variants`) sized to the two tokenizers, the way
+    ``topic-lm train`` builds one (``cli.build_model``): its family's ``TINY_SIZES``, the variant's configuration
+    values, then ``overrides``. A configuration with a list value (rGBN-RNN's layer sizes), which
+    ``--config_overrides`` cannot give, is built with ``from_tokenizers`` instead."""
     import json
 
     from topic_lm_hf.cli import ModelArguments, build_model
+    from topic_lm_hf.families import variant_of
 
-    model_type, kwargs = FAMILIES[family]
-    kwargs = {"embedding_size": 16, "hidden_size": 16, "dropout": 0.0, **kwargs, **overrides}
+    record, values = variant_of(family)
+    kwargs = {**TINY_SIZES[record.model_type], **values, **overrides}
+    torch.manual_seed(0)
+    if any(isinstance(v, (list, tuple)) for v in kwargs.values()):
+        return record.causal_lm_class(record.config_class.from_tokenizers(tok, topic_tok, **kwargs))
     # --config_overrides syntax (PretrainedConfig.update_from_string): strings unquoted, booleans true/false
     overrides_text = ",".join(f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in kwargs.items())
-    torch.manual_seed(0)
     # the paper's model plus the given overrides (not the command line's default steering recipe)
-    return build_model(ModelArguments(model_type=model_type, config_overrides=overrides_text, recipe="paper"), tok,
-                       topic_tok)
+    return build_model(ModelArguments(model_type=record.model_type, config_overrides=overrides_text, recipe="paper"),
+                       tok, topic_tok)
 
 
 # A two-document toy corpus for tests of the generation and output-layer math (no data needed).
@@ -119,16 +149,8 @@ def tiny_vocabularies():
 
 
 def topic_family_model(family: str, tok, topic_tok, **overrides):
-    """A small topic model in evaluation mode: ``tiny_model`` for a key of FAMILIES, or ``"rgbn_rnn"`` (two topic
-    layers of 4 and 2 topics, two LSTM layers of 16)."""
-    if family != "rgbn_rnn":
-        return tiny_model(family, tok, topic_tok, **overrides).eval()
-    from topic_lm_hf import RGBNRNNConfig, RGBNRNNForCausalLM
-
-    torch.manual_seed(0)
-    config = RGBNRNNConfig.from_tokenizers(tok, topic_tok, topic_sizes=[4, 2], hidden_sizes=[16, 16],
-                                           embedding_size=16, **overrides)
-    return RGBNRNNForCausalLM(config).eval()
+    """A small model of variant ``family`` in evaluation mode (:func:`tiny_model`)."""
+    return tiny_model(family, tok, topic_tok, **overrides).eval()
 
 
 def run_torchrun(script: Path, *args: str, processes: int = 2):

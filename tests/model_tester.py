@@ -3,7 +3,9 @@
 
 ``FAMILIES`` is the one family table: a tiny configuration per variant, the weights that make its topics matter,
 the conditioning it takes (and the reason for each kind it does not take), the size of its recurrent ``state``
-and whether it can tie its embeddings. :class:`ModelTester` holds the checks; ``tests/test_model_contract.py``
+and whether it can tie its embeddings. Its keys are the family registry's variants (``Family.variants`` of
+``topic_lm_hf.families``), each configuration with the values that make its variant: ``tests/test_model_contract.py``
+checks both, so that a variant added to the registry cannot be left out of the contract. :class:`ModelTester` holds the checks; ``tests/test_model_contract.py``
 runs each of them on every family:
 
 * ``check_save_load_round_trip``: safetensors only, the Auto classes, identical weights, buffers and outputs,

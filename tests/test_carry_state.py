@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from conftest import tiny_model
+from conftest import tiny_model, variants
 from transformers import TrainingArguments
 
 from topic_lm_hf import TopicContextCollator, TopicLMTrainer, documents_from_lists, evaluate_perplexity
@@ -14,10 +14,11 @@ from topic_lm_hf.trainer import carried_state_loss
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-# The families with a recurrent `state` in forward that the per-document loop is checked on. TCNLM's topic terms
-# are per predicted token with topic_loss_normalization="lm_tokens", so each chunk's own loss is additive.
-LOOP_FAMILIES = {"lstm_lm": {}, "tcnlm": {"topic_loss_normalization": "lm_tokens", "kl_annealing_steps": 0},
-                 "topic_rnn-lstm": {}, "nclm-leta-sdt": {}}
+# The families with a recurrent `state` in forward that the per-document loop is checked on (one variant each; not
+# rGBN-RNN, which reads whole documents), and the overrides each needs. TCNLM's topic terms are per predicted token
+# with topic_loss_normalization="lm_tokens", so each chunk's own loss is additive.
+LOOP_OVERRIDES = {"tcnlm": {"topic_loss_normalization": "lm_tokens", "kl_annealing_steps": 0}}
+LOOP_FAMILIES = {name: LOOP_OVERRIDES.get(name, {}) for name in variants(representative=True, reads_documents=False)}
 
 
 def short_documents(apnews, sentences=(2, 5, 3)):

@@ -6,8 +6,9 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import FAMILIES, tiny_model
+from conftest import tiny_model, variants
 from topic_lm_hf import TopicContextCollator
+from topic_lm_hf.families import topic_families
 from topic_lm_hf.models.modeling_conditioning import normalize_topic_ids, normalize_topic_kwargs, topic_ids_to_mixture
 from topic_lm_hf.models.modeling_recurrent import reorder_state, run_rnn
 
@@ -80,7 +81,7 @@ def _left_aligned(input_ids, attention_mask):
     return input_ids.gather(1, order), attention_mask.gather(1, order)
 
 
-@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("family", variants(reads_documents=False))  # rGBN-RNN: a chunk is not its input
 def test_a_fully_padded_row_in_eval_and_generate(apnews, family):
     """Chunk j of a documents-layout batch is all padding for a document with fewer chunks; every
     family runs it (it used to raise TypeError in run_rnn), the padded row keeps the initial
@@ -207,7 +208,7 @@ def test_a_printed_config_abbreviates_long_lists_and_a_saved_one_keeps_them(tmp_
     assert len(str(SenseTaggerConfig(vocab_size=50, num_labels=5)).splitlines()) < 80
 
 
-@pytest.mark.parametrize("family", ["tcnlm", "topic_rnn", "nclm", "rgbn_rnn"])
+@pytest.mark.parametrize("family", [f.model_type for f in topic_families()])
 def test_topic_word_ids_outside_the_vocabulary_are_refused_by_the_config(family):
     from transformers import AutoConfig
 

@@ -9,11 +9,11 @@ import sys
 
 import pytest
 import torch
-from conftest import topic_family_model
+from conftest import topic_family_model, variants
 
 from topic_lm_hf.models import modeling_conditioning
 
-FAMILIES = ["tcnlm", "topic_rnn-lstm", "topic_rnn-softmax", "nclm-leta-sdt", "rgbn_rnn"]
+FAMILIES = variants(topic_only=True)  # every variant of every topic family
 
 
 @pytest.fixture

@@ -12,11 +12,10 @@ from contextlib import contextmanager
 import pytest
 import torch
 
-from conftest import FAMILIES, TINY_CORPUS, topic_family_model
+from conftest import TINY_CORPUS, topic_family_model, variants
 from topic_lm_hf import TopicContextCollator, documents_from_lists
 from topic_lm_hf.devices import DeviceArguments, default_device, resolve_device
 
-ALL_FAMILIES = [*FAMILIES, "rgbn_rnn"]
 
 
 @contextmanager
@@ -41,7 +40,7 @@ def floating(output) -> dict:
     return {k: v.dtype for k, v in output.items() if isinstance(v, torch.Tensor) and v.is_floating_point()}
 
 
-@pytest.mark.parametrize("family", ALL_FAMILIES)
+@pytest.mark.parametrize("family", variants())
 def test_every_family_creates_its_tensors_on_its_inputs_device_and_in_its_dtype(family, tiny_vocabularies):
     tok, topic_tok = tiny_vocabularies
     model = topic_family_model(family, tok, topic_tok).train()
@@ -68,7 +67,7 @@ def test_every_family_creates_its_tensors_on_its_inputs_device_and_in_its_dtype(
                 assert generated.device.type == "cpu" and generated.shape[1] >= prompt.shape[1]
 
 
-@pytest.mark.parametrize("family", ["lstm_lm", "tcnlm", "nclm-leta-sdt", "topic_rnn-lstm"])
+@pytest.mark.parametrize("family", variants(representative=True, reads_documents=False))
 def test_carried_state_training_creates_its_tensors_on_its_inputs_device(family, tiny_vocabularies):
     from topic_lm_hf.trainer import carried_state_loss
 

@@ -1,6 +1,7 @@
-"""What every transformers model supports, checked on every family of the package (LSTM LM, TCNLM
-and its naive MoE, TopicRNN with each cell) on real APNEWS batches: loading in bfloat16, per-layer
-hidden states, gradient checkpointing, resizing the token embeddings, stop strings."""
+"""What every transformers model supports, checked on every variant of every family of the package that reads
+sentence batches (the registry's, ``conftest.variants``: the LSTM LM, TCNLM and its naive MoE, TopicRNN with each
+cell, NCLM's variants; not rGBN-RNN, which reads whole documents) on real APNEWS batches: loading in bfloat16,
+per-layer hidden states, gradient checkpointing, resizing the token embeddings, stop strings."""
 
 import copy
 
@@ -8,30 +9,28 @@ import pytest
 import torch
 from transformers import AutoModel, AutoModelForCausalLM
 
-from topic_lm_hf import (LSTMLMConfig, LSTMLMForCausalLM, NCLMConfig, NCLMForCausalLM, TCNLMConfig, TCNLMForCausalLM,
-                         RGBNRNNConfig, TopicContextCollator, TopicRNNConfig, TopicRNNForCausalLM)
+from conftest import variants
+from topic_lm_hf import TopicContextCollator
+from topic_lm_hf.families import topic_families, variant_of
 
-FAMILIES = ["lstm_lm", "tcnlm", "naive_moe", "topic_rnn-gru", "topic_rnn-lstm", "nclm-lta", "nclm-leta-sdt"]
-TOPIC_FAMILIES = [f for f in FAMILIES if f != "lstm_lm"]
+FAMILIES = variants(reads_documents=False)
+TOPIC_FAMILIES = variants(topic_only=True, reads_documents=False)
+# This file's sizes per model_type besides the common ones of make(): three topics in every topic family.
+SIZES = {"lstm_lm": {}, "tcnlm": dict(num_topics=3, num_factors=8, encoder_hidden_size=16, topic_embedding_size=8),
+         "topic_rnn": dict(num_topics=3, inference_hidden_size=16),
+         "nclm": dict(num_topics=3, encoder_hidden_size=16, etr_top_n=4, num_topic_samples=2)}
 
 
 def make(family, tok, topic_tok, layers=2, dropout=0.0, **kw):
+    """A small model of variant ``family``: the common sizes, its family's ``SIZES``, the variant's configuration
+    values (``Family.variants``), then ``kw``."""
     torch.manual_seed(0)
+    record, values = variant_of(family)
     sizes = dict(embedding_size=12, hidden_size=16, num_hidden_layers=layers, dropout=dropout, initializer_range=0.3)
-    if family == "lstm_lm":
-        return LSTMLMForCausalLM(LSTMLMConfig(vocab_size=len(tok), **sizes, **kw))
-    if family in ("tcnlm", "naive_moe"):
-        return TCNLMForCausalLM(TCNLMConfig(vocab_size=len(tok), topic_vocab_size=len(topic_tok), num_topics=3,
-                                            num_factors=8, encoder_hidden_size=16, topic_embedding_size=8,
-                                            lm_type=family, **sizes, **kw))
-    if family.startswith("nclm"):
-        return NCLMForCausalLM(NCLMConfig.from_tokenizers(tok, topic_tok, variant=family.split("-")[1],
-                                                          sentence_topics=family.endswith("sdt"), num_topics=3,
-                                                          encoder_hidden_size=16, etr_top_n=4, num_topic_samples=2,
-                                                          **sizes, **kw))
-    cell = family.split("-")[1]
-    return TopicRNNForCausalLM(TopicRNNConfig.from_tokenizers(tok, topic_tok, cell=cell, num_topics=3,
-                                                              inference_hidden_size=16, **sizes, **kw))
+    kwargs = {**sizes, **SIZES.get(record.model_type, {"num_topics": 3}), **values, **kw}
+    if not record.is_topic_model:
+        return record.causal_lm_class(record.config_class(vocab_size=len(tok), **kwargs))
+    return record.causal_lm_class(record.config_class.from_tokenizers(tok, topic_tok, **kwargs))
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +75,7 @@ def test_bfloat16_forward_loss_and_generate(family, apnews, batch, tmp_path):
     half.eval()
     prompt = tok(["the senate said"], return_tensors="pt")
     conditioning = [{}] if family == "lstm_lm" else [{"context_bow": batch["context_bow"][:1]}]
-    if family in ("tcnlm", "naive_moe"):
+    if family in ("tcnlm", "tcnlm-naive_moe"):
         conditioning += [{"topic_ids": [1]}, {"topic_mixture": [0.2, 0.3, 0.5]}]
     for kwargs in conditioning:
         generated = half.generate(**prompt, max_new_tokens=5, min_new_tokens=5, do_sample=False, **kwargs)
@@ -104,7 +103,7 @@ def test_output_hidden_states_has_the_embeddings_and_every_layer(family, apnews,
     base = base_forward(model, family, batch)
     torch.testing.assert_close(second, base.last_hidden_state)
     b, s = batch["input_ids"].shape
-    expected = (b, s, 3, 16) if family == "naive_moe" else (b, s, 16)
+    expected = (b, s, 3, 16) if family == "tcnlm-naive_moe" else (b, s, 16)
     assert first.shape == second.shape == expected
     padding = ~batch["attention_mask"].bool()
     assert first[padding].abs().sum() == 0 and second[padding].abs().sum() == 0
@@ -159,7 +158,7 @@ def test_gradient_checkpointing_gives_the_same_gradients(family, layers, dropout
     original = getattr(module, layer_fn)
     monkeypatch.setattr(module, layer_fn, lambda *a: calls.append(1) or original(*a))
     loss_ckpt, grads_ckpt = loss_and_grads()
-    n_layers = layers * (3 if family == "naive_moe" else 1)
+    n_layers = layers * (3 if family == "tcnlm-naive_moe" else 1)
     assert len(calls) == 2 * n_layers  # every layer ran once more in the backward pass: it was a checkpoint
     torch.testing.assert_close(loss_ckpt, loss)
     assert grads_ckpt.keys() == grads.keys()
@@ -208,7 +207,7 @@ def test_trainer_with_gradient_checkpointing_trains_the_same_weights(family, apn
         torch.testing.assert_close(trained[True][name], value, rtol=1e-4, atol=1e-5, msg=name)
 
 
-@pytest.mark.parametrize("config_class", [TCNLMConfig, TopicRNNConfig, NCLMConfig, RGBNRNNConfig])
+@pytest.mark.parametrize("config_class", [f.config_class for f in topic_families()])
 def test_topic_word_ids_of_another_topic_vocabulary_are_refused(config_class, apnews):
     """Every topic config checks topic_word_ids against its topic vocabulary (TopicConfigMixin)."""
     good = config_class.from_tokenizers(apnews["tok"], apnews["topic_tok"])
@@ -232,7 +231,7 @@ def test_embedding_accessors_reach_the_modules_the_model_uses(family, apnews):
     assert model.lm_head is head and model.get_output_embeddings() is head
 
 
-@pytest.mark.parametrize("family", FAMILIES + ["topic_rnn-rnn"])
+@pytest.mark.parametrize("family", FAMILIES)
 def test_resize_token_embeddings_after_adding_words(family, apnews, batch, tmp_path):
     tok, topic_tok = apnews["tok"], apnews["topic_tok"]
     tok = copy.deepcopy(tok)  # words are added to it

@@ -148,6 +148,31 @@ def test_the_registry_lists_the_five_families_and_derives_the_recipes_and_cards(
         topic_lm_hf.families.family_of("tcnml")
 
 
+def test_every_family_names_its_papers_variants_and_each_is_a_configuration():
+    """A variant is a name and the configuration values that make it: the configuration class takes them, and the
+    first variant (the family's representative) is the paper's full model."""
+    assert {name: list(f.variants) for name, f in FAMILIES.items()} == {
+        "lstm_lm": ["lstm_lm"], "tcnlm": ["tcnlm", "tcnlm-naive_moe"],
+        "topic_rnn": ["topic_rnn-lstm", "topic_rnn-rnn", "topic_rnn-gru", "topic_rnn-softmax"],
+        "nclm": ["nclm-leta-sdt", "nclm-lta", "nclm-eta", "nclm-leta", "nclm-eta-sdt"], "rgbn_rnn": ["rgbn", "gbn"]}
+    assert [f.representative for f in FAMILIES.values()] == ["lstm_lm", "tcnlm", "topic_rnn-lstm", "nclm-leta-sdt",
+                                                              "rgbn"]
+    for family in FAMILIES.values():
+        for name, values in family.variants.items():
+            assert topic_lm_hf.families.variant_of(name) == (family, values)
+            config = family.config_class(**values)
+            assert {k: getattr(config, k) for k in values} == values, name
+    with pytest.raises(ValueError, match="unknown variant 'nclm-xyz'"):
+        topic_lm_hf.families.variant_of("nclm-xyz")
+
+
+def test_a_family_without_named_variants_has_one_and_variant_names_are_unique(toy_family):
+    assert toy_family.variants == {"toy_topic_lm": {}} and toy_family.representative == "toy_topic_lm"
+    clash = Family(ToyTopicConfig, ToyTopicModel, ToyTopicForCausalLM, None, card={}, variants={"tcnlm": {}})
+    with pytest.raises(ValueError, match=r"variant names are unique across the families; 'tcnlm' \(of tcnlm\)"):
+        register_family(clash)
+
+
 def test_a_toy_sixth_family_is_one_record_and_a_few_methods(toy_family, tiny_vocabularies):
     tok, topic_tok = tiny_vocabularies
     assert FAMILIES["toy_topic_lm"] is toy_family and toy_family.is_topic_model

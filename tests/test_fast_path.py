@@ -13,7 +13,7 @@ from topic_lm_hf.fast_path import cpu_bf16_flags, fast_training_arguments
 from topic_lm_hf.models import modeling_recurrent
 from topic_lm_hf.models.modeling_recurrent import causal_lm_loss, compiled_linear_cross_entropy, next_token_loss
 
-from conftest import tiny_model
+from conftest import tiny_model, variants
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -150,7 +150,7 @@ def test_fast_training_arguments_refuses_contradictions(tmp_path):
     assert fast_training_arguments(args, "auto", cpuinfo=CPUINFO_PLAIN).bf16  # an explicit --bf16 true is kept
 
 
-@pytest.mark.parametrize("family", ["lstm_lm", "tcnlm", "topic_rnn-lstm", "nclm-leta-sdt"])
+@pytest.mark.parametrize("family", variants(representative=True, reads_documents=False))
 def test_trainer_trains_every_family_in_bf16_on_a_cpu_with_the_compiled_output_layer(apnews, tmp_path, family):
     """TrainingArguments(bf16=True, use_cpu=True): the Trainer's own autocast runs the models in bf16,
     the weights stay float32 (and are saved so), the loss terms are finite and float32."""

@@ -17,6 +17,27 @@ def test_the_table_holds_every_family_of_the_package():
     assert {(f.config_class, f.base_class, f.lm_class) for f in FAMILIES.values()} == registered
 
 
+def test_the_table_holds_every_variant_of_the_registry():
+    """The table's keys are the registry's variants (``Family.variants``), each with its family's classes and the
+    configuration values that make it: a variant added to a family cannot be left out of the contract."""
+    from topic_lm_hf.families import variant_of
+
+    assert sorted(FAMILIES) == sorted(v for f in topic_lm_hf.FAMILIES.values() for v in f.variants)
+    for name, entry in FAMILIES.items():
+        family, values = variant_of(name)
+        assert (entry.config_class, entry.base_class, entry.lm_class) == (
+            family.config_class, family.base_model_class, family.causal_lm_class), name
+        assert {k: entry.config.get(k, getattr(family.config_class(), k)) for k in values} == values, name
+
+
+def test_the_tests_tiny_sizes_cover_every_registered_family():
+    """``conftest.TINY_SIZES`` has the tiny sizes of every registered family, so that ``conftest.tiny_model``
+    builds every variant of ``conftest.variants()``."""
+    from conftest import TINY_SIZES
+
+    assert set(TINY_SIZES) == set(topic_lm_hf.FAMILIES)
+
+
 @pytest.fixture(scope="module")
 def contract(request, tmp_path_factory):
     """The data, one tester (with its model) per family, and the remote-code run of every family, started at

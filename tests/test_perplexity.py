@@ -87,7 +87,7 @@ def test_protocol_errors_and_vocabulary_mismatch():
 
 @pytest.mark.parametrize("family,protocol,batch_size", [
     ("tcnlm", "paper", 8), ("tcnlm", "causal", 2), ("tcnlm", "causal-carry", 1), ("tcnlm", "causal-carry", 4),
-    ("rgbn_rnn", "causal", 1), ("rgbn_rnn", "causal", 64)])
+    ("rgbn", "causal", 1), ("rgbn", "causal", 64)])
 def test_mismatched_context_ablation_never_reads_the_documents_own_context(family, protocol, batch_size):
     """Property: under the ablation no chunk sees a word of its own document in its context, whatever the
     batching (one document per batch included: long documents fill a batch alone); without it every

@@ -5,29 +5,25 @@ chance."""
 
 import pytest
 import torch
-from conftest import tiny_model
+from conftest import tiny_model, variants
 
-from topic_lm_hf import (RGBNRNNConfig, RGBNRNNForCausalLM, TopicContextCollator, evaluate_steering,
-                         pretrain_topic_model)
+from topic_lm_hf import TopicContextCollator, evaluate_steering, pretrain_topic_model
+from topic_lm_hf.families import variant_of
 from topic_lm_hf.pretraining import topic_model_objective
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-FAMILIES = ["tcnlm", "topic_rnn-lstm", "nclm-leta", "rgbn_rnn"]
+# One variant per topic family; for NCLM its LETA without sentence-level topics (the document topics alone).
+FAMILIES = variants(topic_only=True, representative=True, nclm="nclm-leta")
 TOPICS = 10
+# The sizes of this file's models besides conftest's, per model_type: TOPICS topics (rGBN-RNN: in its first layer).
+SIZES = {"rgbn_rnn": {"topic_sizes": [TOPICS, 4]}, "nclm": {"num_topics": TOPICS, "encoder_hidden_size": 32,
+                                                              "num_topic_samples": 1}}
 
 
 def _model(family, tok, topic_tok, **overrides):
-    if family == "rgbn_rnn":
-        torch.manual_seed(0)
-        config = RGBNRNNConfig.from_tokenizers(tok, topic_tok, topic_sizes=[TOPICS, 4], hidden_sizes=[16, 16],
-                                               embedding_size=16, **overrides)
-        return RGBNRNNForCausalLM(config)
-    if family == "nclm-leta":
-        overrides = {"variant": "leta", "encoder_hidden_size": 32, "num_topic_samples": 1, "etr_top_n": 5,
-                     **overrides}
-        return tiny_model("nclm-leta-sdt", tok, topic_tok, sentence_topics=False, num_topics=TOPICS, **overrides)
-    return tiny_model(family, tok, topic_tok, num_topics=TOPICS, **overrides)
+    sizes = SIZES.get(variant_of(family)[0].model_type, {"num_topics": TOPICS})
+    return tiny_model(family, tok, topic_tok, **sizes, **overrides)
 
 
 def _rows(model, apnews):
@@ -43,7 +39,7 @@ def test_the_pretraining_batches_are_the_training_batches_or_whole_documents_bag
     model = _model(family, tok, topic_tok)
     docs = apnews["valid"].select(range(5))
     pretraining = TopicContextCollator.for_model(model, tok, topic_tok, protocol="pretraining")
-    if family == "rgbn_rnn":
+    if family == "rgbn":
         document = TopicContextCollator.for_model(model, tok, topic_tok, protocol="document")
         assert (pretraining.context, pretraining.layout) == ("document", "sequence")
         batch = pretraining([row for row in pretraining.prepare(docs)])
@@ -82,12 +78,12 @@ def test_pretraining_lowers_the_topic_objective_and_leaves_the_lm_alone(apnews, 
     after = model.state_dict()
     changed = {n for n in before if not torch.equal(before[n], after[n])}
     assert changed and changed <= topic_part, changed - topic_part
-    if family == "rgbn_rnn":  # Phi and Pi learnt by TLASGR-MCMC after each optimizer step
+    if family == "rgbn":  # Phi and Pi learnt by TLASGR-MCMC after each optimizer step
         assert {"model.phi_1", "model.pi_1"} <= changed
         assert torch.allclose(model.model.phi(1).sum(0).double(), torch.ones(TOPICS, dtype=torch.float64))
 
 
-@pytest.mark.parametrize("family", ["tcnlm", "rgbn_rnn"])
+@pytest.mark.parametrize("family", ["tcnlm", "rgbn"])
 def test_early_stopping_keeps_the_best_topic_model(apnews, family):
     model = _model(family, apnews["tok"], apnews["topic_tok"])
     train, valid, collator = _rows(model, apnews)

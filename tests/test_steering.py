@@ -290,7 +290,7 @@ def test_steering_towards_an_upper_layer_of_a_topic_hierarchy(tiny_vocabularies)
     from conftest import topic_family_model
 
     tok, topic_tok = tiny_vocabularies
-    model = topic_family_model("rgbn_rnn", tok, topic_tok)  # topic layers of 4 and 2 topics
+    model = topic_family_model("rgbn", tok, topic_tok)  # topic layers of 4 and 2 topics
     settings = dict(num_samples=3, max_new_tokens=5, tokenizer=tok, topic_tokenizer=topic_tok, seed=1)
     upper = evaluate_steering(model, topic_layer=2, **settings)
     assert upper["protocol"]["topics"] == [0, 1] and upper["chance"] == 0.5

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import DATA, FAMILIES, requires_data, tiny_model
+from conftest import DATA, requires_data, tiny_model, variants
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
 from topic_lm_hf import TopicContextCollator, documents_from_lists, evaluate_retrieval, extract_document_features
@@ -40,7 +40,7 @@ def _batch(tok, topic_tok, n=4, **kwargs):
 # ----------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("family", variants(reads_documents=False))
 def test_document_representation_shapes_determinism_and_parts(toy, family):
     tok, topic_tok = toy
     model = tiny_model(family, tok, topic_tok).eval()
@@ -115,7 +115,7 @@ def test_the_document_topics_change_c_and_not_the_lstm_for_nclm(toy):
 # ----------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("family", ["lstm_lm", "tcnlm", "topic_rnn-gru", "nclm-leta-sdt"])
+@pytest.mark.parametrize("family", variants(representative=True, reads_documents=False, topic_rnn="topic_rnn-gru"))
 @pytest.mark.parametrize("head", ["mlp", "cnn"])
 def test_classifier_loads_the_lm_body_and_trains_only_its_head(toy, tmp_path, family, head):
     tok, topic_tok = toy

@@ -4,9 +4,9 @@ beam search and several return sequences, for every topic family."""
 
 import pytest
 import torch
-from conftest import topic_family_model
+from conftest import topic_family_model, variants
 
-FAMILIES = ["tcnlm", "topic_rnn-lstm", "nclm-leta-sdt", "rgbn_rnn"]
+FAMILIES = variants(topic_only=True, representative=True)
 
 
 def _prompt(tok):
@@ -57,7 +57,7 @@ def test_scale_one_is_plain_generation_exactly(tiny_vocabularies, family):
     assert all(torch.equal(a, b) for a, b in zip(guided.scores, plain.scores))
 
 
-@pytest.mark.parametrize("family", ["tcnlm", "rgbn_rnn"])
+@pytest.mark.parametrize("family", ["tcnlm", "rgbn"])
 def test_beam_search_and_return_sequences_follow_the_beams(tiny_vocabularies, family):
     tok, topic_tok = tiny_vocabularies
     model, prompt = topic_family_model(family, tok, topic_tok), _prompt(tok)

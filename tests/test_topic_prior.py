@@ -6,11 +6,13 @@ import math
 
 import pytest
 import torch
-from conftest import topic_family_model
+from conftest import topic_family_model, variants
 
-from topic_lm_hf import AutoModelForCausalLM, NCLMConfig, RGBNRNNConfig, TCNLMConfig, TopicRNNConfig
+from topic_lm_hf import AutoModelForCausalLM, NCLMConfig, TCNLMConfig
+from topic_lm_hf.families import topic_families
 
-FAMILIES = ["tcnlm", "topic_rnn-lstm", "topic_rnn-softmax", "nclm-leta-sdt", "rgbn_rnn"]
+# one variant per topic family, and TopicRNN with topic proportions (softmax theta) besides its Gaussian theta
+FAMILIES = variants(topic_only=True, representative=True) + ["topic_rnn-softmax"]
 
 
 def _with_prior(family, tok, topic_tok, weight=0.7):
@@ -58,7 +60,7 @@ def test_the_expert_is_the_familys_own_topic_word_distribution(tiny_vocabularies
         B = model.topic_head.weight.detach()[:, 1] * model.config.steering_scale
         usable = torch.tensor([i >= 0 for i in model.config.topic_word_ids])
         expected = torch.softmax(B.masked_fill(~usable, float("-inf")), -1)
-    elif family == "rgbn_rnn":  # theta^1 = e_1: column 1 of Phi^1
+    elif family == "rgbn":  # theta^1 = e_1: column 1 of Phi^1
         expected = model.model.phi(1).float()[:, 1]
         expected = expected / expected.sum()
     else:  # TCNLM: beta_1; NCLM: the decoder at h = e_1; TopicRNN with topic proportions: softmax(B[:, 1])
@@ -66,7 +68,7 @@ def test_the_expert_is_the_familys_own_topic_word_distribution(tiny_vocabularies
     torch.testing.assert_close(probs, expected, atol=1e-6, rtol=1e-4)
 
 
-@pytest.mark.parametrize("family", ["tcnlm", "nclm-leta-sdt", "rgbn_rnn"])
+@pytest.mark.parametrize("family", ["tcnlm", "nclm-leta-sdt", "rgbn"])
 def test_the_logits_are_those_of_the_same_model_without_the_prior_plus_the_prior(tiny_vocabularies, family):
     tok, topic_tok = tiny_vocabularies
     plain, model = _with_prior(family, tok, topic_tok)
@@ -108,8 +110,9 @@ def test_generation_with_the_prior_cached_equals_uncached_and_it_is_saved(tiny_v
     assert torch.equal(loaded.generate(**prompt, **kwargs), cached)
 
 
-@pytest.mark.parametrize("config_class,extra", [(TCNLMConfig, {}), (TopicRNNConfig, {}), (NCLMConfig, {}),
-                                                (RGBNRNNConfig, {"topic_sizes": [4], "hidden_sizes": [8]})])
+@pytest.mark.parametrize("config_class,extra", [
+    (f.config_class, {"rgbn_rnn": {"topic_sizes": [4], "hidden_sizes": [8]}}.get(f.model_type, {}))
+    for f in topic_families()])
 def test_one_option_name_checked_the_same_way_in_every_family(config_class, extra):
     with pytest.raises(ValueError, match="topic_output_bias must be one of"):
         config_class(topic_output_bias="phi", **extra)

@@ -2,13 +2,18 @@
 
 A :class:`Family` holds what the package needs to know about a family: its configuration and model classes (the
 Auto classes register them), the paragraph its Hub card shows, its steering recipe (``topic-lm train``'s default
-configuration values for a new topic model), and its short name in the benchmark scripts. Whether it is a topic
-family is not declared but read from its causal LM's class (:class:`TopicFamilyForCausalLM`).
+configuration values for a new topic model), its short name in the benchmark scripts, and its named variants: the
+papers' variants the package implements, each the configuration values that make it (TCNLM's naive mixture of
+experts, TopicRNN's cells, NCLM's LTA / ETA / LETA with or without SDT, GBN-RNN and rGBN-RNN). Whether it is a
+topic family is not declared but read from its causal LM's class (:class:`TopicFamilyForCausalLM`). The tests
+derive their lists of families and variants from the records (``tests/conftest.py``'s ``variants``), so that a
+registered family is tested without editing them.
 
 Adding a family is writing its ``configuration_*`` / ``modeling_*`` files and one :func:`register_family` call::
 
     register_family(Family(MyConfig, MyModel, MyForCausalLM, MyForSequenceClassification,
-                           card=dict(name=..., paper=..., equation=..., departures=...)))
+                           card=dict(name=..., paper=..., equation=..., departures=...),
+                           variants={"my_lm": {}, "my_lm-other": {"some_field": "other"}}))
 """
 
 from __future__ import annotations
@@ -43,6 +48,15 @@ class Family:
     # configuration values that make its topics matter and steer (departures from its paper, one value each)
     steering_recipe: dict = field(default_factory=dict)
     benchmark_name: str = ""  # its name in the benchmark scripts' model tables (default: its model_type)
+    # The papers' variants the package implements: variant name -> the configuration values that make it (on top of
+    # the configuration class's defaults). Names are unique across the families; the first variant is the family's
+    # representative, the paper's full model, where a test runs one variant per family. Default: one variant, the
+    # configuration class's defaults, named by the model_type.
+    variants: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if not self.variants:
+            object.__setattr__(self, "variants", {self.model_type: {}})
 
     @property
     def model_type(self) -> str:
@@ -55,6 +69,11 @@ class Family:
     @property
     def short_name(self) -> str:
         return self.benchmark_name or self.model_type
+
+    @property
+    def representative(self) -> str:
+        """The name of the family's representative variant: its first one (the paper's full model)."""
+        return next(iter(self.variants))
 
 
 FAMILIES: dict[str, Family] = {}  # model_type -> Family, in the order they were registered
@@ -69,6 +88,12 @@ def register_family(family: Family) -> Family:
     if family.steering_recipe and not family.is_topic_model:
         raise ValueError(f"{family.model_type}: a steering recipe is for a topic family "
                          f"({family.causal_lm_class.__name__} is not a TopicFamilyForCausalLM)")
+    taken = {name: other.model_type for other in FAMILIES.values() if other.model_type != family.model_type
+             for name in other.variants}
+    clashes = [f"{name!r} (of {taken[name]})" for name in family.variants if name in taken]
+    if clashes:
+        raise ValueError(f"{family.model_type}: variant names are unique across the families; "
+                         f"{', '.join(clashes)} are taken")
     config = family.config_class
     AutoConfig.register(config.model_type, config, exist_ok=True)
     AutoModel.register(config, family.base_model_class, exist_ok=True)
@@ -96,12 +121,23 @@ def topic_families() -> list[Family]:
     return [f for f in FAMILIES.values() if f.is_topic_model]
 
 
+def variant_of(name: str) -> tuple[Family, dict]:
+    """The family of variant ``name`` and the configuration values that make the variant; a ``ValueError`` that
+    lists the variants otherwise."""
+    for family in FAMILIES.values():
+        if name in family.variants:
+            return family, dict(family.variants[name])
+    raise ValueError(f"unknown variant {name!r}: the families' variants are "
+                     f"{[v for f in FAMILIES.values() for v in f.variants]}")
+
+
 # ----------------------------------------------------------------------------------------------
 # the package's five families
 # ----------------------------------------------------------------------------------------------
 
 register_family(Family(
     LSTMLMConfig, LSTMLMModel, LSTMLMForCausalLM, LSTMLMForSequenceClassification, benchmark_name="lstm",
+    variants={"lstm_lm": {}},
     card=dict(
         name="LSTM language model",
         paper="the baseline of every topic-guided LM paper (Lau, Baldwin & Cohn 2017; Wang et al. 2018)",
@@ -111,6 +147,8 @@ register_family(Family(
 register_family(Family(
     TCNLMConfig, TCNLMModel, TCNLMForCausalLM, TCNLMForSequenceClassification, benchmark_name="tcnlm",
     steering_recipe=dict(SHARED_PRIOR),
+    # the paper's model and its naive mixture of experts (one LSTM per topic, mixed by the topic proportions)
+    variants={"tcnlm": {}, "tcnlm-naive_moe": {"lm_type": "naive_moe"}},
     card=dict(
         name="TCNLM (topic compositional neural language model)",
         paper="Wang et al., AISTATS 2018, \"Topic Compositional Neural Language Model\"",
@@ -123,6 +161,9 @@ register_family(Family(
     TopicRNNConfig, TopicRNNModel, TopicRNNForCausalLM, TopicRNNForSequenceClassification,
     benchmark_name="topic_rnn",
     steering_recipe={**SHARED_PRIOR, "bow_loss_weight": 1.0, "theta_transform": "softmax"},
+    # the paper's three cells (the LSTM first), and the LSTM with softmax topic proportions (the steering recipe's)
+    variants={"topic_rnn-lstm": {"cell": "lstm"}, "topic_rnn-rnn": {"cell": "rnn"}, "topic_rnn-gru": {"cell": "gru"},
+              "topic_rnn-softmax": {"cell": "lstm", "theta_transform": "softmax"}},
     card=dict(
         name="TopicRNN",
         paper="Dieng, Wang, Gao & Paisley, ICLR 2017, \"TopicRNN: A Recurrent Neural Network with Long-Range "
@@ -135,6 +176,12 @@ register_family(Family(
 register_family(Family(
     NCLMConfig, NCLMModel, NCLMForCausalLM, NCLMForSequenceClassification, benchmark_name="nclm",
     steering_recipe={**SHARED_PRIOR, "diversity_weight": 1.0},
+    # the paper's full model (LETA with sentence-level topics) first, then its ablations
+    variants={"nclm-leta-sdt": {"variant": "leta", "sentence_topics": True},
+              "nclm-lta": {"variant": "lta", "sentence_topics": False},
+              "nclm-eta": {"variant": "eta", "sentence_topics": False},
+              "nclm-leta": {"variant": "leta", "sentence_topics": False},
+              "nclm-eta-sdt": {"variant": "eta", "sentence_topics": True}},
     card=dict(
         name="NCLM (neural composite language model)",
         paper="Chaudhary, Schütze & Gupta, ICML 2020, \"Explainable and Discourse Topic-aware Neural Language "
@@ -148,6 +195,8 @@ register_family(Family(
     # sparser topics (PGBN's Gibbs sampler's pseudo-count; the paper's TLASGR code uses 0.1): pre-trained on APNEWS
     # they reached NPMI 0.060 against 0.031 with 0.1 (scripts/benchmark_steering.py)
     steering_recipe={**SHARED_PRIOR, "eta_phi": 0.01},
+    # rGBN-RNN and the paper's GBN-RNN (no transitions between the sentences' topics), named as in the benchmarks
+    variants={"rgbn": {"recurrent": True}, "gbn": {"recurrent": False}},
     card=dict(
         name="rGBN-RNN (recurrent gamma belief network guided RNN)",
         paper="Guo, Chen, Lu & Zhou, ICML 2020, \"Recurrent Hierarchical Topic-Guided RNN for Language "
@@ -157,4 +206,4 @@ register_family(Family(
         departures="Phi's sampler state is stored in the weights file (`phi`, `pi` buffers), so training resumes "
                    "exactly.")))
 
-__all__ = ["Family", "FAMILIES", "SHARED_PRIOR", "family_of", "register_family", "topic_families"]
+__all__ = ["Family", "FAMILIES", "SHARED_PRIOR", "family_of", "register_family", "topic_families", "variant_of"]
