@@ -14,9 +14,12 @@ carried). Prints markdown tables:
    on top).
 2. **Carried state**: ``TopicLMTrainer(carry_state=True)``'s step on the same documents (``carried_state_loss``) on
    the fast path, as a fraction of the same family's chunk-trained speed.
-3. **Generation**: tokens/s of ``generate()`` (greedy, one row, ``--new-tokens`` tokens, cache on) against a plain
+3. **Operations per step**: the operations dispatched (``benchmarking.OperationCounter``, a ``TorchDispatchMode``:
+   on a GPU each is at least one kernel launch) and the GFLOP (``FlopCounterMode``) of one eager float32 training
+   forward and backward of every model (``*-carry``: its carried-state step), beside its fast-path tokens/s.
+4. **Generation**: tokens/s of ``generate()`` (greedy, one row, ``--new-tokens`` tokens, cache on) against a plain
    loop over the same model (``forward`` with the returned ``state``, argmax), and the difference per token.
-4. With ``--quality-steps N``: the LSTM and TCNLM trained N steps from the same seed in float32 and on the fast
+5. With ``--quality-steps N``: the LSTM and TCNLM trained N steps from the same seed in float32 and on the fast
    path (``BenchmarkTrainer``: Adam 2e-3, linear schedule, clip 0.5), and their validation perplexity
    (``evaluate_perplexity``, ``causal`` for the LSTM, ``paper`` for TCNLM; the first ``--valid-docs`` documents of
    ``valid.txt``), evaluated in float32.
@@ -46,7 +49,7 @@ from topic_lm_hf.fast_path import cpu_bf16_flags
 
 from benchmark_training import BatchTokens, BenchmarkTrainer, batch_order, fast_path
 from benchmarking import (DATA, MODELS, SIZES, SPEED_MODES, CarriedLoss, OnDevice, add_common_arguments, build_model,
-                          interleaved_step_times, make_collator, prepared_rows, write_json)
+                          interleaved_step_times, make_collator, prepared_rows, step_cost, write_json)
 
 CHUNK_MODELS = ("lstm", "tcnlm", "topic-lstm", "nclm-lta", "nclm-leta", "gbn", "rgbn")
 CARRY_MODELS = ("lstm-carry", "tcnlm-carry", "topic-lstm-carry", "nclm-leta-carry")
@@ -228,6 +231,9 @@ def main(argv=None) -> dict:
 
     batch = {key: collators[key]([rows[key][i] for i in range(args.batch_size)]) for key in entries}
     memory = {key: saved_activation_mib(entries[key], batch[key], *SPEED_MODES[modes[key]]) for key in entries}
+    # operations dispatched and FLOPs of one eager float32 step (what launches kernels on a GPU)
+    costs = {name: step_cost(entries[f"{name}/{mode}"], batch[f"{name}/{mode}"])
+             for name in args.names for mode in [FAST if MODELS[name].get("carry") else "fp32"]}
 
     print("\n| model | fp32 tokens/s | bf16 | bf16 + compiled output layer | speed-up of the fast path | "
           "ratio to LSTM, fp32 | ratio to LSTM, fast path | activations saved, MiB (fp32 / fast) |")
@@ -254,6 +260,14 @@ def main(argv=None) -> dict:
             print(f"| {MODELS[name]['label']} | {tps:,.0f} | {ratio} | "
                   f"{tps / timed[f'lstm/{FAST}']['tokens_per_s']:.2f} |")
 
+    print("\n| model | operations per step | GFLOP per step | tokens/s, fast path | operations per step, ratio to "
+          "the LSTM |\n|---|---|---|---|---|")
+    for name in args.names:
+        mode = FAST
+        print(f"| {MODELS[name]['label']} | {costs[name]['operations']:,} | {costs[name]['gflop']:.2f} | "
+              f"{timed[f'{name}/{mode}']['tokens_per_s']:,.0f} | "
+              f"{costs[name]['operations'] / costs['lstm']['operations']:.1f} |")
+
     generation = {}
     print("\n| model | generate() tokens/s | plain loop tokens/s | overhead per token, ms |\n|---|---|---|---|")
     for name in args.names:
@@ -279,7 +293,7 @@ def main(argv=None) -> dict:
                   f"{b['train_seconds']:.0f} s |")
 
     results = {"settings": {k: v for k, v in vars(args).items() if k != "names"}, "models": args.names,
-               "training": timed, "activations_mib": memory, "generation": generation, "quality": quality_results,
+               "training": timed, "activations_mib": memory, "step_cost": costs, "generation": generation, "quality": quality_results,
                "cpu": cpu, "bf16_flags": bf16_flags, "torch": torch.__version__}
     Path(args.out).mkdir(parents=True, exist_ok=True)
     write_json(Path(args.out) / "results.json", results)

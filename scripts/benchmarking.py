@@ -20,6 +20,7 @@ The corpora are read from ``DATA``: ``$TOPIC_LM_DATA``, else ``../shared/data`` 
 from __future__ import annotations
 
 import argparse
+import collections
 import hashlib
 import json
 import os
@@ -32,6 +33,7 @@ import time
 from pathlib import Path
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from topic_lm_hf import (LSTMLMConfig, LSTMLMForCausalLM, NCLMConfig, NCLMForCausalLM, RGBNRNNConfig,
                          RGBNRNNForCausalLM, TCNLMConfig, TCNLMForCausalLM, TopicContextCollator, TopicRNNConfig,
@@ -440,6 +442,35 @@ def speed_mode(precision_bf16: bool, compiled: bool) -> str:
 
 def _lm_of(model):
     return model.model if isinstance(model, CarriedLoss) else model
+
+
+class OperationCounter(TorchDispatchMode):
+    """Counts the operations dispatched while it is active (``with OperationCounter() as ops: ...``; ``ops.count``,
+    and ``ops.by_name`` per aten operation): on a GPU each is at least one kernel launch, so a step that is bound by
+    launches shows here without a GPU."""
+
+    def __init__(self):
+        super().__init__()
+        self.count, self.by_name = 0, collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += 1
+        self.by_name[func.overloadpacket.__name__] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def step_cost(model, batch: dict, bf16: bool = False) -> dict:
+    """The operations dispatched and the floating-point operations (``FlopCounterMode``) of one training forward
+    and backward of ``model`` on ``batch`` (eager, ``bf16`` autocast or not); the gradients are cleared after."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model.train()
+    device = next(model.parameters()).device
+    with FlopCounterMode(display=False) as flops, OperationCounter() as ops, \
+            torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+        model(**batch).loss.backward()
+    model.zero_grad(set_to_none=True)
+    return {"operations": ops.count, "gflop": flops.get_total_flops() / 1e9}
 
 
 def interleaved_step_times(models: dict, collators: dict, rows: dict, args, repeats: int,

@@ -24,6 +24,7 @@ def test_speed_benchmark_prints_every_table_and_records_every_mode(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
     for header in ("| model | fp32 tokens/s | bf16 | bf16 + compiled output layer |",
+                   "| model | operations per step | GFLOP per step |",
                    "| model, carried state (fast path) |", "| model | generate() tokens/s |"):
         assert header in out
     for label in ("| LSTM |", "| TCNLM |", "| NCLM LTA |", "| LSTM, carried state |"):
@@ -34,3 +35,5 @@ def test_speed_benchmark_prints_every_table_and_records_every_mode(tmp_path):
     assert all(math.isfinite(r["tokens_per_s"]) and r["tokens_per_s"] > 0 for r in results["training"].values())
     assert all(v > 0 for v in results["activations_mib"].values())
     assert set(results["generation"]) == {"lstm", "tcnlm", "nclm-lta"}
+    assert set(results["step_cost"]) == {"lstm", "tcnlm", "nclm-lta", "lstm-carry"}
+    assert all(c["operations"] > 0 and c["gflop"] > 0 for c in results["step_cost"].values())

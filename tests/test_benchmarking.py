@@ -71,3 +71,37 @@ def test_a_pickled_judge_is_never_loaded(tiny_vocabularies, tmp_path, capsys):
     assert capsys.readouterr().out == "" and not marker.exists() and crafted.exists()
     pickle.loads(crafted.read_bytes())  # the file was live: unpickling it does run its code
     assert marker.exists()
+
+
+def test_the_operation_counter_counts_every_dispatched_operation():
+    import torch
+
+    x, y = torch.ones(3), torch.ones(3)
+    with benchmarking.OperationCounter() as ops:
+        (x + y) * y
+    assert ops.count == 2 and ops.by_name == {"add": 1, "mul": 1}
+
+
+# Operations dispatched by one training forward and backward of a tiny model on the tiny corpus's chunks, with the
+# torch the package pins (the Makefile's TORCH_SPEC): the figure scripts/benchmark_speed.py reports per family. A
+# change to a family's operations per step shows here; when it is meant (fewer operations), update the figure.
+PINNED_OPERATIONS = {"lstm_lm": 79, "tcnlm": 982}
+
+
+@pytest.mark.parametrize("family", list(PINNED_OPERATIONS))
+def test_a_tiny_models_operations_and_flops_per_step_are_pinned(family, tiny_vocabularies):
+    import torch
+    from conftest import tiny_model
+
+    from topic_lm_hf import TopicContextCollator
+
+    if not torch.__version__.startswith("2.13."):
+        pytest.skip(f"the figures are pinned with torch 2.13, this is {torch.__version__}")
+    tok, topic_tok = tiny_vocabularies
+    model = tiny_model(family, tok, topic_tok)
+    collator = TopicContextCollator.for_model(model, tok, topic_tok)
+    rows = collator.prepare(documents_from_lists(TINY_CORPUS))
+    batch = collator([rows[i] for i in range(len(rows))])
+    cost = benchmarking.step_cost(model, batch)
+    assert cost["operations"] == PINNED_OPERATIONS[family]
+    assert cost["gflop"] > 0 and benchmarking.step_cost(model, batch) == cost  # the same step counts the same
