@@ -210,6 +210,9 @@ def make_config(model_args: ModelArguments) -> PretrainedConfig:
     kwargs = {}
     if model_args.config_file:
         kwargs, _ = PretrainedConfig.get_config_dict(model_args.config_file)
+        if not isinstance(kwargs, dict):
+            raise ValueError(f"--config_file {model_args.config_file} holds a JSON {type(kwargs).__name__}, not an "
+                             "object of configuration values (e.g. one of hub_configs/)")
         kwargs = {k: v for k, v in kwargs.items() if k not in ("transformers_version", "architectures", "auto_map")}
     model_type = kwargs.pop("model_type", model_args.model_type)
     overrides = parse_overrides(model_args.config_overrides) if model_args.config_overrides else []
@@ -498,7 +501,11 @@ def run_generate(args: GenerateArguments, device: DeviceArguments | None = None)
     model = load_pretrained(AutoModelForCausalLM, args.model_name_or_path).to(
         (device or DeviceArguments()).torch_device).eval()
     tok, topic_tok = data_lib.load_vocabularies(args.model_name_or_path)
-    topic_ids = parse_ids(args.topic_ids, "--topic_ids") if args.topic_ids else None
+    topic_ids = parse_ids(args.topic_ids, "--topic_ids") if args.topic_ids is not None else None
+    for flag, value in (("--num_beams", args.num_beams), ("--num_return_sequences", args.num_return_sequences),
+                        ("--max_new_tokens", args.max_new_tokens)):
+        if value < 1:
+            raise UsageError(f"{flag} must be at least 1, got {value}")
     texts = generate_text(model, tok, args.prompt, topic_tokenizer=topic_tok, topic_ids=topic_ids,
                           context_text=args.context_text, max_new_tokens=args.max_new_tokens,
                           do_sample=args.do_sample, num_beams=args.num_beams,
@@ -510,11 +517,18 @@ def run_generate(args: GenerateArguments, device: DeviceArguments | None = None)
 
 
 def parse_ids(text: str, flag: str) -> list[int]:
-    """Comma-separated integers (``3,7``); anything else is a :class:`UsageError` naming the flag."""
+    """Comma-separated integers (``3,7``), at least one and none twice; anything else is a :class:`UsageError`
+    naming the flag (an empty list would silently mean "no topics", a repeated one would count twice)."""
     try:
-        return [int(x) for x in text.split(",") if x.strip()]
+        ids = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise UsageError(f"{flag} takes comma-separated integers, e.g. {flag} 3,7 (got {text!r})") from None
+    if not ids:
+        raise UsageError(f"{flag} is empty: give at least one topic id, e.g. {flag} 3,7")
+    repeated = sorted({i for i in ids if ids.count(i) > 1})
+    if repeated:
+        raise UsageError(f"{flag} lists topic {repeated[0]} more than once (got {text!r})")
+    return ids
 
 
 def run_steer(args: SteerArguments, device: DeviceArguments | None = None) -> None:
@@ -533,7 +547,7 @@ def run_steer(args: SteerArguments, device: DeviceArguments | None = None) -> No
         judge = fit_lda_judge(docs, topic_tok, num_topics=model.config.num_topics, seed=args.seed)
         logger.info("%s (%.0f s)", judge.description, time.perf_counter() - start)
     fluency = load_pretrained(AutoModelForCausalLM, args.fluency_model).to(where).eval() if args.fluency_model else None
-    topics = parse_ids(args.topics, "--topics") if args.topics else None
+    topics = parse_ids(args.topics, "--topics") if args.topics is not None else None
     logger.info("Generating %d texts per topic ...", args.num_samples)
     result = evaluate_steering(model, topics=topics, num_topics_sampled=args.num_topics_sampled,
                                num_samples=args.num_samples, max_new_tokens=args.max_new_tokens, tokenizer=tok,

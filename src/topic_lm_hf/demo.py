@@ -206,6 +206,8 @@ def _run_demo(args: DemoArguments, fast: FastPathArguments, device: torch.device
     datasets.disable_progress_bars()
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
+    if args.threads < 1:
+        raise ValueError(f"--threads must be at least 1, got {args.threads}")
     torch.set_num_threads(args.threads)
     set_seed(args.seed)
     total, t0 = 7, time.perf_counter()

@@ -65,12 +65,14 @@ RECIPE_PRETRAINING = {"steps": 20000, "learning_rate": 3e-3, "batch_size": 64, "
 
 
 def steering_recipe(model_type: str, **settings) -> dict:
-    """The configuration values of the steering recipe for ``model_type`` (a copy; ``{}`` for a model without
-    topics). ``settings``: configuration values already chosen (``variant``, ``lm_type``, ...; None = the default).
-    Where the configuration class says the shared prior is unavailable with them (its
+    """The configuration values of the steering recipe for ``model_type`` (a copy; ``{}`` for a family without
+    topics; a ``ValueError`` listing the families for a model_type that is none of them, so that a typo never drops
+    the recipe silently). ``settings``: configuration values already chosen (``variant``, ``lm_type``, ...; None =
+    the default). Where the configuration class says the shared prior is unavailable with them (its
     ``output_prior_unavailable``: NCLM's ETA, TCNLM's naive mixture of experts), the rest of the recipe."""
-    from .families import FAMILIES, SHARED_PRIOR
+    from .families import FAMILIES, SHARED_PRIOR, family_of
 
+    family_of(model_type)
     recipe = dict(STEERING_RECIPE.get(model_type, {}))
     config_class = FAMILIES[model_type].config_class if recipe else None
     if recipe and config_class.output_prior_unavailable(**{k: v for k, v in settings.items() if v is not None}):

@@ -19,6 +19,11 @@ from .modeling_recurrent import reorder_state
 RAW_CONDITIONING = ("topic_ids", "topic_mixture", "context_bow", "theta")
 
 
+# Above this the guided scores are the topic difference alone, scaled until the softmax is one-hot or overflows (an
+# infinite scale gave empty texts and sampling errors): refused as a mistake.
+MAX_GUIDANCE_SCALE = 100
+
+
 class TopicLMCache:
     """What generation carries from one step to the next, as one field (``state`` in the generation kwargs, as
     Mamba carries one cache object): the recurrent state and the resolved topic conditioning.
@@ -133,8 +138,9 @@ class TopicGenerationMixin:
         if topic_guidance_scale is None:
             return self._generate(inputs, generation_config, **kwargs)
         if isinstance(topic_guidance_scale, bool) or not isinstance(topic_guidance_scale, numbers.Real) \
-                or not topic_guidance_scale >= 0:
-            raise ValueError(f"topic_guidance_scale must be a number >= 0 (1: no guidance), got {topic_guidance_scale!r}")
+                or not 0 <= topic_guidance_scale <= MAX_GUIDANCE_SCALE:
+            raise ValueError(f"topic_guidance_scale must be a number in [0, {MAX_GUIDANCE_SCALE}] (1: no guidance; the "
+                             f"package's steering used up to 3), got {topic_guidance_scale!r}")
         if not any(kwargs.get(name) is not None for name in RAW_CONDITIONING) and \
                 not isinstance(kwargs.get("state"), TopicLMCache):
             raise ValueError(f"topic_guidance_scale guides towards a conditioning: give one of "
