@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import platform
-import statistics
 import time
 from pathlib import Path
 
@@ -43,13 +42,13 @@ import torch
 from transformers import TrainingArguments
 
 from topic_lm_hf import build_vocabularies, load_documents
-from topic_lm_hf.devices import synchronize
 from topic_lm_hf.evaluation import evaluate_perplexity
 from topic_lm_hf.fast_path import cpu_bf16_flags
 
 from benchmark_training import BatchTokens, BenchmarkTrainer, batch_order, fast_path
 from benchmarking import (DATA, MODELS, SIZES, SPEED_MODES, CarriedLoss, OnDevice, add_common_arguments, build_model,
-                          interleaved_step_times, make_collator, prepared_rows, step_cost, write_json)
+                          generation_speed, interleaved_step_times, make_collator, prepared_rows, step_cost,
+                          write_json)
 
 CHUNK_MODELS = ("lstm", "tcnlm", "topic-lstm", "nclm-lta", "nclm-leta", "gbn", "rgbn")
 CARRY_MODELS = ("lstm-carry", "tcnlm-carry", "topic-lstm-carry", "nclm-leta-carry")
@@ -111,46 +110,6 @@ def saved_activation_mib(model, batch, bf16: bool, compiled: bool) -> float:
         model(**batch).loss.backward()
     model.zero_grad(set_to_none=True)
     return total / 2 ** 20
-
-
-def generation_speed(model, tok, new_tokens: int, device: str) -> dict:
-    """Tokens/s of greedy ``generate()`` (one row, cache on, ``new_tokens`` tokens) and of a plain loop over the
-    same model (``forward`` on the last token with the returned ``state``; the unconditioned prior or no topics)."""
-    model.eval()
-    bos = torch.tensor([[tok.bos_token_id]], device=device)
-    kwargs = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
-                  pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
-
-    def run_generate():
-        torch.manual_seed(0)
-        return model.generate(bos, **kwargs)
-
-    def run_loop():
-        torch.manual_seed(0)
-        ids, state, extra = bos, None, {}
-        with torch.no_grad():
-            for _ in range(new_tokens):
-                out = model(input_ids=ids[:, -1:], state=state, use_cache=True, **extra)
-                state = out.state
-                if getattr(out, "topic_representation", None) is not None and not extra:
-                    extra = {"topic_representation": out.topic_representation}
-                logits = out.logits[:, -1]
-                logits[:, tok.unk_token_id] = float("-inf")  # as generate's default suppresses <unk>
-                ids = torch.cat([ids, logits.argmax(-1, keepdim=True)], dim=1)
-        return ids
-
-    times = {"generate": [], "loop": []}
-    for r in range(4):
-        for name, fn in (("generate", run_generate), ("loop", run_loop)):
-            synchronize(device)
-            start = time.perf_counter()
-            fn()
-            synchronize(device)  # on a GPU: the tokens generated, not only queued
-            if r:  # the first round warms up
-                times[name].append(time.perf_counter() - start)
-    g, loop = statistics.median(times["generate"]), statistics.median(times["loop"])
-    return {"generate_tokens_per_s": new_tokens / g, "loop_tokens_per_s": new_tokens / loop,
-            "overhead_ms_per_token": 1000 * (g - loop) / new_tokens}
 
 
 def quality(args, train_docs, valid_docs, tok, topic_tok) -> dict:

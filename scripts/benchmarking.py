@@ -516,6 +516,47 @@ def interleaved_step_times(models: dict, collators: dict, rows: dict, args, repe
     return model_times
 
 
+def generation_speed(model, tok, new_tokens: int, device: str, **conditioning) -> dict:
+    """Tokens/s of greedy ``generate()`` (one row, cache on, ``new_tokens`` tokens; with ``conditioning``, e.g.
+    ``topic_ids=[1]``) and of a plain loop over the same model (``forward`` on the last token with the returned
+    ``state``; the unconditioned prior or no topics), the device synchronised around each."""
+    model.eval()
+    bos = torch.tensor([[tok.bos_token_id]], device=device)
+    kwargs = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+                  pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+
+    def run_generate():
+        torch.manual_seed(0)
+        return model.generate(bos, **kwargs, **conditioning)
+
+    def run_loop():
+        torch.manual_seed(0)
+        ids, state, extra = bos, None, {}
+        with torch.no_grad():
+            for _ in range(new_tokens):
+                out = model(input_ids=ids[:, -1:], state=state, use_cache=True, **extra)
+                state = out.state
+                if getattr(out, "topic_representation", None) is not None and not extra:
+                    extra = {"topic_representation": out.topic_representation}
+                logits = out.logits[:, -1]
+                logits[:, tok.unk_token_id] = float("-inf")  # as generate's default suppresses <unk>
+                ids = torch.cat([ids, logits.argmax(-1, keepdim=True)], dim=1)
+        return ids
+
+    times = {"generate": [], "loop": []}
+    for r in range(4):
+        for name, fn in (("generate", run_generate), ("loop", run_loop)):
+            synchronize(device)
+            start = time.perf_counter()
+            fn()
+            synchronize(device)  # on a GPU: the tokens generated, not only queued
+            if r:  # the first round warms up
+                times[name].append(time.perf_counter() - start)
+    g, loop = statistics.median(times["generate"]), statistics.median(times["loop"])
+    return {"generate_tokens_per_s": new_tokens / g, "loop_tokens_per_s": new_tokens / loop,
+            "overhead_ms_per_token": 1000 * (g - loop) / new_tokens}
+
+
 def cached_lda_judge(path: Path, train_docs, topic_tok, num_topics: int, seed: int, **lda_settings):
     """The LDA judge fitted on ``train_docs``, cached in two files named ``path`` plus a suffix (read back when they
     are there: fitting takes minutes): ``<path>.safetensors`` holds the judge (``LDAJudge.save``: arrays and JSON,

@@ -31,7 +31,6 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import time
@@ -141,29 +140,16 @@ def part_steps(args, compiled: bool) -> dict:
 
 def part_generation(args) -> dict:
     torch, train_docs, tok, topic_tok = _setup(args)
-    from benchmarking import build_model
-    from topic_lm_hf.devices import synchronize
+    from benchmarking import build_model, generation_speed
 
     device = torch.device(args.device)
     margs = _model_args(args)
     result = {}
     for name, (label, _, _) in FAMILIES.items():
         model = build_model(name, margs, tok, topic_tok).to(device).eval()
-        bos = torch.tensor([[tok.bos_token_id]], device=device)
-        kwargs = dict(max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens, do_sample=False,
-                      pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
-        if name != "lstm":
-            kwargs["topic_ids"] = [1]
-        times = []
-        for r in range(3):
-            synchronize(device)
-            start = time.perf_counter()
-            out = model.generate(bos, **kwargs)
-            synchronize(device)
-            if r:  # the first call warms up
-                times.append(time.perf_counter() - start)
-        result[label] = {"tokens_per_s": args.new_tokens / statistics.median(times),
-                         "tokens": int(out.shape[1] - 1)}
+        speed = generation_speed(model, tok, args.new_tokens, str(device),
+                                 **({} if name == "lstm" else {"topic_ids": [1]}))
+        result[label] = {"tokens_per_s": speed["generate_tokens_per_s"]}
         print(f"{label}: {result[label]['tokens_per_s']:.0f} tokens/s", flush=True)
     return result
 

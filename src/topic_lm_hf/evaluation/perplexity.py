@@ -193,6 +193,19 @@ def evaluate_perplexity(model, documents: datasets.Dataset | Sequence, protocol:
     was_training = model.training
     model.eval()
     total_nll, total_tokens = 0.0, 0
+
+    def add_chunks(chunks, state, use_cache):
+        """The NLL of a batch of chunks (a collator batch, or the carried loop's chunk k), added to the sums; returns
+        the state after them."""
+        nonlocal total_nll, total_tokens
+        bow = chunks["context_bow"].to(device) if uses_context else None
+        prefix = chunks["sentence_prefix_bow"].to(device) if sentence_prefix else None
+        nll, n, state = _chunk_nll(model, chunks["input_ids"].to(device), chunks["attention_mask"].to(device), bow,
+                                   state, use_cache=use_cache, sentence_prefix_bow=prefix)
+        total_nll += nll
+        total_tokens += n
+        return state
+
     try:
         if not carry and reads_documents:
             # Whole documents, about batch_size chunks per call; the token state restarts at every chunk.
@@ -208,25 +221,12 @@ def evaluate_perplexity(model, documents: datasets.Dataset | Sequence, protocol:
             lengths = [len(x) for x in rows["input_ids"]]
             order = sorted(range(len(rows)), key=lambda i: lengths[i])
             for start in range(0, len(order), batch_size):
-                batch = collator([rows[i] for i in order[start:start + batch_size]])
-                bow = batch["context_bow"].to(device) if uses_context else None
-                prefix = batch["sentence_prefix_bow"].to(device) if sentence_prefix else None
-                nll, n, _ = _chunk_nll(model, batch["input_ids"].to(device), batch["attention_mask"].to(device),
-                                       bow, None, use_cache=False, sentence_prefix_bow=prefix)
-                total_nll += nll
-                total_tokens += n
+                add_chunks(collator([rows[i] for i in order[start:start + batch_size]]), None, use_cache=False)
         else:
             # Documents in parallel, chunk after chunk, the state carried (run_carried_chunks, as in training with
             # carry_state). Sorted by their number of chunks, a batch's documents have similar lengths.
             def step(k, chunk, state):
-                nonlocal total_nll, total_tokens
-                bow = chunk["context_bow"].to(device) if uses_context else None
-                prefix = chunk["sentence_prefix_bow"].to(device) if sentence_prefix else None
-                nll, n, state = _chunk_nll(model, chunk["input_ids"].to(device), chunk["attention_mask"].to(device),
-                                           bow, state, use_cache=True, sentence_prefix_bow=prefix)
-                total_nll += nll
-                total_tokens += n
-                return state
+                return add_chunks(chunk, state, use_cache=True)
 
             n_chunks = [len(x) for x in rows["input_ids"]]
             order = sorted(range(len(rows)), key=lambda i: -n_chunks[i])

@@ -164,11 +164,15 @@ def compiled_linear_cross_entropy(variant: tuple = (False, False), device_type: 
     return _COMPILED[key]
 
 
-def _pad_rows(n: int, device_type: str, *tensors):
-    """``tensors`` (each (n, ...) or None) padded with zeros to the next multiple of the device's
-    ``COMPILED_ROW_BUCKET`` rows."""
-    extra = -n % COMPILED_ROW_BUCKET.get(device_type, COMPILED_ROW_BUCKET["default"])
-    return [t if t is None or extra == 0 else torch.cat([t, t.new_zeros(extra, *t.shape[1:])]) for t in tensors]
+def _pad_rows(device_type: str, targets: torch.Tensor, *tensors):
+    """``targets`` (n,) and ``tensors`` (each (n, ...) or None) padded to the next multiple of the device's
+    ``COMPILED_ROW_BUCKET`` rows: the targets with -100 (ignored by the loss), the rest with zeros; as they are
+    where nothing is padded (the CPU)."""
+    extra = -targets.shape[0] % COMPILED_ROW_BUCKET.get(device_type, COMPILED_ROW_BUCKET["default"])
+    if extra == 0:
+        return (targets, *tensors)
+    return (torch.cat([targets, targets.new_full((extra,), -100)]),
+            *[t if t is None else torch.cat([t, t.new_zeros(extra, *t.shape[1:])]) for t in tensors])
 
 
 # One function (one code object: torch.compile's cache and recompilation limit are per code object) per variant.
@@ -215,9 +219,7 @@ def next_token_loss(features: torch.Tensor, labels: torch.Tensor, output: nn.Lin
     kept = targets[keep]
     fn = compiled and compiled_linear_cross_entropy((row_bias is not None, scale is not None), features.device.type)
     if fn:  # padded rows: feature 0, target -100 (ignored by the loss), bias row 0, scale 0
-        n = kept.shape[0]
-        selected, rows, scale = _pad_rows(n, features.device.type, selected, rows, scale)
-        kept = torch.cat([kept, kept.new_full((selected.shape[0] - n,), -100)])
+        kept, selected, rows, scale = _pad_rows(features.device.type, kept, selected, rows, scale)
     total = (fn or _linear_cross_entropy)(selected, output.weight, output.bias, kept, row_bias, rows, scale)
     return total / keep.sum().clamp_min(1)
 

@@ -80,6 +80,12 @@ class LanguageModelPass:
     details: dict = field(default_factory=dict)
 
 
+def _weighted(weight, value):
+    """``weight * value``, without the operation (a kernel launch per step, forward and backward) where ``weight``
+    is the number 1: the product would be ``value`` exactly."""
+    return value if isinstance(weight, (int, float)) and weight == 1 else weight * value
+
+
 @dataclass
 class LossTerm:
     """One term of a family's objective (stage 4 of the template): ``weight * objective`` is added to the loss (times
@@ -175,10 +181,10 @@ class TopicFamilyForCausalLM(DocumentRepresentationDelegate, TopicWordPriorMixin
         if lm_loss is not None:
             terms = self.loss_terms(run, labels)
             annealing = self.kl_annealing_weight(count=True) if any(term.annealed for term in terms) else None
-            loss = lm_loss if not terms else self.lm_loss_weight() * lm_loss
+            loss = lm_loss if not terms else _weighted(self.lm_loss_weight(), lm_loss)
             for term in terms:
-                weight = term.weight * annealing if term.annealed else term.weight
-                loss = loss + weight * term.objective
+                weight = _weighted(term.weight, annealing) if term.annealed else term.weight
+                loss = loss + _weighted(weight, term.objective)
                 reported.update({name: value.detach() for name, value in term.reported.items()})
         # 5. The output.
         out = self.output_class(loss=loss, logits=logits, state=run.state, hidden_states=run.hidden_states,
@@ -310,9 +316,8 @@ class TopicFamilyForCausalLM(DocumentRepresentationDelegate, TopicWordPriorMixin
         if count and self.training:
             self.kl_annealing_step += 1
         steps = self.config.kl_annealing_steps
-        if steps == 0:
-            return self.kl_weight_target() * 1.0
-        return self.kl_weight_target() * (self.kl_annealing_step.float() / steps).clamp(max=1.0)  # no device sync
+        ramp = 1.0 if steps == 0 else (self.kl_annealing_step.float() / steps).clamp(max=1.0)  # no device sync
+        return _weighted(self.kl_weight_target(), ramp)
 
     def _init_weights(self, module):
         super()._init_weights(module)

@@ -402,7 +402,9 @@ class TopicRNNForCausalLM(TopicFamilyForCausalLM, TopicRNNPreTrainedModel, Topic
         h = self.dropout(hidden)
         stop_logits = self.stop_head(h).squeeze(-1).float()  # (b, s): Gamma^T h_t
         return LanguageModelPass(h, new_state if use_cache else None, all_hidden, theta, theta,
-                                 details=dict(stop_logits=stop_logits, kl=kl, context_bow=topics.get("context_bow")))
+                                 details=dict(stop_logits=stop_logits, kl=kl, context_bow=topics.get("context_bow"),
+                                              observed=self._observed_stop(labels, h.device) if labels is not None
+                                              else None))
 
     def output_bias(self, run: LanguageModelPass) -> torch.Tensor:
         """b_i^T theta (b, V), plus the shared topic output prior; both 0 at stop words."""
@@ -424,7 +426,7 @@ class TopicRNNForCausalLM(TopicFamilyForCausalLM, TopicRNNPreTrainedModel, Topic
         word_logits = None if self.training and labels is not None else self.lm_head(h).float()
         lm_loss = None
         if labels is not None:
-            targets, is_stop = self._observed_stop(labels, h.device)
+            targets, is_stop = run.details["observed"]
             # p(y_t | h_t, theta, l_t): one softmax over V of v_i^T h_t + c_i, plus the topic bias where l_t = 0
             # (only at the predicted positions).
             bias_mask = (~is_stop).float()
@@ -448,7 +450,7 @@ class TopicRNNForCausalLM(TopicFamilyForCausalLM, TopicRNNPreTrainedModel, Topic
         ``bow_loss_weight``, the context's bag-of-words likelihood: each per predicted token (the bag of words per
         context word)."""
         device, kl = run.features.device, run.details["kl"]
-        targets, is_stop = self._observed_stop(labels, device)
+        targets, is_stop = run.details["observed"]  # computed once per forward, with the features
         valid = targets != -100
         n_tokens = valid.sum().clamp(min=1)
         # log p(l_t | h_t): binary cross-entropy on the logits (never on sigmoid(logits)).
