@@ -466,9 +466,14 @@ def step_cost(model, batch: dict, bf16: bool = False) -> dict:
 
     model.train()
     device = next(model.parameters()).device
-    with FlopCounterMode(display=False) as flops, OperationCounter() as ops, \
-            torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-        model(**batch).loss.backward()
+    lm = _lm_of(model)
+    compiled, lm.output_layer_compiled = lm.output_layer_compiled, False  # eager: every operation is dispatched
+    try:
+        with FlopCounterMode(display=False) as flops, OperationCounter() as ops, \
+                torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+            model(**batch).loss.backward()
+    finally:
+        lm.output_layer_compiled = compiled
     model.zero_grad(set_to_none=True)
     return {"operations": ops.count, "gflop": flops.get_total_flops() / 1e9}
 
