@@ -80,3 +80,44 @@ def test_the_loop_equals_each_document_run_alone(apnews, family):
     assert tokens.tolist() == [n for _, n in expected]
     for i, (want, _) in enumerate(expected):
         assert nll[i].item() == pytest.approx(want, rel=1e-9), i
+
+
+def test_a_tokens_only_model_reads_each_document_as_one_sequence(apnews):
+    """``carried_state_loss`` gives a model that reads nothing but its tokens (the LSTM) each document as one
+    sequence (``document_sequences``): the same loss and gradients as the chunk loop (forced by a chunk callback),
+    on documents of several chunks and sentences, with padding chunks; and the sequence is the document's tokens,
+    each once, with every chunk's targets."""
+    from topic_lm_hf.carried_state import document_sequences
+    from topic_lm_hf.trainer import carried_state_loss
+
+    batch = documents_batch(apnews, "lstm_lm")
+    batch.pop("doc_index")
+    sequences = document_sequences(batch)
+    # the document's sequence: <bos> w .. per sentence (a sentence's <eos> is a target, never an input, as in the
+    # loop), then the last <eos>; and every chunk's targets once
+    tok = apnews["tok"]
+    for i, n in enumerate(SENTENCES):
+        doc = apnews["train"]["sentences"][i][:n]
+        expected = [t for sentence in doc for t in
+                    [tok.bos_token_id, *tok(sentence, is_split_into_words=True, add_special_tokens=False)["input_ids"]]]
+        expected.append(tok.eos_token_id)
+        length = int(sequences["attention_mask"][i].sum())
+        assert sequences["input_ids"][i, :length].tolist() == expected
+        targets = sequences["labels"][i, 1:length]
+        chunk_targets = batch["labels"][i, :, 1:][batch["attention_mask"][i, :, 1:].bool()
+                                                  & batch["chunk_mask"][i].bool().unsqueeze(-1)]
+        assert targets.tolist() == chunk_targets.tolist()
+        assert (sequences["labels"][i, length:] == -100).all() and sequences["labels"][i, 0] == -100
+
+    torch.manual_seed(0)
+    model = tiny_model("lstm_lm", apnews["tok"], apnews["topic_tok"], dropout=0.0).double().train()
+    grads = []
+    for callback in (None, lambda labels, out: None):
+        model.zero_grad()
+        loss = carried_state_loss(model, batch, chunk_callback=callback).loss
+        loss.backward()
+        grads.append((loss.detach(), [p.grad.clone() for p in model.parameters()]))
+    (one, one_grads), (loop, loop_grads) = grads
+    torch.testing.assert_close(one, loop, rtol=1e-10, atol=0)
+    for a, b in zip(one_grads, loop_grads):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-10)  # float64 sums in another order

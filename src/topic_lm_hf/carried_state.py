@@ -78,3 +78,43 @@ def run_carried_chunks(batch: Mapping[str, Any], step: Callable[[int, dict[str, 
         chunk = {key: value[:rows, k] for key, value in per_chunk.items()}
         chunk.update({key: value[:rows] for key, value in per_row.items()})
         state = step(k, chunk, select_state_rows(state, rows))
+
+
+def document_sequences(batch: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+    """A documents batch as one token sequence per document: what :func:`run_carried_chunks` reads, where nothing
+    but the state passes from a chunk to the next.
+
+    Consecutive chunks share a token (the last input of chunk k is the first of chunk k + 1, see the collator),
+    and a carried chunk feeds its tokens but its last. So the document's sequence is every chunk's tokens but its
+    last, then the last chunk's last token; its labels are every chunk's targets (positions 1 .. of each chunk) in
+    order, after one ignored position. A model whose call on a chunk depends on nothing but the chunk's tokens and
+    the state it continues from gives, on this sequence, the same predictions as chunk after chunk with the state
+    carried, in one call (one recurrent kernel over the document instead of one call per chunk).
+
+    Args:
+        batch: a documents batch with ``input_ids``, ``attention_mask`` and ``labels`` (b, c, l) and
+            ``chunk_mask`` (b, c), each document's chunks a prefix and each chunk right-padded.
+
+    Returns:
+        ``input_ids``, ``attention_mask`` and ``labels`` (b, n), right-padded (labels -100 there), n the longest
+        document's tokens.
+    """
+    ids, labels = batch["input_ids"], batch["labels"]
+    b, c, l = ids.shape
+    real = batch["attention_mask"].bool() & batch["chunk_mask"].bool().unsqueeze(-1)  # (b, c, l)
+    # fed: a real token followed by a real one in its chunk; plus the document's last real token
+    fed = torch.cat([real[..., 1:], real.new_zeros(b, c, 1)], dim=-1).flatten(1)
+    last = real.flatten(1).cumsum(1).argmax(1)  # the first position of the running count's maximum
+    fed[torch.arange(b, device=ids.device), last] = True
+    targets = torch.cat([real.new_zeros(b, c, 1), real[..., 1:]], dim=-1).flatten(1)
+    lengths = fed.sum(1)
+    n = int(lengths.max())
+    # a stable sort of each row's selected positions to the front keeps them in document order
+    fed_order = torch.argsort((~fed).to(torch.int8), dim=1, stable=True)[:, :n]
+    target_order = torch.argsort((~targets).to(torch.int8), dim=1, stable=True)[:, :n - 1]
+    mask = torch.arange(n, device=ids.device) < lengths.unsqueeze(1)
+    input_ids = ids.flatten(1).gather(1, fed_order).masked_fill(~mask, 0)
+    target_labels = labels.flatten(1).gather(1, target_order)
+    out_labels = torch.cat([labels.new_full((b, 1), -100), target_labels], dim=1).masked_fill(~mask, -100)
+    out_labels[:, 0] = -100
+    return {"input_ids": input_ids, "attention_mask": mask.to(batch["attention_mask"].dtype), "labels": out_labels}

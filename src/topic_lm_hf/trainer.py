@@ -20,7 +20,7 @@ from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
 
-from .carried_state import run_carried_chunks
+from .carried_state import LAYOUT_KEYS, document_sequences, run_carried_chunks
 from .collator import TopicContextCollator
 from .data import record_vocabularies, save_vocabularies
 from .models.modeling_recurrent import RecurrentPreTrainedModel, TopicLMOutput, leaky_modes_of
@@ -227,6 +227,12 @@ def check_documents_batch(batch) -> None:
         raise ValueError("chunk_mask must mark each document's chunks as a prefix (1 ... 1 0 ... 0)")
 
 
+def _reads_tokens_only(model, batch) -> bool:
+    """Whether ``model``'s call on a chunk of ``batch`` depends on the chunk's tokens and its state alone: a model
+    that reads no topics (``conditioning_inputs`` empty), on a batch with nothing but tokens, labels and layout."""
+    return not model.conditioning_inputs and set(batch) <= {"input_ids", "attention_mask", "labels", *LAYOUT_KEYS}
+
+
 def carried_state_loss(model, batch, bptt_chunks: int | None = None, chunk_callback=None) -> TopicLMOutput:
     """The loss of a documents batch with the model's recurrent state carried from chunk to chunk.
 
@@ -241,6 +247,11 @@ def carried_state_loss(model, batch, bptt_chunks: int | None = None, chunk_callb
     evaluation feeds a chunk's tokens but its last; here the chunk is fed whole with ``labels`` (the model
     computes its own loss terms, shifted inside), and the ``attention_mask`` given to the model is 1 only at
     inputs whose next token is real: the last real token, which predicts nothing, then never enters the state.
+
+    A model that reads nothing but its tokens (no topics, and only tokens and labels in the batch) gets each document
+    as one sequence instead (:func:`~topic_lm_hf.carried_state.document_sequences`): one call, one recurrent kernel
+    over the document, the same predictions and loss as chunk after chunk (without ``chunk_callback``, and unless
+    ``bptt_chunks`` cuts the document).
 
     Gradients flow through the carried state; with ``bptt_chunks`` the state is detached after every
     ``bptt_chunks`` chunks (truncated back-propagation through the document). The graph of the whole batch is
@@ -274,6 +285,11 @@ def carried_state_loss(model, batch, bptt_chunks: int | None = None, chunk_callb
     check_documents_batch(batch)
     c = batch["chunk_mask"].shape[1]
     lm = _unwrap(model)
+    if chunk_callback is None and (bptt_chunks is None or bptt_chunks >= c) and _reads_tokens_only(lm, batch):
+        # nothing but the state passes between chunks: the chunks of a document are one sequence
+        out = model(**document_sequences(batch), use_cache=False, return_dict=True)
+        return TopicLMOutput(loss=out.loss, **{key: _output(out, key) for key in LOSS_TERMS
+                                               if _output(out, key) is not None})
     kl_step = lm._buffers.get("kl_annealing_step") if isinstance(lm, TopicFamilyForCausalLM) else None
     kl_step_before = kl_step.clone() if kl_step is not None and model.training else None
     total, sums, weights = None, {}, {}
