@@ -189,14 +189,15 @@ class TCNLMLSTMLayer(nn.Module):
         """
         b, s, _ = x.shape
         g, f, H = NUM_GATES, self.num_factors, self.hidden_size
-        # Input side for all steps at once (eq. 14): x~ = (W_b t) ⊙ (W_c x), then W_a x~ per gate.
+        # Input side for all steps at once (eq. 14): x~ = (W_b t) ⊙ (W_c x), then W_a x~ per gate, plus the bias.
         t = t.to(self.W_b.dtype)  # t is float32 (see _float_simplex); the weights may be bfloat16
         x_tilde = F.linear(x, self.W_c) * F.linear(t, self.W_b).unsqueeze(1)  # (b, s, 4 n_f)
-        gates_x = torch.einsum("bsgf,ghf->sbgh", x_tilde.view(b, s, g, f), self.W_a)  # (s, b, 4, H)
-        # (s, b, 4 H), time-major; unbind (not indexing) so that backward stacks the step gradients once
+        gates_x = torch.einsum("bsgf,ghf->sgbh", x_tilde.view(b, s, g, f), self.W_a)  # (s, 4, b, H)
+        # gate-major and time-major; unbind (not indexing) so that backward stacks the step gradients once
         # instead of scattering each into a zero tensor of the full size.
-        gates_x = (gates_x.reshape(s, b, g * H) + self.bias).unbind(0)
-        hidden_topic = F.linear(t, self.U_b)  # U_b t: (b, 4 n_f), fixed over time
+        gates_x = (gates_x + self.bias.view(1, g, 1, H)).unbind(0)
+        hidden_topic = F.linear(t, self.U_b).view(b, g, f).transpose(0, 1)  # U_b t: (4, b, n_f), fixed over time
+        U_c_t = self.U_c.t()  # (H, 4 n_f)
         U_a_t = self.U_a.transpose(1, 2)  # (4, n_f, H)
         if state is None:
             h = x.new_zeros(b, H)
@@ -208,13 +209,14 @@ class TCNLMLSTMLayer(nn.Module):
         step_mask = None if mask is None else mask.transpose(0, 1).unsqueeze(-1).unbind(0)  # s x (b, 1)
         outputs = []
         for m in range(s):
-            # Recurrent side (eq. 15): h~ = (U_b t) ⊙ (U_c h), then U_a h~ per gate (a (4,) batch of matmuls).
-            h_tilde = F.linear(h, self.U_c) * hidden_topic  # (b, 4 n_f)
-            gates_h = torch.bmm(h_tilde.view(b, g, f).transpose(0, 1), U_a_t)  # (4, b, H)
-            gates = gates_x[m] + gates_h.transpose(0, 1).reshape(b, g * H)  # (b, 4 H)
-            i_gate, f_gate, candidate, o_gate = gates.chunk(g, dim=1)
-            c_new = torch.sigmoid(f_gate) * c + torch.sigmoid(i_gate) * torch.tanh(candidate)  # eq. 13
-            h_new = torch.sigmoid(o_gate) * torch.tanh(c_new)
+            # Recurrent side (eq. 15): h~ = (U_b t) ⊙ (U_c h), then U_a h~ per gate, added to the input side's
+            # gates in the same (4,) batch of matmuls; the gates stay gate-major, (4, b, H).
+            h_tilde = torch.mm(h, U_c_t).view(b, g, f).transpose(0, 1) * hidden_topic  # (4, b, n_f)
+            gates = torch.baddbmm(gates_x[m], h_tilde, U_a_t)  # (4, b, H)
+            squashed = torch.sigmoid(gates)  # i, f and o (g's sigmoid goes unused: one kernel for the three)
+            i_gate, f_gate, _, o_gate = squashed.unbind(0)
+            c_new = torch.addcmul(f_gate * c, i_gate, torch.tanh(gates[2]))  # eq. 13
+            h_new = o_gate * torch.tanh(c_new)
             if step_mask is None:
                 h, c = h_new, c_new
                 outputs.append(h_new)
