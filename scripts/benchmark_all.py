@@ -75,14 +75,16 @@ Decisions (the same for every run of this script):
 * Budget. Every run trains until its development perplexity stops improving (below), with a cap of
   ``--max-steps`` optimizer steps per model (default: ``--max-epochs`` 20 epochs of the training documents, e.g.
   8,550 steps of 4 APNEWS documents; the table says for every run whether the cap or the development
-  perplexity stopped it); Adam lr ``--lr`` 2e-3, linear warm-up over 2 % then
-  linear decay to 0 at ``--max-steps``, global gradient-norm clip ``--clip`` 0.5, seed 0). Every ``--eval-steps``
+  perplexity stopped it); Adam lr ``--lr`` 2e-3, linear warm-up over 2 % of ``--max-steps``, then (``--schedule
+  plateau``, the default) constant, halved (``--lr-decay``) at every evaluation that does not improve on the best
+  dev perplexity, so that early stopping, not the cap, ends a run (``--schedule linear``: decay to 0 at
+  ``--max-steps``, where the best step is always near the cap), global gradient-norm clip ``--clip`` 0.5, seed 0).
+  Every ``--eval-steps``
   steps (and at the last step) the dev perplexity is measured with ``evaluate_perplexity`` under ``causal``
   (``causal-carry`` for ``*-carry`` models: the protocol they are trained for); training stops after
   ``--patience`` evaluations without improvement and the best evaluated weights are kept (a small callback,
   ``DevEarlyStopping``: transformers' ``EarlyStoppingCallback`` needs ``Trainer.evaluate``, which measures the
   training collator's protocol, not ``evaluate_perplexity``'s, and cannot score GBN/rGBN-RNN's documents batches).
-  The learning-rate schedule is the one of ``--max-steps`` whether or not the run stops early.
 * Perplexity on ``valid.txt`` (``evaluate_perplexity``, every predicted token incl. ``<eos>`` and ``<unk>``):
   ``paper`` (context = document minus the sentence: it sees later sentences), ``causal`` (preceding sentences;
   state reset at every chunk), ``causal-carry`` (causal, with the LSTM state carried across the document); the
@@ -141,9 +143,9 @@ from topic_lm_hf.evaluation.topics import load_reference_corpus
 
 from benchmark_training import (pretrain_topic_model_once, pretrain_topic_model_phase, step_throughput,
                                 train_to_convergence)
-from benchmarking import (CLASSES, DATA, MAX_FLUENCY_RATIO, MODELS, PROTOCOLS, SIZES, TRAINING_FLAGS, CarriedLoss,
-                          OnDevice, Tee, add_common_arguments, build_model, cached_lda_judge, check_settings,
-                          code_version, evaluate_protocols, fluent_setting, fmt, interleaved_step_times, make_collator,
+from benchmarking import (CLASSES, DATA, MAX_FLUENCY_RATIO, MODELS, PROTOCOLS, SCHEDULE_FLAGS, SIZES, TRAINING_FLAGS,
+                          CarriedLoss, OnDevice, Tee, add_common_arguments, build_model, cached_lda_judge,
+                          check_settings, code_version, evaluate_protocols, fluent_setting, fmt, interleaved_step_times, make_collator,
                           prepared_rows, publish, read_json, read_jsonl, steer, write_json)
 
 MAX_EPOCHS = 20  # the default cap: early stopping is meant to end every run before it
@@ -173,7 +175,7 @@ SETTINGS = ("corpus", "size", "embedding_size", "hidden_size", "num_topics", "dr
             "topic_model_lr", "topic_model_batch_size", "pretrain_steps", "pretrain_eval_every", "pretrain_patience",
             "min_freq", "seed", "dev_fraction", "dev_seed",
             "max_train_docs", "max_valid_docs", "npmi_max_documents", "steer_topics", "steer_samples",
-            "max_new_tokens", "lda_max_iter", "device", "precision", "compile_output_layer")
+            "max_new_tokens", "lda_max_iter", "device", "precision", "compile_output_layer", "schedule", "lr_decay")
 
 
 def is_topic_model(name: str) -> bool:
@@ -323,8 +325,8 @@ def parse_args(argv=None):
                              "later measures only it)")
     parser.add_argument("--dev-fraction", type=float, default=0.05, help="training documents held out as dev")
     parser.add_argument("--dev-seed", type=int, default=0, help="seed of the dev split")
-    add_common_arguments(parser, *TRAINING_FLAGS, "--batch-size", "--dropout", "--lr", "--clip", "--kl-annealing-steps", "--alpha",
-                         "--topic-model-steps", "--topic-model-lr", "--min-freq", "--max-train-docs",
+    add_common_arguments(parser, *TRAINING_FLAGS, *SCHEDULE_FLAGS, "--batch-size", "--dropout", "--lr", "--clip",
+                         "--kl-annealing-steps", "--alpha", "--topic-model-steps", "--topic-model-lr", "--min-freq", "--max-train-docs",
                          "--max-valid-docs", "--npmi-max-documents", "--steer-topics", "--steer-samples",
                          "--max-new-tokens", "--lda-max-iter", "--speed-repeats", "--threads", "--seed",
                          batch_size=None,
@@ -614,6 +616,9 @@ def table(report: dict, args) -> list[str]:
     epochs = args.max_steps * args.batch_size / c["train_documents"]
     budget = (f"until the dev perplexity has not improved for {args.patience} evaluations {args.eval_steps} steps "
               f"apart, at most {args.max_steps} steps of {args.batch_size} documents ({epochs:.1f} epochs: the cap)")
+    schedule = (f"linear warm-up over {max(1, args.max_steps // 50)} steps, then constant, times {args.lr_decay:g} at "
+                "every dev evaluation without improvement" if args.schedule == "plateau" else
+                f"linear warm-up and decay over {args.max_steps} steps")
     lines = [f"### All families on {c['corpus_name']}: size `{args.size}` (E = {args.embedding_size}, H = "
              f"{args.hidden_size}, {args.num_topics} topics, 1 layer); budget {budget}; device {c['device']}; "
              f"code {', '.join(sorted({r['train'].get('code', '?') for r in results.values()}))}",
@@ -622,7 +627,7 @@ def table(report: dict, args) -> list[str]:
              f"as dev: a fixed {args.dev_fraction:.0%}, seed {args.dev_seed}), every number on the validation "
              f"documents ({c['valid_documents']}). V = {c['vocab_size']:,}, V_c = {c['topic_vocab_size']:,}. Every "
              f"model reads the same batches of whole documents in the same order (chunk-trained models: their chunks, "
-             f"each from a zero state); Adam lr {args.lr}, linear warm-up and decay over {args.max_steps} steps, clip "
+             f"each from a zero state); Adam lr {args.lr}, {schedule}, clip "
              f"{args.clip}, dropout {args.dropout}, seed {args.seed}; the best dev checkpoint is kept (dev perplexity "
              f"under `causal`, `causal-carry` for carried-state models). NCLM: + {args.topic_model_steps} NVDM-only "
              "steps first. Training context: `others` (document minus the sentence, the papers') for chunk-trained "

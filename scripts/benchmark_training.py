@@ -94,13 +94,30 @@ class FixedOrderSampler(torch.utils.data.Sampler):
         return len(self.indices)
 
 
-class BenchmarkTrainer(TopicLMTrainer):
-    """``TopicLMTrainer`` with a fixed batch order and one linear schedule per phase (the joint phase's the LSTM's)."""
+def plateau_factor(history: list[dict], decay: float) -> float:
+    """The plateau schedule's learning-rate factor after the development evaluations ``history``: ``decay`` to the
+    power of the evaluations that did not improve on the best perplexity before them. It is a function of the
+    evaluations alone, so a resumed run (whose ``history`` is read back from ``dev.jsonl``) continues with it."""
+    best, misses = math.inf, 0
+    for record in history:
+        if record["perplexity"] < best:
+            best = record["perplexity"]
+        else:
+            misses += 1
+    return decay ** misses
 
-    def __init__(self, *args, order=None, topic_model_steps: int = 0, **kwargs):
+
+class BenchmarkTrainer(TopicLMTrainer):
+    """``TopicLMTrainer`` with a fixed batch order and one schedule per phase: linear (warm-up over 2 %, then decay
+    to 0 at the phase's last step), or for the joint phase with ``plateau=(history, decay)`` the same warm-up, then
+    constant, times ``plateau_factor(history, decay)`` (``history``: the development evaluations, appended to as
+    the run goes)."""
+
+    def __init__(self, *args, order=None, topic_model_steps: int = 0, plateau: tuple | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self._order = order
         self._topic_model_steps = topic_model_steps
+        self._plateau = plateau
 
     def _get_train_sampler(self, train_dataset=None):
         return FixedOrderSampler(self._order)
@@ -110,7 +127,12 @@ class BenchmarkTrainer(TopicLMTrainer):
             pre, joint = self._topic_model_steps, num_training_steps - self._topic_model_steps
 
             def factor(step):
-                return linear_schedule(step, pre) if step < pre else linear_schedule(step - pre, joint)
+                if step < pre:
+                    return linear_schedule(step, pre)
+                if self._plateau is None:
+                    return linear_schedule(step - pre, joint)
+                warmup = max(1, joint // 50)
+                return min(1.0, (step - pre) / warmup) * plateau_factor(*self._plateau)
 
             self.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer or self.optimizer, factor)
             self._created_lr_scheduler = True
@@ -431,7 +453,9 @@ def train_to_convergence(name: str, model, rows, collator, args, mdir: Path, tok
     """Train one model until its development perplexity stops improving, resumably; keep its best weights.
 
     At most ``args.max_steps`` steps of ``args.batch_size`` rows in the seeded order of ``batch_order`` (Adam
-    ``args.lr``, linear warm-up over 2 % then decay to 0 at ``args.max_steps``, clip ``args.clip``); every
+    ``args.lr``, linear warm-up over 2 %, then ``args.schedule``: "plateau" constant, times ``args.lr_decay`` at
+    every evaluation without improvement, or "linear" (the default of a script without the flag) decay to 0 at
+    ``args.max_steps``; clip ``args.clip``); every
     ``args.eval_steps`` steps the perplexity of ``dev_docs`` under ``dev_protocol`` (``DevEarlyStopping``) and a
     checkpoint; the run stops after ``args.patience`` evaluations without improvement. An interrupted run resumes
     from its last complete checkpoint (``<mdir>/checkpoints``) with its early-stopping state (``<mdir>/dev.jsonl``);
@@ -451,6 +475,7 @@ def train_to_convergence(name: str, model, rows, collator, args, mdir: Path, tok
     history = [json.loads(line) for line in dev_path.read_text().splitlines() if line]
     start = time.perf_counter()
     device = getattr(args, "device", "cpu")
+    schedule = getattr(args, "schedule", "linear")
     if stopped(history, args.patience) or done >= args.max_steps:
         print(f"   training finished earlier (step {done})", flush=True)
     else:
@@ -465,9 +490,11 @@ def train_to_convergence(name: str, model, rows, collator, args, mdir: Path, tok
                                   disable_tqdm=True, seed=args.seed, dataloader_num_workers=0)
         targs, compile_output_layer = fast_path(targs, args)
         record_vocabularies(model.config, tok, topic_tok)  # BatchTokens hides the collator
+        plateau = (history, args.lr_decay) if schedule == "plateau" else None
         trainer = BenchmarkTrainer(model=model, args=targs, train_dataset=rows, data_collator=counting,
                                    order=batch_order(len(rows), args.max_steps, args.batch_size, args.seed),
-                                   carry_state=carry_state, compile_output_layer=compile_output_layer)
+                                   carry_state=carry_state, compile_output_layer=compile_output_layer,
+                                   plateau=plateau)
         trainer.remove_callback(PrinterCallback)
         # StepTimer first: the dev evaluation runs after it has timed the step (and on_save restarts its clock)
         trainer.add_callback(StepTimer(name, counting, steps_path, lambda step: "joint", args.max_steps))
@@ -487,7 +514,7 @@ def train_to_convergence(name: str, model, rows, collator, args, mdir: Path, tok
             "dev_history": history, "train_seconds": sum(r["seconds"] for r in records),
             "train_tokens": sum(r["tokens"] for r in records), "steps_timed": len(records),
             "stalled_steps": speed["stalled_steps"], "seconds_last_session": seconds, "carry_state": carry_state,
-            "code": code, "tokens_per_s": speed["tokens_per_s"]}
+            "code": code, "tokens_per_s": speed["tokens_per_s"], "schedule": schedule}
     write_json(finished, stats)
     return _finish(mdir, stats)
 

@@ -62,6 +62,12 @@ COMMON_ARGUMENTS = {
     "--dropout": dict(type=float, default=0.4),
     "--lr": dict(type=float, default=2e-3, help="Adam learning rate (linear warm-up and decay to 0)"),
     "--clip": dict(type=float, default=0.5, help="global gradient-norm clip"),
+    "--schedule": dict(choices=("plateau", "linear"), default="plateau",
+                       help="learning rate after a linear warm-up over 2 %% of the cap: 'plateau' constant, times "
+                            "--lr-decay at every development evaluation that does not improve on the best (early "
+                            "stopping decides when the run ends); 'linear' decays to 0 at the cap"),
+    "--lr-decay": dict(type=float, default=0.5, help="the plateau schedule's factor per evaluation without "
+                                                     "improvement"),
     "--kl-annealing-steps": dict(type=int, default=300,
                                  help="TCNLM's KL weight rises from 0 to 1 over these steps (not in the paper; "
                                       "without it the topic posterior collapsed to the prior on this data)"),
@@ -92,6 +98,7 @@ COMMON_ARGUMENTS = {
 }
 # the fast training path's flags: every script that trains takes them (benchmark_training.fast_path reads them)
 TRAINING_FLAGS = ("--precision", "--compile-output-layer")
+SCHEDULE_FLAGS = ("--schedule", "--lr-decay")  # runs stopped by their development perplexity
 
 
 def add_common_arguments(parser: argparse.ArgumentParser, *flags: str, helps: dict | None = None,

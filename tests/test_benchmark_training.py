@@ -7,21 +7,22 @@ import json
 import os
 
 import torch
-from benchmark_training import best_dirs, train_to_convergence
+from transformers import TrainingArguments
+from benchmark_training import BenchmarkTrainer, best_dirs, plateau_factor, train_to_convergence
 from conftest import TINY_CORPUS
 
 from topic_lm_hf import (LSTMLMConfig, LSTMLMForCausalLM, TopicContextCollator, documents_from_lists,
                          evaluate_perplexity)
 
 
-def _run(tiny_vocabularies, mdir, max_steps=40, patience=2):
+def _run(tiny_vocabularies, mdir, max_steps=40, patience=2, **schedule):
     tok, _ = tiny_vocabularies
     torch.manual_seed(0)
     model = LSTMLMForCausalLM(LSTMLMConfig(vocab_size=len(tok), embedding_size=8, hidden_size=8))
     collator = TopicContextCollator(tok, None, context="none")
     docs = documents_from_lists(TINY_CORPUS * 3)
     args = argparse.Namespace(max_steps=max_steps, batch_size=4, lr=0.05, clip=0.5, eval_steps=2, patience=patience,
-                              seed=0, device="cpu", precision="fp32", compile_output_layer=False)
+                              seed=0, device="cpu", precision="fp32", compile_output_layer=False, **schedule)
     stats = train_to_convergence("lstm", model, collator.prepare(docs), collator, args, mdir, tok, None,
                                  documents_from_lists(TINY_CORPUS), "causal")
     return stats, model
@@ -56,3 +57,38 @@ def test_an_ending_interrupted_after_its_record_is_completed_by_the_rerun(tiny_v
     again, _ = _run(tiny_vocabularies, tmp_path, max_steps=400, patience=2)
     assert again == stats and (tmp_path / "model" / "config.json").exists()
     assert not (tmp_path / "checkpoints").exists() and not best_dirs(tmp_path)
+
+
+def test_the_plateau_schedule_is_constant_and_decays_at_each_evaluation_without_improvement(tiny_vocabularies,
+                                                                                          tmp_path):
+    """After the warm-up the plateau schedule keeps the rate until a development evaluation fails to improve on the
+    best, then multiplies it by the decay, once per such evaluation, read from the evaluations alone (so a resumed
+    run continues it); a run under it ends by early stopping, and its record names the schedule."""
+    history = []
+    assert plateau_factor(history, 0.5) == 1.0
+    history += [{"perplexity": 50.0}, {"perplexity": 40.0}, {"perplexity": 45.0}, {"perplexity": 39.0},
+                {"perplexity": 39.0}]
+    assert plateau_factor(history, 0.5) == 0.25  # 45 and the second 39 did not improve on the best before them
+
+    tok, _ = tiny_vocabularies
+    model = LSTMLMForCausalLM(LSTMLMConfig(vocab_size=len(tok), embedding_size=8, hidden_size=8))
+    collator = TopicContextCollator(tok, None, context="none")
+    evaluations = []
+    trainer = BenchmarkTrainer(model=model, args=TrainingArguments(str(tmp_path / "t"), learning_rate=0.1,
+                                                                   max_steps=100, report_to=[], use_cpu=True),
+                               data_collator=collator, plateau=(evaluations, 0.5))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = trainer.create_scheduler(100, optimizer)
+    rates = []
+    for step in range(1, 11):
+        optimizer.step()
+        scheduler.step()
+        rates.append(optimizer.param_groups[0]["lr"])
+        if step in (4, 6, 8):
+            evaluations.append({"perplexity": {4: 30.0, 6: 31.0, 8: 29.0}[step]})
+    # warm-up over 2 steps, constant, halved after the evaluation at step 6 (no better than 30), kept after step 8's
+    assert rates == [0.05] + [0.1] * 5 + [0.05] * 4
+
+    (tmp_path / "run").mkdir()
+    stats, _ = _run(tiny_vocabularies, tmp_path / "run", max_steps=400, patience=2, schedule="plateau", lr_decay=0.5)
+    assert stats["stopped_by"] == "patience" and stats["steps_trained"] < 400 and stats["schedule"] == "plateau"
