@@ -75,6 +75,37 @@ def test_run_rnn_left_and_right_padding_match_unpadded_rows(cell):
     assert reorder_state(state, torch.tensor([1, 1, 0]))[0].shape[0] == 3
 
 
+@pytest.mark.parametrize("cell", [nn.LSTM, nn.GRU])
+def test_run_rnn_right_padded_with_state_equals_each_row_alone(cell):
+    """Right padding with the state wanted runs one fused call per distinct length (rows sorted, each continuing
+    from its state): outputs, final states and gradients equal each row run alone, with repeated lengths, a row
+    without a token and an initial state."""
+    torch.manual_seed(0)
+    rnn = cell(3, 5, num_layers=2, batch_first=True).double()
+    lengths = [5, 0, 3, 5, 1, 3, 6]
+    b, s = len(lengths), 7
+    x = torch.randn(b, s, 3, dtype=torch.float64, requires_grad=True)
+    init = tuple(torch.randn(b, 2, 5, dtype=torch.float64, requires_grad=True)
+                 for _ in range(2 if cell is nn.LSTM else 1))
+    mask = (torch.arange(s) < torch.tensor(lengths).unsqueeze(1)).long()
+    out, state = run_rnn(rnn, x, mask, init)
+    assert out[~mask.bool()].abs().sum() == 0
+    reference = []
+    for i, n in enumerate(lengths):
+        row_init = tuple(h[i:i + 1] for h in init)
+        ref_out, ref_state = run_rnn(rnn, x[i:i + 1, :n], None, row_init) if n else (x.new_zeros(1, 0, 5), row_init)
+        torch.testing.assert_close(out[i, :n], ref_out[0])
+        for a, r in zip(state, ref_state):
+            torch.testing.assert_close(a[i], r[0])
+        reference.append((ref_out, ref_state))
+    weights = torch.randn_like(out)
+    grads = torch.autograd.grad((out * weights).sum() + sum(h.sum() for h in state), [x, *init])
+    ref_loss = sum((o[0] * weights[i, :o.shape[1]]).sum() + sum(h.sum() for h in st)
+                   for i, (o, st) in enumerate(reference))
+    for a, r in zip(grads, torch.autograd.grad(ref_loss, [x, *init])):
+        torch.testing.assert_close(a, r)
+
+
 def _left_aligned(input_ids, attention_mask):
     """Move each row's real tokens to the end (left padding, as generate() wants)."""
     order = torch.argsort(attention_mask, dim=1, stable=True)

@@ -241,6 +241,43 @@ def _to_layer_first(state):
     return tuple(_to_layer_first(s) for s in state)
 
 
+def _run_by_length(rnn: nn.RNNBase, x: torch.Tensor, attention_mask: torch.Tensor, hx):
+    """``rnn`` (unidirectional) on a right-padded batch, with the state after each row's last real token, in one
+    call of the fused kernel per distinct row length instead of a packed sequence (which the CPU runs one time step
+    at a time): the rows sorted by length, longest first, the first call runs every row up to the shortest length,
+    the next continues the longer rows from their states up to the next length, and so on. Returns ``(outputs
+    (b, s, H) with zeros at padding, the layer-first state)`` as ``rnn`` returns them; a row without a token keeps
+    its initial state."""
+    b, s, _ = x.shape
+    is_lstm = isinstance(rnn, nn.LSTM)
+    lengths = attention_mask.sum(1)
+    order = torch.argsort(lengths, descending=True, stable=True)
+    sorted_lengths = lengths[order].tolist()
+    out_size = rnn.proj_size or rnn.hidden_size
+    if hx is None:
+        h0 = x.new_zeros(rnn.num_layers, b, out_size)
+        hx = (h0, x.new_zeros(rnn.num_layers, b, rnn.hidden_size)) if is_lstm else h0
+    x = x.index_select(0, order)
+    states = [h.index_select(1, order) for h in (hx if is_lstm else (hx,))]
+    rows = sum(1 for n in sorted_lengths if n > 0)  # the rows still running
+    finals = [[h[:, rows:]] for h in states]  # per state tensor, the rows' final states by segment, last rows first
+    outputs, start = [], 0
+    for end in sorted({n for n in sorted_lengths if n > 0}):
+        running = tuple(h[:, :rows] for h in states)
+        out, hn = rnn(x[:rows, start:end], running if is_lstm else running[0])
+        outputs.append(nn.functional.pad(out, (0, 0, 0, 0, 0, b - rows)))
+        still = sum(1 for n in sorted_lengths if n > end)
+        states = hn if is_lstm else (hn,)
+        for final, h in zip(finals, states):
+            final.insert(0, h[:, still:rows])  # the rows of exactly this length are done
+        rows, start = still, end
+    out = torch.cat(outputs, dim=1) if outputs else x.new_zeros(b, 0, out_size)
+    inverse = torch.argsort(order)
+    out = nn.functional.pad(out, (0, 0, 0, s - out.shape[1])).index_select(0, inverse)
+    hn = tuple(torch.cat(final, dim=1).index_select(1, inverse) for final in finals)
+    return out, (hn if is_lstm else hn[0])
+
+
 def run_rnn(rnn: nn.RNNBase, x: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
             state=None, need_state: bool = True):
     """Run a batch-first ``nn.LSTM`` / ``nn.GRU`` / ``nn.RNN`` on a padded batch.
@@ -262,10 +299,14 @@ def run_rnn(rnn: nn.RNNBase, x: torch.Tensor, attention_mask: Optional[torch.Ten
     hx = _to_layer_first(state)
     if hx is not None and not is_lstm:
         hx = hx[0]
-    if attention_mask is None or bool(attention_mask.all()) or (not need_state and _is_right_padded(attention_mask)):
+    full = attention_mask is None or bool(attention_mask.all())
+    right_padded = not full and _is_right_padded(attention_mask)
+    if full or (not need_state and right_padded):
         out, hn = rnn(x, hx)
-        if attention_mask is not None and not bool(attention_mask.all()):
+        if not full:
             out = out * attention_mask.unsqueeze(-1).to(out.dtype)
+    elif right_padded and not rnn.bidirectional:
+        out, hn = _run_by_length(rnn, x, attention_mask, hx)
     else:
         mask = attention_mask.bool()
         b, s = mask.shape
