@@ -78,3 +78,111 @@ def test_a_config_file_that_is_not_a_json_object_is_one_line(tmp_path, capsys):
 def test_the_demo_refuses_zero_threads(capsys, tmp_path):
     assert "--threads must be at least 1, got 0" in one_line_error(
         capsys, ["demo", "--threads", "0", "--output_dir", str(tmp_path)])
+
+
+# ----------------------------------------------------------------------------------------------
+# silent wrong answers of the metrics and of the document inputs
+# ----------------------------------------------------------------------------------------------
+
+
+def test_a_context_text_without_a_topic_word_is_refused(saved_model, capsys):
+    folder, _, _ = saved_model
+    for text in ["", "zzzz qqqq"]:
+        assert "bag of words of context_text" in one_line_error(
+            capsys, ["generate", "--model_name_or_path", str(folder), "--context_text", text, "--max_new_tokens", "2"])
+
+
+@pytest.mark.parametrize("family", ["tcnlm", "lstm_lm"])
+def test_an_empty_prompt_tensor_is_one_line(saved_model, family):
+    from topic_lm_hf import LSTMLMConfig, LSTMLMForCausalLM
+
+    _, model, tok = saved_model
+    if family == "lstm_lm":
+        model = LSTMLMForCausalLM(LSTMLMConfig(vocab_size=len(tok), embedding_size=4, hidden_size=4))
+    with pytest.raises(ValueError, match=r"the prompt is empty \(input_ids of shape \(1, 0\)\)"):
+        model.generate(torch.zeros((1, 0), dtype=torch.long), max_new_tokens=2)
+
+
+def test_a_string_where_documents_are_expected_is_refused(saved_model):
+    from topic_lm_hf import evaluate_perplexity, make_bow
+
+    _, model, tok = saved_model
+    topic_tok = build_vocabularies(synthetic_documents(30), min_freq=1)[1]
+    with pytest.raises(ValueError, match=r"documents\[0\] is a string, where a list is expected"):
+        evaluate_perplexity(model, ["the senate met"], tokenizer=tok, topic_tokenizer=topic_tok)
+    with pytest.raises(ValueError, match=r"documents\[0\]\[0\] is a string"):
+        evaluate_perplexity(model, [["the senate met"]], tokenizer=tok, topic_tokenizer=topic_tok)
+    with pytest.raises(ValueError, match=r"make_bow takes a list of texts .* make_bow\(\[text\]"):
+        make_bow("police said the court", topic_tok)
+    assert make_bow(["police said the court"], topic_tok).shape[0] == 1
+
+
+@pytest.fixture(scope="module")
+def metric():
+    pytest.importorskip("evaluate")
+    from topic_lm_hf.evaluation.metrics import load_metric
+
+    return load_metric
+
+
+def test_classification_refuses_non_integer_predictions(metric):
+    classification = metric("classification")
+    with pytest.raises(ValueError, match=r"predictions must be class ids \(integers\), got 0.7"):
+        classification.compute(predictions=[0.7, 1.0], references=[0, 1])
+    with pytest.raises(ValueError, match=r"predictions has shape \(2, 2\).*argmax"):
+        classification.compute(predictions=[[0.2, 0.8], [0.9, 0.1]], references=[1, 0])
+    assert classification.compute(predictions=[1.0, 0.0], references=[1, 0])["accuracy"] == 1.0
+
+
+def test_an_argument_of_another_metric_is_honoured_or_refused(metric):
+    topics = [["a", "b", "c"], ["a", "d", "e"]]
+    diversity = metric("topic_diversity")
+    assert diversity.compute(predictions=topics, top_n=2) == diversity.compute(predictions=topics, k=2)
+    assert diversity.compute(predictions=topics, k=3, top_n=10)["k"] == 3  # combine: top_n is npmi's
+    npmi = metric("npmi")
+    docs = [["a", "b", "c"], ["a", "d"], ["b", "c", "e"]]
+    assert npmi.compute(predictions=topics, reference=docs, window=None, k=2)["protocol"]["top_n"] == [2]
+    with pytest.raises(TypeError, match=r"distinct_n takes n=, not max_n="):
+        metric("distinct_n").compute(predictions=["a b c"], max_n=3)
+    assert metric("distinct_n").compute(predictions=["a b c"], n=1, max_n=3) == {"distinct_1": 1.0}
+    with pytest.raises(TypeError, match=r"texygen_self_bleu takes max_n=, not n="):
+        metric("texygen_self_bleu").compute(predictions=["a b", "a c"], n=2)
+
+
+def test_texygen_bleu_refuses_nested_references(metric):
+    from topic_lm_hf.evaluation.bleu import texygen_bleu
+
+    with pytest.raises(ValueError, match=r"references\[0\] is a list of sentences, not of tokens"):
+        texygen_bleu(["the cat sat"], [["the cat sat"]])
+    with pytest.raises(ValueError, match=r"is a list of sentences, not of tokens"):
+        metric("texygen_bleu").compute(predictions=["the cat sat"], reference_texts=[["the cat sat"]])
+    assert texygen_bleu(["the cat sat"], [["the", "cat", "sat"]], max_n=2)[2] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("name, kwargs", [
+    ("distinct_n", {}), ("texygen_bleu", {"reference_texts": ["a b"]}), ("texygen_self_bleu", {})])
+def test_text_metrics_refuse_no_predictions_and_non_text_rows(metric, name, kwargs):
+    with pytest.raises(ValueError, match=rf"{name}: predictions is empty"):
+        metric(name).compute(predictions=[], **kwargs)
+    with pytest.raises(ValueError, match=rf"{name}: predictions\[0\] is int 1: give texts"):
+        metric(name).compute(predictions=[1, 2], **kwargs)
+
+
+def test_npmi_refuses_an_empty_reference(tmp_path):
+    from topic_lm_hf import topic_coherence
+
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    for reference in (empty, []):
+        with pytest.raises(ValueError, match="has no tokens: NPMI needs word counts"):
+            topic_coherence([["a", "b"]], reference)
+
+
+def test_a_topic_shorter_than_top_n_is_labelled_with_the_words_it_has():
+    from topic_lm_hf import topic_coherence
+
+    docs = [["a", "b", "c", "a"], ["b", "x", "a"], ["c", "c"]]
+    result = topic_coherence([["a", "b", "c"], ["a", "b", "c", "x"]], docs, window=3, top_n=(2, 3, 4))
+    assert [list(d) for d in result.per_topic_per_n] == [[2, 3], [2, 3, 4]]
+    short = result.per_topic_per_n[0]
+    assert result.per_topic[0] == pytest.approx((short[2] + short[3]) / 2)  # top-3 counted once, not twice

@@ -416,6 +416,10 @@ def generate_text(model, tokenizer, prompt: str = "", topic_tokenizer=None, topi
         if topic_tokenizer is None:
             raise ValueError("context_text needs the topic tokenizer")
         kwargs["context_bow"] = make_bow([context_text], topic_tokenizer).to(model.device)
+        if not kwargs["context_bow"].any():  # no topic word: it would generate unconditioned text
+            raise ValueError(f"the bag of words of context_text {context_text[:60]!r} is empty: it has no word of the "
+                             "topic vocabulary, so nothing would steer; give a text with content words (topic-lm "
+                             "topics lists some)")
     out = model.generate(**inputs, pad_token_id=tokenizer.pad_token_id, **kwargs)
     # Keep <unk> visible (an out-of-vocabulary prompt word must not silently vanish); drop the rest.
     hidden = {tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id}

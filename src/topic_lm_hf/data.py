@@ -386,7 +386,15 @@ def load_documents(
 
 
 def documents_from_lists(documents: Sequence[Sequence[Sequence[str]]], **columns) -> datasets.Dataset:
-    """A documents dataset from Python lists (tests, small experiments)."""
+    """A documents dataset from Python lists (tests, small experiments): each document a list of sentences, each a
+    list of tokens. A string where a list is expected is refused (it would be read one character per sentence or
+    token); raw text is tokenized with :func:`tokenize_text` first."""
+    where = "documents" if isinstance(documents, str) else next(
+        (f"documents[{i}]" + (f"[{j}]" if j is not None else "") for i, d in enumerate(documents)
+         for j in ([None] if isinstance(d, str) else [j for j, s in enumerate(d) if isinstance(s, str)][:1])), None)
+    if where is not None:
+        raise ValueError(f"{where} is a string, where a list is expected: documents are lists of sentences, each a "
+                         f"list of tokens; tokenize raw text first, e.g. [tokenize_text(text) for text in texts]")
     return datasets.Dataset.from_dict({"sentences": [[list(s) for s in d] for d in documents], **columns})
 
 
