@@ -186,3 +186,48 @@ def test_a_topic_shorter_than_top_n_is_labelled_with_the_words_it_has():
     assert [list(d) for d in result.per_topic_per_n] == [[2, 3], [2, 3, 4]]
     short = result.per_topic_per_n[0]
     assert result.per_topic[0] == pytest.approx((short[2] + short[3]) / 2)  # top-3 counted once, not twice
+
+
+# ----------------------------------------------------------------------------------------------
+# numerics
+# ----------------------------------------------------------------------------------------------
+
+
+# Per family with TCNLM's angular diversity regulariser: how to make two of its topics coincide, and the term.
+def _tcnlm_coinciding(model):
+    topic_model = model.model.topic_model
+    with torch.no_grad():
+        topic_model.topic_vectors[1].copy_(topic_model.topic_vectors[0])
+    return topic_model.diversity
+
+
+def _nclm_coinciding(model):
+    with torch.no_grad():
+        weight = model.model.topic_model.decoder.weight  # (V_c, K): topic k is column k
+        weight[:, 1].copy_(weight[:, 0] * (1 + 1e-4))  # nearly: the cosine is 1 - O(1e-8)
+    return model.topic_diversity_term
+
+
+DIVERSITY_REGULARISED = {"tcnlm": _tcnlm_coinciding, "nclm": _nclm_coinciding}
+
+
+def test_every_family_with_a_diversity_term_is_covered():
+    from topic_lm_hf.families import FAMILIES
+
+    with_term = {name for name, family in FAMILIES.items() if hasattr(family.config_class(), "diversity_weight")}
+    assert with_term == set(DIVERSITY_REGULARISED)
+
+
+@pytest.mark.parametrize("model_type", sorted(DIVERSITY_REGULARISED))
+def test_coinciding_topics_give_a_finite_diversity_gradient_under_bf16_autocast(model_type):
+    from conftest import tiny_model
+    from topic_lm_hf.families import FAMILIES
+
+    tok, topic_tok = build_vocabularies(synthetic_documents(30), min_freq=1)
+    model = tiny_model(FAMILIES[model_type].representative, tok, topic_tok, diversity_weight=0.1)
+    term = DIVERSITY_REGULARISED[model_type](model)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        value = term()
+    value.backward()
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    assert grads and torch.isfinite(value) and all(torch.isfinite(g).all() for g in grads)
