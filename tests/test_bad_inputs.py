@@ -231,3 +231,45 @@ def test_coinciding_topics_give_a_finite_diversity_gradient_under_bf16_autocast(
     value.backward()
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     assert grads and torch.isfinite(value) and all(torch.isfinite(g).all() for g in grads)
+
+
+# ----------------------------------------------------------------------------------------------
+# training runs: a finished run is left alone, a truncated checkpoint is skipped
+# ----------------------------------------------------------------------------------------------
+
+
+def _train_argv(out, *flags):
+    return ["train", "--synthetic", "true", "--model_type", "lstm_lm", "--config_overrides",
+            "embedding_size=8,hidden_size=8", "--output_dir", str(out), "--max_steps", "4", "--save_steps", "2",
+            "--per_device_train_batch_size", "8", "--report_to", "none", "--use_cpu", "true", "--disable_tqdm", "true",
+            "--eval_strategy", "no", *flags]
+
+
+def _files(folder):
+    return {p.relative_to(folder): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_rerunning_a_finished_training_run_changes_nothing(tmp_path, capsys):
+    out = tmp_path / "run"
+    main(_train_argv(out))
+    before = _files(out)
+    capsys.readouterr()
+    main(_train_argv(out))
+    assert "already holds this run, finished at step 4 (checkpoint-4): nothing to do" in capsys.readouterr().out
+    assert _files(out) == before  # no checkpoint-5, the saved model as it was
+
+
+@pytest.mark.parametrize("victim", ["model.safetensors", "optimizer.pt"])
+def test_resuming_skips_a_checkpoint_with_a_truncated_file(tmp_path, caplog, victim):
+    from topic_lm_hf.trainer import last_complete_checkpoint
+
+    out = tmp_path / "run"
+    main(_train_argv(out))
+    path = out / "checkpoint-4" / victim
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    with caplog.at_level("WARNING", logger="topic_lm_hf"):
+        assert last_complete_checkpoint(out) == str(out / "checkpoint-2")
+    assert f"Not resuming from {out / 'checkpoint-4'}: its {victim} is truncated or unreadable" in caplog.text
+    (out / "model.safetensors").unlink()  # the run as killed before its end: it resumes from checkpoint-2
+    main(_train_argv(out))
+    assert (out / "model.safetensors").exists()

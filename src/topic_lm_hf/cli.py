@@ -334,8 +334,13 @@ def train(data_args: DataArguments, model_args: ModelArguments, training_args: T
                              data_collator=collator, processing_class=tok, callbacks=callbacks,
                              pretraining_phases=parse_phases(model_args.pretraining_phases),
                              compile_output_layer=compile_output_layer)
-    from .trainer import last_complete_checkpoint
+    from .trainer import finished_run, last_complete_checkpoint
 
+    # the trainer has recorded the vocabularies in the config: a run with others is not this one
+    finished = finished_run(out, training_args, model.config)
+    if finished:  # a rerun of a finished run changes nothing
+        logger.warning(finished)
+        return load_pretrained(AutoModelForCausalLM, out), *data_lib.load_vocabularies(out)
     last = last_complete_checkpoint(out)  # skips a checkpoint the previous run did not finish writing
     if last:
         logger.info("Resuming from %s", last)
@@ -433,8 +438,11 @@ def generate_text(model, tokenizer, prompt: str = "", topic_tokenizer=None, topi
 
 def run_train(data_args: DataArguments, model_args: ModelArguments, training_args: TrainingArguments,
               fast: FastPathArguments) -> None:
+    from .trainer import finished_run
+
+    finished = finished_run(training_args.output_dir, training_args)  # before training: a message, or None
     train(data_args, model_args, training_args, fast=fast)
-    print(f"saved to {training_args.output_dir}")
+    print(finished or f"saved to {training_args.output_dir}")
 
 
 def run_evaluate(args: EvaluateArguments, device: DeviceArguments | None = None) -> None:
