@@ -349,8 +349,10 @@ def train(data_args: DataArguments, model_args: ModelArguments, training_args: T
                                                      context=data_args.context,
                                                      max_sentence_length=data_args.max_sentence_length,
                                                      max_context_tokens=data_args.max_context_tokens)
+        # resumable on one process (its checkpoints in output_dir/pretraining; a run on several processes redoes it)
         pretrain_for_cli(model, pretraining.prepare(train_docs), pretraining, pretraining_steps(model_args, model),
-                         pretraining.prepare(valid_docs) if valid_docs is not None else None, training_args.seed)
+                         pretraining.prepare(valid_docs) if valid_docs is not None else None, training_args.seed,
+                         checkpoint_dir=os.path.join(out, "pretraining") if training_args.world_size == 1 else None)
     trainer.train(resume_from_checkpoint=last)
     trainer.save_model(out)
     data_lib.save_vocabularies(tok, topic_tok, out)
@@ -374,7 +376,7 @@ def recipe_of(model_args: ModelArguments) -> str:
     return "paper" if model_args.config_file else "steering"
 
 
-def pretrain_for_cli(model, train_rows, collator, steps: int, dev_rows, seed: int) -> None:
+def pretrain_for_cli(model, train_rows, collator, steps: int, dev_rows, seed: int, checkpoint_dir=None) -> None:
     """``--pretrain_topic_model_steps``: the topic model alone first, early-stopped on ``dev_rows`` when given."""
     if steps < 0:
         raise ValueError(f"--pretrain_topic_model_steps must be >= 0, got {steps}")
@@ -384,7 +386,8 @@ def pretrain_for_cli(model, train_rows, collator, steps: int, dev_rows, seed: in
     logger.info("Pre-training the topic model on %d rows, %s (at most %d steps) ...", len(train_rows), rows, steps)
     start = time.time()
     settings = {k: v for k, v in RECIPE_PRETRAINING.items() if k != "steps"}
-    result = pretrain_topic_model(model, train_rows, collator, steps, seed=seed, eval_dataset=dev_rows, **settings)
+    result = pretrain_topic_model(model, train_rows, collator, steps, seed=seed, eval_dataset=dev_rows,
+                                  checkpoint_dir=checkpoint_dir, save_every=settings["eval_every"], **settings)
     best = f", best development objective {result.best_dev_loss:.3f} at step {result.best_step}" \
         if result.dev_losses else ""
     logger.info("Topic model pre-trained: %d steps (stopped by %s)%s, %.0f s", result.steps,
