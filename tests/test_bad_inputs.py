@@ -273,3 +273,43 @@ def test_resuming_skips_a_checkpoint_with_a_truncated_file(tmp_path, caplog, vic
     (out / "model.safetensors").unlink()  # the run as killed before its end: it resumes from checkpoint-2
     main(_train_argv(out))
     assert (out / "model.safetensors").exists()
+
+
+# ----------------------------------------------------------------------------------------------
+# the sense tagger finds the topic model it was trained with, and only that one
+# ----------------------------------------------------------------------------------------------
+
+
+def test_the_sense_tagger_records_its_topic_model_by_absolute_path_and_weights(tmp_path, monkeypatch):
+    from transformers import AutoModelForTokenClassification, TrainingArguments
+
+    from topic_lm_hf import save_vocabularies
+    from topic_lm_hf.tasks import load_wsd_corpus
+    from topic_lm_hf.tasks.wsd_tagger import disambiguate, train_sense_tagger
+
+    (tmp_path / "set").mkdir()
+    (tmp_path / "set" / "tiny.data.xml").write_text(
+        '<corpus lang="en"><text id="d0"><sentence id="d0.s0"><wf lemma="the" pos="DET">the</wf>'
+        '<instance id="d0.s0.t0" lemma="court" pos="NOUN">court</instance><wf lemma="rule" pos="VERB">ruled</wf>'
+        '</sentence></text></corpus>', encoding="utf-8")
+    (tmp_path / "set" / "tiny.gold.key.txt").write_text("d0.s0.t0 court%1:14:00::\n", encoding="utf-8")
+    corpus = load_wsd_corpus(tmp_path / "set")
+    tok, topic_tok = build_vocabularies(synthetic_documents(30), min_freq=1)
+    for name, seed in (("first", 0), ("second", 1)):
+        torch.manual_seed(seed)
+        topic_model = TCNLMForCausalLM(TCNLMConfig.from_tokenizers(tok, topic_tok, num_topics=3, embedding_size=4,
+                                                                   hidden_size=4))
+        topic_model.save_pretrained(tmp_path / name / "topics")
+        save_vocabularies(tok, topic_tok, tmp_path / name / "topics")
+    monkeypatch.chdir(tmp_path / "first")
+    args = TrainingArguments(output_dir=str(tmp_path / "tagger"), max_steps=1, report_to="none", use_cpu=True,
+                             save_strategy="no", disable_tqdm=True)
+    train_sense_tagger(corpus, tmp_path / "tagger", topic_model="topics", training_args=args, embedding_size=4,
+                       hidden_size=4)  # a path relative to the folder it trains in
+    tagger = AutoModelForTokenClassification.from_pretrained(tmp_path / "tagger")
+    assert tagger.config.topic_model_name_or_path == str(tmp_path / "first" / "topics")
+    assert len(tagger.config.topic_model_sha256) == 64
+    monkeypatch.chdir(tmp_path / "second")  # where "topics" is another topic model
+    assert list(disambiguate(tagger, corpus, mode="all_senses")) == ["d0.s0.t0"]  # the one it was trained with
+    with pytest.raises(ValueError, match=r"the topic model at topics is not the one this tagger was trained with"):
+        disambiguate(tagger, corpus, mode="all_senses", topic_model="topics")
