@@ -313,3 +313,38 @@ def test_the_sense_tagger_records_its_topic_model_by_absolute_path_and_weights(t
     assert list(disambiguate(tagger, corpus, mode="all_senses")) == ["d0.s0.t0"]  # the one it was trained with
     with pytest.raises(ValueError, match=r"the topic model at topics is not the one this tagger was trained with"):
         disambiguate(tagger, corpus, mode="all_senses", topic_model="topics")
+
+
+# ----------------------------------------------------------------------------------------------
+# crashes that are user errors: one line
+# ----------------------------------------------------------------------------------------------
+
+
+def test_a_labelled_corpus_loads_by_its_extension_or_is_refused_naming_the_formats(saved_model, tmp_path, capsys):
+    from topic_lm_hf.tasks.classification import load_classification_splits
+
+    folder, _, _ = saved_model
+    rows = [("the court ruled on the tax case", i % 2) for i in range(20)]
+    (tmp_path / "corpus.csv").write_text("text,label\n" + "\n".join(f"{t},{y}" for t, y in rows))
+    (tmp_path / "corpus.jsonl").write_text("\n".join(json.dumps({"text": t, "label": y}) for t, y in rows))
+    from_csv = load_classification_splits(tmp_path / "corpus.csv", test_fraction=0.5)
+    from_json = load_classification_splits(tmp_path / "corpus.jsonl", test_fraction=0.5)
+    assert from_csv[0]["sentences"] == from_json[0]["sentences"] and from_csv[0]["label"] == from_json[0]["label"]
+    (tmp_path / "corpus.txt").write_text("the court ruled\tthe tax case\n")
+    assert "corpus.txt: a labelled corpus is JSON lines (.jsonl[.gz], .json), CSV (.csv[.gz]) or Parquet" in \
+        one_line_error(capsys, ["classify", "--model_name_or_path", str(folder), "--dataset",
+                                str(tmp_path / "corpus.txt")])
+    assert "--head must be one of mlp, cnn, got 'foo'" in one_line_error(
+        capsys, ["classify", "--model_name_or_path", str(folder), "--dataset", str(tmp_path / "corpus.jsonl"),
+                 "--head", "foo"])
+
+
+def test_a_word_for_a_numeric_option_off_by_default_is_one_line(tmp_path, capsys):
+    from topic_lm_hf.cli import ModelArguments, make_config
+
+    assert make_config(ModelArguments(model_type="tcnlm", recipe="paper",
+                                      config_overrides="topic_factor_spread=1e-2")).topic_factor_spread == 0.01
+    assert "--config_overrides topic_factor_spread=abc: a value of the wrong type for TCNLMConfig" in one_line_error(
+        capsys, ["train", "--synthetic", "true", "--model_type", "tcnlm", "--config_overrides",
+                 "topic_factor_spread=abc", "--output_dir", str(tmp_path / "out"), "--max_steps", "1",
+                 "--report_to", "none"])

@@ -236,16 +236,36 @@ def make_config(model_args: ModelArguments) -> PretrainedConfig:
             elif isinstance(prop, property) and prop.fset is None:  # derived: the class names what to set instead
                 values[key] = json.loads(text) if re.fullmatch(r"-?\d+(\.\d*)?", text) else text
             elif hasattr(config, key) and getattr(config, key) is None:  # an option off by default: no type to follow
-                values[key] = None if text in ("None", "null") else (
-                    json.loads(text) if re.fullmatch(r"-?\d+(\.\d*)?|true|false", text) else text)
+                values[key] = override_literal(text)
             else:
                 try:  # transformers' parser: the key must exist, the value takes the current one's type
                     config.update_from_string(f"{key}={text}")
                 except (ValueError, TypeError) as error:
                     raise ValueError(f"--config_overrides {key}={text}: {error}") from error
                 values[key] = getattr(config, key)
-        config = AutoConfig.for_model(model_type, **{**kwargs, **values})
+        try:
+            config = AutoConfig.for_model(model_type, **{**kwargs, **values})
+        except TypeError as error:  # a word where the option takes a number (its default None gave no type)
+            words = [f"{key}={text}" for key, text in overrides if isinstance(values.get(key), str)]
+            raise ValueError(f"--config_overrides {', '.join(words) or model_args.config_overrides}: a value of the "
+                             f"wrong type for {type(config).__name__} ({error}); see the option in its docstring"
+                             ) from None
     return config
+
+
+def override_literal(text: str):
+    """The value of ``key=text`` for an option whose default is None: None, a boolean, an int, a float (``1e-3``)
+    or else the word itself."""
+    if text in ("None", "null"):
+        return None
+    if text in ("true", "false"):
+        return text == "true"
+    for number in (int, float):
+        try:
+            return number(text)
+        except ValueError:
+            pass
+    return text
 
 
 def parse_overrides(text: str) -> list[tuple[str, str]]:

@@ -33,7 +33,7 @@ _SPLIT_HELP = ("The held-out share of --dataset (a stratified Dataset.train_test
 class TaskDataArguments:
     model_name_or_path: str = field(metadata={"help": "A saved model folder (or Hub id) with its tokenizers: a "
                                                       "*ForCausalLM of any family, or a saved classifier."})
-    dataset: str = field(metadata={"help": "JSON lines with 'text' and 'label' columns, e.g. "
+    dataset: str = field(metadata={"help": "JSON lines, CSV or Parquet with 'text' and 'label' columns, e.g. "
                                            "../shared/data/20ng/train.jsonl.gz or ../shared/data/r8/train.jsonl.gz."})
     clean: Optional[str] = field(default=None, metadata={
         "help": "'newsgroups': strip 20 Newsgroups headers, signatures and quoted lines (scikit-learn's "
@@ -89,6 +89,10 @@ def run_classify(data_args: TaskDataArguments, args: ClassifyArguments, device: 
     from .classification import (FeatureCollator, add_document_features, bow_logistic_regression,
                                  document_collator, evaluate_classifier, majority_baseline, train_classifier)
 
+    from ..models.configuration_common import CLASSIFIER_HEADS
+
+    if args.head not in CLASSIFIER_HEADS:
+        raise ValueError(f"--head must be one of {', '.join(CLASSIFIER_HEADS)}, got {args.head!r}")
     train, test = _splits(data_args)
     names = train.features["label"].names  # the classes' names are kept in the classifier's config
     clf = load_pretrained(AutoModelForSequenceClassification, data_args.model_name_or_path, num_labels=len(names),
