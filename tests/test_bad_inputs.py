@@ -348,3 +348,18 @@ def test_a_word_for_a_numeric_option_off_by_default_is_one_line(tmp_path, capsys
         capsys, ["train", "--synthetic", "true", "--model_type", "tcnlm", "--config_overrides",
                  "topic_factor_spread=abc", "--output_dir", str(tmp_path / "out"), "--max_steps", "1",
                  "--report_to", "none"])
+
+
+def test_the_demo_chooses_and_prints_a_decoding_when_no_steered_text_could_be_judged(monkeypatch):
+    """A small corpus in float32: every steered text of a decoding empty, so its fluency and lift are None."""
+    from topic_lm_hf import demo
+
+    def measured(model, top_p, **kwargs):
+        empty = top_p == 0.9
+        return {"fluency_ppl_steered": None if empty else 80.0 / top_p, "lift": None if empty else 1.0,
+                "distinct_2": None if empty else 0.9}
+
+    monkeypatch.setattr(demo, "evaluate_steering", measured)
+    name, _, results = demo.choose_decoding(None, None, [0], None, None, seed=0)
+    assert name == "nucleus p = 0.7, no repeated bigram"  # the most fluent of those measured
+    assert "fluency n/a (perplexity" in demo.decoding_line("nucleus p = 0.9", results["nucleus p = 0.9"])
