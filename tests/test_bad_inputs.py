@@ -46,9 +46,9 @@ def test_a_non_finite_or_absurd_guidance_scale_is_refused(saved_model, scale):
     (["--topic_ids", ""], "--topic_ids is empty: give at least one topic id"),
     (["--topic_ids", ","], "--topic_ids is empty: give at least one topic id"),
     (["--topic_ids", "1,1"], "--topic_ids lists topic 1 more than once"),
-    (["--num_beams", "0"], "--num_beams must be at least 1, got 0"),
-    (["--num_return_sequences", "0"], "--num_return_sequences must be at least 1, got 0"),
-    (["--max_new_tokens", "0"], "--max_new_tokens must be at least 1, got 0"),
+    (["--num_beams", "0"], "--num_beams must be a positive integer, got 0"),
+    (["--num_return_sequences", "0"], "--num_return_sequences must be a positive integer, got 0"),
+    (["--max_new_tokens", "0"], "--max_new_tokens must be a positive integer, got 0"),
 ])
 def test_generate_refuses_empty_repeated_or_zero_settings(saved_model, capsys, flags, message):
     folder, _, _ = saved_model
@@ -363,3 +363,90 @@ def test_the_demo_chooses_and_prints_a_decoding_when_no_steered_text_could_be_ju
     name, _, results = demo.choose_decoding(None, None, [0], None, None, seed=0)
     assert name == "nucleus p = 0.7, no repeated bigram"  # the most fluent of those measured
     assert "fluency n/a (perplexity" in demo.decoding_line("nucleus p = 0.9", results["nucleus p = 0.9"])
+
+
+def test_export_refuses_a_bad_repo_id_before_writing_and_a_foreign_folder_without_overwrite(saved_model, tmp_path,
+                                                                                              capsys):
+    folder, _, _ = saved_model
+    out = tmp_path / "upload"
+    assert "--repo_id '../../x' is not a Hub repository id" in one_line_error(
+        capsys, ["export", "--model_name_or_path", str(folder), "--repo_id", "../../x", "--output_dir", str(out)])
+    assert not out.exists()
+    out.mkdir()
+    (out / "README.md").write_text("my own notes\n")
+    export = ["export", "--model_name_or_path", str(folder), "--repo_id", "me/tcnlm", "--output_dir", str(out)]
+    assert "is not empty and holds no previous export" in one_line_error(capsys, export)
+    assert (out / "README.md").read_text() == "my own notes\n"
+    main([*export, "--overwrite", "true"])
+    main(export)  # a previous export is updated in place
+    assert "me/tcnlm" in (out / "README.md").read_text()
+
+
+# ----------------------------------------------------------------------------------------------
+# messages: one line that says what to do
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--max_eval_documents", "0"], "--max_eval_documents must be a positive integer, got 0"),
+    (["--batch_size", "0"], "--batch_size must be a positive integer, got 0"),
+])
+def test_evaluate_refuses_zero_counts(saved_model, capsys, flags, message, tmp_path):
+    folder, _, _ = saved_model
+    (tmp_path / "valid.txt").write_text("the court ruled\tthe tax case\n")
+    assert message in one_line_error(capsys, ["evaluate", "--model_name_or_path", str(folder), "--validation_file",
+                                              str(tmp_path / "valid.txt"), *flags])
+
+
+def test_load_documents_refuses_a_count_below_one(tmp_path):
+    from topic_lm_hf import load_documents
+
+    (tmp_path / "docs.txt").write_text("the court ruled\tthe tax case\n")
+    for count in (0, -1):
+        with pytest.raises(ValueError, match=rf"max_documents must be a positive integer, got {count}"):
+            load_documents(tmp_path / "docs.txt", max_documents=count)
+
+
+def test_steer_refuses_zero_judge_documents(saved_model, capsys, tmp_path):
+    folder, _, _ = saved_model
+    assert "--judge_documents must be a positive integer, got 0" in one_line_error(
+        capsys, ["steer", "--model_name_or_path", str(folder), "--judge_corpus", str(tmp_path / "x.txt"),
+                 "--judge_documents", "0"])
+
+
+def test_retrieve_refuses_empty_cut_offs(saved_model, capsys, tmp_path):
+    folder, _, _ = saved_model
+    for k, message in (("", "--k is empty: give at least one cut-off"), ("0", "--k must be a positive integer")):
+        assert message in one_line_error(capsys, ["retrieve", "--model_name_or_path", str(folder), "--dataset",
+                                                  str(tmp_path / "x.jsonl"), "--k", k])
+
+
+def test_train_names_the_package_families_for_an_unknown_model_type_and_the_formats_for_a_csv(tmp_path, capsys):
+    message = one_line_error(capsys, ["train", "--model_type", "foo", "--output_dir", str(tmp_path / "o")])
+    assert "unknown model family 'foo': the package's families are ['lstm_lm'" in message and "gpt2" not in message
+    (tmp_path / "train.csv").write_text("text\nthe court ruled\n")
+    message = one_line_error(capsys, ["train", "--train_file", str(tmp_path / "train.csv"), "--output_dir",
+                                      str(tmp_path / "o")])
+    assert "Cannot tell the format of" in message and "a corpus is a Lau .txt, JSON lines" in message
+    assert "pass format=" not in message
+
+
+def test_wsd_train_refuses_zero_documents(capsys, tmp_path):
+    assert "--max_train_documents must be a positive integer, got 0" in one_line_error(
+        capsys, ["wsd", "train", "--train", str(tmp_path), "--output_dir", str(tmp_path / "o"),
+                 "--max_train_documents", "0"])
+
+
+def test_a_full_disk_while_saving_is_one_line(saved_model, capsys, tmp_path, monkeypatch):
+    import topic_lm_hf.hub
+
+    folder, _, _ = saved_model
+
+    def full(*args, **kwargs):
+        raise RuntimeError("[enforce fail at inline_container.cc:664] . PytorchStreamWriter failed writing file "
+                           "data/0: file write failed")
+
+    monkeypatch.setattr(topic_lm_hf.hub, "save_for_hub", full)
+    assert "the disk is full (no space left on device) while writing (RuntimeError)" in one_line_error(
+        capsys, ["export", "--model_name_or_path", str(folder), "--repo_id", "me/m", "--output_dir",
+                 str(tmp_path / "x")])

@@ -123,6 +123,9 @@ class ExportArguments:
     push_to_hub: bool = field(default=False, metadata={
         "help": "Also upload the folder (without a network: one line says how to upload it later)."})
     private: bool = field(default=False, metadata={"help": "Create the repository private (with --push_to_hub)."})
+    overwrite: bool = field(default=False, metadata={
+        "help": "Write into a non-empty --output_dir that is not a previous export (its README.md, config.json "
+                "and other files of the same names are replaced)."})
 
 
 @dataclass
@@ -215,6 +218,9 @@ def make_config(model_args: ModelArguments) -> PretrainedConfig:
                              "object of configuration values (e.g. one of hub_configs/)")
         kwargs = {k: v for k, v in kwargs.items() if k not in ("transformers_version", "architectures", "auto_map")}
     model_type = kwargs.pop("model_type", model_args.model_type)
+    from .families import family_of
+
+    family_of(model_type)  # the package's families, not every model_type transformers knows
     overrides = parse_overrides(model_args.config_overrides) if model_args.config_overrides else []
     if recipe_of(model_args) == "steering":  # what the file and the overrides leave unset
         given = set(kwargs) | {key for key, _ in overrides}
@@ -329,6 +335,10 @@ def train(data_args: DataArguments, model_args: ModelArguments, training_args: T
     if fast is not None:
         training_args = fast_training_arguments(training_args, fast.precision, compile_output_layer)
     pin_memory_only_with_accelerator(training_args)
+    if not model_args.model_name_or_path and not model_args.config_file:  # before the corpora are read
+        from .families import family_of
+
+        family_of(model_args.model_type)
     if train_docs is None:
         train_docs, valid_docs, source = load_corpora(data_args)
         logger.info("Data: %s", source)
@@ -469,6 +479,8 @@ def run_train(data_args: DataArguments, model_args: ModelArguments, training_arg
 
 
 def run_evaluate(args: EvaluateArguments, device: DeviceArguments | None = None) -> None:
+    data_lib.check_positive_flags(max_eval_documents=args.max_eval_documents, batch_size=args.batch_size,
+                                  max_sentence_length=args.max_sentence_length)
     model = load_pretrained(AutoModelForCausalLM, args.model_name_or_path).to((device or DeviceArguments()).torch_device)
     if args.validation_file is None and shared_data_dir() is None:
         raise ValueError("give --validation_file (../shared/data is absent)")
@@ -506,6 +518,14 @@ def run_export(args: ExportArguments) -> None:
 
     from .hub import auto_class_for, push_to_hub, save_for_hub
 
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:  # before anything is written
+        validate_repo_id(args.repo_id)
+    except HFValidationError as error:
+        raise UsageError(f"--repo_id {args.repo_id!r} is not a Hub repository id (namespace/name, e.g. "
+                         f"org/tcnlm-apnews): {' '.join(str(error).split())}") from None
+    check_export_folder(args.output_dir, args.overwrite)
     source = resolve_model_source(args.model_name_or_path)
     model = auto_class_for(AutoConfig.from_pretrained(source)).from_pretrained(source)
     try:
@@ -531,16 +551,28 @@ def run_export(args: ExportArguments) -> None:
               f"`hf upload {args.repo_id} {args.output_dir}`")
 
 
+def check_export_folder(folder: str, overwrite: bool) -> None:
+    """Refuse to export into a non-empty folder that is not a previous export (a README.md card of the package
+    beside a config.json with an auto_map) unless ``overwrite``: its README.md and config.json would be replaced."""
+    path = Path(folder)
+    if overwrite or not path.is_dir() or not any(path.iterdir()):
+        return
+    card, config = path / "README.md", path / "config.json"
+    previous = card.is_file() and "topic-lm-hf" in card.read_text(errors="replace") and config.is_file() and \
+        "auto_map" in config.read_text(errors="replace")
+    if not previous:
+        raise UsageError(f"--output_dir {folder} is not empty and holds no previous export: its README.md and "
+                         f"config.json would be overwritten; give an empty or new folder, or add --overwrite")
+
+
 def run_generate(args: GenerateArguments, device: DeviceArguments | None = None) -> None:
     set_seed(args.seed)
     model = load_pretrained(AutoModelForCausalLM, args.model_name_or_path).to(
         (device or DeviceArguments()).torch_device).eval()
     tok, topic_tok = data_lib.load_vocabularies(args.model_name_or_path)
     topic_ids = parse_ids(args.topic_ids, "--topic_ids") if args.topic_ids is not None else None
-    for flag, value in (("--num_beams", args.num_beams), ("--num_return_sequences", args.num_return_sequences),
-                        ("--max_new_tokens", args.max_new_tokens)):
-        if value < 1:
-            raise UsageError(f"{flag} must be at least 1, got {value}")
+    data_lib.check_positive_flags(num_beams=args.num_beams, num_return_sequences=args.num_return_sequences,
+                                  max_new_tokens=args.max_new_tokens)
     texts = generate_text(model, tok, args.prompt, topic_tokenizer=topic_tok, topic_ids=topic_ids,
                           context_text=args.context_text, max_new_tokens=args.max_new_tokens,
                           do_sample=args.do_sample, num_beams=args.num_beams,
@@ -551,24 +583,27 @@ def run_generate(args: GenerateArguments, device: DeviceArguments | None = None)
     print("\n".join(texts))
 
 
-def parse_ids(text: str, flag: str) -> list[int]:
+def parse_ids(text: str, flag: str, what: str = "topic id") -> list[int]:
     """Comma-separated integers (``3,7``), at least one and none twice; anything else is a :class:`UsageError`
-    naming the flag (an empty list would silently mean "no topics", a repeated one would count twice)."""
+    naming the flag (an empty list would silently mean "no topics", a repeated one would count twice). ``what``:
+    what the integers are, for the messages."""
     try:
         ids = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise UsageError(f"{flag} takes comma-separated integers, e.g. {flag} 3,7 (got {text!r})") from None
     if not ids:
-        raise UsageError(f"{flag} is empty: give at least one topic id, e.g. {flag} 3,7")
+        raise UsageError(f"{flag} is empty: give at least one {what}, e.g. {flag} 3,7")
     repeated = sorted({i for i in ids if ids.count(i) > 1})
     if repeated:
-        raise UsageError(f"{flag} lists topic {repeated[0]} more than once (got {text!r})")
+        raise UsageError(f"{flag} lists {what.removesuffix(' id')} {repeated[0]} more than once (got {text!r})")
     return ids
 
 
 def run_steer(args: SteerArguments, device: DeviceArguments | None = None) -> None:
     from .evaluation.steering import evaluate_steering, fit_lda_judge, format_steering_table
 
+    data_lib.check_positive_flags(judge_documents=args.judge_documents, num_samples=args.num_samples,
+                                  max_new_tokens=args.max_new_tokens, num_topics_sampled=args.num_topics_sampled)
     where = (device or DeviceArguments()).torch_device
     model = load_pretrained(AutoModelForCausalLM, args.model_name_or_path).to(where).eval()
     tok, topic_tok = data_lib.load_vocabularies(args.model_name_or_path)
@@ -764,6 +799,29 @@ def main(argv: Optional[list[str]] = None) -> None:
         message = " ".join(str(error).split()) or type(error).__name__
         print(f"topic-lm {name}: error: {message}", file=sys.stderr)
         sys.exit(2)
+    except Exception as error:  # noqa: BLE001 (a full disk, in the words of the library that was writing)
+        if debug or not disk_full(error):
+            raise
+        print(f"topic-lm {name}: error: the disk is full (no space left on device) while writing "
+              f"({type(error).__name__}): free some space or write to another disk, then run the command again "
+              f"(a training run resumes from its last complete checkpoint)", file=sys.stderr)
+        sys.exit(2)
+
+
+def disk_full(error: BaseException) -> bool:
+    """Whether ``error`` (or one it was raised from) says the disk is full: an OSError ENOSPC, or a library's own
+    error that wraps it (torch.save's "file write failed", safetensors' "No space left on device")."""
+    import errno
+
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        text = str(error)
+        if getattr(error, "errno", None) == errno.ENOSPC or "No space left on device" in text \
+                or "file write failed" in text:
+            return True
+        error = error.__cause__ or error.__context__
+    return False
 
 
 if __name__ == "__main__":

@@ -71,7 +71,11 @@ class RetrieveArguments:
 
 
 def _splits(args: TaskDataArguments):
+    from ..data import check_positive_flags
     from .classification import load_classification_splits
+
+    check_positive_flags(max_train_documents=args.max_train_documents, max_test_documents=args.max_test_documents,
+                         batch_size=args.batch_size, max_document_length=args.max_document_length)
 
     train, test = load_classification_splits(args.dataset, test_fraction=args.test_fraction, seed=args.seed,
                                              clean=args.clean, max_train_documents=args.max_train_documents,
@@ -138,10 +142,13 @@ def run_classify(data_args: TaskDataArguments, args: ClassifyArguments, device: 
 def run_retrieve(data_args: TaskDataArguments, args: RetrieveArguments, device: DeviceArguments | None = None) -> None:
     from transformers import AutoModelForCausalLM
 
+    from ..cli import parse_ids
+    from ..data import check_positive_flags
     from .retrieval import evaluate_retrieval, lda_retrieval, tfidf_retrieval
 
+    ks = parse_ids(args.k, "--k", what="cut-off")
+    check_positive_flags(k=min(ks))
     train, test = _splits(data_args)
-    ks = [int(x) for x in args.k.split(",") if x.strip()]
     fractions = [float(x) for x in args.fractions.split(",") if x.strip()]
     model = load_pretrained(AutoModelForCausalLM, data_args.model_name_or_path).to(
         (device or DeviceArguments()).torch_device)
@@ -219,6 +226,9 @@ def run_wsd_train(args: WSDTrainArguments, training_args: TrainingArguments) -> 
     from .wsd import load_wsd_corpus
     from .wsd_tagger import train_sense_tagger
 
+    from ..data import check_positive_flags
+
+    check_positive_flags(max_train_documents=args.max_train_documents)
     set_seed(training_args.seed)
     train = load_wsd_corpus(args.train)
     if args.max_train_documents is not None:
