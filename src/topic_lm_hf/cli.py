@@ -52,7 +52,7 @@ logger = logging.getLogger("topic_lm_hf")
 @dataclass
 class ModelArguments:
     model_type: str = field(default="lstm_lm", metadata={
-        "help": "The model to train: lstm_lm, tcnlm, topic_rnn, nclm or rgbn_rnn (any registered model_type)."})
+        "help": "The model to train: lstm_lm, tcnlm, topic_rnn, nclm or rgbn_rnn (one of the package's families)."})
     model_name_or_path: Optional[str] = field(default=None, metadata={
         "help": "A saved model folder or Hub id to continue training (its vocabularies are reused)."})
     config_file: Optional[str] = field(default=None, metadata={

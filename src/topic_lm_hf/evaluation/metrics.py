@@ -23,7 +23,11 @@ name                   inputs (one row each)                             the pac
 
 Sentences and texts are strings (split on whitespace) or lists of tokens. Load one with :func:`load_metric` (or
 ``evaluate.load(str(metric_path(name)))``); ``evaluate.combine`` works across them: an argument that another of
-the package's modules takes is left to that module, any other name is an error.
+the package's modules takes is left to that module, except where it names one of this module's own by another
+name (:data:`COUSINS`): ``top_n`` is ``topic_diversity``'s ``k`` (and ``k`` is ``npmi``'s ``top_n``) unless that
+is given too, and ``max_n`` given to ``distinct_n`` (``n`` to the BLEU modules) without its own ``n`` is an error
+naming it; any other name is an error. No predictions, a row that is not a text, or a class id that is not an
+integer is one clear ``ValueError``.
 
 Perplexity is not among them: it is a property of a model under a context protocol, not of predictions, and
 stays :func:`topic_lm_hf.evaluate_perplexity`.
