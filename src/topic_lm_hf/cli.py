@@ -326,10 +326,13 @@ def pin_memory_only_with_accelerator(training_args: TrainingArguments) -> None:
 
 
 def train(data_args: DataArguments, model_args: ModelArguments, training_args: TrainingArguments,
-          train_docs=None, valid_docs=None, callbacks=None, fast: FastPathArguments | None = None):
+          train_docs=None, valid_docs=None, callbacks=None, fast: FastPathArguments | None = None,
+          on_finished: Callable[[str], None] | None = None):
     """Train (resuming from the last complete checkpoint in ``output_dir`` if there is one) and save, on the device
     of ``training_args`` (the GPU when there is one; ``--use_cpu true``: the CPU), the topic model's pre-training
-    included. ``fast``: the fast path chosen for that device (``topic_lm_hf.fast_path``)."""
+    included. ``fast``: the fast path chosen for that device (``topic_lm_hf.fast_path``). A run that is already
+    finished in ``output_dir`` (:func:`~topic_lm_hf.trainer.finished_run`) is left as it is and its saved model
+    returned; the line saying so is logged, or given to ``on_finished``."""
     set_seed(training_args.seed)
     compile_output_layer = fast is not None and resolve_compile(training_args, fast.compile_output_layer)
     if fast is not None:
@@ -369,7 +372,7 @@ def train(data_args: DataArguments, model_args: ModelArguments, training_args: T
     # the trainer has recorded the vocabularies in the config: a run with others is not this one
     finished = finished_run(out, training_args, model.config)
     if finished:  # a rerun of a finished run changes nothing
-        logger.warning(finished)
+        (on_finished or logger.warning)(finished)
         return load_pretrained(AutoModelForCausalLM, out), *data_lib.load_vocabularies(out)
     last = last_complete_checkpoint(out)  # skips a checkpoint the previous run did not finish writing
     if last:
@@ -471,11 +474,9 @@ def generate_text(model, tokenizer, prompt: str = "", topic_tokenizer=None, topi
 
 def run_train(data_args: DataArguments, model_args: ModelArguments, training_args: TrainingArguments,
               fast: FastPathArguments) -> None:
-    from .trainer import finished_run
-
-    finished = finished_run(training_args.output_dir, training_args)  # before training: a message, or None
-    train(data_args, model_args, training_args, fast=fast)
-    print(finished or f"saved to {training_args.output_dir}")
+    finished = []
+    train(data_args, model_args, training_args, fast=fast, on_finished=finished.append)
+    print(finished[0] if finished else f"saved to {training_args.output_dir}")
 
 
 def run_evaluate(args: EvaluateArguments, device: DeviceArguments | None = None) -> None:
