@@ -46,9 +46,9 @@ def test_a_non_finite_or_absurd_guidance_scale_is_refused(saved_model, scale):
     (["--topic_ids", ""], "--topic_ids is empty: give at least one topic id"),
     (["--topic_ids", ","], "--topic_ids is empty: give at least one topic id"),
     (["--topic_ids", "1,1"], "--topic_ids lists topic 1 more than once"),
-    (["--num_beams", "0"], "--num_beams must be at least 1, got 0"),
-    (["--num_return_sequences", "0"], "--num_return_sequences must be at least 1, got 0"),
-    (["--max_new_tokens", "0"], "--max_new_tokens must be at least 1, got 0"),
+    (["--num_beams", "0"], "--num_beams must be a positive integer, got 0"),
+    (["--num_return_sequences", "0"], "--num_return_sequences must be a positive integer, got 0"),
+    (["--max_new_tokens", "0"], "--max_new_tokens must be a positive integer, got 0"),
 ])
 def test_generate_refuses_empty_repeated_or_zero_settings(saved_model, capsys, flags, message):
     folder, _, _ = saved_model
@@ -78,3 +78,375 @@ def test_a_config_file_that_is_not_a_json_object_is_one_line(tmp_path, capsys):
 def test_the_demo_refuses_zero_threads(capsys, tmp_path):
     assert "--threads must be at least 1, got 0" in one_line_error(
         capsys, ["demo", "--threads", "0", "--output_dir", str(tmp_path)])
+
+
+# ----------------------------------------------------------------------------------------------
+# silent wrong answers of the metrics and of the document inputs
+# ----------------------------------------------------------------------------------------------
+
+
+def test_a_context_text_without_a_topic_word_is_refused(saved_model, capsys):
+    folder, _, _ = saved_model
+    for text in ["", "zzzz qqqq"]:
+        assert "bag of words of context_text" in one_line_error(
+            capsys, ["generate", "--model_name_or_path", str(folder), "--context_text", text, "--max_new_tokens", "2"])
+
+
+@pytest.mark.parametrize("family", ["tcnlm", "lstm_lm"])
+def test_an_empty_prompt_tensor_is_one_line(saved_model, family):
+    from topic_lm_hf import LSTMLMConfig, LSTMLMForCausalLM
+
+    _, model, tok = saved_model
+    if family == "lstm_lm":
+        model = LSTMLMForCausalLM(LSTMLMConfig(vocab_size=len(tok), embedding_size=4, hidden_size=4))
+    with pytest.raises(ValueError, match=r"the prompt is empty \(input_ids of shape \(1, 0\)\)"):
+        model.generate(torch.zeros((1, 0), dtype=torch.long), max_new_tokens=2)
+
+
+def test_a_string_where_documents_are_expected_is_refused(saved_model):
+    from topic_lm_hf import evaluate_perplexity, make_bow
+
+    _, model, tok = saved_model
+    topic_tok = build_vocabularies(synthetic_documents(30), min_freq=1)[1]
+    with pytest.raises(ValueError, match=r"documents\[0\] is a string, where a list is expected"):
+        evaluate_perplexity(model, ["the senate met"], tokenizer=tok, topic_tokenizer=topic_tok)
+    with pytest.raises(ValueError, match=r"documents\[0\]\[0\] is a string"):
+        evaluate_perplexity(model, [["the senate met"]], tokenizer=tok, topic_tokenizer=topic_tok)
+    with pytest.raises(ValueError, match=r"make_bow takes a list of texts .* make_bow\(\[text\]"):
+        make_bow("police said the court", topic_tok)
+    assert make_bow(["police said the court"], topic_tok).shape[0] == 1
+
+
+@pytest.fixture(scope="module")
+def metric():
+    pytest.importorskip("evaluate")
+    from topic_lm_hf.evaluation.metrics import load_metric
+
+    return load_metric
+
+
+def test_classification_refuses_non_integer_predictions(metric):
+    classification = metric("classification")
+    with pytest.raises(ValueError, match=r"predictions must be class ids \(integers\), got 0.7"):
+        classification.compute(predictions=[0.7, 1.0], references=[0, 1])
+    with pytest.raises(ValueError, match=r"predictions has shape \(2, 2\).*argmax"):
+        classification.compute(predictions=[[0.2, 0.8], [0.9, 0.1]], references=[1, 0])
+    assert classification.compute(predictions=[1.0, 0.0], references=[1, 0])["accuracy"] == 1.0
+
+
+def test_an_argument_of_another_metric_is_honoured_or_refused(metric):
+    topics = [["a", "b", "c"], ["a", "d", "e"]]
+    diversity = metric("topic_diversity")
+    assert diversity.compute(predictions=topics, top_n=2) == diversity.compute(predictions=topics, k=2)
+    assert diversity.compute(predictions=topics, k=3, top_n=10)["k"] == 3  # combine: top_n is npmi's
+    npmi = metric("npmi")
+    docs = [["a", "b", "c"], ["a", "d"], ["b", "c", "e"]]
+    assert npmi.compute(predictions=topics, reference=docs, window=None, k=2)["protocol"]["top_n"] == [2]
+    with pytest.raises(TypeError, match=r"distinct_n takes n=, not max_n="):
+        metric("distinct_n").compute(predictions=["a b c"], max_n=3)
+    assert metric("distinct_n").compute(predictions=["a b c"], n=1, max_n=3) == {"distinct_1": 1.0}
+    with pytest.raises(TypeError, match=r"texygen_self_bleu takes max_n=, not n="):
+        metric("texygen_self_bleu").compute(predictions=["a b", "a c"], n=2)
+
+
+def test_texygen_bleu_refuses_nested_references(metric):
+    from topic_lm_hf.evaluation.bleu import texygen_bleu
+
+    with pytest.raises(ValueError, match=r"references\[0\] is a list of sentences, not of tokens"):
+        texygen_bleu(["the cat sat"], [["the cat sat"]])
+    with pytest.raises(ValueError, match=r"is a list of sentences, not of tokens"):
+        metric("texygen_bleu").compute(predictions=["the cat sat"], reference_texts=[["the cat sat"]])
+    assert texygen_bleu(["the cat sat"], [["the", "cat", "sat"]], max_n=2)[2] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("name, kwargs", [
+    ("distinct_n", {}), ("texygen_bleu", {"reference_texts": ["a b"]}), ("texygen_self_bleu", {})])
+def test_text_metrics_refuse_no_predictions_and_non_text_rows(metric, name, kwargs):
+    with pytest.raises(ValueError, match=rf"{name}: predictions is empty"):
+        metric(name).compute(predictions=[], **kwargs)
+    with pytest.raises(ValueError, match=rf"{name}: predictions\[0\] is int 1: give texts"):
+        metric(name).compute(predictions=[1, 2], **kwargs)
+
+
+def test_npmi_refuses_an_empty_reference(tmp_path):
+    from topic_lm_hf import topic_coherence
+
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    for reference in (empty, []):
+        with pytest.raises(ValueError, match="has no tokens: NPMI needs word counts"):
+            topic_coherence([["a", "b"]], reference)
+
+
+def test_a_topic_shorter_than_top_n_is_labelled_with_the_words_it_has():
+    from topic_lm_hf import topic_coherence
+
+    docs = [["a", "b", "c", "a"], ["b", "x", "a"], ["c", "c"]]
+    result = topic_coherence([["a", "b", "c"], ["a", "b", "c", "x"]], docs, window=3, top_n=(2, 3, 4))
+    assert [list(d) for d in result.per_topic_per_n] == [[2, 3], [2, 3, 4]]
+    short = result.per_topic_per_n[0]
+    assert result.per_topic[0] == pytest.approx((short[2] + short[3]) / 2)  # top-3 counted once, not twice
+
+
+# ----------------------------------------------------------------------------------------------
+# numerics
+# ----------------------------------------------------------------------------------------------
+
+
+# Per family with TCNLM's angular diversity regulariser: how to make two of its topics coincide, and the term.
+def _tcnlm_coinciding(model):
+    topic_model = model.model.topic_model
+    with torch.no_grad():
+        topic_model.topic_vectors[1].copy_(topic_model.topic_vectors[0])
+    return topic_model.diversity
+
+
+def _nclm_coinciding(model):
+    with torch.no_grad():
+        weight = model.model.topic_model.decoder.weight  # (V_c, K): topic k is column k
+        weight[:, 1].copy_(weight[:, 0] * (1 + 1e-4))  # nearly: the cosine is 1 - O(1e-8)
+    return model.topic_diversity_term
+
+
+DIVERSITY_REGULARISED = {"tcnlm": _tcnlm_coinciding, "nclm": _nclm_coinciding}
+
+
+def test_every_family_with_a_diversity_term_is_covered():
+    from topic_lm_hf.families import FAMILIES
+
+    with_term = {name for name, family in FAMILIES.items() if hasattr(family.config_class(), "diversity_weight")}
+    assert with_term == set(DIVERSITY_REGULARISED)
+
+
+@pytest.mark.parametrize("model_type", sorted(DIVERSITY_REGULARISED))
+def test_coinciding_topics_give_a_finite_diversity_gradient_under_bf16_autocast(model_type):
+    from conftest import tiny_model
+    from topic_lm_hf.families import FAMILIES
+
+    tok, topic_tok = build_vocabularies(synthetic_documents(30), min_freq=1)
+    model = tiny_model(FAMILIES[model_type].representative, tok, topic_tok, diversity_weight=0.1)
+    term = DIVERSITY_REGULARISED[model_type](model)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        value = term()
+    value.backward()
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    assert grads and torch.isfinite(value) and all(torch.isfinite(g).all() for g in grads)
+
+
+# ----------------------------------------------------------------------------------------------
+# training runs: a finished run is left alone, a truncated checkpoint is skipped
+# ----------------------------------------------------------------------------------------------
+
+
+def _train_argv(out, *flags):
+    return ["train", "--synthetic", "true", "--model_type", "lstm_lm", "--config_overrides",
+            "embedding_size=8,hidden_size=8", "--output_dir", str(out), "--max_steps", "4", "--save_steps", "2",
+            "--per_device_train_batch_size", "8", "--report_to", "none", "--use_cpu", "true", "--disable_tqdm", "true",
+            "--eval_strategy", "no", *flags]
+
+
+def _files(folder):
+    return {p.relative_to(folder): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_rerunning_a_finished_training_run_changes_nothing(tmp_path, capsys):
+    out = tmp_path / "run"
+    main(_train_argv(out))
+    before = _files(out)
+    capsys.readouterr()
+    main(_train_argv(out))
+    assert "already holds this run, finished at step 4 (checkpoint-4): nothing to do" in capsys.readouterr().out
+    assert _files(out) == before  # no checkpoint-5, the saved model as it was
+
+
+@pytest.mark.parametrize("victim", ["model.safetensors", "optimizer.pt"])
+def test_resuming_skips_a_checkpoint_with_a_truncated_file(tmp_path, caplog, victim):
+    from topic_lm_hf.trainer import last_complete_checkpoint
+
+    out = tmp_path / "run"
+    main(_train_argv(out))
+    path = out / "checkpoint-4" / victim
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    with caplog.at_level("WARNING", logger="topic_lm_hf"):
+        assert last_complete_checkpoint(out) == str(out / "checkpoint-2")
+    assert f"Not resuming from {out / 'checkpoint-4'}: its {victim} is truncated or unreadable" in caplog.text
+    (out / "model.safetensors").unlink()  # the run as killed before its end: it resumes from checkpoint-2
+    main(_train_argv(out))
+    assert (out / "model.safetensors").exists()
+
+
+# ----------------------------------------------------------------------------------------------
+# the sense tagger finds the topic model it was trained with, and only that one
+# ----------------------------------------------------------------------------------------------
+
+
+def test_the_sense_tagger_records_its_topic_model_by_absolute_path_and_weights(tmp_path, monkeypatch):
+    from transformers import AutoModelForTokenClassification, TrainingArguments
+
+    from topic_lm_hf import save_vocabularies
+    from topic_lm_hf.tasks import load_wsd_corpus
+    from topic_lm_hf.tasks.wsd_tagger import disambiguate, train_sense_tagger
+
+    (tmp_path / "set").mkdir()
+    (tmp_path / "set" / "tiny.data.xml").write_text(
+        '<corpus lang="en"><text id="d0"><sentence id="d0.s0"><wf lemma="the" pos="DET">the</wf>'
+        '<instance id="d0.s0.t0" lemma="court" pos="NOUN">court</instance><wf lemma="rule" pos="VERB">ruled</wf>'
+        '</sentence></text></corpus>', encoding="utf-8")
+    (tmp_path / "set" / "tiny.gold.key.txt").write_text("d0.s0.t0 court%1:14:00::\n", encoding="utf-8")
+    corpus = load_wsd_corpus(tmp_path / "set")
+    tok, topic_tok = build_vocabularies(synthetic_documents(30), min_freq=1)
+    for name, seed in (("first", 0), ("second", 1)):
+        torch.manual_seed(seed)
+        topic_model = TCNLMForCausalLM(TCNLMConfig.from_tokenizers(tok, topic_tok, num_topics=3, embedding_size=4,
+                                                                   hidden_size=4))
+        topic_model.save_pretrained(tmp_path / name / "topics")
+        save_vocabularies(tok, topic_tok, tmp_path / name / "topics")
+    monkeypatch.chdir(tmp_path / "first")
+    args = TrainingArguments(output_dir=str(tmp_path / "tagger"), max_steps=1, report_to="none", use_cpu=True,
+                             save_strategy="no", disable_tqdm=True)
+    train_sense_tagger(corpus, tmp_path / "tagger", topic_model="topics", training_args=args, embedding_size=4,
+                       hidden_size=4)  # a path relative to the folder it trains in
+    tagger = AutoModelForTokenClassification.from_pretrained(tmp_path / "tagger")
+    assert tagger.config.topic_model_name_or_path == str(tmp_path / "first" / "topics")
+    assert len(tagger.config.topic_model_sha256) == 64
+    monkeypatch.chdir(tmp_path / "second")  # where "topics" is another topic model
+    assert list(disambiguate(tagger, corpus, mode="all_senses")) == ["d0.s0.t0"]  # the one it was trained with
+    with pytest.raises(ValueError, match=r"the topic model at topics is not the one this tagger was trained with"):
+        disambiguate(tagger, corpus, mode="all_senses", topic_model="topics")
+
+
+# ----------------------------------------------------------------------------------------------
+# crashes that are user errors: one line
+# ----------------------------------------------------------------------------------------------
+
+
+def test_a_labelled_corpus_loads_by_its_extension_or_is_refused_naming_the_formats(saved_model, tmp_path, capsys):
+    from topic_lm_hf.tasks.classification import load_classification_splits
+
+    folder, _, _ = saved_model
+    rows = [("the court ruled on the tax case", i % 2) for i in range(20)]
+    (tmp_path / "corpus.csv").write_text("text,label\n" + "\n".join(f"{t},{y}" for t, y in rows))
+    (tmp_path / "corpus.jsonl").write_text("\n".join(json.dumps({"text": t, "label": y}) for t, y in rows))
+    from_csv = load_classification_splits(tmp_path / "corpus.csv", test_fraction=0.5)
+    from_json = load_classification_splits(tmp_path / "corpus.jsonl", test_fraction=0.5)
+    assert from_csv[0]["sentences"] == from_json[0]["sentences"] and from_csv[0]["label"] == from_json[0]["label"]
+    (tmp_path / "corpus.txt").write_text("the court ruled\tthe tax case\n")
+    assert "corpus.txt: a labelled corpus is JSON lines (.jsonl[.gz], .json), CSV (.csv[.gz]) or Parquet" in \
+        one_line_error(capsys, ["classify", "--model_name_or_path", str(folder), "--dataset",
+                                str(tmp_path / "corpus.txt")])
+    assert "--head must be one of mlp, cnn, got 'foo'" in one_line_error(
+        capsys, ["classify", "--model_name_or_path", str(folder), "--dataset", str(tmp_path / "corpus.jsonl"),
+                 "--head", "foo"])
+
+
+def test_a_word_for_a_numeric_option_off_by_default_is_one_line(tmp_path, capsys):
+    from topic_lm_hf.cli import ModelArguments, make_config
+
+    assert make_config(ModelArguments(model_type="tcnlm", recipe="paper",
+                                      config_overrides="topic_factor_spread=1e-2")).topic_factor_spread == 0.01
+    assert "--config_overrides topic_factor_spread=abc: a value of the wrong type for TCNLMConfig" in one_line_error(
+        capsys, ["train", "--synthetic", "true", "--model_type", "tcnlm", "--config_overrides",
+                 "topic_factor_spread=abc", "--output_dir", str(tmp_path / "out"), "--max_steps", "1",
+                 "--report_to", "none"])
+
+
+def test_the_demo_chooses_and_prints_a_decoding_when_no_steered_text_could_be_judged(monkeypatch):
+    """A small corpus in float32: every steered text of a decoding empty, so its fluency and lift are None."""
+    from topic_lm_hf import demo
+
+    def measured(model, top_p, **kwargs):
+        empty = top_p == 0.9
+        return {"fluency_ppl_steered": None if empty else 80.0 / top_p, "lift": None if empty else 1.0,
+                "distinct_2": None if empty else 0.9}
+
+    monkeypatch.setattr(demo, "evaluate_steering", measured)
+    name, _, results = demo.choose_decoding(None, None, [0], None, None, seed=0)
+    assert name == "nucleus p = 0.7, no repeated bigram"  # the most fluent of those measured
+    assert "fluency n/a (perplexity" in demo.decoding_line("nucleus p = 0.9", results["nucleus p = 0.9"])
+
+
+def test_export_refuses_a_bad_repo_id_before_writing_and_a_foreign_folder_without_overwrite(saved_model, tmp_path,
+                                                                                              capsys):
+    folder, _, _ = saved_model
+    out = tmp_path / "upload"
+    assert "--repo_id '../../x' is not a Hub repository id" in one_line_error(
+        capsys, ["export", "--model_name_or_path", str(folder), "--repo_id", "../../x", "--output_dir", str(out)])
+    assert not out.exists()
+    out.mkdir()
+    (out / "README.md").write_text("my own notes\n")
+    export = ["export", "--model_name_or_path", str(folder), "--repo_id", "me/tcnlm", "--output_dir", str(out)]
+    assert "is not empty and holds no previous export" in one_line_error(capsys, export)
+    assert (out / "README.md").read_text() == "my own notes\n"
+    main([*export, "--overwrite", "true"])
+    main(export)  # a previous export is updated in place
+    assert "me/tcnlm" in (out / "README.md").read_text()
+
+
+# ----------------------------------------------------------------------------------------------
+# messages: one line that says what to do
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--max_eval_documents", "0"], "--max_eval_documents must be a positive integer, got 0"),
+    (["--batch_size", "0"], "--batch_size must be a positive integer, got 0"),
+])
+def test_evaluate_refuses_zero_counts(saved_model, capsys, flags, message, tmp_path):
+    folder, _, _ = saved_model
+    (tmp_path / "valid.txt").write_text("the court ruled\tthe tax case\n")
+    assert message in one_line_error(capsys, ["evaluate", "--model_name_or_path", str(folder), "--validation_file",
+                                              str(tmp_path / "valid.txt"), *flags])
+
+
+def test_load_documents_refuses_a_count_below_one(tmp_path):
+    from topic_lm_hf import load_documents
+
+    (tmp_path / "docs.txt").write_text("the court ruled\tthe tax case\n")
+    for count in (0, -1):
+        with pytest.raises(ValueError, match=rf"max_documents must be a positive integer, got {count}"):
+            load_documents(tmp_path / "docs.txt", max_documents=count)
+
+
+def test_steer_refuses_zero_judge_documents(saved_model, capsys, tmp_path):
+    folder, _, _ = saved_model
+    assert "--judge_documents must be a positive integer, got 0" in one_line_error(
+        capsys, ["steer", "--model_name_or_path", str(folder), "--judge_corpus", str(tmp_path / "x.txt"),
+                 "--judge_documents", "0"])
+
+
+def test_retrieve_refuses_empty_cut_offs(saved_model, capsys, tmp_path):
+    folder, _, _ = saved_model
+    for k, message in (("", "--k is empty: give at least one cut-off"), ("0", "--k must be a positive integer")):
+        assert message in one_line_error(capsys, ["retrieve", "--model_name_or_path", str(folder), "--dataset",
+                                                  str(tmp_path / "x.jsonl"), "--k", k])
+
+
+def test_train_names_the_package_families_for_an_unknown_model_type_and_the_formats_for_a_csv(tmp_path, capsys):
+    message = one_line_error(capsys, ["train", "--model_type", "foo", "--output_dir", str(tmp_path / "o")])
+    assert "unknown model family 'foo': the package's families are ['lstm_lm'" in message and "gpt2" not in message
+    (tmp_path / "train.csv").write_text("text\nthe court ruled\n")
+    message = one_line_error(capsys, ["train", "--train_file", str(tmp_path / "train.csv"), "--output_dir",
+                                      str(tmp_path / "o")])
+    assert "Cannot tell the format of" in message and "a corpus is a Lau .txt, JSON lines" in message
+    assert "pass format=" not in message
+
+
+def test_wsd_train_refuses_zero_documents(capsys, tmp_path):
+    assert "--max_train_documents must be a positive integer, got 0" in one_line_error(
+        capsys, ["wsd", "train", "--train", str(tmp_path), "--output_dir", str(tmp_path / "o"),
+                 "--max_train_documents", "0"])
+
+
+def test_a_full_disk_while_saving_is_one_line(saved_model, capsys, tmp_path, monkeypatch):
+    import topic_lm_hf.hub
+
+    folder, _, _ = saved_model
+
+    def full(*args, **kwargs):
+        raise RuntimeError("[enforce fail at inline_container.cc:664] . PytorchStreamWriter failed writing file "
+                           "data/0: file write failed")
+
+    monkeypatch.setattr(topic_lm_hf.hub, "save_for_hub", full)
+    assert "the disk is full (no space left on device) while writing (RuntimeError)" in one_line_error(
+        capsys, ["export", "--model_name_or_path", str(folder), "--repo_id", "me/m", "--output_dir",
+                 str(tmp_path / "x")])

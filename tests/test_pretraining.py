@@ -149,3 +149,49 @@ def test_topic_rnn_bag_of_words_term_is_the_naive_likelihood_per_context_word(ap
     assert base.bow_loss is None
     assert float(out.bow_loss) == pytest.approx(nll / words, rel=1e-4)
     assert float(out.loss - base.loss) == pytest.approx(2.0 * float(out.bow_loss), rel=1e-4)
+
+
+class _Killed(Exception):
+    pass
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_an_interrupted_pretraining_resumes_from_its_last_checkpoint_and_equals_an_uninterrupted_one(family, tmp_path):
+    """Checkpoints every 2 steps; a run killed after step 4 (its last checkpoint: step 2, a file cut short beside it
+    is skipped) resumes and ends as the uninterrupted run, weights, losses and development record alike; a finished
+    run's checkpoint returns at once."""
+    from topic_lm_hf import build_vocabularies, synthetic_documents
+
+    docs = synthetic_documents(24)
+    tok, topic_tok = build_vocabularies(docs, min_freq=1)
+
+    def run(folder, callback=None):
+        torch.manual_seed(0)
+        model = tiny_model(family, tok, topic_tok)
+        collator = TopicContextCollator.for_model(model, tok, topic_tok, protocol="pretraining")
+        rows = collator.prepare(docs)
+        result = pretrain_topic_model(model, rows, collator, steps=6, batch_size=4, seed=0,
+                                      eval_dataset=rows.select(range(4)), eval_every=3, patience=5,
+                                      callback=callback, checkpoint_dir=str(folder), save_every=2)
+        return model, result
+
+    def killed_after_step_4(step, loss):
+        if step == 3:
+            raise _Killed
+
+    full, full_result = run(tmp_path / "full")
+    with pytest.raises(_Killed):
+        run(tmp_path / "cut", killed_after_step_4)
+    assert sorted(p.name for p in (tmp_path / "cut").iterdir()) == ["pretraining-2.pt"]
+    (tmp_path / "cut" / "pretraining-4.pt").write_bytes(b"PK\x03\x04 cut short")
+    steps = []
+    resumed, result = run(tmp_path / "cut", lambda step, loss: steps.append(step))
+    assert steps == [2, 3, 4, 5]
+    assert result.losses == full_result.losses and result.dev_losses == full_result.dev_losses
+    for (name, a), b in zip(full.state_dict().items(), resumed.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)
+    steps.clear()
+    again, again_result = run(tmp_path / "cut", lambda step, loss: steps.append(step))
+    assert steps == [] and again_result.losses == full_result.losses
+    for (name, a), b in zip(full.state_dict().items(), again.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)

@@ -52,7 +52,7 @@ logger = logging.getLogger("topic_lm_hf")
 @dataclass
 class ModelArguments:
     model_type: str = field(default="lstm_lm", metadata={
-        "help": "The model to train: lstm_lm, tcnlm, topic_rnn, nclm or rgbn_rnn (any registered model_type)."})
+        "help": "The model to train: lstm_lm, tcnlm, topic_rnn, nclm or rgbn_rnn (one of the package's families)."})
     model_name_or_path: Optional[str] = field(default=None, metadata={
         "help": "A saved model folder or Hub id to continue training (its vocabularies are reused)."})
     config_file: Optional[str] = field(default=None, metadata={
@@ -123,6 +123,9 @@ class ExportArguments:
     push_to_hub: bool = field(default=False, metadata={
         "help": "Also upload the folder (without a network: one line says how to upload it later)."})
     private: bool = field(default=False, metadata={"help": "Create the repository private (with --push_to_hub)."})
+    overwrite: bool = field(default=False, metadata={
+        "help": "Write into a non-empty --output_dir that is not a previous export (its README.md, config.json "
+                "and other files of the same names are replaced)."})
 
 
 @dataclass
@@ -215,6 +218,9 @@ def make_config(model_args: ModelArguments) -> PretrainedConfig:
                              "object of configuration values (e.g. one of hub_configs/)")
         kwargs = {k: v for k, v in kwargs.items() if k not in ("transformers_version", "architectures", "auto_map")}
     model_type = kwargs.pop("model_type", model_args.model_type)
+    from .families import family_of
+
+    family_of(model_type)  # the package's families, not every model_type transformers knows
     overrides = parse_overrides(model_args.config_overrides) if model_args.config_overrides else []
     if recipe_of(model_args) == "steering":  # what the file and the overrides leave unset
         given = set(kwargs) | {key for key, _ in overrides}
@@ -236,16 +242,36 @@ def make_config(model_args: ModelArguments) -> PretrainedConfig:
             elif isinstance(prop, property) and prop.fset is None:  # derived: the class names what to set instead
                 values[key] = json.loads(text) if re.fullmatch(r"-?\d+(\.\d*)?", text) else text
             elif hasattr(config, key) and getattr(config, key) is None:  # an option off by default: no type to follow
-                values[key] = None if text in ("None", "null") else (
-                    json.loads(text) if re.fullmatch(r"-?\d+(\.\d*)?|true|false", text) else text)
+                values[key] = override_literal(text)
             else:
                 try:  # transformers' parser: the key must exist, the value takes the current one's type
                     config.update_from_string(f"{key}={text}")
                 except (ValueError, TypeError) as error:
                     raise ValueError(f"--config_overrides {key}={text}: {error}") from error
                 values[key] = getattr(config, key)
-        config = AutoConfig.for_model(model_type, **{**kwargs, **values})
+        try:
+            config = AutoConfig.for_model(model_type, **{**kwargs, **values})
+        except TypeError as error:  # a word where the option takes a number (its default None gave no type)
+            words = [f"{key}={text}" for key, text in overrides if isinstance(values.get(key), str)]
+            raise ValueError(f"--config_overrides {', '.join(words) or model_args.config_overrides}: a value of the "
+                             f"wrong type for {type(config).__name__} ({error}); see the option in its docstring"
+                             ) from None
     return config
+
+
+def override_literal(text: str):
+    """The value of ``key=text`` for an option whose default is None: None, a boolean, an int, a float (``1e-3``)
+    or else the word itself."""
+    if text in ("None", "null"):
+        return None
+    if text in ("true", "false"):
+        return text == "true"
+    for number in (int, float):
+        try:
+            return number(text)
+        except ValueError:
+            pass
+    return text
 
 
 def parse_overrides(text: str) -> list[tuple[str, str]]:
@@ -300,15 +326,22 @@ def pin_memory_only_with_accelerator(training_args: TrainingArguments) -> None:
 
 
 def train(data_args: DataArguments, model_args: ModelArguments, training_args: TrainingArguments,
-          train_docs=None, valid_docs=None, callbacks=None, fast: FastPathArguments | None = None):
+          train_docs=None, valid_docs=None, callbacks=None, fast: FastPathArguments | None = None,
+          on_finished: Callable[[str], None] | None = None):
     """Train (resuming from the last complete checkpoint in ``output_dir`` if there is one) and save, on the device
     of ``training_args`` (the GPU when there is one; ``--use_cpu true``: the CPU), the topic model's pre-training
-    included. ``fast``: the fast path chosen for that device (``topic_lm_hf.fast_path``)."""
+    included. ``fast``: the fast path chosen for that device (``topic_lm_hf.fast_path``). A run that is already
+    finished in ``output_dir`` (:func:`~topic_lm_hf.trainer.finished_run`) is left as it is and its saved model
+    returned; the line saying so is logged, or given to ``on_finished``."""
     set_seed(training_args.seed)
     compile_output_layer = fast is not None and resolve_compile(training_args, fast.compile_output_layer)
     if fast is not None:
         training_args = fast_training_arguments(training_args, fast.precision, compile_output_layer)
     pin_memory_only_with_accelerator(training_args)
+    if not model_args.model_name_or_path and not model_args.config_file:  # before the corpora are read
+        from .families import family_of
+
+        family_of(model_args.model_type)
     if train_docs is None:
         train_docs, valid_docs, source = load_corpora(data_args)
         logger.info("Data: %s", source)
@@ -334,8 +367,13 @@ def train(data_args: DataArguments, model_args: ModelArguments, training_args: T
                              data_collator=collator, processing_class=tok, callbacks=callbacks,
                              pretraining_phases=parse_phases(model_args.pretraining_phases),
                              compile_output_layer=compile_output_layer)
-    from .trainer import last_complete_checkpoint
+    from .trainer import finished_run, last_complete_checkpoint
 
+    # the trainer has recorded the vocabularies in the config: a run with others is not this one
+    finished = finished_run(out, training_args, model.config)
+    if finished:  # a rerun of a finished run changes nothing
+        (on_finished or logger.warning)(finished)
+        return load_pretrained(AutoModelForCausalLM, out), *data_lib.load_vocabularies(out)
     last = last_complete_checkpoint(out)  # skips a checkpoint the previous run did not finish writing
     if last:
         logger.info("Resuming from %s", last)
@@ -344,8 +382,10 @@ def train(data_args: DataArguments, model_args: ModelArguments, training_args: T
                                                      context=data_args.context,
                                                      max_sentence_length=data_args.max_sentence_length,
                                                      max_context_tokens=data_args.max_context_tokens)
+        # resumable on one process (its checkpoints in output_dir/pretraining; a run on several processes redoes it)
         pretrain_for_cli(model, pretraining.prepare(train_docs), pretraining, pretraining_steps(model_args, model),
-                         pretraining.prepare(valid_docs) if valid_docs is not None else None, training_args.seed)
+                         pretraining.prepare(valid_docs) if valid_docs is not None else None, training_args.seed,
+                         checkpoint_dir=os.path.join(out, "pretraining") if training_args.world_size == 1 else None)
     trainer.train(resume_from_checkpoint=last)
     trainer.save_model(out)
     data_lib.save_vocabularies(tok, topic_tok, out)
@@ -369,7 +409,7 @@ def recipe_of(model_args: ModelArguments) -> str:
     return "paper" if model_args.config_file else "steering"
 
 
-def pretrain_for_cli(model, train_rows, collator, steps: int, dev_rows, seed: int) -> None:
+def pretrain_for_cli(model, train_rows, collator, steps: int, dev_rows, seed: int, checkpoint_dir=None) -> None:
     """``--pretrain_topic_model_steps``: the topic model alone first, early-stopped on ``dev_rows`` when given."""
     if steps < 0:
         raise ValueError(f"--pretrain_topic_model_steps must be >= 0, got {steps}")
@@ -379,7 +419,8 @@ def pretrain_for_cli(model, train_rows, collator, steps: int, dev_rows, seed: in
     logger.info("Pre-training the topic model on %d rows, %s (at most %d steps) ...", len(train_rows), rows, steps)
     start = time.time()
     settings = {k: v for k, v in RECIPE_PRETRAINING.items() if k != "steps"}
-    result = pretrain_topic_model(model, train_rows, collator, steps, seed=seed, eval_dataset=dev_rows, **settings)
+    result = pretrain_topic_model(model, train_rows, collator, steps, seed=seed, eval_dataset=dev_rows,
+                                  checkpoint_dir=checkpoint_dir, save_every=settings["eval_every"], **settings)
     best = f", best development objective {result.best_dev_loss:.3f} at step {result.best_step}" \
         if result.dev_losses else ""
     logger.info("Topic model pre-trained: %d steps (stopped by %s)%s, %.0f s", result.steps,
@@ -416,6 +457,10 @@ def generate_text(model, tokenizer, prompt: str = "", topic_tokenizer=None, topi
         if topic_tokenizer is None:
             raise ValueError("context_text needs the topic tokenizer")
         kwargs["context_bow"] = make_bow([context_text], topic_tokenizer).to(model.device)
+        if not kwargs["context_bow"].any():  # no topic word: it would generate unconditioned text
+            raise ValueError(f"the bag of words of context_text {context_text[:60]!r} is empty: it has no word of the "
+                             "topic vocabulary, so nothing would steer; give a text with content words (topic-lm "
+                             "topics lists some)")
     out = model.generate(**inputs, pad_token_id=tokenizer.pad_token_id, **kwargs)
     # Keep <unk> visible (an out-of-vocabulary prompt word must not silently vanish); drop the rest.
     hidden = {tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id}
@@ -429,11 +474,14 @@ def generate_text(model, tokenizer, prompt: str = "", topic_tokenizer=None, topi
 
 def run_train(data_args: DataArguments, model_args: ModelArguments, training_args: TrainingArguments,
               fast: FastPathArguments) -> None:
-    train(data_args, model_args, training_args, fast=fast)
-    print(f"saved to {training_args.output_dir}")
+    finished = []
+    train(data_args, model_args, training_args, fast=fast, on_finished=finished.append)
+    print(finished[0] if finished else f"saved to {training_args.output_dir}")
 
 
 def run_evaluate(args: EvaluateArguments, device: DeviceArguments | None = None) -> None:
+    data_lib.check_positive_flags(max_eval_documents=args.max_eval_documents, batch_size=args.batch_size,
+                                  max_sentence_length=args.max_sentence_length)
     model = load_pretrained(AutoModelForCausalLM, args.model_name_or_path).to((device or DeviceArguments()).torch_device)
     if args.validation_file is None and shared_data_dir() is None:
         raise ValueError("give --validation_file (../shared/data is absent)")
@@ -471,6 +519,14 @@ def run_export(args: ExportArguments) -> None:
 
     from .hub import auto_class_for, push_to_hub, save_for_hub
 
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:  # before anything is written
+        validate_repo_id(args.repo_id)
+    except HFValidationError as error:
+        raise UsageError(f"--repo_id {args.repo_id!r} is not a Hub repository id (namespace/name, e.g. "
+                         f"org/tcnlm-apnews): {' '.join(str(error).split())}") from None
+    check_export_folder(args.output_dir, args.overwrite)
     source = resolve_model_source(args.model_name_or_path)
     model = auto_class_for(AutoConfig.from_pretrained(source)).from_pretrained(source)
     try:
@@ -496,16 +552,28 @@ def run_export(args: ExportArguments) -> None:
               f"`hf upload {args.repo_id} {args.output_dir}`")
 
 
+def check_export_folder(folder: str, overwrite: bool) -> None:
+    """Refuse to export into a non-empty folder that is not a previous export (a README.md card of the package
+    beside a config.json with an auto_map) unless ``overwrite``: its README.md and config.json would be replaced."""
+    path = Path(folder)
+    if overwrite or not path.is_dir() or not any(path.iterdir()):
+        return
+    card, config = path / "README.md", path / "config.json"
+    previous = card.is_file() and "topic-lm-hf" in card.read_text(errors="replace") and config.is_file() and \
+        "auto_map" in config.read_text(errors="replace")
+    if not previous:
+        raise UsageError(f"--output_dir {folder} is not empty and holds no previous export: its README.md and "
+                         f"config.json would be overwritten; give an empty or new folder, or add --overwrite")
+
+
 def run_generate(args: GenerateArguments, device: DeviceArguments | None = None) -> None:
     set_seed(args.seed)
     model = load_pretrained(AutoModelForCausalLM, args.model_name_or_path).to(
         (device or DeviceArguments()).torch_device).eval()
     tok, topic_tok = data_lib.load_vocabularies(args.model_name_or_path)
     topic_ids = parse_ids(args.topic_ids, "--topic_ids") if args.topic_ids is not None else None
-    for flag, value in (("--num_beams", args.num_beams), ("--num_return_sequences", args.num_return_sequences),
-                        ("--max_new_tokens", args.max_new_tokens)):
-        if value < 1:
-            raise UsageError(f"{flag} must be at least 1, got {value}")
+    data_lib.check_positive_flags(num_beams=args.num_beams, num_return_sequences=args.num_return_sequences,
+                                  max_new_tokens=args.max_new_tokens)
     texts = generate_text(model, tok, args.prompt, topic_tokenizer=topic_tok, topic_ids=topic_ids,
                           context_text=args.context_text, max_new_tokens=args.max_new_tokens,
                           do_sample=args.do_sample, num_beams=args.num_beams,
@@ -516,24 +584,27 @@ def run_generate(args: GenerateArguments, device: DeviceArguments | None = None)
     print("\n".join(texts))
 
 
-def parse_ids(text: str, flag: str) -> list[int]:
+def parse_ids(text: str, flag: str, what: str = "topic id") -> list[int]:
     """Comma-separated integers (``3,7``), at least one and none twice; anything else is a :class:`UsageError`
-    naming the flag (an empty list would silently mean "no topics", a repeated one would count twice)."""
+    naming the flag (an empty list would silently mean "no topics", a repeated one would count twice). ``what``:
+    what the integers are, for the messages."""
     try:
         ids = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise UsageError(f"{flag} takes comma-separated integers, e.g. {flag} 3,7 (got {text!r})") from None
     if not ids:
-        raise UsageError(f"{flag} is empty: give at least one topic id, e.g. {flag} 3,7")
+        raise UsageError(f"{flag} is empty: give at least one {what}, e.g. {flag} 3,7")
     repeated = sorted({i for i in ids if ids.count(i) > 1})
     if repeated:
-        raise UsageError(f"{flag} lists topic {repeated[0]} more than once (got {text!r})")
+        raise UsageError(f"{flag} lists {what.removesuffix(' id')} {repeated[0]} more than once (got {text!r})")
     return ids
 
 
 def run_steer(args: SteerArguments, device: DeviceArguments | None = None) -> None:
     from .evaluation.steering import evaluate_steering, fit_lda_judge, format_steering_table
 
+    data_lib.check_positive_flags(judge_documents=args.judge_documents, num_samples=args.num_samples,
+                                  max_new_tokens=args.max_new_tokens, num_topics_sampled=args.num_topics_sampled)
     where = (device or DeviceArguments()).torch_device
     model = load_pretrained(AutoModelForCausalLM, args.model_name_or_path).to(where).eval()
     tok, topic_tok = data_lib.load_vocabularies(args.model_name_or_path)
@@ -729,6 +800,29 @@ def main(argv: Optional[list[str]] = None) -> None:
         message = " ".join(str(error).split()) or type(error).__name__
         print(f"topic-lm {name}: error: {message}", file=sys.stderr)
         sys.exit(2)
+    except Exception as error:  # noqa: BLE001 (a full disk, in the words of the library that was writing)
+        if debug or not disk_full(error):
+            raise
+        print(f"topic-lm {name}: error: the disk is full (no space left on device) while writing "
+              f"({type(error).__name__}): free some space or write to another disk, then run the command again "
+              f"(a training run resumes from its last complete checkpoint)", file=sys.stderr)
+        sys.exit(2)
+
+
+def disk_full(error: BaseException) -> bool:
+    """Whether ``error`` (or one it was raised from) says the disk is full: an OSError ENOSPC, or a library's own
+    error that wraps it (torch.save's "file write failed", safetensors' "No space left on device")."""
+    import errno
+
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        text = str(error)
+        if getattr(error, "errno", None) == errno.ENOSPC or "No space left on device" in text \
+                or "file write failed" in text:
+            return True
+        error = error.__cause__ or error.__context__
+    return False
 
 
 if __name__ == "__main__":

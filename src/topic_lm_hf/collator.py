@@ -466,6 +466,9 @@ def make_bow(texts: Sequence[str | Sequence[str]], topic_tokenizer) -> torch.Ten
     """
     from .data import tokenize_text
 
+    if isinstance(texts, str):  # would be one bag per character
+        raise ValueError("make_bow takes a list of texts (one bag of words each), got one string: wrap it, "
+                         "make_bow([text], topic_tokenizer)")
     vocab = topic_tokenizer.get_vocab()
     bow = torch.zeros(len(texts), len(topic_tokenizer))
     for i, text in enumerate(texts):

@@ -336,7 +336,10 @@ def load_documents(
             format = {".txt": "lau", ".json": "json", ".jsonl": "json", ".json.gz": "json",
                       ".jsonl.gz": "json", ".parquet": "parquet"}.get(suffixes)
             if format is None:
-                raise ValueError(f"Cannot tell the format of {path}; pass format='lau'|'json'|'parquet'")
+                raise ValueError(f"Cannot tell the format of {path} from its suffix {suffixes or '(none)'}: a corpus "
+                                 f"is a Lau .txt, JSON lines (.jsonl[.gz], .json[.gz], with --text_column) or "
+                                 f".parquet file (in Python, load_documents(..., format='lau'|'json'|'parquet') "
+                                 f"reads another name)")
         if format not in ("lau", "json", "parquet"):
             raise ValueError(f"Unknown format {format!r}")
         if format != "parquet":  # text files: not empty, and UTF-8 (a stream's bytes are checked as read)
@@ -350,6 +353,9 @@ def load_documents(
             raise ValueError(f"{path} is empty: it holds no document")
     stream = isinstance(ds, datasets.IterableDataset)
     if max_documents is not None:
+        from .models.configuration_common import check_integers
+
+        check_integers(1, max_documents=max_documents)  # 0 or -1 selected nothing and failed later, unclearly
         ds = ds.take(max_documents) if stream else ds.select(range(min(max_documents, len(ds))))
     # A stream is mapped lazily (no processes, no progress bar); its output features are declared.
     map_kwargs = {"batch_size": STREAM_BATCH_SIZE} if stream else {"num_proc": num_proc}
@@ -386,7 +392,15 @@ def load_documents(
 
 
 def documents_from_lists(documents: Sequence[Sequence[Sequence[str]]], **columns) -> datasets.Dataset:
-    """A documents dataset from Python lists (tests, small experiments)."""
+    """A documents dataset from Python lists (tests, small experiments): each document a list of sentences, each a
+    list of tokens. A string where a list is expected is refused (it would be read one character per sentence or
+    token); raw text is tokenized with :func:`tokenize_text` first."""
+    where = "documents" if isinstance(documents, str) else next(
+        (f"documents[{i}]" + (f"[{j}]" if j is not None else "") for i, d in enumerate(documents)
+         for j in ([None] if isinstance(d, str) else [j for j, s in enumerate(d) if isinstance(s, str)][:1])), None)
+    if where is not None:
+        raise ValueError(f"{where} is a string, where a list is expected: documents are lists of sentences, each a "
+                         f"list of tokens; tokenize raw text first, e.g. [tokenize_text(text) for text in texts]")
     return datasets.Dataset.from_dict({"sentences": [[list(s) for s in d] for d in documents], **columns})
 
 
@@ -679,8 +693,18 @@ def shared_data_dir() -> Optional[Path]:
     return next((c for c in candidates if (c / "apnews" / "train.txt").exists()), None)
 
 
+def check_positive_flags(**flags) -> None:
+    """Each given (not None) command-line value must be a positive integer: a ``ValueError`` naming its flag
+    (``--max_eval_documents 0`` would select nothing, and fail later in another library's words)."""
+    from .models.configuration_common import check_integers
+
+    check_integers(1, **{f"--{name}": value for name, value in flags.items() if value is not None})
+
+
 def load_corpora(data_args: DataArguments):
     """(train documents, validation documents, a label naming their source)."""
+    check_positive_flags(max_train_documents=data_args.max_train_documents,
+                         max_eval_documents=data_args.max_eval_documents)
     if data_args.synthetic or (data_args.train_file is None and shared_data_dir() is None):
         docs = synthetic_documents(600, seed=0)
         split = docs.train_test_split(test_size=0.15, seed=0)

@@ -159,9 +159,26 @@ def choose_decoding(model, fluency_model, topics, tok, topic_tok, seed: int) -> 
     measured = {name: evaluate_steering(model, topics=topics, num_samples=6, max_new_tokens=20, tokenizer=tok,
                                         topic_tokenizer=topic_tok, fluency_model=fluency_model, seed=seed, **decoding)
                 for name, decoding in DECODINGS.items()}
-    qualified = [n for n, r in measured.items() if (r["lift"] or 0) >= MIN_LIFT and r["distinct_2"] >= MIN_DISTINCT_2]
-    name = min(qualified or measured, key=lambda n: measured[n]["fluency_ppl_steered"])
+    qualified = [n for n, r in measured.items()
+                 if (r["lift"] or 0) >= MIN_LIFT and _or(r["distinct_2"], 0) >= MIN_DISTINCT_2]
+    # No fluency where every steered text came out empty (a small or short-trained model): such a decoding is last.
+    name = min(qualified or measured, key=lambda n: _or(measured[n]["fluency_ppl_steered"], math.inf))
     return name, DECODINGS[name], measured
+
+
+def _or(value, default):
+    return default if value is None else value
+
+
+def decoding_line(candidate: str, measured: dict) -> str:
+    """One measured decoding of :func:`choose_decoding` as a line of the demo ("n/a" for a measure it could not take:
+    no fluency nor lift where the steered texts are empty)."""
+    def fmt(value, spec):
+        return "n/a" if value is None else format(value, spec)
+
+    return (f"       {candidate}: fluency {fmt(measured['fluency_ppl_steered'], '.0f')} (perplexity of the steered "
+            f"texts under the LSTM), topic-word lift {fmt(measured['lift'], '.1f')}, distinct bigrams "
+            f"{fmt(measured['distinct_2'], '.2f')}")
 
 
 def verdict(topic: float, lstm: float, ablation: float, steps: dict, seconds: float) -> str:
@@ -289,8 +306,7 @@ def _run_demo(args: DemoArguments, fast: FastPathArguments, device: torch.device
     start = phase(6, total, "generation steered by topics (decoding chosen by measured fluency), and by a document")
     name, decoding, measured = choose_decoding(tcnlm, lstm, order[:4], tok, topic_tok, args.seed)
     for candidate, r in measured.items():
-        print(f"       {candidate}: fluency {r['fluency_ppl_steered']:.0f} (perplexity of the steered texts under the "
-              f"LSTM), topic-word lift {r['lift']:.1f}, distinct bigrams {r['distinct_2']:.2f}", flush=True)
+        print(decoding_line(candidate, r), flush=True)
     print(f"       chosen: {name} ({DECODING_RULE})", flush=True)
     for row in measured[name]["per_topic"][:2]:
         print(f"       topic {row['topic']} ({' '.join(topics[row['topic']][:6])}):", flush=True)

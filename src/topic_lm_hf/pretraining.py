@@ -19,12 +19,22 @@ causal training context gives a document's first sentences nearly empty bags).
 
 With ``eval_dataset`` the run stops when the objective on it has not improved for ``patience``
 evaluations and the best topic model is kept; ``steps`` is then a cap.
+
+With ``checkpoint_dir`` the run is resumable, like joint training: every ``save_every`` steps, and when it ends, it
+writes ``pretraining-<step>.pt`` there (the weights, the optimizer, the step, the data order's and torch's random
+states, the record so far and the best topic model), atomically (a temporary file renamed), keeping the last two. A
+run started again with the same ``checkpoint_dir`` resumes from the newest one that loads (a file cut short is
+skipped with a warning) and ends as the uninterrupted run would; a finished run's last checkpoint returns at once.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
+import logging
 import math
+import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Callable, Optional
@@ -32,6 +42,8 @@ from typing import Callable, Optional
 import torch
 
 from .models.modeling_topic_family import TopicFamilyForCausalLM
+
+logger = logging.getLogger(__name__)
 
 
 class _SteeringRecipes(Mapping):
@@ -126,10 +138,39 @@ def topic_model_objective(model, dataset, collator, batch_size: int = 64) -> flo
     return total / max(words, 1.0)
 
 
+def _pretraining_checkpoints(checkpoint_dir) -> list[str]:
+    """The ``pretraining-<step>.pt`` files of ``checkpoint_dir``, oldest first."""
+    if not checkpoint_dir or not os.path.isdir(checkpoint_dir):
+        return []
+    found = [(int(m.group(1)), name) for name in os.listdir(checkpoint_dir)
+             if (m := re.fullmatch(r"pretraining-(\d+)\.pt", name))]
+    return [os.path.join(checkpoint_dir, name) for _, name in sorted(found)]
+
+
+def _last_pretraining_checkpoint(checkpoint_dir, settings: dict) -> Optional[dict]:
+    """The newest pre-training checkpoint of ``checkpoint_dir`` that loads (None: none); one that does not is
+    skipped with a warning naming it. One written with other ``settings`` is an error naming them."""
+    for path in reversed(_pretraining_checkpoints(checkpoint_dir)):
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as error:  # noqa: BLE001 (a file cut short: RuntimeError, EOFError, pickle errors)
+            logger.warning("Not resuming topic-model pre-training from %s: it is truncated or unreadable (%s)", path,
+                           " ".join(str(error).split())[:200])
+            continue
+        changed = {k: (state["settings"].get(k), v) for k, v in settings.items() if state["settings"].get(k) != v}
+        if changed:
+            raise ValueError(f"Cannot resume topic-model pre-training from {path}: it ran with other settings ("
+                             + ", ".join(f"{k}: {a!r} there, {b!r} now" for k, (a, b) in changed.items())
+                             + f"); give the same settings, or remove {checkpoint_dir} to start again")
+        logger.info("Resuming topic-model pre-training from %s", path)
+        return state
+    return None
+
+
 def pretrain_topic_model(model, dataset, collator, steps: int, learning_rate: float = 2e-3, batch_size: int = 64,
                          max_grad_norm: float = 5.0, seed: int = 0, eval_dataset=None, eval_every: int = 500,
-                         patience: int = 3, callback: Optional[Callable[[int, float], None]] = None
-                         ) -> TopicPretrainingResult:
+                         patience: int = 3, callback: Optional[Callable[[int, float], None]] = None,
+                         checkpoint_dir: Optional[str] = None, save_every: int = 500) -> TopicPretrainingResult:
     """Train only the topic model of ``model`` on the ``context_bow`` of ``collator`` batches (Adam).
 
     Args:
@@ -144,6 +185,8 @@ def pretrain_topic_model(model, dataset, collator, steps: int, learning_rate: fl
             topics' NPMI still rose long after the objective's first plateaus: TCNLM's from 0.035 at 1,000 steps
             to 0.048 at 5,000; hence evaluations 500 steps apart by default.)
         callback: called as ``callback(step, loss)`` after every step (progress display).
+        checkpoint_dir: where to write the run's checkpoints and resume it from (see the module docstring); None:
+            no checkpoints. save_every: the steps between two checkpoints.
 
     Returns:
         A :class:`TopicPretrainingResult`. The LM's weights are untouched; the model is left in training mode.
@@ -155,6 +198,8 @@ def pretrain_topic_model(model, dataset, collator, steps: int, learning_rate: fl
         raise ValueError(f"steps must be an integer >= 0 and batch_size >= 1, got {steps!r}, {batch_size!r}")
     if eval_dataset is not None and (eval_every < 1 or patience < 1):
         raise ValueError(f"eval_every and patience must be >= 1, got {eval_every!r}, {patience!r}")
+    if checkpoint_dir is not None and (isinstance(save_every, bool) or not isinstance(save_every, int) or save_every < 1):
+        raise ValueError(f"save_every must be an integer >= 1, got {save_every!r}")
     if len(dataset) == 0:
         raise ValueError("pretrain_topic_model needs a non-empty dataset")
     if eval_dataset is not None and len(eval_dataset) == 0:
@@ -165,6 +210,41 @@ def pretrain_topic_model(model, dataset, collator, steps: int, learning_rate: fl
     generator = torch.Generator().manual_seed(seed)
     result = TopicPretrainingResult()
     best_state = None
+    settings = {"steps": steps, "learning_rate": learning_rate, "batch_size": batch_size, "seed": seed,
+                "max_grad_norm": max_grad_norm, "eval_every": eval_every if eval_dataset is not None else None,
+                "patience": patience if eval_dataset is not None else None, "rows": len(dataset)}
+    start = 0
+
+    def save(step: int, finished: bool) -> None:
+        os.makedirs(checkpoint_dir, exist_ok=True)
+        path = os.path.join(checkpoint_dir, f"pretraining-{step}.pt")
+        state = {"step": step, "finished": finished, "settings": settings, "model": model.state_dict(),
+                 "optimizer": optimizer.state_dict(), "generator": generator.get_state(),
+                 "torch_rng": torch.get_rng_state(),
+                 "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+                 "result": dataclasses.asdict(result), "best_state": None if finished else best_state}
+        torch.save(state, path + ".tmp")
+        os.replace(path + ".tmp", path)  # a kill leaves the previous checkpoint whole
+        for old in _pretraining_checkpoints(checkpoint_dir)[:-2]:
+            os.remove(old)
+
+    resumed = _last_pretraining_checkpoint(checkpoint_dir, settings) if checkpoint_dir is not None else None
+    if resumed is not None:
+        model.load_state_dict(resumed["model"])
+        optimizer.load_state_dict(resumed["optimizer"])
+        generator.set_state(resumed["generator"])
+        torch.set_rng_state(resumed["torch_rng"])
+        if resumed["cuda_rng"] and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(resumed["cuda_rng"])
+        record = resumed["result"]
+        result = TopicPretrainingResult(losses=list(record["losses"]),
+                                        dev_losses=[tuple(pair) for pair in record["dev_losses"]],
+                                        best_step=record["best_step"], stopped_by=record["stopped_by"])
+        best_state = resumed["best_state"]
+        start = resumed["step"]
+        if resumed["finished"]:
+            model.train()
+            return result
 
     def evaluate(step: int) -> bool:
         """Record the development objective after ``step`` steps; True when the run should stop."""
@@ -178,9 +258,9 @@ def pretrain_topic_model(model, dataset, collator, steps: int, learning_rate: fl
         return since_best >= patience
 
     model.train()
-    if eval_dataset is not None:
+    if eval_dataset is not None and start == 0:
         evaluate(0)  # the topic model as it starts (patience >= 1: never a reason to stop)
-    for step in range(steps):
+    for step in range(start, steps):
         rows = torch.randint(len(dataset), (batch_size,), generator=generator).tolist()
         batch = collator([dataset[i] for i in rows])
         loss = model.topic_model_loss(**_topic_inputs(model, batch))
@@ -199,9 +279,13 @@ def pretrain_topic_model(model, dataset, collator, steps: int, learning_rate: fl
             if evaluate(done):
                 result.stopped_by = "patience"
                 break
+        if checkpoint_dir is not None and done % save_every == 0 and done < steps:
+            save(done, finished=False)
     if best_state is not None and result.best_step != result.steps:
         model.load_state_dict(best_state)
     if eval_dataset is None:
         result.best_step = result.steps
     model.train()
+    if checkpoint_dir is not None:
+        save(result.steps, finished=True)
     return result

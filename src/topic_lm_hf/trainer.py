@@ -140,7 +140,55 @@ def _incomplete_checkpoint(path: str) -> str | None:
         return f"its {TRAINER_STATE_NAME} is truncated"
     if not any(os.path.isfile(os.path.join(path, name)) for name in WEIGHTS_FILES):
         return "it has no model weights"
+    for name in sorted(os.listdir(path)):  # a file cut short by the kill (weights, optimizer, scheduler, RNG)
+        problem = _unreadable(os.path.join(path, name))
+        if problem:
+            return f"its {name} is truncated or unreadable ({problem})"
     return None
+
+
+def _unreadable(path: str) -> str | None:
+    """Why the weights or torch.save file at ``path`` cannot be loaded (None: it can, or it is another kind of
+    file). Only the headers are read: a safetensors header must cover the whole file, a torch.save zip archive
+    must have its central directory (written last)."""
+    try:
+        if path.endswith(".safetensors"):
+            from safetensors import safe_open
+
+            with safe_open(path, framework="pt"):
+                pass
+        elif path.endswith((".pt", ".pth", ".bin")):
+            import zipfile
+
+            with zipfile.ZipFile(path):
+                pass
+    except Exception as error:  # noqa: BLE001 (the libraries' own error types: SafetensorError, BadZipFile, OSError)
+        return " ".join(str(error).split()) or type(error).__name__
+    return None
+
+
+def finished_run(output_dir, args, config=None) -> str | None:
+    """A line saying that the run of ``args`` in ``output_dir`` is already finished (its last complete checkpoint
+    reached ``max_steps``, or ``num_train_epochs`` without ``max_steps``, and the final model is saved), or None.
+    Rerunning it must change nothing: resuming from that checkpoint trained one step past the end and overwrote
+    the saved model. ``config``: the model configuration of the rerun; one that differs from the checkpoint's is
+    not this run (None here: resuming refuses it, naming the fields)."""
+    last = last_complete_checkpoint(output_dir)
+    if last is None or not any(os.path.isfile(os.path.join(output_dir, name)) for name in WEIGHTS_FILES):
+        return None
+    if config is not None and config_differences(last, config):
+        return None
+    with open(os.path.join(last, TRAINER_STATE_NAME), encoding="utf-8") as f:
+        state = json.load(f)
+    step = state.get("global_step", 0)
+    if args.max_steps is not None and args.max_steps > 0:
+        done = step >= args.max_steps
+    else:
+        done = step >= state.get("max_steps", math.inf) and state.get("num_train_epochs", 0) >= args.num_train_epochs
+    if not done:
+        return None
+    return (f"{output_dir} already holds this run, finished at step {step} ({os.path.basename(last)}): nothing to "
+            f"do (a larger --max_steps trains on from it; another --output_dir starts a new run)")
 
 
 # ----------------------------------------------------------------------------------------------

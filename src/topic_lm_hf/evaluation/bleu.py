@@ -99,6 +99,12 @@ def _tokenize_all(sentences: Any, name: str) -> list[tuple[Hashable, ...]]:
         if isinstance(sentence, str):
             out.append(tuple(sentence.split()))
         elif isinstance(sentence, Sequence):
+            if any(isinstance(token, str) and len(token.split()) > 1 for token in sentence):
+                # evaluate's bleu takes a list of reference sentences per prediction; read as tokens, each whole
+                # sentence would be one token and match nothing
+                raise ValueError(f"{name}[{i}] is a list of sentences, not of tokens (evaluate's bleu form, one list "
+                                 f"per prediction): pass one flat list of sentences, every one is scored against "
+                                 f"all of them, e.g. [s for group in {name} for s in group]")
             out.append(tuple(sentence))
         else:
             raise ValueError(f"{name}[{i}] must be a token list or a string, got {type(sentence).__name__}")

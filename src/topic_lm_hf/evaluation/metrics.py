@@ -23,7 +23,11 @@ name                   inputs (one row each)                             the pac
 
 Sentences and texts are strings (split on whitespace) or lists of tokens. Load one with :func:`load_metric` (or
 ``evaluate.load(str(metric_path(name)))``); ``evaluate.combine`` works across them: an argument that another of
-the package's modules takes is left to that module, any other name is an error.
+the package's modules takes is left to that module, except where it names one of this module's own by another
+name (:data:`COUSINS`): ``top_n`` is ``topic_diversity``'s ``k`` (and ``k`` is ``npmi``'s ``top_n``) unless that
+is given too, and ``max_n`` given to ``distinct_n`` (``n`` to the BLEU modules) without its own ``n`` is an error
+naming it; any other name is an error. No predictions, a row that is not a text, or a class id that is not an
+integer is one clear ``ValueError``.
 
 Perplexity is not among them: it is a property of a model under a context protocol, not of predictions, and
 stays :func:`topic_lm_hf.evaluate_perplexity`.
@@ -64,14 +68,44 @@ def load_metric(name: str, **kwargs):
     return evaluate.load(str(metric_path(name)), **kwargs)
 
 
-def check_arguments(name: str, kwargs: dict) -> None:
-    """Check the extra keyword arguments module ``name``'s compute got: those another of the package's modules
-    takes are theirs (``evaluate.combine`` passes every argument to every module) and are ignored; any other name
-    is a ``TypeError``, as a misspelt argument of a function would be."""
+# An argument of another module that a caller may mean for this one: module -> {that argument: this module's own
+# name for it, and whether it means the same thing}. One that means the same is honoured where this module's own is
+# not given; one that does not is refused then, naming the right one. Where this module's own is given too, it is
+# the other module's (``evaluate.combine`` passes every argument to every module) and is left to it.
+COUSINS = {
+    "topic_diversity": {"top_n": ("k", True)},  # the top words per topic
+    "npmi": {"k": ("top_n", True)},
+    "distinct_n": {"max_n": ("n", False)},  # BLEU's largest order is not a Dist-n order
+    "texygen_bleu": {"n": ("max_n", False)},
+    "texygen_self_bleu": {"n": ("max_n", False)},
+}
+
+
+def check_arguments(name: str, kwargs: dict, own: dict | None = None) -> dict:
+    """Check the extra keyword arguments module ``name``'s compute got and return the values of its own arguments
+    that they stand for. ``own``: the module's own arguments as the caller gave them (None: not given). An argument
+    of another module that means the same as one of ``name``'s (:data:`COUSINS`: ``top_n`` of ``topic_diversity``
+    is its ``k``) is honoured where ``name``'s own is not given; one that means something else is then a
+    ``TypeError`` naming the right one; the other modules' arguments are theirs (``evaluate.combine`` passes every
+    argument to every module) and are ignored; any other name is a ``TypeError``, as a misspelt argument of a
+    function would be."""
+    own = own or {}
     known = {argument for arguments in COMPUTE_ARGUMENTS.values() for argument in arguments}
     unknown = sorted(set(kwargs) - known)
     if unknown:
         raise TypeError(f"{name} got unexpected argument(s) {unknown}; it takes {list(COMPUTE_ARGUMENTS[name])}")
+    honoured = {}
+    for argument, (mine, same) in COUSINS.get(name, {}).items():
+        if argument not in kwargs or own.get(mine) is not None:
+            continue
+        value = kwargs[argument]
+        if same and isinstance(value, (list, tuple)) and len(value) == 1:
+            value = value[0]
+        if not same or isinstance(value, (list, tuple)):
+            raise TypeError(f"{name} takes {mine}=, not {argument}= (another metric's argument, which means something "
+                            f"else here): give {mine}= (with evaluate.combine, give both)")
+        honoured[mine] = value
+    return honoured
 
 
 # What the modules share: their input features, the Texygen citation, and how a text input reaches the functions.
@@ -95,6 +129,45 @@ def text_features():
 def token_lists(rows) -> list[list[str]]:
     """The rows of a text input as token lists (strings split on whitespace, as the package's BLEU splits them)."""
     return [row.split() if isinstance(row, str) else list(row) for row in rows]
+
+
+def check_inputs(name: str, predictions, references=None) -> None:
+    """One clear line for inputs that ``evaluate`` would otherwise fail on with an IndexError or KeyError (no
+    predictions, a row of the wrong kind) or silently truncate (a float class id)."""
+    import numpy as np
+
+    if predictions is None or len(predictions) == 0:
+        raise ValueError(f"{name}: predictions is empty: give at least one row")
+    if name in ("distinct_n", "texygen_bleu", "texygen_self_bleu"):
+        for i, row in enumerate(predictions):
+            if not isinstance(row, str) and not (isinstance(row, (list, tuple))
+                                                 and all(isinstance(token, str) for token in row)):
+                raise ValueError(f"{name}: predictions[{i}] is {type(row).__name__} {row!r}: give texts, each a "
+                                 "string or a list of string tokens")
+    if name == "classification":
+        for what, values in (("predictions", predictions), ("references", references)):
+            if values is None:
+                continue
+            array = np.asarray(values)
+            if array.ndim != 1:
+                raise ValueError(f"classification: {what} has shape {array.shape}: give one class id per row (for "
+                                 "scores or probabilities, their argmax: logits.argmax(-1))")
+            if array.dtype.kind not in "iub" and not (array.dtype.kind == "f" and np.all(np.mod(array, 1) == 0)):
+                bad = next(v for v in array.tolist() if not (isinstance(v, (int, float)) and float(v).is_integer()))
+                raise ValueError(f"classification: {what} must be class ids (integers), got {bad!r}: take the "
+                                 "argmax of scores or probabilities first (logits.argmax(-1))")
+
+
+class CheckedInputs:
+    """The modules' metrics check their inputs (:func:`check_inputs`) before ``evaluate`` infers their features;
+    ``metric_name`` is the module's name."""
+
+    metric_name = ""
+
+    def compute(self, *, predictions=None, references=None, **kwargs):
+        """``evaluate.Metric.compute``, its inputs checked first."""
+        check_inputs(self.metric_name, predictions, references)
+        return super().compute(predictions=predictions, references=references, **kwargs)
 
 
 TEXYGEN_CITATION = """@inproceedings{zhu2018texygen,

@@ -455,7 +455,8 @@ class CoherenceResult:
     score: float                            # mean over topics of the per-topic score
     median: float                           # median over topics
     per_topic: list[float]                  # per topic: mean over top_n of the per-N scores
-    per_topic_per_n: list[dict[int, float]]  # per topic: {N: mean NPMI over pairs of the top-N}
+    per_topic_per_n: list[dict[int, float]]  # per topic: {N: mean NPMI over pairs of the top-N} (a topic shorter
+    #                                          than an N: that N is its length, once)
     preset: str                             # "lau2014" | "gensim_c_npmi" | "etm" | "custom"
     window: int | None                      # None = whole document as window
     top_n: tuple[int, ...]
@@ -573,6 +574,9 @@ def topic_coherence(
         preset, window, top_n, unseen_pair, edge_windows)
     topics = _check_topics(top_words)
     corpus = load_reference_corpus(reference)
+    if corpus.n_tokens == 0:
+        raise ValueError(f"the reference corpus {corpus.description} has no tokens: NPMI needs word counts from a "
+                         "non-empty reference (check the path, its format and text_column)")
 
     # every (topic, N): its pairs as indices into `needed` (identical words skipped)
     needed: dict[str, int] = {}
@@ -581,6 +585,10 @@ def topic_coherence(
     for k, topic in enumerate(topics):
         per_n = {}
         for n in top_n:
+            # a topic shorter than N is scored on all its words, labelled with their number (never twice)
+            n = min(n, len(topic))
+            if n in per_n:
+                continue
             words = topic[:n]
             idx = [needed.setdefault(w, len(needed)) for w in words]
             pairs = [pair_index.setdefault((min(a, b), max(a, b)), len(pair_index))
@@ -606,6 +614,10 @@ def topic_coherence(
     pair_counts = np.zeros(len(all_pairs), dtype=np.int64)
     pair_counts[both] = pair_counts_present
 
+    short = [k for k, topic in enumerate(topics) if len(topic) < max(top_n)]
+    if short:
+        logger.warning("%d topic(s) have fewer than top_n=%d words (topics %s): each is scored on the N it has, "
+                       "its per_topic_per_n keys say which", len(short), max(top_n), short[:20])
     missing = [w for w, c in zip(needed_words, word_counts) if c == 0]
     if missing:
         logger.warning("%d topic word(s) never occur in the reference corpus (%s), their pairs score "
@@ -615,7 +627,7 @@ def topic_coherence(
     npmi = _npmi(word_counts[all_pairs[:, 0]], word_counts[all_pairs[:, 1]], pair_counts, n_windows,
                  unseen_pair)
     per_topic_per_n = [{n: float(npmi[pairs].mean()) for n, pairs in per_n.items()} for per_n in topic_pairs]
-    per_topic = [float(np.mean([d[n] for n in top_n])) for d in per_topic_per_n]
+    per_topic = [float(np.mean(list(d.values()))) for d in per_topic_per_n]
     return CoherenceResult(
         score=float(np.mean(per_topic)),
         median=float(np.median(per_topic)),

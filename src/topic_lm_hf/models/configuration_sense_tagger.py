@@ -33,6 +33,8 @@ class SenseTaggerConfig(CompactReprMixin, PretrainedConfig):
         topic_model_name_or_path: the frozen topic model that makes c (any topic family of the
             package, through ``document_topic_representation``); ``None`` without topics.
         topic_model_type: its ``model_type`` (and variant), for the record.
+        topic_model_sha256: the fingerprint of its weights (sha256 of its weight files), so that the tagger
+            refuses another topic model found under the same path.
         max_context_tokens: topic tokens of the document's bag of words (``None``: the whole
             document, as in the paper: NTM on the full document, the sentence not removed).
         output_mode: how senses are predicted by :func:`~topic_lm_hf.tasks.wsd_tagger.disambiguate`:
@@ -62,6 +64,7 @@ class SenseTaggerConfig(CompactReprMixin, PretrainedConfig):
 
     def __init__(self, word_vocabulary=None, input_feature="lemma", embedding_size=100, hidden_size=100, dropout=0.2,
                  topic_representation_size=0, topic_model_name_or_path=None, topic_model_type=None,
+                 topic_model_sha256=None,
                  max_context_tokens=None, output_mode="candidates", training_objective="all_senses",
                  sense_inventory=None, training_corpus=None,
                  initializer_range=0.1, pad_token_id=0, unk_token_id=1, **kwargs):
@@ -99,6 +102,7 @@ class SenseTaggerConfig(CompactReprMixin, PretrainedConfig):
         self.topic_representation_size = topic_representation_size
         self.topic_model_name_or_path = None if topic_model_name_or_path is None else str(topic_model_name_or_path)
         self.topic_model_type = topic_model_type
+        self.topic_model_sha256 = topic_model_sha256
         self.max_context_tokens = max_context_tokens
         self.output_mode = output_mode
         self.training_objective = training_objective

@@ -243,12 +243,15 @@ def angular_diversity(topic_rows: torch.Tensor) -> torch.Tensor:
     angles arccos(|a_i . a_j| / |a_i| |a_j|), i != j (0 for a single topic). Larger is more diverse."""
     if topic_rows.shape[0] < 2:
         return topic_rows.new_zeros(())  # no pair of topics: nothing to keep apart (T = 1)
-    rows = F.normalize(topic_rows.float(), dim=-1)
-    cosine = (rows @ rows.T).abs()  # (T, T)
-    off_diagonal = ~torch.eye(cosine.shape[0], dtype=torch.bool, device=cosine.device)
-    # Clamp below 1: arccos has an infinite derivative there (two identical topics).
-    angles = torch.arccos(cosine[off_diagonal].clamp(max=1.0 - 1e-6))
-    return angles.mean() - angles.var(unbiased=False)
+    # In float32 even under autocast: in bf16 the cosine of two nearly coinciding topics rounds to 1.0, past the
+    # clamp below, and arccos' gradient there is infinite (a NaN gradient).
+    with torch.autocast(device_type=topic_rows.device.type, enabled=False):
+        rows = F.normalize(topic_rows.float(), dim=-1)
+        cosine = (rows @ rows.T).abs()  # (T, T)
+        off_diagonal = ~torch.eye(cosine.shape[0], dtype=torch.bool, device=cosine.device)
+        # Clamp below 1: arccos has an infinite derivative there (two identical topics).
+        angles = torch.arccos(cosine[off_diagonal].clamp(max=1.0 - 1e-6))
+        return angles.mean() - angles.var(unbiased=False)
 
 
 def topic_word_mask(module: nn.Module, config, device) -> torch.Tensor:

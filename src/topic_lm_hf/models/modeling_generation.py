@@ -12,7 +12,7 @@ from typing import Optional
 
 import torch
 
-from .modeling_recurrent import reorder_state
+from .modeling_recurrent import check_prompt, reorder_state
 
 
 # The raw conditioning keywords generate() may be given; a family accepts those it declares in conditioning_inputs.
@@ -135,6 +135,7 @@ class TopicGenerationMixin:
         """``GenerationMixin.generate`` with the family's topic conditioning (its ``conditioning_inputs``) and
         ``topic_guidance_scale=s``: decode-time topic guidance (:class:`TopicGuidanceLogitsProcessor`), which
         mixes the scores of the conditioned run with those of the same model under its prior."""
+        check_prompt(inputs if inputs is not None else kwargs.get("input_ids"))
         if topic_guidance_scale is None:
             return self._generate(inputs, generation_config, **kwargs)
         if isinstance(topic_guidance_scale, bool) or not isinstance(topic_guidance_scale, numbers.Real) \

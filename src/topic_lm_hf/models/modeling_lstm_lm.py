@@ -13,7 +13,7 @@ from transformers import GenerationMixin
 
 from .configuration_lstm_lm import LSTMLMConfig
 from .modeling_document import DocumentClassifierMixin, DocumentRepresentationDelegate, DocumentRepresentationMixin
-from .modeling_recurrent import RecurrentBodyMixin, RecurrentPreTrainedModel, TopicLMOutput
+from .modeling_recurrent import RecurrentBodyMixin, RecurrentPreTrainedModel, TopicLMOutput, check_prompt
 
 
 class LSTMLMPreTrainedModel(RecurrentPreTrainedModel):
@@ -54,6 +54,11 @@ class LSTMLMForCausalLM(DocumentRepresentationDelegate, LSTMLMPreTrainedModel, G
             out_size = config.embedding_size
         self.lm_head = nn.Linear(out_size, config.vocab_size)
         self.post_init()
+
+    def generate(self, inputs=None, generation_config=None, **kwargs):
+        """``GenerationMixin.generate``, an empty prompt refused first (:func:`check_prompt`)."""
+        check_prompt(inputs if inputs is not None else kwargs.get("input_ids"))
+        return super().generate(inputs, generation_config, **kwargs)
 
     def forward(self, input_ids: Optional[torch.LongTensor] = None, attention_mask: Optional[torch.Tensor] = None,
                 inputs_embeds: Optional[torch.Tensor] = None, state: Optional[tuple] = None,

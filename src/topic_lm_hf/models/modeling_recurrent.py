@@ -78,6 +78,14 @@ class RecurrentModelOutput(ModelOutput):
     hidden_states: Optional[tuple[torch.Tensor, ...]] = None
 
 
+def check_prompt(prompt) -> None:
+    """``generate``'s prompt must hold a token: an empty one (shape (b, 0)) is refused with what to give instead
+    (the recurrence has nothing to start from)."""
+    if isinstance(prompt, torch.Tensor) and prompt.dim() > 0 and prompt.shape[-1] == 0:
+        raise ValueError(f"the prompt is empty (input_ids of shape {tuple(prompt.shape)}): give at least one token, "
+                         "e.g. the bos token (tokenizer([''], return_tensors='pt') makes it)")
+
+
 def reorder_state(state, beam_idx: torch.Tensor):
     """Select batch rows of a (nested) tuple of batch-first tensors, or of a cache object with ``reorder``
     (generation's ``TopicLMCache``: the state with the resolved topic conditioning)."""

@@ -67,12 +67,27 @@ def clean_newsgroups_post(text: str) -> str:
     return strip_newsgroup_quoting(strip_newsgroup_footer(strip_newsgroup_header(text)))
 
 
+LABELLED_FORMATS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
+
+
+def labelled_file_format(path: str | os.PathLike) -> str:
+    """The ``datasets`` builder of a labelled corpus file by its extension (``.gz`` aside): JSON lines, CSV or
+    Parquet; anything else (a Lau .txt has no labels) is a ``ValueError`` naming the accepted formats."""
+    name = str(path).lower()
+    name = name[:-3] if name.endswith(".gz") else name
+    for suffix, builder in LABELLED_FORMATS.items():
+        if name.endswith(suffix):
+            return builder
+    raise ValueError(f"{path}: a labelled corpus is JSON lines (.jsonl[.gz], .json), CSV (.csv[.gz]) or Parquet "
+                     f"(.parquet) with 'text' and 'label' columns, e.g. ../shared/data/20ng/train.jsonl.gz")
+
+
 def load_classification_splits(path: str | os.PathLike, test_fraction: float = 0.2, seed: int = 0,
                                clean: Optional[str] = None, max_train_documents: Optional[int] = None,
                                max_test_documents: Optional[int] = None, num_proc: Optional[int] = None
                                ) -> tuple[datasets.Dataset, datasets.Dataset]:
-    """Train and held-out documents (``sentences``, ``label``, ``id``) of a JSON-lines file with ``text`` and
-    ``label``: ``Dataset.train_test_split(test_size=test_fraction, seed=seed, stratify_by_column="label")``.
+    """Train and held-out documents (``sentences``, ``label``, ``id``) of a JSON-lines, CSV or Parquet file
+    (:func:`labelled_file_format`) with ``text`` and ``label``: ``Dataset.train_test_split(test_size=test_fraction, seed=seed, stratify_by_column="label")``.
 
     ``clean="newsgroups"`` applies :func:`clean_newsgroups_post` first. Documents left without a token are
     dropped after the split (logged), so no document is in both splits and the split does not depend on the
@@ -82,7 +97,7 @@ def load_classification_splits(path: str | os.PathLike, test_fraction: float = 0
         raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
     if clean not in CLEANING:
         raise ValueError(f"clean must be one of {CLEANING}, got {clean!r}")
-    raw = datasets.load_dataset("json", data_files=str(path), split="train")
+    raw = datasets.load_dataset(labelled_file_format(path), data_files=str(path), split="train")
     if "label" not in raw.column_names or "text" not in raw.column_names:
         raise ValueError(f"{path} needs 'text' and 'label' columns (has {raw.column_names})")
     if "id" not in raw.column_names:
@@ -151,7 +166,7 @@ def load_imdb_splits(path: str | os.PathLike, test_fraction: float = 0.2, seed: 
     """
     if not 0.0 < test_fraction < 1.0:
         raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
-    raw = datasets.load_dataset("json", data_files=str(path), split="train")
+    raw = datasets.load_dataset(labelled_file_format(path), data_files=str(path), split="train")
     if "label" not in raw.column_names or "text" not in raw.column_names:
         raise ValueError(f"{path} needs 'text' and 'label' columns (has {raw.column_names})")
     raw = _with_class_labels(raw, path)  # the same label rules and names as load_classification_splits

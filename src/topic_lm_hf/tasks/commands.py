@@ -33,7 +33,7 @@ _SPLIT_HELP = ("The held-out share of --dataset (a stratified Dataset.train_test
 class TaskDataArguments:
     model_name_or_path: str = field(metadata={"help": "A saved model folder (or Hub id) with its tokenizers: a "
                                                       "*ForCausalLM of any family, or a saved classifier."})
-    dataset: str = field(metadata={"help": "JSON lines with 'text' and 'label' columns, e.g. "
+    dataset: str = field(metadata={"help": "JSON lines, CSV or Parquet with 'text' and 'label' columns, e.g. "
                                            "../shared/data/20ng/train.jsonl.gz or ../shared/data/r8/train.jsonl.gz."})
     clean: Optional[str] = field(default=None, metadata={
         "help": "'newsgroups': strip 20 Newsgroups headers, signatures and quoted lines (scikit-learn's "
@@ -71,7 +71,11 @@ class RetrieveArguments:
 
 
 def _splits(args: TaskDataArguments):
+    from ..data import check_positive_flags
     from .classification import load_classification_splits
+
+    check_positive_flags(max_train_documents=args.max_train_documents, max_test_documents=args.max_test_documents,
+                         batch_size=args.batch_size, max_document_length=args.max_document_length)
 
     train, test = load_classification_splits(args.dataset, test_fraction=args.test_fraction, seed=args.seed,
                                              clean=args.clean, max_train_documents=args.max_train_documents,
@@ -89,6 +93,10 @@ def run_classify(data_args: TaskDataArguments, args: ClassifyArguments, device: 
     from .classification import (FeatureCollator, add_document_features, bow_logistic_regression,
                                  document_collator, evaluate_classifier, majority_baseline, train_classifier)
 
+    from ..models.configuration_common import CLASSIFIER_HEADS
+
+    if args.head not in CLASSIFIER_HEADS:
+        raise ValueError(f"--head must be one of {', '.join(CLASSIFIER_HEADS)}, got {args.head!r}")
     train, test = _splits(data_args)
     names = train.features["label"].names  # the classes' names are kept in the classifier's config
     clf = load_pretrained(AutoModelForSequenceClassification, data_args.model_name_or_path, num_labels=len(names),
@@ -134,10 +142,13 @@ def run_classify(data_args: TaskDataArguments, args: ClassifyArguments, device: 
 def run_retrieve(data_args: TaskDataArguments, args: RetrieveArguments, device: DeviceArguments | None = None) -> None:
     from transformers import AutoModelForCausalLM
 
+    from ..cli import parse_ids
+    from ..data import check_positive_flags
     from .retrieval import evaluate_retrieval, lda_retrieval, tfidf_retrieval
 
+    ks = parse_ids(args.k, "--k", what="cut-off")
+    check_positive_flags(k=min(ks))
     train, test = _splits(data_args)
-    ks = [int(x) for x in args.k.split(",") if x.strip()]
     fractions = [float(x) for x in args.fractions.split(",") if x.strip()]
     model = load_pretrained(AutoModelForCausalLM, data_args.model_name_or_path).to(
         (device or DeviceArguments()).torch_device)
@@ -215,6 +226,9 @@ def run_wsd_train(args: WSDTrainArguments, training_args: TrainingArguments) -> 
     from .wsd import load_wsd_corpus
     from .wsd_tagger import train_sense_tagger
 
+    from ..data import check_positive_flags
+
+    check_positive_flags(max_train_documents=args.max_train_documents)
     set_seed(training_args.seed)
     train = load_wsd_corpus(args.train)
     if args.max_train_documents is not None:

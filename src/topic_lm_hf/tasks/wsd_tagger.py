@@ -32,6 +32,7 @@ Usage::
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import logging
 import os
@@ -102,6 +103,35 @@ def load_frozen_topic_model(name_or_path: PathLike):
                          "topic representation)")
     model.eval().requires_grad_(False)
     return model
+
+
+def weights_fingerprint(folder: PathLike) -> Optional[str]:
+    """sha256 of a model folder's weight files (``*.safetensors``, else ``*.bin``, in name order); None when it has
+    none (not a local folder)."""
+    folder = str(folder)
+    if not os.path.isdir(folder):
+        return None
+    names = sorted(n for n in os.listdir(folder) if n.endswith(".safetensors")) or \
+        sorted(n for n in os.listdir(folder) if n.endswith(".bin") and n != "training_args.bin")
+    if not names:
+        return None
+    digest = hashlib.sha256()
+    for name in names:
+        with open(os.path.join(folder, name), "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()
+
+
+def check_topic_model(config, path: PathLike) -> None:
+    """Refuse a topic model folder whose weights are not those the tagger of ``config`` was trained with (its
+    ``topic_model_sha256``): another model found under the same, or a relative, path would give other c silently."""
+    recorded = getattr(config, "topic_model_sha256", None)
+    found = weights_fingerprint(path)
+    if recorded and found and found != recorded:
+        raise ValueError(f"the topic model at {path} is not the one this tagger was trained with (its weights' sha256 "
+                         f"{found[:12]}, the tagger's {recorded[:12]}, trained with {config.topic_model_name_or_path}): "
+                         f"pass --topic_model the folder it was trained with")
 
 
 def _topic_words(token: str) -> list[str]:
@@ -322,7 +352,11 @@ def _topic_representations_for(model, corpus, topic_model=None, topic_tokenizer=
     if not config.uses_topics:
         return None
     if topic_model is None or isinstance(topic_model, (str, os.PathLike)):
-        topic_model = load_frozen_topic_model(topic_model or config.topic_model_name_or_path).to(model.device)
+        path = topic_model or config.topic_model_name_or_path
+        check_topic_model(config, path)
+        topic_model = load_frozen_topic_model(path).to(model.device)
+    elif getattr(topic_model, "name_or_path", None):
+        check_topic_model(config, topic_model.name_or_path)
     if topic_tokenizer is None:
         topic_tokenizer = _topic_tokenizer_for(getattr(model, "name_or_path", None) or None,
                                                config.topic_model_name_or_path)
@@ -480,6 +514,9 @@ def train_sense_tagger(train: Union[datasets.Dataset, PathLike], output_dir: Pat
             raise ValueError("a topic model object needs topic_model_name_or_path= (recorded in the tagger's config)")
     c_train = c_dev = None
     if topic_model is not None:
+        if os.path.isdir(topic_path):  # found again from any folder, and only with the same weights
+            topic_path = os.path.abspath(topic_path)
+            config_kwargs.setdefault("topic_model_sha256", weights_fingerprint(topic_path))
         if topic_tokenizer is None:
             topic_tokenizer = load_topic_tokenizer(topic_path)
         start = time.perf_counter()

@@ -23,7 +23,9 @@ Examples:
 """
 
 
-class Classification(evaluate.Metric):
+class Classification(package_metrics.CheckedInputs, evaluate.Metric):
+    metric_name = "classification"
+
     def _info(self):
         return evaluate.MetricInfo(description=_DESCRIPTION, citation="", inputs_description=_KWARGS_DESCRIPTION,
                                    features=datasets.Features({"predictions": datasets.Value("int64"),

@@ -22,14 +22,17 @@ _CITATION = """@inproceedings{li2016diversity,
   booktitle={NAACL}, year={2016}}"""
 
 
-class DistinctN(evaluate.Metric):
+class DistinctN(package_metrics.CheckedInputs, evaluate.Metric):
+    metric_name = "distinct_n"
+
     def _info(self):
         return evaluate.MetricInfo(
             description=_DESCRIPTION, citation=_CITATION, inputs_description=_KWARGS_DESCRIPTION,
             features=package_metrics.text_features())
 
-    def _compute(self, predictions, n=(1, 2), **others):
-        package_metrics.check_arguments("distinct_n", others)
+    def _compute(self, predictions, n=None, **others):
+        package_metrics.check_arguments("distinct_n", others, {"n": n})
+        n = (1, 2) if n is None else n
         tokens = package_metrics.token_lists(predictions)
         orders = [n] if isinstance(n, int) else list(n)
         return {f"distinct_{order}": package_steering.distinct_n(tokens, order) for order in orders}

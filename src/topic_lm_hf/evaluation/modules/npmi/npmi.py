@@ -31,7 +31,9 @@ _CITATION = """@inproceedings{lau2014machine,
   booktitle={EACL}, year={2014}}"""
 
 
-class Npmi(evaluate.Metric):
+class Npmi(package_metrics.CheckedInputs, evaluate.Metric):
+    metric_name = "npmi"
+
     def _info(self):
         return evaluate.MetricInfo(description=_DESCRIPTION, citation=_CITATION, inputs_description=_KWARGS_DESCRIPTION,
                                    features=package_metrics.topic_features())
@@ -39,7 +41,7 @@ class Npmi(evaluate.Metric):
     def _compute(self, predictions, reference=None, preset="lau2014", **others):
         settings = {name: others.pop(name) for name in ("window", "top_n", "unseen_pair", "edge_windows")
                     if name in others}  # the preset's own unless given
-        package_metrics.check_arguments("npmi", others)
+        settings.update(package_metrics.check_arguments("npmi", others, {"top_n": settings.get("top_n")}))
         if reference is None:
             raise ValueError("npmi needs reference=: the reference corpus (a path, a dataset or a list of documents)")
         result = package_topics.topic_coherence([list(topic) for topic in predictions], reference, preset=preset,

@@ -20,15 +20,18 @@ Returns:
     bleu_1 ... bleu_{max_n}, num_hypotheses, num_references, protocol.
 """
 
-class TexygenBleu(evaluate.Metric):
+class TexygenBleu(package_metrics.CheckedInputs, evaluate.Metric):
+    metric_name = "texygen_bleu"
+
     def _info(self):
         return evaluate.MetricInfo(
             description=_DESCRIPTION, citation=package_metrics.TEXYGEN_CITATION,
             inputs_description=_KWARGS_DESCRIPTION,
             features=package_metrics.text_features())
 
-    def _compute(self, predictions, reference_texts=None, max_n=4, fast=False, **others):
-        package_metrics.check_arguments("texygen_bleu", others)
+    def _compute(self, predictions, reference_texts=None, max_n=None, fast=False, **others):
+        package_metrics.check_arguments("texygen_bleu", others, {"max_n": max_n})
+        max_n = 4 if max_n is None else max_n
         if reference_texts is None:
             raise ValueError("texygen_bleu needs reference_texts=: the reference sentences each prediction is "
                              "scored against")

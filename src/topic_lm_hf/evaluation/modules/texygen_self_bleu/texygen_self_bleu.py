@@ -18,15 +18,18 @@ Returns:
     self_bleu_1 ... self_bleu_{max_n}, num_hypotheses, protocol.
 """
 
-class TexygenSelfBleu(evaluate.Metric):
+class TexygenSelfBleu(package_metrics.CheckedInputs, evaluate.Metric):
+    metric_name = "texygen_self_bleu"
+
     def _info(self):
         return evaluate.MetricInfo(
             description=_DESCRIPTION, citation=package_metrics.TEXYGEN_CITATION,
             inputs_description=_KWARGS_DESCRIPTION,
             features=package_metrics.text_features())
 
-    def _compute(self, predictions, max_n=4, fast=False, **others):
-        package_metrics.check_arguments("texygen_self_bleu", others)
+    def _compute(self, predictions, max_n=None, fast=False, **others):
+        package_metrics.check_arguments("texygen_self_bleu", others, {"max_n": max_n})
+        max_n = 4 if max_n is None else max_n
         result = package_bleu.texygen_self_bleu(package_metrics.token_lists(predictions), max_n=max_n, fast=fast)
         return {**{f"self_bleu_{n}": value for n, value in result.scores.items()},
                 "num_hypotheses": result.num_hypotheses, "protocol": result.protocol}

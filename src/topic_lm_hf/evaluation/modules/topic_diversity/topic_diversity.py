@@ -23,12 +23,14 @@ _CITATION = """@article{dieng2020topic,
   journal={TACL}, year={2020}}"""
 
 
-class TopicDiversity(evaluate.Metric):
+class TopicDiversity(package_metrics.CheckedInputs, evaluate.Metric):
+    metric_name = "topic_diversity"
+
     def _info(self):
         return evaluate.MetricInfo(description=_DESCRIPTION, citation=_CITATION, inputs_description=_KWARGS_DESCRIPTION,
                                    features=package_metrics.topic_features())
 
-    def _compute(self, predictions, k=25, variant="unique", **others):
-        package_metrics.check_arguments("topic_diversity", others)
+    def _compute(self, predictions, k=None, variant="unique", **others):
+        k = package_metrics.check_arguments("topic_diversity", others, {"k": k}).get("k", 25 if k is None else k)
         value = package_topics.topic_diversity([list(topic) for topic in predictions], k=k, variant=variant)
         return {"topic_diversity": value, "k": k, "variant": variant}

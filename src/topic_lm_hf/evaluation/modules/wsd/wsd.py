@@ -26,7 +26,9 @@ _CITATION = """@inproceedings{raganato2017word,
   booktitle={EACL}, year={2017}}"""
 
 
-class Wsd(evaluate.Metric):
+class Wsd(package_metrics.CheckedInputs, evaluate.Metric):
+    metric_name = "wsd"
+
     def _info(self):
         return evaluate.MetricInfo(
             description=_DESCRIPTION, citation=_CITATION, inputs_description=_KWARGS_DESCRIPTION,
