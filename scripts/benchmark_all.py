@@ -145,8 +145,8 @@ from benchmark_training import (pretrain_topic_model_once, pretrain_topic_model_
                                 train_to_convergence)
 from benchmarking import (CLASSES, DATA, MAX_FLUENCY_RATIO, MODELS, PROTOCOLS, SCHEDULE_FLAGS, SIZES, TRAINING_FLAGS,
                           CarriedLoss, OnDevice, Tee, add_common_arguments, build_model, cached_lda_judge,
-                          check_settings, code_version, evaluate_protocols, fluent_setting, fmt, interleaved_step_times, make_collator,
-                          prepared_rows, publish, read_json, read_jsonl, steer, write_json)
+                          check_settings, code_version, evaluate_protocols, fluent_setting, fmt,
+                          interleaved_step_times, make_collator, prepared_rows, publish, read_json, read_jsonl, steer, write_json)
 
 MAX_EPOCHS = 20  # the default cap: early stopping is meant to end every run before it
 BATCH_DOCUMENTS = {"apnews": 4, "brown": 1, "imdb": 6}  # about 60 chunks on APNEWS and IMDB, 100 on Brown
@@ -326,8 +326,8 @@ def parse_args(argv=None):
     parser.add_argument("--dev-fraction", type=float, default=0.05, help="training documents held out as dev")
     parser.add_argument("--dev-seed", type=int, default=0, help="seed of the dev split")
     add_common_arguments(parser, *TRAINING_FLAGS, *SCHEDULE_FLAGS, "--batch-size", "--dropout", "--lr", "--clip",
-                         "--kl-annealing-steps", "--alpha", "--topic-model-steps", "--topic-model-lr", "--min-freq", "--max-train-docs",
-                         "--max-valid-docs", "--npmi-max-documents", "--steer-topics", "--steer-samples",
+                         "--kl-annealing-steps", "--alpha", "--topic-model-steps", "--topic-model-lr", "--min-freq",
+                         "--max-train-docs", "--max-valid-docs", "--npmi-max-documents", "--steer-topics", "--steer-samples",
                          "--max-new-tokens", "--lda-max-iter", "--speed-repeats", "--threads", "--seed",
                          batch_size=None,
                          helps={"batch_size": "training documents per step, every model (default: apnews 4, "

@@ -2,11 +2,12 @@
 hypothesis as a training run that changes one thing, at one fixed budget, against the LSTM trained the same way.
 
 Every run is one of the unified benchmark's models (``benchmarking.MODELS``, E = H = 128, 50 topics, APNEWS
-``train.txt`` with the benchmark's vocabularies) with configuration values changed (``--variant
-NAME=MODEL[:key=value,...]``), trained ``--steps`` steps of ``--batch-size`` documents from the same seed and in the
-same batch order (``train_for_steps``: Adam, linear warm-up and decay, the fast path), then evaluated on the first
-``--valid-docs`` documents of ``valid.txt`` under the model's own protocol (``paper`` for the chunk-trained topic
-models, which read the document minus the sentence, as the papers; ``causal`` for the LSTM and GBN/rGBN-RNN):
+``train.txt`` with the benchmark's vocabularies) with configuration values (or the training's ``lr`` and ``clip``)
+changed (``--variant NAME=MODEL[:key=value,...]``), trained ``--steps`` steps of ``--batch-size`` documents from the
+same seed and in the same batch order (``train_for_steps``: Adam, linear warm-up and decay, the fast path), then
+evaluated on the first ``--valid-docs`` documents of ``valid.txt`` under the model's own protocol (``paper`` for the
+chunk-trained topic models, which read the document minus the sentence, as the papers; ``causal`` for the LSTM and
+GBN/rGBN-RNN):
 
 * with its own document's context, and
 * with another document's (``mismatched_context=True``): what the model is worth without its topics.
@@ -32,18 +33,22 @@ from topic_lm_hf import build_vocabularies, load_documents
 from topic_lm_hf.evaluation import evaluate_perplexity
 
 from benchmark_training import train_for_steps
-from benchmarking import (CLASSES, DATA, MODELS, SIZES, TRAINING_FLAGS, add_common_arguments, build_model, make_collator,
-                          read_json, write_json)
+from benchmarking import (CLASSES, DATA, MODELS, SIZES, TRAINING_FLAGS, add_common_arguments, build_model,
+                          make_collator, read_json, write_json)
 
+# values that change the training rather than the configuration: the learning rate and the gradient-norm clip
+TRAINING_VALUES = ("lr", "clip")
 # name -> (benchmark model, configuration values changed, the hypothesis it tests)
 DEFAULT_VARIANTS = {
     "lstm": ("lstm", {}, "the reference"),
     "tcnlm": ("tcnlm", {}, "TCNLM as the benchmark trains it"),
     "tcnlm-flat-start": ("tcnlm", {"topic_factor_spread": 0.0},
                          "initialisation: every topic starts as the same LSTM (W_b t = U_b t = 1)"),
-    "tcnlm-light-topic-terms": ("tcnlm", {"diversity_weight": 0.0, "topic_loss_normalization": "lm_tokens"},
-                                "the topic model's terms pulling on shared weights: weighed per predicted token, no "
-                                "diversity term"),
+    "tcnlm-per-token-topic-terms": ("tcnlm", {"diversity_weight": 0.0, "topic_loss_normalization": "lm_tokens"},
+                                    "the topic model's terms pulling on shared weights: weighed per predicted token "
+                                    "(heavier), no diversity term"),
+    "tcnlm-loose-clip": ("tcnlm", {"clip": 5.0}, "one gradient-norm clip for the topic model and the LM: the topic "
+                                                 "terms' gradients shrink the LM's step"),
     "tcnlm-recipe": ("tcnlm-recipe", {}, "the steering recipe's configuration (the shared topic output prior), "
                                          "without its topic-model pre-training"),
     "nclm-leta": ("nclm-leta", {}, "NCLM LETA as the benchmark trains it"),
@@ -86,7 +91,7 @@ def parse_args(argv=None):
         parser.error("one run must be the LSTM (--variant lstm=lstm): every figure is against it")
     for name, (model, values, _) in args.variants.items():
         config = CLASSES[MODELS[model]["family"]].config_class()
-        unknown = [key for key in values if not hasattr(config, key)]
+        unknown = [key for key in values if key not in TRAINING_VALUES and not hasattr(config, key)]
         if unknown:
             parser.error(f"{name}: {type(config).__name__} has no option {unknown[0]!r}")
     for key, value in SIZES["cpu"].items():
@@ -105,14 +110,16 @@ def run(name: str, spec, args, tok, topic_tok, train_docs, valid_docs) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(args.seed)
     model = build_model(model_name, args, tok, topic_tok)
-    if values:
+    config_values = {k: v for k, v in values.items() if k not in TRAINING_VALUES}
+    if config_values:
         torch.manual_seed(args.seed)
-        model = type(model)(type(model.config).from_dict({**model.config.to_dict(), **values}))
+        model = type(model)(type(model.config).from_dict({**model.config.to_dict(), **config_values}))
     documents, collator = make_collator(model_name, tok, topic_tok)
     rows = documents.prepare(train_docs)
     print(f"== {name}: {model_name} {values or ''}", flush=True)
-    trained = train_for_steps(model, rows, collator, argparse.Namespace(**{**vars(args), "steps": args.steps}),
-                              out / "trainer")
+    training = {k: v for k, v in values.items() if k in TRAINING_VALUES}
+    trained = train_for_steps(model, rows, collator,
+                              argparse.Namespace(**{**vars(args), "steps": args.steps, **training}), out / "trainer")
     topics = MODELS[model_name]["family"] != "lstm"
     protocol = "causal" if not topics or MODELS[model_name]["context"] == "preceding" else "paper"
     result = {"model": model_name, "values": values, "steps": args.steps, "protocol": protocol,
