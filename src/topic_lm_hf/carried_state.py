@@ -101,11 +101,7 @@ def document_sequences(batch: Mapping[str, Any]) -> dict[str, torch.Tensor]:
     """
     ids, labels = batch["input_ids"], batch["labels"]
     b, c, l = ids.shape
-    real = batch["attention_mask"].bool() & batch["chunk_mask"].bool().unsqueeze(-1)  # (b, c, l)
-    # fed: a real token followed by a real one in its chunk; plus the document's last real token
-    fed = torch.cat([real[..., 1:], real.new_zeros(b, c, 1)], dim=-1).flatten(1)
-    last = real.flatten(1).cumsum(1).argmax(1)  # the first position of the running count's maximum
-    fed[torch.arange(b, device=ids.device), last] = True
+    real, fed = _real_and_fed(batch)
     targets = torch.cat([real.new_zeros(b, c, 1), real[..., 1:]], dim=-1).flatten(1)
     lengths = fed.sum(1)
     n = int(lengths.max())
@@ -118,3 +114,47 @@ def document_sequences(batch: Mapping[str, Any]) -> dict[str, torch.Tensor]:
     out_labels = torch.cat([labels.new_full((b, 1), -100), target_labels], dim=1).masked_fill(~mask, -100)
     out_labels[:, 0] = -100
     return {"input_ids": input_ids, "attention_mask": mask.to(batch["attention_mask"].dtype), "labels": out_labels}
+
+
+def _real_and_fed(batch: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(real (b, c, l): the documents' real tokens; fed (b, c * l): the tokens of their sequences, see
+    :func:`document_sequences`: a real token followed by a real one in its chunk, and the document's last one)."""
+    b, c, _ = batch["input_ids"].shape
+    real = batch["attention_mask"].bool() & batch["chunk_mask"].bool().unsqueeze(-1)
+    fed = torch.cat([real[..., 1:], real.new_zeros(b, c, 1)], dim=-1).flatten(1)
+    last = real.flatten(1).cumsum(1).argmax(1)  # the first position of the running count's maximum
+    fed[torch.arange(b, device=fed.device), last] = True
+    return real, fed
+
+
+def chunk_rows(batch: Mapping[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """A documents batch as the batch of its chunks (one row per real chunk, as a sentences batch holds them), and
+    where each chunk's tokens are in its document's sequence: for a model whose recurrence reads nothing but the
+    tokens, while the rest of it reads each chunk's own context.
+
+    Returns:
+        ``(rows, document_tokens)``: ``rows`` holds every key of :data:`CHUNK_KEYS` in the batch cut to the R real
+        chunks, document after document, (R, l, ...), and every tensor with one entry per document repeated for
+        each of its chunks; ``document_tokens`` holds the sequences of :func:`document_sequences` (``input_ids``,
+        ``attention_mask`` (b, n)) and ``positions`` (R, l): the index in the flattened sequences (b * n) of each
+        chunk token the recurrence reads (its outputs at the chunk's other positions predict nothing: 0 there).
+    """
+    chunk_mask = batch["chunk_mask"].bool()
+    b, c, l = batch["input_ids"].shape
+    sequences = document_sequences(batch)
+    n = sequences["input_ids"].shape[1]
+    _, fed = _real_and_fed(batch)
+    # a fed token's index in its document's sequence, offset by the document's row of the flattened sequences
+    index = (fed.long().cumsum(1) - 1 + n * torch.arange(b, device=fed.device).unsqueeze(1)).masked_fill(~fed, 0)
+    keep = chunk_mask.flatten()
+    rows = {}
+    for key, value in batch.items():
+        if key in LAYOUT_KEYS or value is None:
+            continue
+        if key in CHUNK_KEYS:
+            rows[key] = value.flatten(0, 1)[keep]
+        else:
+            rows[key] = value.repeat_interleave(chunk_mask.sum(1), dim=0)
+    positions = index.view(b * c, l)[keep]
+    return rows, {"input_ids": sequences["input_ids"], "attention_mask": sequences["attention_mask"],
+                  "positions": positions}

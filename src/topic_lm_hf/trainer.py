@@ -20,7 +20,7 @@ from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
 
-from .carried_state import LAYOUT_KEYS, document_sequences, run_carried_chunks
+from .carried_state import LAYOUT_KEYS, chunk_rows, document_sequences, run_carried_chunks
 from .collator import TopicContextCollator
 from .data import record_vocabularies, save_vocabularies
 from .models.modeling_recurrent import RecurrentPreTrainedModel, TopicLMOutput, leaky_modes_of
@@ -299,7 +299,10 @@ def carried_state_loss(model, batch, bptt_chunks: int | None = None, chunk_callb
     A model that reads nothing but its tokens (no topics, and only tokens and labels in the batch) gets each document
     as one sequence instead (:func:`~topic_lm_hf.carried_state.document_sequences`): one call, one recurrent kernel
     over the document, the same predictions and loss as chunk after chunk (without ``chunk_callback``, and unless
-    ``bptt_chunks`` cuts the document).
+    ``bptt_chunks`` cuts the document). A topic model whose recurrence reads only the tokens
+    (``carries_documents_in_one_call``: TopicRNN without free bits or the bag-of-words term) gets one call too: its
+    RNN over each document's sequence, the rest on the batch of the document's chunks
+    (:func:`~topic_lm_hf.carried_state.chunk_rows`), the same loss.
 
     Gradients flow through the carried state; with ``bptt_chunks`` the state is detached after every
     ``bptt_chunks`` chunks (truncated back-propagation through the document). The graph of the whole batch is
@@ -333,11 +336,18 @@ def carried_state_loss(model, batch, bptt_chunks: int | None = None, chunk_callb
     check_documents_batch(batch)
     c = batch["chunk_mask"].shape[1]
     lm = _unwrap(model)
-    if chunk_callback is None and (bptt_chunks is None or bptt_chunks >= c) and _reads_tokens_only(lm, batch):
-        # nothing but the state passes between chunks: the chunks of a document are one sequence
-        out = model(**document_sequences(batch), use_cache=False, return_dict=True)
-        return TopicLMOutput(loss=out.loss, **{key: _output(out, key) for key in LOSS_TERMS
-                                               if _output(out, key) is not None})
+    if chunk_callback is None and (bptt_chunks is None or bptt_chunks >= c):
+        out = None
+        if _reads_tokens_only(lm, batch):
+            # nothing but the state passes between chunks: the chunks of a document are one sequence
+            out = model(**document_sequences(batch), use_cache=False, return_dict=True)
+        elif isinstance(lm, TopicFamilyForCausalLM) and lm.carries_documents_in_one_call():
+            # the recurrence over each document's sequence, the rest on the batch of its chunks
+            rows, document_tokens = chunk_rows(batch)
+            out = model(**rows, document_tokens=document_tokens, use_cache=False, return_dict=True)
+        if out is not None:
+            return TopicLMOutput(loss=out.loss, **{key: _output(out, key) for key in LOSS_TERMS
+                                                   if _output(out, key) is not None})
     kl_step = lm._buffers.get("kl_annealing_step") if isinstance(lm, TopicFamilyForCausalLM) else None
     kl_step_before = kl_step.clone() if kl_step is not None and model.training else None
     total, sums, weights = None, {}, {}

@@ -242,6 +242,12 @@ class TopicRNNForCausalLM(TopicFamilyForCausalLM, TopicRNNPreTrainedModel, Topic
         self._register_kl_annealing()
         self.post_init()
 
+    def carries_documents_in_one_call(self) -> bool:
+        """The RNN reads nothing but the tokens, and every term of the objective is a sum over rows divided by the
+        predicted tokens, except with free bits (a batch mean per dimension) or the bag-of-words term (per context
+        word): without them, carried-state training runs a documents batch in one call (``document_tokens``)."""
+        return self.config.kl_free_bits == 0 and self.config.bow_loss_weight == 0
+
     def kl_weight_target(self) -> float:
         """``config.kl_weight``: the KL weight once annealed."""
         return self.config.kl_weight
@@ -352,7 +358,8 @@ class TopicRNNForCausalLM(TopicFamilyForCausalLM, TopicRNNPreTrainedModel, Topic
                 context_bow: Optional[torch.Tensor] = None, topic_mixture: Optional[torch.Tensor] = None,
                 topic_ids=None, topic_representation: Optional[torch.Tensor] = None,
                 output_hidden_states: Optional[bool] = None, return_dict: Optional[bool] = None,
-                logits_to_keep: int = 0, conditioning_resolved: bool = False, **kwargs) -> TopicLMOutput:
+                logits_to_keep: int = 0, conditioning_resolved: bool = False,
+                document_tokens: Optional[dict] = None, **kwargs) -> TopicLMOutput:
         r"""
         Args:
             input_ids: (b, s) token ids, left- or right-padded.
@@ -371,6 +378,10 @@ class TopicRNNForCausalLM(TopicFamilyForCausalLM, TopicRNNPreTrainedModel, Topic
             logits_to_keep: compute logits for the last N positions only (0 = all).
             conditioning_resolved: the topic keywords already are what :meth:`resolve_conditioning` returns
                 (``generate`` validates them before its first step and says so): they are not validated again.
+            document_tokens: the rows are the chunks of documents whose state is carried from chunk to chunk
+                (:func:`~topic_lm_hf.carried_state.chunk_rows`): the RNN runs over the documents' sequences
+                (``input_ids``, ``attention_mask`` (d, n)) in one call, and each row's h_t is read at ``positions``
+                (b, s) of them (``state`` must be None); the rest reads each row as it is.
 
         Returns:
             :class:`TopicLMOutput` with ``logits`` = log p(y_t) (indicator marginalised),
@@ -382,17 +393,24 @@ class TopicRNNForCausalLM(TopicFamilyForCausalLM, TopicRNNPreTrainedModel, Topic
         return super().forward(input_ids, attention_mask, inputs_embeds, state, labels, use_cache,
                                topic_representation, output_hidden_states, return_dict, logits_to_keep,
                                conditioning_resolved, context_bow=context_bow, topic_mixture=topic_mixture,
-                               topic_ids=topic_ids)
+                               topic_ids=topic_ids, document_tokens=document_tokens)
 
     def language_model_features(self, topics: dict, topic_representation: Optional[torch.Tensor], *, input_ids,
                                 attention_mask, inputs_embeds, state, labels, use_cache, output_hidden_states,
-                                logits_to_keep, **inputs) -> LanguageModelPass:
-        """The RNN's outputs h_t after dropout, theta (inferred from ``topics``, or the trusted
-        ``topic_representation``) and, in ``details``, the indicator logits Gamma^T h_t and the KL of each row and
-        dimension (None when theta is given)."""
-        hidden, new_state, all_hidden = self.model.run_tokens(input_ids, attention_mask, inputs_embeds, state,
-                                                              need_state=use_cache or state is not None,
-                                                              output_hidden_states=output_hidden_states)
+                                logits_to_keep, document_tokens=None, **inputs) -> LanguageModelPass:
+        """The RNN's outputs h_t after dropout (with ``document_tokens``: read from its run over the documents'
+        sequences), theta (inferred from ``topics``, or the trusted ``topic_representation``) and, in ``details``,
+        the indicator logits Gamma^T h_t and the KL of each row and dimension (None when theta is given)."""
+        if document_tokens is not None:
+            if state is not None or output_hidden_states:
+                raise ValueError("document_tokens reads the RNN's run over whole documents: it takes no state and "
+                                 "gives no per-layer hidden states")
+            hidden, _, _ = self.model.run_tokens(document_tokens["input_ids"], document_tokens["attention_mask"])
+            hidden, new_state, all_hidden = hidden.flatten(0, 1)[document_tokens["positions"]], None, None
+        else:
+            hidden, new_state, all_hidden = self.model.run_tokens(input_ids, attention_mask, inputs_embeds, state,
+                                                                  need_state=use_cache or state is not None,
+                                                                  output_hidden_states=output_hidden_states)
         if topic_representation is not None:
             theta, kl = topic_representation.to(hidden.device), None
         else:
