@@ -134,8 +134,9 @@ def chunk_rows(batch: Mapping[str, Any]) -> tuple[dict[str, torch.Tensor], dict[
 
     Returns:
         ``(rows, document_tokens)``: ``rows`` holds every key of :data:`CHUNK_KEYS` in the batch cut to the R real
-        chunks, document after document, (R, l, ...), and every tensor with one entry per document repeated for
-        each of its chunks; ``document_tokens`` holds the sequences of :func:`document_sequences` (``input_ids``,
+        chunks, document after document, (R, l, ...), with ``attention_mask`` as the carried loop feeds a chunk (1
+        at the inputs whose target is real), and every tensor with one entry per document repeated for each of its
+        chunks; ``document_tokens`` holds the sequences of :func:`document_sequences` (``input_ids``,
         ``attention_mask`` (b, n)) and ``positions`` (R, l): the index in the flattened sequences (b * n) of each
         chunk token the recurrence reads (its outputs at the chunk's other positions predict nothing: 0 there).
     """
@@ -155,6 +156,9 @@ def chunk_rows(batch: Mapping[str, Any]) -> tuple[dict[str, torch.Tensor], dict[
             rows[key] = value.flatten(0, 1)[keep]
         else:
             rows[key] = value.repeat_interleave(chunk_mask.sum(1), dim=0)
+    # as the loop feeds a chunk: 1 at the inputs whose target is real (its last real token stays out of the state)
+    mask = rows["attention_mask"]
+    rows["attention_mask"] = torch.cat([mask[:, 1:], mask.new_zeros(mask.shape[0], 1)], dim=1)
     positions = index.view(b * c, l)[keep]
     return rows, {"input_ids": sequences["input_ids"], "attention_mask": sequences["attention_mask"],
                   "positions": positions}

@@ -536,7 +536,8 @@ class NCLMForCausalLM(TopicFamilyForCausalLM, NCLMPreTrainedModel, TopicGenerati
                 sentence_prefix_bow: Optional[torch.Tensor] = None,
                 topic_representation: Optional[torch.Tensor] = None, topic_embeddings: Optional[torch.Tensor] = None,
                 output_hidden_states: Optional[bool] = None, return_dict: Optional[bool] = None,
-                logits_to_keep: int = 0, conditioning_resolved: bool = False, **kwargs) -> NCLMOutput:
+                logits_to_keep: int = 0, conditioning_resolved: bool = False,
+                document_tokens: Optional[dict] = None, **kwargs) -> NCLMOutput:
         r"""
         Args:
             input_ids: (b, s) token ids, left- or right-padded.
@@ -550,6 +551,9 @@ class NCLMForCausalLM(TopicFamilyForCausalLM, NCLMPreTrainedModel, TopicGenerati
             logits_to_keep: compute logits for the last N positions only (0 = all).
             conditioning_resolved: the topic keywords already are what :meth:`resolve_conditioning` returns
                 (``generate`` validates them before its first step and says so): they are not validated again.
+            document_tokens: the rows are the chunks of documents whose state is carried from chunk to chunk
+                (:func:`~topic_lm_hf.carried_state.chunk_rows`): the LSTM runs over the documents' sequences in one
+                call and each row's o_t is read at ``positions`` of them (no ``state``; not with sentence topics).
 
         Returns:
             :class:`NCLMOutput`: ``loss = (1 - alpha) lm_loss + alpha (bow_loss + kl_loss)`` (module doc),
@@ -572,12 +576,12 @@ class NCLMForCausalLM(TopicFamilyForCausalLM, NCLMPreTrainedModel, TopicGenerati
                                topic_representation, output_hidden_states, return_dict, logits_to_keep,
                                conditioning_resolved, context_bow=context_bow, topic_ids=topic_ids,
                                topic_mixture=topic_mixture, sentence_prefix_bow=sentence_prefix_bow,
-                               topic_embeddings=topic_embeddings)
+                               topic_embeddings=topic_embeddings, document_tokens=document_tokens)
 
     def language_model_features(self, topics: dict, topic_representation: Optional[torch.Tensor], *, input_ids,
                                 attention_mask, inputs_embeds, state, labels, use_cache, output_hidden_states,
                                 logits_to_keep, sentence_prefix_bow=None, topic_embeddings=None,
-                                **inputs) -> LanguageModelPass:
+                                document_tokens=None, **inputs) -> LanguageModelPass:
         """The composition o^_t = sigmoid([o_t; c_doc; c_sent] W_p + b_p) of the LSTM's outputs with the document
         part c_doc (from ``topics``, or the trusted ``topic_representation`` and ``topic_embeddings``) and the
         sentence part c_sent; c = 0 in the LM pre-training phase. ``details`` holds h and the posterior."""
@@ -587,8 +591,16 @@ class NCLMForCausalLM(TopicFamilyForCausalLM, NCLMPreTrainedModel, TopicGenerati
         device = self.lm_head.weight.device
         lstm_state = None if state is None else tuple(state[:2])
         carried = None if state is None or len(state) < 3 else state[2]
-        base = self.model(input_ids, attention_mask, inputs_embeds, lstm_state, use_cache,
-                          output_hidden_states=output_hidden_states)
+        if document_tokens is not None:
+            if state is not None or output_hidden_states or cfg.sentence_topics:
+                raise ValueError("document_tokens reads the LSTM's run over whole documents: it takes no state, "
+                                 "gives no per-layer hidden states and carries no sentence topics")
+            base = self.model(document_tokens["input_ids"], document_tokens["attention_mask"])
+            base.last_hidden_state = base.last_hidden_state.flatten(0, 1)[document_tokens["positions"]]
+            base.state = None
+        else:
+            base = self.model(input_ids, attention_mask, inputs_embeds, lstm_state, use_cache,
+                              output_hidden_states=output_hidden_states)
         o = self.dropout(base.last_hidden_state)  # (b, s, H)
         topics_on = self.training_phase == "joint" or not self.training
 
@@ -639,6 +651,13 @@ class NCLMForCausalLM(TopicFamilyForCausalLM, NCLMPreTrainedModel, TopicGenerati
         bow_loss, kl_loss = reconstruction.sum() / tokens, kl.sum() / tokens
         return [LossTerm(bow_loss + kl_loss + self.topic_diversity_term(), self.config.alpha,
                          reported=dict(bow_loss=bow_loss, kl_loss=kl_loss))]
+
+    def carries_documents_in_one_call(self) -> bool:
+        """The LSTM reads nothing but the tokens and the joint objective is a sum over rows divided by the predicted
+        tokens (and the diversity term, the same in every call): carried-state training runs a documents batch in one
+        call (``document_tokens``), except with sentence topics (carried from chunk to chunk) and in the topic-model
+        phase (its loss is not per predicted token)."""
+        return not self.config.sentence_topics and self.training_phase != "topic_model"
 
     def lm_loss_weight(self) -> float:
         """1 - alpha, the official code's weighting of the LM and the topic model."""
