@@ -274,3 +274,33 @@ def test_a_perplexity_row_without_its_protocol_is_a_clear_error(tmp_path):
     model = LSTMLMForCausalLM(LSTMLMConfig(vocab_size=len(tok), embedding_size=4, hidden_size=4))
     with pytest.raises(ValueError, match="a perplexity row needs the protocol it was measured under"):
         save_for_hub(model, tmp_path / "m", results=[{"perplexity": 80.0, "dataset": "apnews valid"}])
+
+
+@pytest.mark.parametrize("family", ["lstm_lm", "tcnlm"])
+def test_a_folder_resaved_from_remote_code_keeps_every_auto_class(tmp_path, family):
+    """Loaded with trust_remote_code where the package is not importable (transformers loads the configuration's
+    code twice there) and saved again: the new config.json's auto_map still names every Auto class of the family,
+    and each of them loads the new folder."""
+    from topic_lm_hf.families import FAMILIES
+
+    from conftest import tiny_model
+
+    tok, topic_tok = build_vocabularies(synthetic_documents(20), min_freq=1)
+    model = tiny_model(family, tok, topic_tok)
+    model.save_pretrained(tmp_path / "first")
+    expected = json.loads((tmp_path / "first" / "config.json").read_text())["auto_map"]
+    assert set(expected) == {"AutoConfig", "AutoModel", "AutoModelForCausalLM", "AutoModelForSequenceClassification"}
+    assert FAMILIES[family].classifier_class is not None
+    result = run_without_package(f"""
+        from transformers import AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification
+        model = AutoModelForCausalLM.from_pretrained({str(tmp_path / 'first')!r}, trust_remote_code=True)
+        model.save_pretrained({str(tmp_path / 'second')!r})
+        auto_map = json.load(open({str(tmp_path / 'second' / 'config.json')!r}))["auto_map"]
+        base = AutoModel.from_pretrained({str(tmp_path / 'second')!r}, trust_remote_code=True)
+        clf = AutoModelForSequenceClassification.from_pretrained({str(tmp_path / 'second')!r}, num_labels=3,
+                                                                 trust_remote_code=True)
+        print(json.dumps({{"auto_map": auto_map, "base": type(base).__name__, "clf": type(clf).__name__}}))
+    """, tmp_path)
+    assert result["auto_map"] == expected
+    assert result["base"] == FAMILIES[family].base_model_class.__name__
+    assert result["clf"] == FAMILIES[family].classifier_class.__name__
