@@ -225,7 +225,10 @@ class NCLMModel(DocumentRepresentationMixin, RecurrentBodyMixin, NCLMPreTrainedM
                 self._etr_checked = True
             return self.etr_word_embeddings
         ids = self._topic_word_ids()
-        vectors = self.embed_tokens.weight.detach().index_select(0, ids.clamp_min(0))
+        if type(self.embed_tokens) is nn.Embedding:
+            vectors = self.embed_tokens.weight.detach().index_select(0, ids.clamp_min(0))
+        else:  # an adapter wraps the embeddings (a PEFT LoRA, whose weight is the frozen base): read through it
+            vectors = self.embed_tokens(ids.clamp_min(0)).detach()
         return vectors * (ids >= 0).unsqueeze(1).to(vectors.dtype)
 
     def _topic_word_ids(self) -> torch.Tensor:
