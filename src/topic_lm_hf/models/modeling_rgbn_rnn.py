@@ -48,6 +48,7 @@ sentence (the encoder advances); another one continues the current sentence's th
 from __future__ import annotations
 
 import logging
+import re
 import weakref
 from dataclasses import dataclass
 from typing import Optional
@@ -337,6 +338,9 @@ class RGBNRNNEncoder(nn.Module):
         self.scale = nn.ModuleList(nn.Linear(k, k) for k in config.topic_sizes)
         self.recurrent = config.recurrent_encoder
         self.k_min, self.k_max = config.k_min, config.k_max
+        # The cells keep torch's own initialisation (RNNCell.reset_parameters); built on the meta device they have
+        # none, and the model's _init_weights gives it to them once they are on a real device.
+        self.cells_initialised = not any(p.is_meta for p in self.cells.parameters())
 
     def step(self, bow: torch.Tensor, hidden: Optional[list]):
         """One sentence: bow (n, V_c), hidden per layer (n, K_l) or None -> (k list (n, 1), lambda list (n, K_l),
@@ -386,6 +390,29 @@ def _run_gated_layer(lstm, gate, x, attention_mask, theta, need_state, *state):
     return (a, *new)
 
 
+def initial_topic_matrices(config: RGBNRNNConfig) -> list[tuple[torch.Tensor, Optional[torch.Tensor]]]:
+    """(Phi^l, Pi^l or None) per layer at initialisation: float64 CPU draws seeded by ``config.tlasgr_seed``, so
+    that the same configuration starts from the same topics on any device (the meta device included)."""
+    generator = torch.Generator().manual_seed(config.tlasgr_seed)
+    rows = [config.topic_vocab_size, *config.topic_sizes[:-1]]
+    matrices = []
+    for R, K in zip(rows, config.topic_sizes):
+        # the code: U(0, 1) columns, normalised
+        phi = torch.rand(R, K, dtype=torch.float64, generator=generator, device="cpu")
+        phi = phi / phi.sum(0)
+        pi = None
+        if config.recurrent:
+            # Pi: Dir(1) columns, normalised Exp(1) draws (rgbn.md §1: the code's identity is nearly absorbing)
+            pi = -torch.log1p(-torch.rand(K, K, dtype=torch.float64, generator=generator, device="cpu"))
+            pi = pi / pi.sum(0)
+        matrices.append((phi, pi))
+    return matrices
+
+
+# TLASGR-MCMC's sampler state: float64 buffers whatever the model's dtype (Phi^l, Pi^l and their Fisher weights)
+_SAMPLER_STATE = re.compile(r"(^|\.)(phi|pi)(_fisher)?_\d+$")
+
+
 class RGBNRNNPreTrainedModel(RecurrentPreTrainedModel):
     config_class = RGBNRNNConfig
     _no_split_modules = ["RGBNRNNModel"]
@@ -409,6 +436,47 @@ class RGBNRNNPreTrainedModel(RecurrentPreTrainedModel):
                 # both gate forms pass sigmoid(1) = 73 % of h at the start, as the code's bias of 1 does
                 bias[:H].fill_(-1.0 if module.kind == "paper" else 1.0)
                 bias[H:2 * H].fill_(1.0)
+        elif isinstance(module, RGBNRNNModel):
+            # Phi, Pi and the sampler state, on whatever device they are (a model built on the meta device and
+            # moved with to_empty gets them here); weights loaded from a checkpoint are skipped (init's flag).
+            # (Here, not on the encoder: transformers skips modules without parameters of their own.)
+            from transformers import initialization as init
+
+            encoder = module.encoder
+            if not encoder.cells_initialised and not any(p.is_meta for p in encoder.cells.parameters()):
+                for cell in encoder.cells:  # RNNCell.reset_parameters' U(-1/sqrt(K), 1/sqrt(K))
+                    bound = cell.hidden_size ** -0.5
+                    for param in cell.parameters():
+                        init.uniform_(param, -bound, bound)
+                encoder.cells_initialised = True
+            config = module.config
+            for l, (phi, pi) in enumerate(initial_topic_matrices(config), start=1):
+                if config.topic_learning == "tlasgr":
+                    init.copy_(getattr(module, f"phi_{l}"), phi)
+                    init.zeros_(getattr(module, f"phi_fisher_{l}"))
+                    if pi is not None:
+                        init.copy_(getattr(module, f"pi_{l}"), pi)
+                        init.zeros_(getattr(module, f"pi_fisher_{l}"))
+                else:
+                    init.copy_(getattr(module, f"phi_logits_{l}"), phi.log())
+                    if pi is not None:
+                        init.copy_(getattr(module, f"pi_logits_{l}"), pi.log())
+            if config.topic_learning == "tlasgr":
+                init.zeros_(module.tlasgr_step_count)
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
+        """``from_pretrained``; from a ``state_dict`` without a requested dtype (``dtype="auto"``, the default) and
+        a configuration that names none, the dtype is the weights' (the default dtype where there are none), not
+        that of TLASGR-MCMC's float64 sampler buffers, which transformers would otherwise take for the whole model.
+        The sampler buffers stay float64 in any dtype."""
+        state_dict, config = kwargs.get("state_dict"), kwargs.get("config")
+        requested = kwargs.get("dtype", kwargs.get("torch_dtype"))
+        if state_dict is not None and requested in (None, "auto") and getattr(config, "dtype", None) is None:
+            weights = [v for k, v in state_dict.items() if v.is_floating_point() and not _SAMPLER_STATE.search(k)]
+            kwargs.pop("torch_dtype", None)
+            kwargs["dtype"] = weights[0].dtype if weights else torch.get_default_dtype()
+        return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
 
 
 class RGBNRNNModel(DocumentRepresentationMixin, RGBNRNNPreTrainedModel):
@@ -428,19 +496,10 @@ class RGBNRNNModel(DocumentRepresentationMixin, RGBNRNNPreTrainedModel):
         self.gates = nn.ModuleList(RGBNRNNGate(config.topic_sizes[config.topic_layer_of_lstm(i)], h, config.gate)
                                    for i, h in enumerate(config.hidden_sizes))
         self.encoder = RGBNRNNEncoder(config)
-        rows = [config.topic_vocab_size, *config.topic_sizes[:-1]]
         # Seeded CPU draws (explicit device: from_pretrained builds the model under a meta-device context and
-        # then loads the saved values over these).
-        generator = torch.Generator().manual_seed(config.tlasgr_seed)
-        for l, (R, K) in enumerate(zip(rows, config.topic_sizes), start=1):
-            # the code: U(0, 1) columns, normalised
-            phi = torch.rand(R, K, dtype=torch.float64, generator=generator, device="cpu")
-            phi = phi / phi.sum(0)
-            pi = None
-            if config.recurrent:
-                # Pi: Dir(1) columns, normalised Exp(1) draws (rgbn.md §1: the code's identity is nearly absorbing)
-                pi = -torch.log1p(-torch.rand(K, K, dtype=torch.float64, generator=generator, device="cpu"))
-                pi = pi / pi.sum(0)
+        # then loads the saved values over these); _init_weights draws them again on the buffers' own device.
+        for l, (phi, pi) in enumerate(initial_topic_matrices(config), start=1):
+            K = phi.shape[1]
             if config.topic_learning == "tlasgr":
                 self.register_buffer(f"phi_{l}", phi)
                 self.register_buffer(f"phi_fisher_{l}", torch.zeros(K, dtype=torch.float64))
