@@ -63,3 +63,70 @@ def test_rgbn_built_on_the_meta_device_initialises_its_topics(vocabularies, fami
     ids = torch.tensor([tok("the court said the tax")["input_ids"]])
     with torch.no_grad():
         assert torch.isfinite(model.eval()(input_ids=ids).logits).all()
+
+
+def _prompt(tok):
+    return torch.tensor([tok("the court said the tax")["input_ids"]])
+
+
+def _conditioning(family):
+    return {"topic_ids": [1]} if variant_of(family)[0].is_topic_model else {}
+
+
+@pytest.mark.parametrize("family", variants(representative=True))
+def test_without_use_cache_no_cache_is_returned(vocabularies, family):
+    tok, topic_tok = vocabularies
+    model = tiny_model(family, tok, topic_tok).eval()
+    ids = _prompt(tok)
+    with torch.no_grad():
+        assert model(input_ids=ids, use_cache=False).state is None
+        assert model(input_ids=ids, use_cache=True).state is not None
+    kwargs = dict(max_new_tokens=4, min_new_tokens=4, do_sample=False, return_dict_in_generate=True,
+                  **_conditioning(family))
+    uncached = model.generate(ids, use_cache=False, **kwargs)
+    cached = model.generate(ids, use_cache=True, **kwargs)
+    assert uncached.past_key_values is None and cached.past_key_values is not None
+    assert torch.equal(uncached.sequences, cached.sequences)  # the topics still condition every step
+
+
+@pytest.mark.parametrize("family", variants(representative=True))
+def test_past_key_values_continues_as_state_does(vocabularies, family):
+    tok, topic_tok = vocabularies
+    model = tiny_model(family, tok, topic_tok).eval()
+    ids = _prompt(tok)
+    with torch.no_grad():
+        state = model(input_ids=ids[:, :-1], use_cache=True, **_conditioning(family)).state
+        by_state = model(input_ids=ids[:, -1:], state=state, **_conditioning(family)).logits
+        by_alias = model(input_ids=ids[:, -1:], past_key_values=state, **_conditioning(family)).logits
+    torch.testing.assert_close(by_alias, by_state, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="give it once, as state="):
+        model(input_ids=ids[:, -1:], state=state, past_key_values=state)
+
+    first = model.generate(ids, max_new_tokens=3, min_new_tokens=3, do_sample=False, return_dict_in_generate=True,
+                           **_conditioning(family))
+    go_on = dict(max_new_tokens=2, min_new_tokens=2, do_sample=False)
+    by_state = model.generate(first.sequences[:, -1:], state=first.past_key_values, **go_on)
+    by_alias = model.generate(first.sequences[:, -1:], past_key_values=first.past_key_values, **go_on)
+    assert torch.equal(by_alias, by_state)
+    with pytest.raises(ValueError, match="give it once, as state="):
+        model.generate(first.sequences[:, -1:], state=first.past_key_values, past_key_values=first.past_key_values,
+                       **go_on)
+
+
+@pytest.mark.parametrize("family", ["rgbn", "gbn"])
+def test_rgbn_greedy_decoding_without_topics_is_deterministic(vocabularies, family):
+    """Without conditioning theta comes from the prior: its mean unless generation samples."""
+    tok, topic_tok = vocabularies
+    model = tiny_model(family, tok, topic_tok).eval()
+    ids = _prompt(tok)
+    runs = []
+    for seed in (1, 2):
+        torch.manual_seed(seed)
+        runs.append(model.generate(ids, max_new_tokens=6, min_new_tokens=6, do_sample=False,
+                                   return_dict_in_generate=True, output_scores=True))
+    assert torch.equal(runs[0].sequences, runs[1].sequences)
+    assert all(torch.equal(a, b) for a, b in zip(runs[0].scores, runs[1].scores))
+    greedy = [model.prepare_generation_conditioning(2, do_sample=False)["theta"] for _ in range(2)]
+    assert torch.equal(*greedy) and torch.equal(greedy[0][0], greedy[0][1])
+    drawn = [model.prepare_generation_conditioning(2, do_sample=True)["theta"] for _ in range(2)]
+    assert not torch.equal(*drawn)

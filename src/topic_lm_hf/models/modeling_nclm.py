@@ -68,7 +68,7 @@ from .modeling_conditioning import (_broadcast_rows, angular_diversity, lm_to_to
 from .modeling_generation import TopicGenerationMixin
 from .modeling_document import DocumentClassifierMixin, DocumentRepresentationMixin
 from .modeling_recurrent import (RecurrentBodyMixin, RecurrentPreTrainedModel, TopicLMOutput, last_columns,
-                                 last_token_positions)
+                                 last_token_positions, state_from_aliases)
 from .modeling_topic_family import LanguageModelPass, LossTerm, TopicFamilyForCausalLM
 
 TRAINING_PHASES = ("joint", "lm", "topic_model")
@@ -571,6 +571,7 @@ class NCLMForCausalLM(TopicFamilyForCausalLM, NCLMPreTrainedModel, TopicGenerati
             raise ValueError("NCLM with sentence_topics needs input_ids (the sentence topics read the words)")
         if topic_representation is not None and any(v is not None for v in (context_bow, topic_ids, topic_mixture)):
             raise ValueError("Give topic_representation or one of context_bow, topic_ids, topic_mixture, not both")
+        state = state_from_aliases(state, kwargs)  # past_key_values= is the state
         return super().forward(input_ids, attention_mask, inputs_embeds, state, labels, use_cache,
                                topic_representation, output_hidden_states, return_dict, logits_to_keep,
                                conditioning_resolved, context_bow=context_bow, topic_ids=topic_ids,

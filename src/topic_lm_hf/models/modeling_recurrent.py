@@ -91,6 +91,24 @@ def reorder_state(state, beam_idx: torch.Tensor):
         else tuple(reorder_state(s, beam_idx) for s in state)
 
 
+# transformers' names of a model's cache (``past_key_values``; ``cache`` from 5.24): here the recurrent ``state``
+CACHE_ALIASES = ("past_key_values", "cache")
+
+
+def state_from_aliases(state, kwargs: dict):
+    """The recurrent state a call continues from: ``state``, or the same given under transformers' cache names
+    (:data:`CACHE_ALIASES`, popped from ``kwargs``), so that ``forward(past_key_values=...)`` and
+    ``generate(past_key_values=...)`` continue as ``state=`` does. Giving it twice is a ``ValueError``."""
+    given = {name: kwargs.pop(name) for name in CACHE_ALIASES if name in kwargs}
+    given = {name: value for name, value in given.items() if value is not None}
+    if state is not None:
+        given = {"state": state, **given}
+    if len(given) > 1:
+        raise ValueError(f"The recurrent state was given {len(given)} times ({', '.join(given)}): give it once, as "
+                         "state= (past_key_values= and cache= are other names of it)")
+    return next(iter(given.values()), None)
+
+
 def embed_checked(embed_tokens: nn.Embedding, input_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """(b, s) ids -> (b, s, E) embeddings; ids outside [0, vocab_size) are a ``ValueError`` (a mismatched
     tokenizer), not an index error deep in the embedding."""

@@ -64,7 +64,7 @@ from .modeling_conditioning import (_broadcast_rows, check_at_most_one, check_co
 from .modeling_generation import TopicGenerationMixin
 from .modeling_document import DocumentClassifierMixin, DocumentRepresentationMixin
 from .modeling_recurrent import (RecurrentModelOutput, RecurrentPreTrainedModel, TopicLMOutput, embed_checked,
-                                 last_columns, last_token_positions, run_rnn)
+                                 last_columns, last_token_positions, run_rnn, state_from_aliases)
 from .modeling_topic_family import LanguageModelPass, LossTerm, TopicFamilyForCausalLM
 
 logger = logging.getLogger(__name__)
@@ -765,9 +765,11 @@ class RGBNRNNModel(DocumentRepresentationMixin, RGBNRNNPreTrainedModel):
         return torch.cat(thetas, -1)
 
     @torch.no_grad()
-    def sample_prior_theta(self, batch_size: int = 1, previous: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def sample_prior_theta(self, batch_size: int = 1, previous: Optional[torch.Tensor] = None,
+                           sample: bool = True) -> torch.Tensor:
         """theta (b, sum K) drawn from the generative model, top-down: the first sentence's prior, or with
-        ``previous`` (b, sum K) the next sentence's (eq. 2; GBN-RNN ignores it)."""
+        ``previous`` (b, sum K) the next sentence's (eq. 2; GBN-RNN ignores it). ``sample=False``: the prior mean
+        of each layer given the layer above (shape / tau0), top-down, instead of a draw (deterministic)."""
         cfg = self.config
         L = cfg.num_layers
         phis, pis = self._matrices(torch.float32)
@@ -784,7 +786,8 @@ class RGBNRNNModel(DocumentRepresentationMixin, RGBNRNNPreTrainedModel):
                 if pis is not None and prev is not None:
                     shape = shape + prev[l] @ pis[l].T
                 shape = cfg.tau0 * shape
-            thetas[l] = torch.distributions.Gamma(shape.clamp_min(_ALPHA_MIN), cfg.tau0).sample()
+            shape = shape.clamp_min(_ALPHA_MIN)
+            thetas[l] = torch.distributions.Gamma(shape, cfg.tau0).sample() if sample else shape / cfg.tau0
         return torch.cat(thetas, -1)
 
     # -- forward -----------------------------------------------------------------------------------
@@ -975,7 +978,8 @@ class RGBNRNNForCausalLM(TopicFamilyForCausalLM, RGBNRNNPreTrainedModel, TopicGe
     Conditioning of a chunk batch (at most one): ``context_bow`` (b, V_c), encoded as the next sentence of the
     ``state``'s document (as a first sentence without state); ``theta`` (b, sum K) raw topic weights of every
     layer, bottom first; ``topic_ids`` with ``topic_layer`` (1 = bottom): :meth:`RGBNRNNModel.theta_from_topics`;
-    nothing: an empty context. ``generate()`` without conditioning samples theta from the prior.
+    nothing: an empty context. ``generate()`` without conditioning takes theta from the prior (drawn with
+    ``do_sample``, else its mean).
     """
 
     conditioning_options = ("topic_layer", "topic_mode")  # which layer topic_ids name, how theta is completed
@@ -1070,6 +1074,7 @@ class RGBNRNNForCausalLM(TopicFamilyForCausalLM, RGBNRNNPreTrainedModel, TopicGe
         Returns:
             :class:`RGBNRNNOutput`; for documents ``logits`` are (b, c, s, V) (zero for padding chunks).
         """
+        state = state_from_aliases(state, kwargs)  # past_key_values= is the state
         return super().forward(input_ids, attention_mask, inputs_embeds, state, labels, use_cache,
                                topic_representation, output_hidden_states, return_dict, logits_to_keep,
                                conditioning_resolved, context_bow=context_bow, theta=theta, topic_ids=topic_ids,
@@ -1127,7 +1132,7 @@ class RGBNRNNForCausalLM(TopicFamilyForCausalLM, RGBNRNNPreTrainedModel, TopicGe
         """A chunk batch's conditioning validated once: :meth:`RGBNRNNModel.resolve_conditioning`."""
         return self.model.resolve_conditioning(batch_size, **given)
 
-    def prepare_generation_conditioning(self, batch_size: Optional[int], **given) -> dict:
+    def prepare_generation_conditioning(self, batch_size: Optional[int], do_sample: bool = False, **given) -> dict:
         """rGBN conditioning of ``generate()`` (at most one), resolved once per row before transformers expands
         the batch for beams / return sequences:
 
@@ -1135,9 +1140,10 @@ class RGBNRNNForCausalLM(TopicFamilyForCausalLM, RGBNRNNPreTrainedModel, TopicGe
           default 1): theta by :meth:`RGBNRNNModel.theta_from_topics` (``topic_mode`` "propagate" or "chain");
         * ``context_bow`` (b, V_c): encoded as a first sentence (posterior mean in eval mode);
         * ``theta`` (b, sum K): given directly;
-        * nothing: theta sampled from the prior, top-down (rgbn.md §8)."""
+        * nothing: theta from the prior, top-down (rgbn.md §8): drawn with ``do_sample``, else the prior mean (greedy
+          and beam decoding are deterministic)."""
         resolved = self.resolve_conditioning(batch_size, **given)
-        return resolved or {"theta": self.model.sample_prior_theta(batch_size or 1)}
+        return resolved or {"theta": self.model.sample_prior_theta(batch_size or 1, sample=do_sample)}
 
     @torch.no_grad()
     def generate_paragraph(self, num_sentences: int, topic_ids=None, topic_layer: Optional[int] = None, theta=None,
@@ -1168,8 +1174,9 @@ class RGBNRNNForCausalLM(TopicFamilyForCausalLM, RGBNRNNPreTrainedModel, TopicGe
             current = encoded[:, 0]
         else:  # as generate() resolves it; the prior's theta has num_paragraphs rows
             rows = num_paragraphs if topic_ids is None and theta is None else None
-            current = self.prepare_generation_conditioning(rows, topic_ids=topic_ids, topic_layer=topic_layer,
-                                                           theta=theta, topic_mode=topic_mode)["theta"].to(self.device)
+            current = self.prepare_generation_conditioning(rows, do_sample=True, topic_ids=topic_ids,
+                                                           topic_layer=topic_layer, theta=theta,
+                                                           topic_mode=topic_mode)["theta"].to(self.device)
         sentences = []
         for j in range(num_sentences):
             if j > 0 and encoded is not None and j < encoded.shape[1]:
