@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from topic_lm_hf import build_vocabularies, synthetic_documents
-from topic_lm_hf.families import FAMILIES, variant_of
+from topic_lm_hf.families import variant_of
 
 from conftest import tiny_model, variants
 
