@@ -108,6 +108,13 @@ def test_past_key_values_continues_as_state_does(vocabularies, family):
     by_state = model.generate(first.sequences[:, -1:], state=first.past_key_values, **go_on)
     by_alias = model.generate(first.sequences[:, -1:], past_key_values=first.past_key_values, **go_on)
     assert torch.equal(by_alias, by_state)
+    cache = first.past_key_values
+    if hasattr(cache, "conditioning"):  # a topic model's cache also holds its resolved topics: forward reads them
+        with torch.no_grad():
+            last = first.sequences[:, -1:]
+            torch.testing.assert_close(model(input_ids=last, past_key_values=cache).logits,
+                                       model(input_ids=last, state=cache.state, **cache.conditioning).logits,
+                                       rtol=0, atol=0)
     with pytest.raises(ValueError, match="give it once, as state="):
         model.generate(first.sequences[:, -1:], state=first.past_key_values, past_key_values=first.past_key_values,
                        **go_on)

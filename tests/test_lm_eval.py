@@ -52,7 +52,7 @@ def test_lm_eval_word_perplexity_equals_evaluate_perplexity(tmp_path, monkeypatc
     words = sum(len(re.split(r"\s+", line)) for line in lines)  # lm_eval's word count
     expected = math.exp(ours["nll"] / words)
 
-    # lm_eval's Python API with the README's model arguments, offline.
+    # lm_eval's Python API with add_bos_token=False (the README's model argument), offline.
     import datasets
     import huggingface_hub
     from lm_eval import simple_evaluate
@@ -65,7 +65,8 @@ def test_lm_eval_word_perplexity_equals_evaluate_perplexity(tmp_path, monkeypatc
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "datasets")
     out = simple_evaluate(model="hf", model_args={"pretrained": str(tmp_path / "model"), "add_bos_token": False},
-                          tasks=["apnews_sentences"], task_manager=TaskManager(include_path=str(tmp_path / "tasks"), include_defaults=False),
+                          tasks=["apnews_sentences"],
+                          task_manager=TaskManager(include_path=str(tmp_path / "tasks"), include_defaults=False),
                           device="cpu", batch_size=1)
     measured = out["results"]["apnews_sentences"]["word_perplexity,none"]
     assert measured == pytest.approx(expected, rel=1e-4)
