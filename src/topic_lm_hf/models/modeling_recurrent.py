@@ -213,12 +213,10 @@ _VARIANTS = {(False, False): _plain_linear_cross_entropy, (True, False): _row_bi
 def runs_own_forward(output: nn.Module) -> bool:
     """Whether the output layer must be called as a module in training: it is not a plain ``nn.Linear`` (an
     adapter wraps it, e.g. a PEFT LoRA layer, whose ``weight`` is only the frozen base weight) or a forward hook or
-    pre-hook is registered on it or on every module. Reading ``output.weight`` directly (the fused loss) would skip
-    the adapter or the hook, and the adapter would get no gradient."""
-    from torch.nn.modules import module as torch_module
-
-    return (type(output) is not nn.Linear or bool(output._forward_hooks) or bool(output._forward_pre_hooks)
-            or bool(torch_module._global_forward_hooks) or bool(torch_module._global_forward_pre_hooks))
+    pre-hook is registered on it. Reading ``output.weight`` directly (the fused loss) would skip the adapter or the
+    hook, and the adapter would get no gradient. (Hooks on every module, which tracing tools such as
+    ``FlopCounterMode`` register, do not count: they observe the step, they do not change it.)"""
+    return type(output) is not nn.Linear or bool(output._forward_hooks) or bool(output._forward_pre_hooks)
 
 
 def _module_cross_entropy(features: torch.Tensor, output: nn.Module, targets: torch.Tensor,
