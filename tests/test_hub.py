@@ -274,3 +274,59 @@ def test_a_perplexity_row_without_its_protocol_is_a_clear_error(tmp_path):
     model = LSTMLMForCausalLM(LSTMLMConfig(vocab_size=len(tok), embedding_size=4, hidden_size=4))
     with pytest.raises(ValueError, match="a perplexity row needs the protocol it was measured under"):
         save_for_hub(model, tmp_path / "m", results=[{"perplexity": 80.0, "dataset": "apnews valid"}])
+
+
+@pytest.mark.parametrize("family", ["lstm_lm", "tcnlm"])
+def test_a_folder_resaved_from_remote_code_keeps_every_auto_class(tmp_path, family):
+    """Loaded with trust_remote_code where the package is not importable (transformers loads the configuration's
+    code twice there) and saved again: the new config.json's auto_map still names every Auto class of the family,
+    and each of them loads the new folder."""
+    from topic_lm_hf.families import FAMILIES
+
+    from conftest import tiny_model
+
+    tok, topic_tok = build_vocabularies(synthetic_documents(20), min_freq=1)
+    model = tiny_model(family, tok, topic_tok)
+    model.save_pretrained(tmp_path / "first")
+    expected = json.loads((tmp_path / "first" / "config.json").read_text())["auto_map"]
+    assert set(expected) == {"AutoConfig", "AutoModel", "AutoModelForCausalLM", "AutoModelForSequenceClassification"}
+    assert FAMILIES[family].classifier_class is not None
+    result = run_without_package(f"""
+        from transformers import AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification
+        model = AutoModelForCausalLM.from_pretrained({str(tmp_path / 'first')!r}, trust_remote_code=True)
+        model.save_pretrained({str(tmp_path / 'second')!r})
+        auto_map = json.load(open({str(tmp_path / 'second' / 'config.json')!r}))["auto_map"]
+        base = AutoModel.from_pretrained({str(tmp_path / 'second')!r}, trust_remote_code=True)
+        clf = AutoModelForSequenceClassification.from_pretrained({str(tmp_path / 'second')!r}, num_labels=3,
+                                                                 trust_remote_code=True)
+        print(json.dumps({{"auto_map": auto_map, "base": type(base).__name__, "clf": type(clf).__name__}}))
+    """, tmp_path)
+    assert result["auto_map"] == expected
+    assert result["base"] == FAMILIES[family].base_model_class.__name__
+    assert result["clf"] == FAMILIES[family].classifier_class.__name__
+
+
+def test_results_on_a_hub_benchmark_are_also_written_as_eval_results_files(tmp_path):
+    """Beside the card's model-index, a result on a Hub dataset goes into .eval_results/<owner>__<name>.yaml (the
+    format the Hub reads now); a result on local data (no Hub id) has no entry there."""
+    import yaml
+
+    huggingface_hub = pytest.importorskip("huggingface_hub")
+    if not hasattr(huggingface_hub, "EvalResultEntry"):
+        pytest.skip("this huggingface_hub cannot write the .eval_results format")
+    tok, topic_tok = build_vocabularies(synthetic_documents(20), min_freq=1)
+    model = LSTMLMForCausalLM(LSTMLMConfig(vocab_size=len(tok), embedding_size=4, hidden_size=4))
+    rows = [{"protocol": "causal", "perplexity": 123.456, "dataset": "APNEWS valid"},
+            {"protocol": "causal", "perplexity": 98.765, "dataset": "WikiText-2", "dataset_type": "Salesforce/wikitext",
+             "task_id": "wikitext-2-raw-v1"},
+            {"protocol": "paper", "perplexity": 90.0, "dataset": "WikiText-2", "dataset_type": "Salesforce/wikitext"}]
+    save_for_hub(model, tmp_path / "m", tok, topic_tok, results=rows, repo_id="me/lstm")
+    files = sorted(p.name for p in (tmp_path / "m" / ".eval_results").iterdir())
+    assert files == ["Salesforce__wikitext.yaml"]
+    entries = huggingface_hub.parse_eval_result_entries(
+        yaml.safe_load((tmp_path / "m" / ".eval_results" / files[0]).read_text()))
+    assert [(e.dataset_id, e.task_id, e.value, e.notes) for e in entries] == [
+        ("Salesforce/wikitext", "wikitext-2-raw-v1", 98.77, "Perplexity (causal protocol)"),
+        ("Salesforce/wikitext", "paper", 90.0, "Perplexity (paper protocol)")]
+    card = ModelCard.load(tmp_path / "m" / "README.md")
+    assert len(card.data.eval_results) == 3  # the model-index keeps every row

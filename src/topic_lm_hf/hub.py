@@ -10,8 +10,9 @@ LM tokenizer, the ``topic_tokenizer/`` subfolder and a model card. Users then lo
 The model card is rendered from ``templates/model_card.md``, package data that ships in the wheel, for every
 head: a language model's card reports perplexity per context protocol, a classifier's accuracy, the sense
 tagger's F1 per evaluation set; each also goes into the card's ``model-index`` (the protocol or evaluation set in
-the metric's name), so the Hub shows them as evaluation results. ``render_card`` renders one from a config alone
-(the cards of ``modeling_cards/``, ``scripts/make_cards.py``).
+the metric's name), so the Hub shows them as evaluation results, and results on a Hub benchmark dataset also into
+the ``.eval_results/`` files the Hub reads now (:func:`eval_result_files`). ``render_card`` renders one from a
+config alone (the cards of ``modeling_cards/``, ``scripts/make_cards.py``).
 
 ``push_to_hub`` writes the upload-ready folder first; when the Hub cannot be reached it says so in one line
 (:class:`HubUnreachableError`) with the folder and the command that uploads it later. ``resolve_model_source``
@@ -204,12 +205,48 @@ def render_card(config, model_class: str, repo_id: str, results=None, datasets=N
             reads_context=config.model_type not in ("lstm_lm", "sense_tagger"))
 
 
+EVAL_RESULTS_DIR = ".eval_results"  # the Hub's evaluation results of a model repository, one YAML file per benchmark
+
+
+def eval_result_files(results: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """The Hub's ``.eval_results/*.yaml`` files of the evaluation rows (file name -> its YAML list), beside the
+    card's ``model-index``: one file per benchmark dataset, for the rows whose ``dataset_type`` is a Hub dataset id
+    (``owner/name``): the format names the benchmark by its Hub id, so a row on local data (APNEWS read from
+    disk) has no entry there. Each entry's ``task_id`` is the row's ``task_id``, else its protocol or evaluation
+    set (``"default"`` without one); its ``notes`` name the metric. Empty where the installed huggingface_hub
+    cannot write the format (``EvalResultEntry`` is newer than 1.0)."""
+    try:
+        from huggingface_hub import EvalResultEntry, eval_result_entries_to_yaml
+    except ImportError:
+        return {}
+    entries: dict[str, list] = {}
+    for r in results:
+        dataset_id = r.get("dataset_type")
+        if not dataset_id or not re.fullmatch(r"[\w.-]+/[\w.-]+", dataset_id):
+            continue
+        metric, value, name = result_metric(r)
+        if not _finite(value):
+            continue
+        entries.setdefault(dataset_id, []).append(EvalResultEntry(
+            dataset_id=dataset_id, task_id=r.get("task_id") or r.get("protocol") or r.get("config") or "default",
+            value=round(float(value), 2 if metric == "perplexity" else 4), notes=name))
+    return {f"{dataset_id.replace('/', '__')}.yaml": eval_result_entries_to_yaml(rows)
+            for dataset_id, rows in entries.items()}
+
+
 def write_model_card(model: PreTrainedModel, directory: str | os.PathLike, results=None, datasets=None,
                      description: str = "", repo_id: Optional[str] = None, **card) -> ModelCard:
-    """Render the package's card template (``templates/model_card.md``) into ``directory/README.md``."""
+    """Render the package's card template (``templates/model_card.md``) into ``directory/README.md``, and the
+    results on Hub benchmark datasets into ``directory/.eval_results/`` (:func:`eval_result_files`)."""
+    import yaml
+
     card_ = render_card(model.config, type(model).__name__, repo_id or str(directory), results=results,
                         datasets=datasets, description=description, **card)
     card_.save(Path(directory) / "README.md")
+    for name, rows in eval_result_files(list(results or [])).items():
+        path = Path(directory) / EVAL_RESULTS_DIR / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(yaml.safe_dump(rows, sort_keys=False), encoding="utf-8")
     return card_
 
 

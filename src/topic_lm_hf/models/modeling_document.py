@@ -186,10 +186,12 @@ class DocumentClassifierMixin(DocumentRepresentationDelegate):
 
     @classmethod
     def from_pretrained(cls, *args, **kwargs):
-        model = super().from_pretrained(*args, **kwargs)
+        loaded = super().from_pretrained(*args, **kwargs)
+        # (model, loading info) with output_loading_info=True
+        model = loaded[0] if isinstance(loaded, tuple) else loaded
         # Loading replaces the parameters, so the body's requires_grad flags are set again here.
         model.set_backbone_frozen(model.config.freeze_backbone)
-        return model
+        return loaded
 
     def set_backbone_frozen(self, frozen: bool = True) -> None:
         """Train only the head on frozen features (``True``) or fine-tune everything (``False``)."""

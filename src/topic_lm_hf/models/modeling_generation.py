@@ -12,7 +12,7 @@ from typing import Optional
 
 import torch
 
-from .modeling_recurrent import check_prompt, reorder_state
+from .modeling_recurrent import check_prompt, reorder_state, state_from_aliases
 
 
 # The raw conditioning keywords generate() may be given; a family accepts those it declares in conditioning_inputs.
@@ -126,16 +126,23 @@ class TopicGenerationMixin:
     conditioning_options: tuple[str, ...] = ()  # generate() keywords that only shape the conditioning
     _topic_guidance: Optional[TopicGuidanceLogitsProcessor] = None  # set by generate() while it runs
 
-    def prepare_generation_conditioning(self, batch_size: Optional[int], **given) -> dict:
+    def prepare_generation_conditioning(self, batch_size: Optional[int], do_sample: bool = False, **given) -> dict:
         """The raw conditioning of ``generate`` (at most one of ``conditioning_inputs``) validated as batch-first
-        tensors of ``batch_size`` rows (the forward keywords that take them): the model's ``resolve_conditioning``."""
+        tensors of ``batch_size`` rows (the forward keywords that take them): the model's ``resolve_conditioning``.
+        ``do_sample``: whether generation samples (a family that draws its conditioning when none is given draws it
+        only then)."""
         return self.resolve_conditioning(batch_size, **given)
 
     def generate(self, inputs=None, generation_config=None, topic_guidance_scale: Optional[float] = None, **kwargs):
         """``GenerationMixin.generate`` with the family's topic conditioning (its ``conditioning_inputs``) and
         ``topic_guidance_scale=s``: decode-time topic guidance (:class:`TopicGuidanceLogitsProcessor`), which
-        mixes the scores of the conditioned run with those of the same model under its prior."""
+        mixes the scores of the conditioned run with those of the same model under its prior (an empty prompt
+        refused first, :func:`check_prompt`). ``past_key_values=`` (a returned ``past_key_values``) continues a
+        generation as ``state=`` does."""
         check_prompt(inputs if inputs is not None else kwargs.get("input_ids"))
+        state = state_from_aliases(kwargs.pop("state", None), kwargs)
+        if state is not None:
+            kwargs["state"] = state
         if topic_guidance_scale is None:
             return self._generate(inputs, generation_config, **kwargs)
         if isinstance(topic_guidance_scale, bool) or not isinstance(topic_guidance_scale, numbers.Real) \
@@ -179,7 +186,10 @@ class TopicGenerationMixin:
             kwargs["state"] = cache.state
             if not given:  # with the same topics, already resolved
                 return super().generate(inputs, generation_config, **cache.conditioning, **kwargs)
-        resolved = self.prepare_generation_conditioning(batch_size, **given)
+        do_sample = kwargs.get("do_sample")
+        if do_sample is None:
+            do_sample = bool(getattr(generation_config or self.generation_config, "do_sample", False))
+        resolved = self.prepare_generation_conditioning(batch_size, do_sample=bool(do_sample), **given)
         resolved = {name: value.to(self.device).contiguous() for name, value in resolved.items()}
         return super().generate(inputs, generation_config, **resolved, **kwargs)
 
@@ -205,7 +215,12 @@ class TopicGenerationMixin:
             conditioning = {name: value for name, value in conditioning.items() if value is not None}
         for name in (*RAW_CONDITIONING, *self.conditioning_options, *self._cached_conditioning):
             model_kwargs.pop(name, None)
-        model_kwargs["state"] = TopicLMCache(getattr(outputs, "state", None), conditioning)
+        state = getattr(outputs, "state", None)
+        if state is None:  # use_cache=False: no cache; the next step reads the resolved conditioning as keywords
+            model_kwargs.update(conditioning)
+            model_kwargs["state"] = None
+        else:
+            model_kwargs["state"] = TopicLMCache(state, conditioning)
         return model_kwargs
 
 

@@ -68,15 +68,28 @@ def auto_class_of(model_class: type | str) -> str:
 
 def auto_map_for(model: PreTrainedModel) -> dict[str, str]:
     """``config.json``'s ``auto_map`` for ``model``: the config and every model class of its family (every class of
-    its modeling file with its config class), so that each Auto class loads a saved folder as remote code."""
+    its modeling file with its config class), so that each Auto class loads a saved folder as remote code.
+
+    Classes are matched by the configuration class's file and name, not by identity: a model loaded as remote code
+    has a configuration class that transformers imported once more (``AutoConfig`` and the model's module each load
+    the configuration file), so the model classes' ``config_class`` is another object of the same class."""
     config_cls = type(model.config)
-    auto_map = {"AutoConfig": f"{config_cls.__module__.rsplit('.', 1)[-1]}.{config_cls.__name__}"}
+    config_key = _class_key(config_cls)
+    auto_map = {"AutoConfig": f"{config_key[0]}.{config_key[1]}"}
     module = sys.modules[type(model).__module__]
     for name, obj in sorted(vars(module).items()):
+        config_of = getattr(obj, "config_class", None)
         if (isinstance(obj, type) and issubclass(obj, PreTrainedModel) and obj.__module__ == module.__name__
-                and getattr(obj, "config_class", None) is config_cls and not name.endswith("PreTrainedModel")):
+                and isinstance(config_of, type) and _class_key(config_of) == config_key
+                and not name.endswith("PreTrainedModel")):
             auto_map[auto_class_of(obj)] = f"{module.__name__.rsplit('.', 1)[-1]}.{name}"
     return auto_map
+
+
+def _class_key(cls: type) -> tuple[str, str]:
+    """(the last part of the module's name, the class's qualified name): the same for the package's class and for
+    each copy transformers imports of its remote code file (``transformers_modules.<folder>.<hash>.<file>``)."""
+    return cls.__module__.rsplit(".", 1)[-1], cls.__qualname__
 
 
 __all__ = ["AUTO_CLASS_SUFFIXES", "HubUnreachableError", "auto_class_of", "auto_map_for", "is_network_error",

@@ -13,7 +13,8 @@ from transformers import GenerationMixin
 
 from .configuration_lstm_lm import LSTMLMConfig
 from .modeling_document import DocumentClassifierMixin, DocumentRepresentationDelegate, DocumentRepresentationMixin
-from .modeling_recurrent import RecurrentBodyMixin, RecurrentPreTrainedModel, TopicLMOutput, check_prompt
+from .modeling_recurrent import (RecurrentBodyMixin, RecurrentPreTrainedModel, TopicLMOutput, check_prompt,
+                                 state_from_aliases)
 
 
 class LSTMLMPreTrainedModel(RecurrentPreTrainedModel):
@@ -56,8 +57,12 @@ class LSTMLMForCausalLM(DocumentRepresentationDelegate, LSTMLMPreTrainedModel, G
         self.post_init()
 
     def generate(self, inputs=None, generation_config=None, **kwargs):
-        """``GenerationMixin.generate``, an empty prompt refused first (:func:`check_prompt`)."""
+        """``GenerationMixin.generate``, an empty prompt refused first (:func:`check_prompt`); ``past_key_values=``
+        (a returned ``past_key_values``) continues a generation as ``state=`` does."""
         check_prompt(inputs if inputs is not None else kwargs.get("input_ids"))
+        state = state_from_aliases(kwargs.pop("state", None), kwargs)
+        if state is not None:
+            kwargs["state"] = state
         return super().generate(inputs, generation_config, **kwargs)
 
     def forward(self, input_ids: Optional[torch.LongTensor] = None, attention_mask: Optional[torch.Tensor] = None,
@@ -69,10 +74,11 @@ class LSTMLMForCausalLM(DocumentRepresentationDelegate, LSTMLMPreTrainedModel, G
         Args:
             input_ids: (b, s) token ids, left- or right-padded.
             attention_mask: (b, s), 1 for real tokens.
-            state: batch-first ``(h, c)``, each (b, L, H), to continue from.
+            state: batch-first ``(h, c)``, each (b, L, H), to continue from (``past_key_values=`` is the same).
             labels: (b, s) = ``input_ids`` with -100 at ignored positions; shifted inside.
             logits_to_keep: compute logits for the last N positions only (0 = all).
         """
+        state = state_from_aliases(state, kwargs)
         base = self.model(input_ids, attention_mask, inputs_embeds, state, use_cache,
                           output_hidden_states=output_hidden_states)
         hidden, state = base.last_hidden_state, base.state

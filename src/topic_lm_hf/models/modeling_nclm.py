@@ -68,7 +68,7 @@ from .modeling_conditioning import (_broadcast_rows, angular_diversity, lm_to_to
 from .modeling_generation import TopicGenerationMixin
 from .modeling_document import DocumentClassifierMixin, DocumentRepresentationMixin
 from .modeling_recurrent import (RecurrentBodyMixin, RecurrentPreTrainedModel, TopicLMOutput, last_columns,
-                                 last_token_positions)
+                                 last_token_positions, state_from_aliases)
 from .modeling_topic_family import LanguageModelPass, LossTerm, TopicFamilyForCausalLM
 
 TRAINING_PHASES = ("joint", "lm", "topic_model")
@@ -225,7 +225,10 @@ class NCLMModel(DocumentRepresentationMixin, RecurrentBodyMixin, NCLMPreTrainedM
                 self._etr_checked = True
             return self.etr_word_embeddings
         ids = self._topic_word_ids()
-        vectors = self.embed_tokens.weight.detach().index_select(0, ids.clamp_min(0))
+        if type(self.embed_tokens) is nn.Embedding:
+            vectors = self.embed_tokens.weight.detach().index_select(0, ids.clamp_min(0))
+        else:  # an adapter wraps the embeddings (a PEFT LoRA, whose weight is the frozen base): read through it
+            vectors = self.embed_tokens(ids.clamp_min(0)).detach()
         return vectors * (ids >= 0).unsqueeze(1).to(vectors.dtype)
 
     def _topic_word_ids(self) -> torch.Tensor:
@@ -572,6 +575,7 @@ class NCLMForCausalLM(TopicFamilyForCausalLM, NCLMPreTrainedModel, TopicGenerati
             raise ValueError("NCLM with sentence_topics needs input_ids (the sentence topics read the words)")
         if topic_representation is not None and any(v is not None for v in (context_bow, topic_ids, topic_mixture)):
             raise ValueError("Give topic_representation or one of context_bow, topic_ids, topic_mixture, not both")
+        state = state_from_aliases(state, kwargs)  # past_key_values= is the state
         return super().forward(input_ids, attention_mask, inputs_embeds, state, labels, use_cache,
                                topic_representation, output_hidden_states, return_dict, logits_to_keep,
                                conditioning_resolved, context_bow=context_bow, topic_ids=topic_ids,

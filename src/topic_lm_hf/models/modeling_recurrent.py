@@ -99,6 +99,24 @@ def reorder_state(state, beam_idx: torch.Tensor):
         else tuple(reorder_state(s, beam_idx) for s in state)
 
 
+# transformers' names of a model's cache (``past_key_values``; ``cache`` from 5.24): here the recurrent ``state``
+CACHE_ALIASES = ("past_key_values", "cache")
+
+
+def state_from_aliases(state, kwargs: dict):
+    """The recurrent state a call continues from: ``state``, or the same given under transformers' cache names
+    (:data:`CACHE_ALIASES`, popped from ``kwargs``), so that ``forward(past_key_values=...)`` and
+    ``generate(past_key_values=...)`` continue as ``state=`` does. Giving it twice is a ``ValueError``."""
+    given = {name: kwargs.pop(name) for name in CACHE_ALIASES if name in kwargs}
+    given = {name: value for name, value in given.items() if value is not None}
+    if state is not None:
+        given = {"state": state, **given}
+    if len(given) > 1:
+        raise ValueError(f"The recurrent state was given {len(given)} times ({', '.join(given)}): give it once, as "
+                         "state= (past_key_values= and cache= are other names of it)")
+    return next(iter(given.values()), None)
+
+
 def embed_checked(embed_tokens: nn.Embedding, input_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """(b, s) ids -> (b, s, E) embeddings; ids outside [0, vocab_size) are a ``ValueError`` (a mismatched
     tokenizer), not an index error deep in the embedding."""
@@ -200,6 +218,28 @@ _VARIANTS = {(False, False): _plain_linear_cross_entropy, (True, False): _row_bi
              (True, True): _masked_row_bias_linear_cross_entropy}
 
 
+def runs_own_forward(output: nn.Module) -> bool:
+    """Whether the output layer must be called as a module in training: it is not a plain ``nn.Linear`` (an
+    adapter wraps it, e.g. a PEFT LoRA layer, whose ``weight`` is only the frozen base weight) or a forward hook or
+    pre-hook is registered on it. Reading ``output.weight`` directly (the fused loss) would skip the adapter or the
+    hook, and the adapter would get no gradient. (Hooks on every module, which tracing tools such as
+    ``FlopCounterMode`` register, do not count: they observe the step, they do not change it.)"""
+    return type(output) is not nn.Linear or bool(output._forward_hooks) or bool(output._forward_pre_hooks)
+
+
+def _module_cross_entropy(features: torch.Tensor, output: nn.Module, targets: torch.Tensor,
+                          row_bias: Optional[torch.Tensor], rows: Optional[torch.Tensor],
+                          row_bias_scale: Optional[torch.Tensor]) -> torch.Tensor:
+    """``_linear_cross_entropy`` with the output layer called as a module (its adapters and hooks run)."""
+    logits = output(features)
+    if row_bias is not None:
+        extra = row_bias.to(logits.dtype)[rows]
+        if row_bias_scale is not None:
+            extra = extra * row_bias_scale.to(logits.dtype).unsqueeze(-1)
+        logits = logits + extra
+    return nn.functional.cross_entropy(logits.float(), targets, reduction="sum")
+
+
 def next_token_loss(features: torch.Tensor, labels: torch.Tensor, output: nn.Linear,
                     row_bias: Optional[torch.Tensor] = None, row_bias_mask: Optional[torch.Tensor] = None,
                     compiled: bool = False) -> torch.Tensor:
@@ -216,6 +256,9 @@ def next_token_loss(features: torch.Tensor, labels: torch.Tensor, output: nn.Lin
         row_bias_mask: (b, s - 1), aligned with the shifted labels: the bias is scaled by it per position.
         compiled: run the output layer and its loss as one ``torch.compile``'d function (eager where compiling
             is not possible here; ``compiled_linear_cross_entropy``).
+
+    Where an adapter or a hook wraps ``output`` (:func:`runs_own_forward`: a PEFT LoRA on ``lm_head``), the layer
+    is called as a module instead, eager, so that the adapter takes part in training; the value is the same.
     """
     targets = labels[:, 1:].to(features.device)
     keep = targets != -100
@@ -225,6 +268,8 @@ def next_token_loss(features: torch.Tensor, labels: torch.Tensor, output: nn.Lin
         rows = torch.arange(targets.shape[0], device=features.device).unsqueeze(1).expand_as(targets)[keep]
         scale = row_bias_mask[keep] if row_bias_mask is not None else None
     kept = targets[keep]
+    if runs_own_forward(output):
+        return _module_cross_entropy(selected, output, kept, row_bias, rows, scale) / keep.sum().clamp_min(1)
     fn = compiled and compiled_linear_cross_entropy((row_bias is not None, scale is not None), features.device.type)
     if fn:  # padded rows: feature 0, target -100 (ignored by the loss), bias row 0, scale 0
         kept, selected, rows, scale = _pad_rows(features.device.type, kept, selected, rows, scale)

@@ -48,6 +48,7 @@ sentence (the encoder advances); another one continues the current sentence's th
 from __future__ import annotations
 
 import logging
+import re
 import weakref
 from dataclasses import dataclass
 from typing import Optional
@@ -63,216 +64,14 @@ from .modeling_conditioning import (_broadcast_rows, check_at_most_one, check_co
 from .modeling_generation import TopicGenerationMixin
 from .modeling_document import DocumentClassifierMixin, DocumentRepresentationMixin
 from .modeling_recurrent import (RecurrentModelOutput, RecurrentPreTrainedModel, TopicLMOutput, embed_checked,
-                                 last_columns, last_token_positions, run_rnn)
+                                 last_columns, last_token_positions, run_rnn, state_from_aliases)
+# the probability machinery (also imported from here by name: kl_weibull_gamma, augment_counts, tlasgr_update, ...)
+from .modeling_rgbn_sampler import (_ALPHA_MIN, _LAMBDA_MIN, _RATE_MIN, CRT_EXACT_LIMIT, EULER_GAMMA,  # noqa: F401
+                                    AugmentedCounts, augment_counts, kl_weibull_gamma, multinomial_split, sample_crt,
+                                    tlasgr_update, weibull_mean, weibull_sample)
 from .modeling_topic_family import LanguageModelPass, LossTerm, TopicFamilyForCausalLM
 
 logger = logging.getLogger(__name__)
-
-EULER_GAMMA = 0.5772156649015329
-_EPS_UNIFORM = 1e-6  # Weibull noise in [eps, 1 - eps]
-_LAMBDA_MIN = 1e-6
-_ALPHA_MIN = 1e-10  # gamma prior shapes (a sampled theta can underflow to 0)
-_RATE_MIN = 1e-10  # Poisson rates
-_SIMPLEX_MIN = 1e-10  # entries of Phi, Pi after the TLASGR projection
-CRT_EXACT_LIMIT = 2000  # CRT: exact Bernoulli draws up to this many, a Poisson for the rest
-
-
-# ----------------------------------------------------------------------------------------------
-# Weibull posterior and its KL to a gamma prior
-# ----------------------------------------------------------------------------------------------
-
-
-def weibull_sample(k: torch.Tensor, lam: torch.Tensor, uniform: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """Reparameterised Weibull(k, lambda) draw: lambda (-ln(1 - u))^(1/k), computed as exp(ln(-log1p(-u)) / k)
-    so that it stays finite for small k."""
-    if uniform is None:
-        uniform = torch.rand_like(lam)
-    uniform = uniform.clamp(_EPS_UNIFORM, 1 - _EPS_UNIFORM)
-    return lam * torch.exp(torch.log(-torch.log1p(-uniform)) / k)
-
-
-def weibull_mean(k: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
-    """E[theta] = lambda Gamma(1 + 1/k)."""
-    return lam * torch.exp(torch.lgamma(1 + 1 / k))
-
-
-def kl_weibull_gamma(k: torch.Tensor, lam: torch.Tensor, alpha: torch.Tensor, beta) -> torch.Tensor:
-    """KL(Weibull(k, lambda) || Gamma(alpha, rate beta)), elementwise (rgbn.md §2):
-
-    gamma alpha / k - alpha ln lambda + ln k + beta lambda Gamma(1 + 1/k) - gamma - 1 - alpha ln beta
-    + ln Gamma(alpha)."""
-    beta = torch.as_tensor(beta, dtype=lam.dtype, device=lam.device)
-    return (EULER_GAMMA * alpha / k - alpha * torch.log(lam) + torch.log(k) + beta * weibull_mean(k, lam)
-            - EULER_GAMMA - 1 - alpha * torch.log(beta) + torch.lgamma(alpha))
-
-
-# ----------------------------------------------------------------------------------------------
-# count augmentation: CRT and multinomial splits (exact, vectorised)
-# ----------------------------------------------------------------------------------------------
-
-
-def sample_crt(counts: torch.Tensor, concentration: torch.Tensor, exact_limit: int = CRT_EXACT_LIMIT) -> torch.Tensor:
-    """Chinese restaurant table counts l ~ CRT(n, r) = sum_{i<n} Bernoulli(r / (r + i)), elementwise.
-
-    Exact Bernoulli draws for i < ``exact_limit`` (one uniform per customer, expanded with
-    ``repeat_interleave``); beyond it, the remaining tables are Poisson with mean r [psi(r + n) - psi(r + n0)]
-    (float64), clamped to the customers left. n = 0 gives 0; n >= 1 gives >= 1 (the first customer always
-    opens a table, even when r underflows). Returns float counts of ``counts``' shape."""
-    n = counts.round().clamp_min(0).long().reshape(-1)
-    r = concentration.to(torch.float64).reshape(-1).clamp_min(1e-30)
-    out = torch.zeros(n.shape, dtype=torch.float64, device=n.device)
-    cells = (n > 0).nonzero().squeeze(1)
-    if cells.numel() == 0:
-        return out.view(counts.shape).to(counts.dtype if counts.is_floating_point() else torch.float64)
-    nc, rc = n[cells], r[cells]
-    exact = nc.clamp(max=exact_limit)
-    owner = torch.repeat_interleave(torch.arange(cells.numel(), device=n.device), exact)  # (customers,)
-    starts = torch.cumsum(exact, 0) - exact
-    i = torch.arange(owner.numel(), device=n.device) - starts[owner]  # index of the customer within its cell
-    r_tok = rc[owner]
-    opens = (torch.rand(owner.numel(), dtype=torch.float64, device=n.device) * (r_tok + i) < r_tok) | (i == 0)
-    tables = torch.zeros(cells.numel(), dtype=torch.float64, device=n.device).index_add_(0, owner, opens.double())
-    big = nc > exact_limit
-    if bool(big.any()):
-        rb, nb = rc[big], nc[big].double()
-        mu = rb * (torch.digamma(rb + nb) - torch.digamma(rb + exact_limit))
-        tables[big] += torch.poisson(mu).clamp(max=nb - exact_limit)
-    out[cells] = tables
-    return out.view(counts.shape).to(counts.dtype if counts.is_floating_point() else torch.float64)
-
-
-def multinomial_split(counts: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """Split each cell's integer count over K categories: row i ~ Mult(counts[i]; weights[i] / sum weights[i]).
-
-    counts (n,), weights (n, K) non-negative -> (n, K) float64 counts whose rows sum to ``counts`` exactly.
-    One uniform per unit, inverse-CDF by ``searchsorted``; a row of zero weights is split uniformly."""
-    n = counts.round().clamp_min(0).long()
-    K = weights.shape[-1]
-    out = torch.zeros(n.shape[0], K, dtype=torch.float64, device=weights.device)
-    cells = (n > 0).nonzero().squeeze(1)
-    if cells.numel() == 0:
-        return out
-    w = weights[cells].to(torch.float64).clamp_min(0) + 1e-300
-    cdf = torch.cumsum(w, -1)
-    cdf = cdf / cdf[:, -1:]
-    owner = torch.repeat_interleave(torch.arange(cells.numel(), device=n.device), n[cells])
-    u = torch.rand(owner.numel(), 1, dtype=torch.float64, device=n.device)
-    topic = torch.searchsorted(cdf[owner], u).squeeze(1).clamp(max=K - 1)
-    flat = torch.zeros(cells.numel() * K, dtype=torch.float64, device=n.device)
-    flat.index_add_(0, owner * K + topic, torch.ones_like(topic, dtype=torch.float64))
-    out[cells] = flat.view(-1, K)
-    return out
-
-
-@dataclass
-class AugmentedCounts:
-    """Sufficient statistics of one augmentation: ``phi[l]`` (rows_l, K_l), ``pi[l]`` (K_l, K_l) [destination,
-    source] (``None`` for GBN), and with ``details`` the per-layer latent counts (each (b, J, K_l)):
-    ``a`` (from below), ``n`` (a + counts routed back from the next sentence), ``ell`` (CRT tables),
-    ``ell_pi``, ``ell_phi`` (their split), ``z`` (counts routed to theta_{j-1})."""
-
-    phi: list
-    pi: Optional[list]
-    details: Optional[list] = None
-
-
-def augment_counts(counts: torch.Tensor, thetas: list, phis: list, pis: Optional[list], tau0: float,
-                   details: bool = False) -> AugmentedCounts:
-    """The latent-count augmentation of rGBN (eqs. 13-16): upward in l, backward in j.
-
-    Args:
-        counts: (b, J, V_c) integer-valued word counts d_j (zero rows for padding slots and empty contexts).
-        thetas: per layer (b, J, K_l) the raw theta samples the model used (float64 recommended).
-        phis: per layer Phi^l, (V_c, K_1) then (K_{l-1}, K_l).
-        pis: per layer Pi^l (K_l, K_l), or ``None`` (GBN: no transitions).
-        tau0: the gamma rate.
-    """
-    L = len(phis)
-    b, J, _ = counts.shape
-    dtype = torch.float64
-    thetas = [t.to(dtype) for t in thetas]
-    phi_stats, pi_stats, info = [], ([] if pis is not None else None), []
-    below = counts.to(dtype)  # (b, J, R): counts over the units of the layer below
-    for l in range(L):
-        phi, theta = phis[l].to(dtype), thetas[l]
-        R, K = phi.shape
-        # split every count of unit r at (b, j) over topics k, in proportion to phi[r, k] theta[b, j, k];
-        # only the non-zero cells are expanded (a dense (bJ, V_c, K) tensor would not fit)
-        flat = below.reshape(b * J, R)
-        bj, r = flat.nonzero(as_tuple=True)
-        split = multinomial_split(flat[bj, r], phi[r] * theta.reshape(b * J, K)[bj])  # (cells, K)
-        phi_stats.append(torch.zeros(R, K, dtype=dtype, device=phi.device).index_add_(0, r, split))
-        a = torch.zeros(b * J, K, dtype=dtype, device=phi.device).index_add_(0, bj, split).view(b, J, K)
-        record = {"a": a}
-        if l == L - 1 and pis is None:
-            info.append(record)
-            break
-        pi = pis[l].to(dtype) if pis is not None else None
-        up = thetas[l + 1] @ phis[l + 1].to(dtype).T * tau0 if l < L - 1 else None  # (b, J, K)
-        n_all, ell_all, ell_pi_all, ell_phi_all, z_all = (torch.zeros_like(a) for _ in range(5))
-        pi_stat = torch.zeros(K, K, dtype=dtype, device=a.device) if pi is not None else None
-        z_next = torch.zeros(b, K, dtype=dtype, device=a.device)
-        for j in range(J - 1, -1, -1):
-            n = a[:, j] + z_next
-            n_all[:, j] = n
-            q1 = tau0 * theta[:, j - 1] @ pi.T if (pi is not None and j > 0) else torch.zeros_like(n)
-            q2 = up[:, j] if up is not None else torch.zeros_like(n)
-            if up is None and j == 0:  # top layer, first sentence: its prior shape is fixed
-                z_next = torch.zeros_like(n)
-                continue
-            ell = sample_crt(n, q1 + q2)
-            share = (q1 / (q1 + q2).clamp_min(1e-300)).clamp(0, 1)
-            ell_pi = torch.binomial(ell, share) if pi is not None and j > 0 else torch.zeros_like(ell)
-            ell_phi = ell - ell_pi
-            if pi is not None and j > 0:
-                # route each of the ell_pi[b, k] counts to a source topic k' of sentence j - 1: pi[k, k'] theta[k']
-                route = pi.unsqueeze(0) * theta[:, j - 1].unsqueeze(1)  # (b, K, K')
-                Z = multinomial_split(ell_pi.reshape(-1), route.reshape(-1, K)).view(b, K, K)
-                pi_stat += Z.sum(0)
-                z_next = Z.sum(1)
-            else:
-                z_next = torch.zeros_like(n)
-            ell_all[:, j], ell_pi_all[:, j], ell_phi_all[:, j], z_all[:, j] = ell, ell_pi, ell_phi, z_next
-        if pi_stat is not None:
-            pi_stats.append(pi_stat)
-        record.update(n=n_all, ell=ell_all, ell_pi=ell_pi_all, ell_phi=ell_phi_all, z=z_all)
-        info.append(record)
-        below = ell_phi_all
-        if l == L - 1:
-            break
-    return AugmentedCounts(phi_stats, pi_stats, info if details else None)
-
-
-def tlasgr_update(matrix: torch.Tensor, stats: torch.Tensor, fisher: torch.Tensor, step: int, eta: float,
-                  config: RGBNRNNConfig, generator: Optional[torch.Generator] = None):
-    """One TLASGR-MCMC step (eqs. 17-18) for a matrix whose columns lie on the simplex.
-
-    ``stats`` are the minibatch statistics already scaled to the corpus. Returns (new matrix, new Fisher
-    estimate M). The step is eps_t / M_k per column with M_k floored at rows * eta (a dead topic then relaxes
-    to the prior mean instead of taking a huge step); the noise is N(0, (2 eps_t / M_k)(diag phi_k - phi_k
-    phi_k^T)), exact and zero-sum; the projection keeps every column on the simplex (entries >= 1e-10)."""
-    phi = matrix.to(torch.float64)
-    stats = stats.to(torch.float64)
-    R = phi.shape[0]
-    colsum = stats.sum(0)
-    if step == 0:
-        fisher = colsum
-    else:
-        rho = (step + 1.0) ** (-config.tlasgr_fisher_kappa)
-        fisher = (1 - rho) * fisher.to(torch.float64) + rho * colsum
-    epsilon = config.tlasgr_step_epsilon * ((config.tlasgr_step_tau + step + 1) / (config.tlasgr_step_tau + 1)) \
-        ** (-config.tlasgr_step_kappa)
-    scale = epsilon / fisher.clamp_min(R * eta)  # (K,)
-    G = stats + eta
-    drift = scale * (G - G.sum(0) * phi)
-    xi = torch.randn(phi.shape, dtype=torch.float64, device=phi.device, generator=generator)
-    u = phi.sqrt() * xi
-    noise = torch.sqrt(2 * scale) * (u - phi * u.sum(0))
-    new = phi + drift + noise
-    new = new - (new.sum(0) - 1) * phi
-    new = new.clamp_min(_SIMPLEX_MIN)
-    return new / new.sum(0), fisher
-
 
 # Models with pending TLASGR statistics are updated after the optimizer step that updates their parameters.
 _TLASGR_MODELS: "weakref.WeakSet" = weakref.WeakSet()
@@ -337,6 +136,9 @@ class RGBNRNNEncoder(nn.Module):
         self.scale = nn.ModuleList(nn.Linear(k, k) for k in config.topic_sizes)
         self.recurrent = config.recurrent_encoder
         self.k_min, self.k_max = config.k_min, config.k_max
+        # The cells keep torch's own initialisation (RNNCell.reset_parameters); built on the meta device they have
+        # none, and the model's _init_weights gives it to them once they are on a real device.
+        self.cells_initialised = not any(p.is_meta for p in self.cells.parameters())
 
     def step(self, bow: torch.Tensor, hidden: Optional[list]):
         """One sentence: bow (n, V_c), hidden per layer (n, K_l) or None -> (k list (n, 1), lambda list (n, K_l),
@@ -386,6 +188,29 @@ def _run_gated_layer(lstm, gate, x, attention_mask, theta, need_state, *state):
     return (a, *new)
 
 
+def initial_topic_matrices(config: RGBNRNNConfig) -> list[tuple[torch.Tensor, Optional[torch.Tensor]]]:
+    """(Phi^l, Pi^l or None) per layer at initialisation: float64 CPU draws seeded by ``config.tlasgr_seed``, so
+    that the same configuration starts from the same topics on any device (the meta device included)."""
+    generator = torch.Generator().manual_seed(config.tlasgr_seed)
+    rows = [config.topic_vocab_size, *config.topic_sizes[:-1]]
+    matrices = []
+    for R, K in zip(rows, config.topic_sizes):
+        # the code: U(0, 1) columns, normalised
+        phi = torch.rand(R, K, dtype=torch.float64, generator=generator, device="cpu")
+        phi = phi / phi.sum(0)
+        pi = None
+        if config.recurrent:
+            # Pi: Dir(1) columns, normalised Exp(1) draws (rgbn.md §1: the code's identity is nearly absorbing)
+            pi = -torch.log1p(-torch.rand(K, K, dtype=torch.float64, generator=generator, device="cpu"))
+            pi = pi / pi.sum(0)
+        matrices.append((phi, pi))
+    return matrices
+
+
+# TLASGR-MCMC's sampler state: float64 buffers whatever the model's dtype (Phi^l, Pi^l and their Fisher weights)
+_SAMPLER_STATE = re.compile(r"(^|\.)(phi|pi)(_fisher)?_\d+$")
+
+
 class RGBNRNNPreTrainedModel(RecurrentPreTrainedModel):
     config_class = RGBNRNNConfig
     _no_split_modules = ["RGBNRNNModel"]
@@ -409,6 +234,47 @@ class RGBNRNNPreTrainedModel(RecurrentPreTrainedModel):
                 # both gate forms pass sigmoid(1) = 73 % of h at the start, as the code's bias of 1 does
                 bias[:H].fill_(-1.0 if module.kind == "paper" else 1.0)
                 bias[H:2 * H].fill_(1.0)
+        elif isinstance(module, RGBNRNNModel):
+            # Phi, Pi and the sampler state, on whatever device they are (a model built on the meta device and
+            # moved with to_empty gets them here); weights loaded from a checkpoint are skipped (init's flag).
+            # (Here, not on the encoder: transformers skips modules without parameters of their own.)
+            from transformers import initialization as init
+
+            encoder = module.encoder
+            if not encoder.cells_initialised and not any(p.is_meta for p in encoder.cells.parameters()):
+                for cell in encoder.cells:  # RNNCell.reset_parameters' U(-1/sqrt(K), 1/sqrt(K))
+                    bound = cell.hidden_size ** -0.5
+                    for param in cell.parameters():
+                        init.uniform_(param, -bound, bound)
+                encoder.cells_initialised = True
+            config = module.config
+            for l, (phi, pi) in enumerate(initial_topic_matrices(config), start=1):
+                if config.topic_learning == "tlasgr":
+                    init.copy_(getattr(module, f"phi_{l}"), phi)
+                    init.zeros_(getattr(module, f"phi_fisher_{l}"))
+                    if pi is not None:
+                        init.copy_(getattr(module, f"pi_{l}"), pi)
+                        init.zeros_(getattr(module, f"pi_fisher_{l}"))
+                else:
+                    init.copy_(getattr(module, f"phi_logits_{l}"), phi.log())
+                    if pi is not None:
+                        init.copy_(getattr(module, f"pi_logits_{l}"), pi.log())
+            if config.topic_learning == "tlasgr":
+                init.zeros_(module.tlasgr_step_count)
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
+        """``from_pretrained``; from a ``state_dict`` without a requested dtype (``dtype="auto"``, the default) and
+        a configuration that names none, the dtype is the weights' (the default dtype where there are none), not
+        that of TLASGR-MCMC's float64 sampler buffers, which transformers would otherwise take for the whole model.
+        The sampler buffers stay float64 in any dtype."""
+        state_dict, config = kwargs.get("state_dict"), kwargs.get("config")
+        requested = kwargs.get("dtype", kwargs.get("torch_dtype"))
+        if state_dict is not None and requested in (None, "auto") and getattr(config, "dtype", None) is None:
+            weights = [v for k, v in state_dict.items() if v.is_floating_point() and not _SAMPLER_STATE.search(k)]
+            kwargs.pop("torch_dtype", None)
+            kwargs["dtype"] = weights[0].dtype if weights else torch.get_default_dtype()
+        return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
 
 
 class RGBNRNNModel(DocumentRepresentationMixin, RGBNRNNPreTrainedModel):
@@ -428,19 +294,10 @@ class RGBNRNNModel(DocumentRepresentationMixin, RGBNRNNPreTrainedModel):
         self.gates = nn.ModuleList(RGBNRNNGate(config.topic_sizes[config.topic_layer_of_lstm(i)], h, config.gate)
                                    for i, h in enumerate(config.hidden_sizes))
         self.encoder = RGBNRNNEncoder(config)
-        rows = [config.topic_vocab_size, *config.topic_sizes[:-1]]
         # Seeded CPU draws (explicit device: from_pretrained builds the model under a meta-device context and
-        # then loads the saved values over these).
-        generator = torch.Generator().manual_seed(config.tlasgr_seed)
-        for l, (R, K) in enumerate(zip(rows, config.topic_sizes), start=1):
-            # the code: U(0, 1) columns, normalised
-            phi = torch.rand(R, K, dtype=torch.float64, generator=generator, device="cpu")
-            phi = phi / phi.sum(0)
-            pi = None
-            if config.recurrent:
-                # Pi: Dir(1) columns, normalised Exp(1) draws (rgbn.md §1: the code's identity is nearly absorbing)
-                pi = -torch.log1p(-torch.rand(K, K, dtype=torch.float64, generator=generator, device="cpu"))
-                pi = pi / pi.sum(0)
+        # then loads the saved values over these); _init_weights draws them again on the buffers' own device.
+        for l, (phi, pi) in enumerate(initial_topic_matrices(config), start=1):
+            K = phi.shape[1]
             if config.topic_learning == "tlasgr":
                 self.register_buffer(f"phi_{l}", phi)
                 self.register_buffer(f"phi_fisher_{l}", torch.zeros(K, dtype=torch.float64))
@@ -706,9 +563,11 @@ class RGBNRNNModel(DocumentRepresentationMixin, RGBNRNNPreTrainedModel):
         return torch.cat(thetas, -1)
 
     @torch.no_grad()
-    def sample_prior_theta(self, batch_size: int = 1, previous: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def sample_prior_theta(self, batch_size: int = 1, previous: Optional[torch.Tensor] = None,
+                           sample: bool = True) -> torch.Tensor:
         """theta (b, sum K) drawn from the generative model, top-down: the first sentence's prior, or with
-        ``previous`` (b, sum K) the next sentence's (eq. 2; GBN-RNN ignores it)."""
+        ``previous`` (b, sum K) the next sentence's (eq. 2; GBN-RNN ignores it). ``sample=False``: the prior mean
+        of each layer given the layer above (shape / tau0), top-down, instead of a draw (deterministic)."""
         cfg = self.config
         L = cfg.num_layers
         phis, pis = self._matrices(torch.float32)
@@ -725,7 +584,8 @@ class RGBNRNNModel(DocumentRepresentationMixin, RGBNRNNPreTrainedModel):
                 if pis is not None and prev is not None:
                     shape = shape + prev[l] @ pis[l].T
                 shape = cfg.tau0 * shape
-            thetas[l] = torch.distributions.Gamma(shape.clamp_min(_ALPHA_MIN), cfg.tau0).sample()
+            shape = shape.clamp_min(_ALPHA_MIN)
+            thetas[l] = torch.distributions.Gamma(shape, cfg.tau0).sample() if sample else shape / cfg.tau0
         return torch.cat(thetas, -1)
 
     # -- forward -----------------------------------------------------------------------------------
@@ -916,7 +776,8 @@ class RGBNRNNForCausalLM(TopicFamilyForCausalLM, RGBNRNNPreTrainedModel, TopicGe
     Conditioning of a chunk batch (at most one): ``context_bow`` (b, V_c), encoded as the next sentence of the
     ``state``'s document (as a first sentence without state); ``theta`` (b, sum K) raw topic weights of every
     layer, bottom first; ``topic_ids`` with ``topic_layer`` (1 = bottom): :meth:`RGBNRNNModel.theta_from_topics`;
-    nothing: an empty context. ``generate()`` without conditioning samples theta from the prior.
+    nothing: an empty context. ``generate()`` without conditioning takes theta from the prior (drawn with
+    ``do_sample``, else its mean).
     """
 
     conditioning_options = ("topic_layer", "topic_mode")  # which layer topic_ids name, how theta is completed
@@ -1011,6 +872,7 @@ class RGBNRNNForCausalLM(TopicFamilyForCausalLM, RGBNRNNPreTrainedModel, TopicGe
         Returns:
             :class:`RGBNRNNOutput`; for documents ``logits`` are (b, c, s, V) (zero for padding chunks).
         """
+        state = state_from_aliases(state, kwargs)  # past_key_values= is the state
         return super().forward(input_ids, attention_mask, inputs_embeds, state, labels, use_cache,
                                topic_representation, output_hidden_states, return_dict, logits_to_keep,
                                conditioning_resolved, context_bow=context_bow, theta=theta, topic_ids=topic_ids,
@@ -1068,7 +930,7 @@ class RGBNRNNForCausalLM(TopicFamilyForCausalLM, RGBNRNNPreTrainedModel, TopicGe
         """A chunk batch's conditioning validated once: :meth:`RGBNRNNModel.resolve_conditioning`."""
         return self.model.resolve_conditioning(batch_size, **given)
 
-    def prepare_generation_conditioning(self, batch_size: Optional[int], **given) -> dict:
+    def prepare_generation_conditioning(self, batch_size: Optional[int], do_sample: bool = False, **given) -> dict:
         """rGBN conditioning of ``generate()`` (at most one), resolved once per row before transformers expands
         the batch for beams / return sequences:
 
@@ -1076,9 +938,10 @@ class RGBNRNNForCausalLM(TopicFamilyForCausalLM, RGBNRNNPreTrainedModel, TopicGe
           default 1): theta by :meth:`RGBNRNNModel.theta_from_topics` (``topic_mode`` "propagate" or "chain");
         * ``context_bow`` (b, V_c): encoded as a first sentence (posterior mean in eval mode);
         * ``theta`` (b, sum K): given directly;
-        * nothing: theta sampled from the prior, top-down (rgbn.md §8)."""
+        * nothing: theta from the prior, top-down (rgbn.md §8): drawn with ``do_sample``, else the prior mean (greedy
+          and beam decoding are deterministic)."""
         resolved = self.resolve_conditioning(batch_size, **given)
-        return resolved or {"theta": self.model.sample_prior_theta(batch_size or 1)}
+        return resolved or {"theta": self.model.sample_prior_theta(batch_size or 1, sample=do_sample)}
 
     @torch.no_grad()
     def generate_paragraph(self, num_sentences: int, topic_ids=None, topic_layer: Optional[int] = None, theta=None,
@@ -1109,8 +972,9 @@ class RGBNRNNForCausalLM(TopicFamilyForCausalLM, RGBNRNNPreTrainedModel, TopicGe
             current = encoded[:, 0]
         else:  # as generate() resolves it; the prior's theta has num_paragraphs rows
             rows = num_paragraphs if topic_ids is None and theta is None else None
-            current = self.prepare_generation_conditioning(rows, topic_ids=topic_ids, topic_layer=topic_layer,
-                                                           theta=theta, topic_mode=topic_mode)["theta"].to(self.device)
+            current = self.prepare_generation_conditioning(rows, do_sample=True, topic_ids=topic_ids,
+                                                           topic_layer=topic_layer, theta=theta,
+                                                           topic_mode=topic_mode)["theta"].to(self.device)
         sentences = []
         for j in range(num_sentences):
             if j > 0 and encoded is not None and j < encoded.shape[1]:

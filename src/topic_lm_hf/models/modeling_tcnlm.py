@@ -75,7 +75,7 @@ from .modeling_conditioning import (TOPIC_LOGIT_INIT_STD, angular_diversity, giv
 from .modeling_generation import TopicGenerationMixin
 from .modeling_document import DocumentClassifierMixin, DocumentRepresentationMixin
 from .modeling_recurrent import (RecurrentPreTrainedModel, TopicLMOutput, causal_lm_loss, embed_checked,
-                                 last_columns, run_rnn, run_rnn_layers)
+                                 last_columns, run_rnn, run_rnn_layers, state_from_aliases)
 from .modeling_topic_family import LanguageModelPass, LossTerm, TopicFamilyForCausalLM
 
 NUM_GATES = 4  # i, f, g (= c~), o
@@ -623,6 +623,7 @@ class TCNLMForCausalLM(TopicFamilyForCausalLM, TCNLMPreTrainedModel, TopicGenera
             For ``lm_type="naive_moe"`` the logits are the mixture's log-probabilities, and when a
             loss is computed with gradients they are not materialised (``logits=None``).
         """
+        state = state_from_aliases(state, kwargs)  # past_key_values= is the state
         return super().forward(input_ids, attention_mask, inputs_embeds, state, labels, use_cache,
                                topic_representation, output_hidden_states, return_dict, logits_to_keep,
                                conditioning_resolved, context_bow=context_bow, topic_ids=topic_ids,

@@ -52,7 +52,7 @@ from torch import nn
 from .modeling_conditioning import (check_topic_layer, given_keywords, lm_to_topic_index, normalize_topic_kwargs,
                                     topic_scores_to_vocab, topic_vocabulary, topic_word_mask)
 from .modeling_document import DocumentRepresentationDelegate
-from .modeling_recurrent import TopicLMOutput, detach_or_none
+from .modeling_recurrent import TopicLMOutput, detach_or_none, state_from_aliases
 
 
 @dataclass
@@ -169,6 +169,13 @@ class TopicFamilyForCausalLM(DocumentRepresentationDelegate, TopicWordPriorMixin
         ``conditioning_options``) and the family's other inputs, which go to :meth:`language_model_features`."""
         raw = {name: inputs.pop(name) for name in (*self.conditioning_inputs, *self.conditioning_options)
                if name in inputs}
+        # past_key_values= is the state; generation's cache (TopicLMCache) also holds the resolved conditioning
+        state = state_from_aliases(state, inputs)
+        if hasattr(state, "conditioning") and hasattr(state, "state"):
+            if topic_representation is None and not any(v is not None for v in raw.values()):
+                inputs.update(state.conditioning)
+                topic_representation = inputs.pop("topic_representation", None)
+            state = state.state
         # 1. The conditioning, validated once (or by generate), or the topic representation resolved before.
         topics = {}
         if topic_representation is None:

@@ -74,7 +74,7 @@ from .modeling_conditioning import (TOPIC_LOGIT_INIT_STD, lm_to_topic_index, nor
                                     topic_ids_to_mixture, topic_scores_to_vocab, topic_word_mask)
 from .modeling_generation import TopicGenerationMixin
 from .modeling_document import DocumentClassifierMixin, DocumentRepresentationMixin
-from .modeling_recurrent import RecurrentPreTrainedModel, TopicLMOutput, next_token_loss, run_token_rnn
+from .modeling_recurrent import RecurrentPreTrainedModel, TopicLMOutput, next_token_loss, run_token_rnn, state_from_aliases
 from .modeling_topic_family import LanguageModelPass, LossTerm, TopicFamilyForCausalLM
 
 _CELLS = {"rnn": nn.RNN, "lstm": nn.LSTM, "gru": nn.GRU}
@@ -390,6 +390,7 @@ class TopicRNNForCausalLM(TopicFamilyForCausalLM, TopicRNNPreTrainedModel, Topic
             needs only the observed-indicator softmax, so ``logits`` is None there (computing the
             marginal as well would double the cost of the output layer).
         """
+        state = state_from_aliases(state, kwargs)  # past_key_values= is the state
         return super().forward(input_ids, attention_mask, inputs_embeds, state, labels, use_cache,
                                topic_representation, output_hidden_states, return_dict, logits_to_keep,
                                conditioning_resolved, context_bow=context_bow, topic_mixture=topic_mixture,
