@@ -166,3 +166,16 @@ def test_a_topic_model_whose_recurrence_reads_only_tokens_runs_a_documents_batch
     else:
         model.set_training_phase("topic_model")
     assert not model.carries_documents_in_one_call()
+
+
+def test_a_model_asked_for_its_hidden_states_runs_the_chunk_loop(apnews):
+    """With ``config.output_hidden_states`` the per-layer states are the chunks', so carried training keeps the loop
+    (the one-call path refuses them) and trains as before."""
+    from topic_lm_hf.trainer import carried_state_loss
+
+    batch = documents_batch(apnews, "topic_rnn-lstm")
+    batch.pop("doc_index")
+    model = tiny_model("topic_rnn-lstm", apnews["tok"], apnews["topic_tok"]).double().eval()
+    expected = carried_state_loss(model, batch).loss
+    model.config.output_hidden_states = True
+    torch.testing.assert_close(carried_state_loss(model, batch).loss, expected, rtol=1e-6, atol=1e-9)

@@ -341,7 +341,8 @@ def carried_state_loss(model, batch, bptt_chunks: int | None = None, chunk_callb
         if _reads_tokens_only(lm, batch):
             # nothing but the state passes between chunks: the chunks of a document are one sequence
             out = model(**document_sequences(batch), use_cache=False, return_dict=True)
-        elif isinstance(lm, TopicFamilyForCausalLM) and lm.carries_documents_in_one_call():
+        elif isinstance(lm, TopicFamilyForCausalLM) and lm.carries_documents_in_one_call() \
+                and not lm.config.output_hidden_states:  # per-layer states of the chunks: the loop gives them
             # the recurrence over each document's sequence, the rest on the batch of its chunks
             rows, document_tokens = chunk_rows(batch)
             out = model(**rows, document_tokens=document_tokens, use_cache=False, return_dict=True)
