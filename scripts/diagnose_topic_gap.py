@@ -49,6 +49,7 @@ DEFAULT_VARIANTS = {
                                     "(heavier), no diversity term"),
     "tcnlm-loose-clip": ("tcnlm", {"clip": 5.0}, "one gradient-norm clip for the topic model and the LM: the topic "
                                                  "terms' gradients shrink the LM's step"),
+    "tcnlm-lr-half": ("tcnlm", {"lr": 1e-3}, "the step size: half the LSTM's learning rate"),
     "tcnlm-recipe": ("tcnlm-recipe", {}, "the steering recipe's configuration (the shared topic output prior), "
                                          "without its topic-model pre-training"),
     "nclm-leta": ("nclm-leta", {}, "NCLM LETA as the benchmark trains it"),
