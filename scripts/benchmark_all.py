@@ -380,7 +380,8 @@ def run(args) -> dict:
     train_docs, dev_docs, valid_docs = load_corpus(args)
     args.max_steps = step_cap(args, len(train_docs))  # settings.json records the steps
     settings = {k: getattr(args, k) for k in SETTINGS}
-    check_settings(out, settings)
+    # folders written before the schedule was a setting were trained with the linear one (lr_decay unused there)
+    check_settings(out, settings, before={"schedule": "linear", "lr_decay": args.lr_decay})
 
     tok, topic_tok = build_vocabularies(train_docs, min_freq=args.min_freq,
                                         stopwords=DATA / "stopwords" / "mallet_en.txt")

@@ -152,10 +152,13 @@ def write_json(path: Path, data) -> None:
     os.replace(tmp, path)  # never a half-written result file
 
 
-def check_settings(out: Path, settings: dict) -> None:
+def check_settings(out: Path, settings: dict, before: dict | None = None) -> None:
     """Record the run's settings in ``out/settings.json``; a rerun with other settings in the same folder is refused
-    (its results would mix with the earlier ones)."""
+    (its results would mix with the earlier ones). ``before``: the value of a setting added since a folder was
+    written, as the runs in it had it (a folder without ``schedule`` was trained with the linear schedule)."""
     previous = read_json(out / "settings.json")
+    if previous is not None:
+        previous = {**{k: v for k, v in jsonable(before or {}).items() if k in settings}, **previous}
     if previous is not None and previous != jsonable(settings):
         now = jsonable(settings)
         diff = {k: (previous.get(k), now.get(k)) for k in {**previous, **now} if previous.get(k) != now.get(k)}

@@ -2,6 +2,7 @@
 scores texts as the fitted one did, fits again when its settings change, and never unpickles a file: a results
 folder is shared, and a crafted ``lda_judge.pkl`` there must not run code."""
 
+import json
 import pickle
 from pathlib import Path
 
@@ -105,3 +106,14 @@ def test_a_tiny_models_operations_and_flops_per_step_are_pinned(family, tiny_voc
     cost = benchmarking.step_cost(model, batch)
     assert cost["operations"] == PINNED_OPERATIONS[family]
     assert cost["gflop"] > 0 and benchmarking.step_cost(model, batch) == cost  # the same step counts the same
+
+
+def test_a_folder_written_before_a_setting_existed_takes_it_as_its_runs_had_it(tmp_path):
+    """A results folder whose settings.json predates the schedule setting was trained with the linear schedule: a
+    rerun with --schedule linear continues it, one with the plateau schedule is refused (the results would mix)."""
+    (tmp_path / "settings.json").write_text(json.dumps({"lr": 0.002}))
+    before = {"schedule": "linear", "lr_decay": 0.5}
+    benchmarking.check_settings(tmp_path, {"lr": 0.002, "schedule": "linear", "lr_decay": 0.5}, before=before)
+    (tmp_path / "settings.json").write_text(json.dumps({"lr": 0.002}))
+    with pytest.raises(SystemExit, match="schedule"):
+        benchmarking.check_settings(tmp_path, {"lr": 0.002, "schedule": "plateau", "lr_decay": 0.5}, before=before)
