@@ -41,7 +41,8 @@ Models (``--only`` names; every one 1 layer, so the same-size single-layer LSTM 
   bag-of-words term and topic proportions, NCLM's diversity term), their topic model pre-trained alone first
   (``pretrain_topic_model_once``: at most ``--pretrain-steps`` steps of ``--pretrain-batch-size`` rows, stopped when
   the objective on the dev documents has not improved for ``--pretrain-patience`` evaluations
-  ``--pretrain-eval-every`` steps apart; recorded in ``train.json``), beside the papers' exact models.
+  ``--pretrain-eval-every`` steps apart; recorded in ``train.json``), beside the papers' exact models;
+  ``topic-lstm-carry-recipe``: TopicLSTM by the recipe with its state carried (the carried LSTM's protocol).
 
 Decisions (the same for every run of this script):
 

@@ -295,6 +295,8 @@ MODELS = {
     "tcnlm-carry": dict(family="tcnlm", label="TCNLM, carried state", context="preceding", carry=True),
     "topic-lstm": dict(family="topic_rnn", label="TopicLSTM", context="others", published="TopicRNN"),
     "topic-lstm-carry": dict(family="topic_rnn", label="TopicLSTM, carried state", context="preceding", carry=True),
+    "topic-lstm-carry-recipe": dict(family="topic_rnn", label="TopicLSTM, carried state, steering recipe",
+                                    context="preceding", carry=True, recipe=True),
     "nclm-lta": dict(family="nclm", label="NCLM LTA", context="others", nclm="lta", published="NCLM LTA"),
     "nclm-leta": dict(family="nclm", label="NCLM LETA", context="others", nclm="leta", published="NCLM LETA"),
     "nclm-leta-carry": dict(family="nclm", label="NCLM LETA, carried state", context="preceding", nclm="leta",

@@ -128,7 +128,7 @@ def test_a_topic_model_whose_recurrence_reads_only_tokens_runs_a_documents_batch
     """TopicRNN and NCLM without sentence topics (``carries_documents_in_one_call``): the recurrence over each
     document's sequence and the rest on the batch of the documents' chunks, each with its own preceding-text context
     (``chunk_rows``), give the loss, every loss term and the gradients of the chunk loop (forced by a chunk
-    callback); with free bits (TopicRNN), or in the topic-model phase (NCLM), the loop runs."""
+    callback); in the topic-model phase (NCLM) the loop runs."""
     from topic_lm_hf.carried_state import chunk_rows
     from topic_lm_hf.trainer import carried_state_loss
 
@@ -161,11 +161,29 @@ def test_a_topic_model_whose_recurrence_reads_only_tokens_runs_a_documents_batch
     assert len(one_grads) == len(loop_grads)
     for a, b in zip(one_grads, loop_grads):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-7)
-    if family.startswith("topic_rnn"):
-        model.config.kl_free_bits = 0.1
-    else:
+    if family.startswith("nclm"):
         model.set_training_phase("topic_model")
-    assert not model.carries_documents_in_one_call()
+        assert not model.carries_documents_in_one_call()
+
+
+def test_topicrnns_batch_terms_in_one_call_are_taken_over_the_batch_of_chunks(apnews):
+    """With free bits and the bag-of-words term, TopicRNN's one-call carried loss takes them over the batch of all
+    the documents' chunks, as chunk training over its batch: the reported bag-of-words loss is the rows' summed NLL
+    per context word (the loop took it per batch of the documents' k-th chunks)."""
+    from topic_lm_hf.carried_state import chunk_rows
+    from topic_lm_hf.trainer import carried_state_loss
+
+    batch = documents_batch(apnews, "topic_rnn-lstm")
+    batch.pop("doc_index")
+    model = tiny_model("topic_rnn-lstm", apnews["tok"], apnews["topic_tok"], bow_loss_weight=1.0,
+                       kl_free_bits=0.5).double().eval()
+    out = carried_state_loss(model, batch)
+    rows, _ = chunk_rows(batch)
+    with torch.no_grad():
+        mean, log_sigma = model.model.inference_net(rows["context_bow"].float())
+        nll, words = model.bow_nll(rows["context_bow"], model._theta(mean))
+    torch.testing.assert_close(out.bow_loss.double(), (nll.sum() / words.clamp_min(1)).double(), rtol=1e-5,
+                               atol=1e-7)
 
 
 def test_a_model_asked_for_its_hidden_states_runs_the_chunk_loop(apnews):

@@ -300,9 +300,10 @@ def carried_state_loss(model, batch, bptt_chunks: int | None = None, chunk_callb
     as one sequence instead (:func:`~topic_lm_hf.carried_state.document_sequences`): one call, one recurrent kernel
     over the document, the same predictions and loss as chunk after chunk (without ``chunk_callback``, and unless
     ``bptt_chunks`` cuts the document). A topic model whose recurrence reads only the tokens
-    (``carries_documents_in_one_call``: TopicRNN without free bits or the bag-of-words term) gets one call too: its
-    RNN over each document's sequence, the rest on the batch of the document's chunks
-    (:func:`~topic_lm_hf.carried_state.chunk_rows`), the same loss.
+    (``carries_documents_in_one_call``: TopicRNN, NCLM without sentence topics) gets one call too: its RNN over
+    each document's sequence, the rest on the batch of the document's chunks
+    (:func:`~topic_lm_hf.carried_state.chunk_rows`), the same loss (a term normalised per batch rather than per
+    predicted token, such as TopicRNN's free bits and bag-of-words term, over that batch of chunks).
 
     Gradients flow through the carried state; with ``bptt_chunks`` the state is detached after every
     ``bptt_chunks`` chunks (truncated back-propagation through the document). The graph of the whole batch is

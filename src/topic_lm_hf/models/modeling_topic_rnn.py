@@ -243,10 +243,12 @@ class TopicRNNForCausalLM(TopicFamilyForCausalLM, TopicRNNPreTrainedModel, Topic
         self.post_init()
 
     def carries_documents_in_one_call(self) -> bool:
-        """The RNN reads nothing but the tokens, and every term of the objective is a sum over rows divided by the
-        predicted tokens, except with free bits (a batch mean per dimension) or the bag-of-words term (per context
-        word): without them, carried-state training runs a documents batch in one call (``document_tokens``)."""
-        return self.config.kl_free_bits == 0 and self.config.bow_loss_weight == 0
+        """The RNN reads nothing but the tokens: carried-state training runs a documents batch in one call
+        (``document_tokens``). Every term that is a sum over rows per predicted token is the loop's exactly; free
+        bits (a batch mean per dimension) and the bag-of-words term (per context word) are taken over the batch of
+        all the documents' chunks, as chunk training takes them over its batch, where the loop took them over the
+        batch of the documents' k-th chunks."""
+        return True
 
     def kl_weight_target(self) -> float:
         """``config.kl_weight``: the KL weight once annealed."""
