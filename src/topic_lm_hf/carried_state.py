@@ -99,6 +99,11 @@ def document_sequences(batch: Mapping[str, Any]) -> dict[str, torch.Tensor]:
         ``input_ids``, ``attention_mask`` and ``labels`` (b, n), right-padded (labels -100 there), n the longest
         document's tokens.
     """
+    return _document_sequences(batch)[0]
+
+
+def _document_sequences(batch: Mapping[str, Any]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """:func:`document_sequences`, and which tokens of the batch (b, c * l) they hold."""
     ids, labels = batch["input_ids"], batch["labels"]
     b, c, l = ids.shape
     real, fed = _real_and_fed(batch)
@@ -113,7 +118,8 @@ def document_sequences(batch: Mapping[str, Any]) -> dict[str, torch.Tensor]:
     target_labels = labels.flatten(1).gather(1, target_order)
     out_labels = torch.cat([labels.new_full((b, 1), -100), target_labels], dim=1).masked_fill(~mask, -100)
     out_labels[:, 0] = -100
-    return {"input_ids": input_ids, "attention_mask": mask.to(batch["attention_mask"].dtype), "labels": out_labels}
+    return {"input_ids": input_ids, "attention_mask": mask.to(batch["attention_mask"].dtype),
+            "labels": out_labels}, fed
 
 
 def _real_and_fed(batch: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -142,9 +148,8 @@ def chunk_rows(batch: Mapping[str, Any]) -> tuple[dict[str, torch.Tensor], dict[
     """
     chunk_mask = batch["chunk_mask"].bool()
     b, c, l = batch["input_ids"].shape
-    sequences = document_sequences(batch)
+    sequences, fed = _document_sequences(batch)
     n = sequences["input_ids"].shape[1]
-    _, fed = _real_and_fed(batch)
     # a fed token's index in its document's sequence, offset by the document's row of the flattened sequences
     index = (fed.long().cumsum(1) - 1 + n * torch.arange(b, device=fed.device).unsqueeze(1)).masked_fill(~fed, 0)
     keep = chunk_mask.flatten()

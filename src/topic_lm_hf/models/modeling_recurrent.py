@@ -144,18 +144,24 @@ def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 # ----------------------------------------------------------------------------------------------
 
 
-def _linear_cross_entropy(features: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
-                          targets: torch.Tensor, row_bias: Optional[torch.Tensor], rows: Optional[torch.Tensor],
-                          row_bias_scale: Optional[torch.Tensor]) -> torch.Tensor:
-    """Summed NLL of ``targets`` (n,) under softmax(features W^T + b + s_i row_bias[rows_i]) for features (n, F);
-    the log-sum-exp runs in float32 whatever the autocast dtype of the matrix product."""
-    logits = nn.functional.linear(features, weight, bias)
+def _biased_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, row_bias: Optional[torch.Tensor],
+                          rows: Optional[torch.Tensor], row_bias_scale: Optional[torch.Tensor]) -> torch.Tensor:
+    """Summed NLL of ``targets`` (n,) under softmax(logits + s_i row_bias[rows_i]); the log-sum-exp runs in float32
+    whatever the autocast dtype of the logits."""
     if row_bias is not None:
         extra = row_bias.to(logits.dtype)[rows]
         if row_bias_scale is not None:
             extra = extra * row_bias_scale.to(logits.dtype).unsqueeze(-1)
         logits = logits + extra
     return nn.functional.cross_entropy(logits.float(), targets, reduction="sum")
+
+
+def _linear_cross_entropy(features: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                          targets: torch.Tensor, row_bias: Optional[torch.Tensor], rows: Optional[torch.Tensor],
+                          row_bias_scale: Optional[torch.Tensor]) -> torch.Tensor:
+    """:func:`_biased_cross_entropy` of features (n, F) W^T + b (what the compiled output layer compiles)."""
+    return _biased_cross_entropy(nn.functional.linear(features, weight, bias), targets, row_bias, rows,
+                                 row_bias_scale)
 
 
 _COMPILED: dict = {}  # (variant, device type) -> the compiled function; ("error", device type): why compiling fails
@@ -230,14 +236,8 @@ def runs_own_forward(output: nn.Module) -> bool:
 def _module_cross_entropy(features: torch.Tensor, output: nn.Module, targets: torch.Tensor,
                           row_bias: Optional[torch.Tensor], rows: Optional[torch.Tensor],
                           row_bias_scale: Optional[torch.Tensor]) -> torch.Tensor:
-    """``_linear_cross_entropy`` with the output layer called as a module (its adapters and hooks run)."""
-    logits = output(features)
-    if row_bias is not None:
-        extra = row_bias.to(logits.dtype)[rows]
-        if row_bias_scale is not None:
-            extra = extra * row_bias_scale.to(logits.dtype).unsqueeze(-1)
-        logits = logits + extra
-    return nn.functional.cross_entropy(logits.float(), targets, reduction="sum")
+    """:func:`_biased_cross_entropy` with the output layer called as a module (its adapters and hooks run)."""
+    return _biased_cross_entropy(output(features), targets, row_bias, rows, row_bias_scale)
 
 
 def next_token_loss(features: torch.Tensor, labels: torch.Tensor, output: nn.Linear,
