@@ -297,6 +297,11 @@ MODELS = {
     "topic-lstm-carry": dict(family="topic_rnn", label="TopicLSTM, carried state", context="preceding", carry=True),
     "topic-lstm-carry-recipe": dict(family="topic_rnn", label="TopicLSTM, carried state, steering recipe",
                                     context="preceding", carry=True, recipe=True),
+    # the recipe with the shared prior's weight lambda starting at 0 (the recipe's 1.0 costs the LM part: the
+    # model starts as the plain TopicLSTM and takes the pre-trained topics' prior in as far as it pays)
+    "topic-lstm-carry-recipe-prior0": dict(family="topic_rnn", context="preceding", carry=True, recipe=True,
+                                           label="TopicLSTM, carried state, steering recipe, prior weight from 0",
+                                           config={"topic_prior_weight_init": 0.0}),
     "nclm-lta": dict(family="nclm", label="NCLM LTA", context="others", nclm="lta", published="NCLM LTA"),
     "nclm-leta": dict(family="nclm", label="NCLM LETA", context="others", nclm="leta", published="NCLM LETA"),
     "nclm-leta-carry": dict(family="nclm", label="NCLM LETA, carried state", context="preceding", nclm="leta",
@@ -377,9 +382,10 @@ class CarriedLoss(torch.nn.Module):
 
 def build_model(name: str, args, tok, topic_tok):
     """Model ``name`` of ``MODELS``, seeded with ``args.seed``, at the run's sizes (a ``recipe`` row: with
-    ``steering_recipe``'s configuration values)."""
+    ``steering_recipe``'s configuration values; a ``config`` row: with these values too)."""
     spec = MODELS[name]
     recipe = steering_recipe(MODEL_TYPES[spec["family"]], variant=spec.get("nclm")) if spec.get("recipe") else {}
+    recipe.update(spec.get("config", {}))  # the row's own configuration values
     if spec["family"] == "lstm":
         return build_lstm(args, len(tok))
     if spec["family"] == "tcnlm":
