@@ -629,3 +629,97 @@ def test_softmax_theta_is_a_distribution_over_topics_and_topic_ids_are_pure_topi
     assert loaded.config.theta_transform == "softmax"
     assert torch.equal(loaded(**prompt, topic_ids=[2]).logits, model(**prompt, topic_ids=[2]).logits)
 
+
+
+# ----------------------------------------------------------------------------------------------
+# topic_output_bias="mixture": the topic distribution mixed into the content-word branch
+# ----------------------------------------------------------------------------------------------
+
+
+def mixture_model(tok, topic_tok):
+    model = tiny_model(tok, topic_tok, cell="lstm", theta_transform="softmax", topic_output_bias="mixture").eval()
+    return model
+
+
+def test_the_mixture_gate_starts_at_a_tenth_of_the_content_branch(toy):
+    model = TopicRNNForCausalLM(tiny_config(*toy, cell="lstm", theta_transform="softmax",
+                                            topic_output_bias="mixture"))
+    h = torch.randn(7, model.config.hidden_size)
+    torch.testing.assert_close(torch.sigmoid(model.topic_gate(h)), torch.full((7, 1), 0.1))
+    assert model.topic_prior_weight is None
+
+
+def test_the_mixture_loss_is_the_naive_per_token_mixture_and_the_logits_are_normalised(toy):
+    tok, topic_tok = toy
+    model = mixture_model(tok, topic_tok)
+    batch = sentence_batch(tok, topic_tok)
+    rows = batch["input_ids"].shape[0]
+    theta = torch.softmax(torch.sin(torch.arange(rows * 3, dtype=torch.float32)).view(rows, 3) * 2, dim=-1)
+    with torch.no_grad():
+        out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"],
+                    topic_mixture=theta)
+        h, _, _ = model.model.run_tokens(batch["input_ids"], batch["attention_mask"])
+        log_topic = model.topic_word_log_probs(theta)  # (b, V_c)
+        topic_of = {lm_id: k for k, lm_id in enumerate(model.config.topic_word_ids) if lm_id >= 0}
+        total, n = 0.0, 0
+        for b in range(h.shape[0]):
+            for t in range(h.shape[1] - 1):
+                y = int(batch["labels"][b, t + 1])
+                if y == -100:
+                    continue
+                scores = model.lm_head(h[b, t]).double()
+                g = float(torch.sigmoid(model.topic_gate(h[b, t])))
+                if y not in topic_of:  # a stop word: the LM's softmax alone
+                    p = torch.softmax(scores, -1)[y]
+                else:
+                    b_theta = model.topic_head(theta[b]).double()  # (V_c,)
+                    with_bias = scores.clone()
+                    for lm_id, k in topic_of.items():
+                        with_bias[lm_id] += b_theta[k]
+                    p = (1 - g) * torch.softmax(with_bias, -1)[y] + g * math.exp(float(log_topic[b, topic_of[y]]))
+                total, n = total - math.log(float(p)), n + 1
+    assert float(out.lm_loss) == pytest.approx(total / n, rel=1e-5)
+    assert SENTENCE_INDICATORS.count(1) > 0 and n > 0
+    torch.testing.assert_close(torch.logsumexp(out.logits, -1), torch.zeros(out.logits.shape[:2]),
+                               atol=1e-5, rtol=0)
+    model.train()  # training mode (no dropout here, theta given): the same loss from the predicted positions only
+    train_out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"],
+                      topic_mixture=theta)
+    assert train_out.logits is None
+    assert float(train_out.lm_loss) == pytest.approx(float(out.lm_loss), rel=1e-6)
+    train_out.loss.backward()
+    assert model.topic_gate.weight.grad.abs().sum() > 0 and model.topic_head.weight.grad.abs().sum() > 0
+
+
+def test_a_wrong_documents_topics_cost_the_mixture_at_most_the_gates_share(toy):
+    """-log p_mix(y) <= -log(1 - g) - log p_LM(y) at every content word: the bound that makes the mismatched-context
+    ablation cheap."""
+    tok, topic_tok = toy
+    model = mixture_model(tok, topic_tok)
+    batch = sentence_batch(tok, topic_tok)
+    wrong = torch.tensor([[1.0, 0.0, 0.0]]).expand(batch["input_ids"].shape[0], 3)
+    with torch.no_grad():
+        mixed = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], topic_mixture=wrong).logits
+        h, _, _ = model.model.run_tokens(batch["input_ids"], batch["attention_mask"])
+        share = torch.sigmoid(model.topic_gate(h))  # g_t (b, s, 1)
+        model.topic_gate.weight.zero_()
+        model.topic_gate.bias.fill_(-40.0)  # g = 0: the LM's branch alone
+        alone = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], topic_mixture=wrong).logits
+    assert float(share.max()) > 0.2  # a real share, so that the bound is not trivial
+    assert bool((mixed >= alone + torch.log1p(-share) - 1e-5).all())
+    assert bool((mixed < alone - 1e-3).any())  # and the wrong topics do cost something
+
+
+def test_mixture_generation_cached_equals_uncached_and_it_is_saved(toy, tmp_path):
+    tok, topic_tok = toy
+    model = mixture_model(tok, topic_tok)
+    tok.padding_side = "left"
+    prompt = tok(["the senate", "fans cheered in the"], return_tensors="pt", padding=True)
+    kwargs = dict(topic_ids=[[1], [2]], max_new_tokens=5, min_new_tokens=5, do_sample=False)
+    cached = model.generate(**prompt, **kwargs)
+    assert torch.equal(model.generate(**prompt, **kwargs, use_cache=False), cached)
+    model.save_pretrained(tmp_path)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    assert loaded.config.topic_output_bias == "mixture"
+    torch.testing.assert_close(loaded.topic_gate.bias, model.topic_gate.bias)
+    assert torch.equal(loaded.generate(**prompt, **kwargs), cached)

@@ -63,7 +63,11 @@ class TopicRNNConfig(TopicConfigMixin, ClassifierConfigMixin, CompactReprMixin, 
         topic_output_bias, topic_prior_weight_init: ``"beta"`` adds the shared topic output prior
             (:class:`~topic_lm_hf.models.modeling_topic_family.TopicWordPriorMixin`, not in the paper):
             lambda * log(V_c p(w | theta)) at every topic word, p(w | theta) = softmax(B theta) over the topic
-            words, lambda learned from ``topic_prior_weight_init``. ``None``: the paper.
+            words, lambda learned from ``topic_prior_weight_init``. ``"mixture"``: the topic distribution mixed
+            into the content-word branch instead, p(w | l_t = 0) = (1 - g_t) softmax(V h_t + c + B theta)_w +
+            g_t p(w | theta), with a gate g_t = sigmoid(a^T h_t + b) learned per position (b starts at
+            logit(0.1)): under a wrong document's topics it costs at most -log(1 - g_t) per content word, where
+            a logit prior can cost any amount (``topic_prior_weight_init`` is unused). ``None``: the paper.
         dropout: dropout on embeddings, between recurrent layers and before the output layers
             (the paper uses none).
         feature_log_sigma: the document topic representation (``document_topic_representation``, the
@@ -120,8 +124,8 @@ class TopicRNNConfig(TopicConfigMixin, ClassifierConfigMixin, CompactReprMixin, 
             raise ValueError(f"kl_free_bits must be >= 0, got {kl_free_bits!r}")
         if not bow_loss_weight >= 0:
             raise ValueError(f"bow_loss_weight must be >= 0, got {bow_loss_weight!r}")
-        topic_output_bias, topic_prior_weight_init = check_topic_output_prior(topic_output_bias,
-                                                                              topic_prior_weight_init)
+        topic_output_bias, topic_prior_weight_init = check_topic_output_prior(
+            topic_output_bias, topic_prior_weight_init, allowed=(None, "beta", "mixture"))
         if not kl_weight >= 0:
             raise ValueError(f"kl_weight must be >= 0, got {kl_weight}")
         check_integers(0, kl_annealing_steps=kl_annealing_steps)

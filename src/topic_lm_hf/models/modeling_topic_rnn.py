@@ -60,6 +60,7 @@ Usage::
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -76,6 +77,9 @@ from .modeling_generation import TopicGenerationMixin
 from .modeling_document import DocumentClassifierMixin, DocumentRepresentationMixin
 from .modeling_recurrent import RecurrentPreTrainedModel, TopicLMOutput, next_token_loss, run_token_rnn, state_from_aliases
 from .modeling_topic_family import LanguageModelPass, LossTerm, TopicFamilyForCausalLM
+
+# topic_output_bias="mixture": the gate's share g_t of the topic distribution at initialisation
+TOPIC_GATE_INIT = 0.1
 
 _CELLS = {"rnn": nn.RNN, "lstm": nn.LSTM, "gru": nn.GRU}
 
@@ -119,6 +123,10 @@ class TopicRNNPreTrainedModel(RecurrentPreTrainedModel):
         if self.config.theta_transform == "softmax" and isinstance(getattr(module, "topic_head", None), nn.Linear):
             # B's columns are the topics' word logits: distinct random distributions from the start
             nn.init.normal_(module.topic_head.weight, 0.0, TOPIC_LOGIT_INIT_STD)
+        if isinstance(getattr(module, "topic_gate", None), nn.Linear):
+            # the topic distribution starts with a share of 0.1 of the content-word branch, wherever it is
+            nn.init.zeros_(module.topic_gate.weight)
+            nn.init.constant_(module.topic_gate.bias, math.log(TOPIC_GATE_INIT / (1 - TOPIC_GATE_INIT)))
 
     def set_topic_vocabulary(self, tokenizer, topic_tokenizer) -> None:
         """Set ``config.topic_word_ids`` (hence the stop-word indicator) from the two tokenizers."""
@@ -238,6 +246,8 @@ class TopicRNNForCausalLM(TopicFamilyForCausalLM, TopicRNNPreTrainedModel, Topic
         self.stop_head = nn.Linear(config.hidden_size, 1)  # Gamma^T h (+ bias)
         self.topic_head = nn.Linear(config.num_topics, config.topic_vocab_size, bias=False)  # B: (V_c, K)
         self._init_topic_word_prior()  # config.topic_output_bias == "beta": the shared topic output prior
+        # config.topic_output_bias == "mixture": the gate g_t of p(w | theta)'s share in the content-word branch
+        self.topic_gate = nn.Linear(config.hidden_size, 1) if config.topic_output_bias == "mixture" else None
         # Training forward passes seen so far, for KL annealing (saved, so that resuming goes on).
         self._register_kl_annealing()
         self.post_init()
@@ -443,6 +453,8 @@ class TopicRNNForCausalLM(TopicFamilyForCausalLM, TopicRNNPreTrainedModel, Topic
         """The logits log p(y_t) with the indicator marginalised, and the LM loss under the observed indicator.
         In training mode with labels only the loss is computed, at the predicted positions (``logits`` None)."""
         h, stop_logits, bias = run.features, run.details["stop_logits"], self.output_bias(run)
+        if self.topic_gate is not None:
+            return self._mixture_output(run, labels, bias)
         # The full (b, s, V) scores v_i^T h_t + c_i only where the marginal is returned (not in training with labels)
         word_logits = None if self.training and labels is not None else self.lm_head(h).float()
         lm_loss = None
@@ -464,6 +476,38 @@ class TopicRNNForCausalLM(TopicFamilyForCausalLM, TopicRNNPreTrainedModel, Topic
             log_marginal = torch.logaddexp(
                 F.logsigmoid(stop_logits).unsqueeze(-1) + torch.log_softmax(word_logits, dim=-1),
                 F.logsigmoid(-stop_logits).unsqueeze(-1) + torch.log_softmax(word_logits + bias.unsqueeze(1), dim=-1))
+        return log_marginal, lm_loss
+
+    def _mixture_output(self, run: LanguageModelPass, labels: Optional[torch.Tensor], bias: torch.Tensor):
+        """:meth:`output_logits` with ``topic_output_bias="mixture"``: the content-word branch is
+        (1 - g_t) softmax(V h_t + c + B theta) + g_t p(w | theta). In training with labels, the scores at the
+        predicted positions only."""
+        h, stop_logits = run.features, run.details["stop_logits"]
+        log_topic = self.topic_word_log_probs(run.topic_mixture)  # (b, V_c), -inf where no topic word
+        index = self.lm_to_topic_index(h.device)
+        gate = self.topic_gate(h).float().squeeze(-1)  # (b, s): logit of g_t
+        lm_loss = None
+        if labels is not None:
+            targets, is_stop = run.details["observed"]
+            keep = targets != -100
+            rows = torch.arange(targets.shape[0], device=h.device).unsqueeze(1).expand_as(targets)[keep]
+            kept, content = targets[keep], (~is_stop)[keep]
+            scores = self.lm_head(h[:, :-1][keep]).float() + content.unsqueeze(-1) * bias[rows]  # (n, V)
+            log_lm = torch.log_softmax(scores, dim=-1).gather(-1, kept.unsqueeze(-1)).squeeze(-1)
+            z = gate[:, :-1][keep]
+            log_theta = log_topic[rows, index[kept].clamp_min(0)]  # p(y | theta) of a content word
+            mixed = torch.logaddexp(F.logsigmoid(-z) + log_lm, F.logsigmoid(z) + log_theta)
+            lm_loss = -torch.where(content, mixed, log_lm).sum() / keep.sum().clamp_min(1)
+            if self.training:
+                return None, lm_loss
+        word_logits = self.lm_head(h).float()
+        topic_vocab = topic_scores_to_vocab(log_topic, index).masked_fill(index < 0, float("-inf"))  # (b, V)
+        content_branch = torch.logaddexp(
+            F.logsigmoid(-gate).unsqueeze(-1) + torch.log_softmax(word_logits + bias.unsqueeze(1), dim=-1),
+            F.logsigmoid(gate).unsqueeze(-1) + topic_vocab.unsqueeze(1))
+        log_marginal = torch.logaddexp(
+            F.logsigmoid(stop_logits).unsqueeze(-1) + torch.log_softmax(word_logits, dim=-1),
+            F.logsigmoid(-stop_logits).unsqueeze(-1) + content_branch)
         return log_marginal, lm_loss
 
     def loss_terms(self, run: LanguageModelPass, labels: torch.Tensor) -> list[LossTerm]:
