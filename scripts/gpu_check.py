@@ -18,6 +18,11 @@ others still run), and everything lands in one folder (``--out``): ``results.jso
    concurrently, one process per family, so their times are not speed figures.
 4. ``generation``: tokens/s of greedy ``generate()`` of every family (one row, 50 tokens, with ``topic_ids`` for
    the topic families), synchronised.
+5. ``carried``: the unified benchmark (``benchmark_all.py``) at the papers' size on the device, trained the way
+   its published carried-state rows are (documents batches, the state carried, the plateau schedule, early
+   stopping by development perplexity) for the models of ``--carried-models`` (the carried LSTM and the carried
+   topic model), capped at ``--carried-steps`` steps: its ``table.md`` lands in ``--out``/carried. At this cap the
+   rows are not converged (the table says what stopped each); the same command without the cap is the full run.
 
     python scripts/gpu_check.py --out out/gpu_check                       # on the GPU machine, < 8 minutes
     python scripts/gpu_check.py --device cpu --tiny --out out/gpu_check   # the same on a CPU, about a minute
@@ -154,6 +159,27 @@ def part_generation(args) -> dict:
     return result
 
 
+def part_carried(args) -> dict:
+    """The unified benchmark's carried-state rows at the papers' size (``--tiny``: E = H = 16) on the device."""
+    import benchmark_all
+
+    s = sizes(args.tiny)
+    argv = ["--corpus", "apnews", "--device", args.device, "--out", str(Path(args.out) / "carried"),
+            "--only", *args.carried_models, "--max-steps", str(args.carried_steps),
+            "--eval-steps", str(max(1, args.carried_steps // 8)), "--max-train-docs", str(args.max_train_docs),
+            "--max-valid-docs", str(args.eval_docs), "--threads", str(args.threads),
+            "--pretrain-steps", str(args.pretrain_steps), "--npmi-max-documents", "200", "--steer-topics", "2",
+            "--steer-samples", "2", "--speed-repeats", "2", "--lda-max-iter", "2"]
+    argv += ["--embedding", str(s["embedding_size"]), "--hidden", str(s["hidden_size"]), "--topics",
+             str(s["num_topics"]), "--batch-size", "2"] if args.tiny else ["--size", "paper"]
+    report = benchmark_all.main(argv)
+    table = (Path(args.out) / "carried" / "table.md").read_text()
+    return {"argv": " ".join(argv), "models": list(args.carried_models), "table": table,
+            "rows": {name: {"label": row["label"], "perplexity": row["perplexity"], "mismatched": row.get("mismatched"),
+                            "steps_trained": row["steps_trained"], "stopped_by": row["train"].get("stopped_by")}
+                     for name, row in report.get("results", {}).items()}}
+
+
 def part_cli(args, name: str) -> dict:
     """topic-lm train, evaluate and generate of one family, in this process (the command line's own entry point)."""
     import io
@@ -227,6 +253,9 @@ def parse_args(argv=None):
     parser.add_argument("--eval-docs", type=int, default=None, help="validation documents of topic-lm evaluate")
     parser.add_argument("--new-tokens", type=int, default=50, help="tokens per generation timing")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
+    parser.add_argument("--carried-models", nargs="+", default=["lstm-carry", "topic-lstm-carry-mixture"],
+                        help="the unified benchmark's models of the carried part")
+    parser.add_argument("--carried-steps", type=int, default=None, help="the carried part's cap in steps")
     args = parser.parse_args(argv)
     if args.device is None:
         import torch
@@ -234,8 +263,8 @@ def parse_args(argv=None):
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     tiny = args.tiny
     for key, (small, full) in {"repeats": (3, 10), "train_steps": (10, 300), "pretrain_steps": (10, 300),
-                               "max_train_docs": (60, 2000), "eval_docs": (10, 200),
-                               "budget": (400, 450)}.items():
+                               "max_train_docs": (60, 2000), "eval_docs": (10, 200), "carried_steps": (8, 600),
+                               "budget": (560, 630)}.items():
         if getattr(args, key) is None:
             setattr(args, key, small if tiny else full)
     return args
@@ -244,7 +273,7 @@ def parse_args(argv=None):
 # (part, timeout in seconds at full size, at --tiny)
 # (generous at --tiny: about a minute in all on an idle 2-core machine, several times that on a busy one)
 PARTS = [("steps-eager", 150, 120), ("steps-compiled", 150, 0)] + \
-    [(f"cli-{name}", 150, 150) for name in FAMILIES] + [("generation", 60, 60)]
+    [(f"cli-{name}", 150, 150) for name in FAMILIES] + [("generation", 60, 60), ("carried", 180, 160)]
 
 
 def run_part(args, part: str, timeout: float, log) -> dict:
@@ -276,7 +305,8 @@ def _forwarded(args) -> list[str]:
     flags = ["--device", args.device, "--out", args.out, "--batch-size", str(args.batch_size), "--repeats",
              str(args.repeats), "--train-steps", str(args.train_steps), "--pretrain-steps", str(args.pretrain_steps),
              "--max-train-docs", str(args.max_train_docs), "--eval-docs", str(args.eval_docs), "--new-tokens",
-             str(args.new_tokens), "--threads", str(args.threads)]
+             str(args.new_tokens), "--threads", str(args.threads), "--carried-steps", str(args.carried_steps),
+             "--carried-models", *args.carried_models]
     return flags + (["--tiny"] if args.tiny else [])
 
 
@@ -316,6 +346,10 @@ def tables(results: dict) -> str:
     if generation:
         lines += ["", "Greedy generate(), one row (tokens/s):", "", "| family | tokens/s |", "|---|---|"]
         lines += [f"| {f} | {g['tokens_per_s']:.0f} |" for f, g in generation.items()]
+    carried = results["parts"].get("carried", {}).get("result")
+    if carried:
+        lines += ["", f"The unified benchmark's carried-state rows (`benchmark_all.py {carried['argv']}`):", "",
+                  carried["table"]]
     return "\n".join(lines) + "\n"
 
 
@@ -330,6 +364,8 @@ def main(argv=None) -> dict:
             result = part_steps(args, compiled=args.part == "steps-compiled")
         elif args.part == "generation":
             result = part_generation(args)
+        elif args.part == "carried":
+            result = part_carried(args)
         else:
             result = part_cli(args, args.part[len("cli-"):])
         write_json(out / "parts" / f"{args.part}.json", result)
@@ -358,7 +394,7 @@ def main(argv=None) -> dict:
         cli = [p for p in parts if p[0].startswith("cli-")]
         with ThreadPoolExecutor(max_workers=len(cli) if args.device != "cpu" else 2) as pool:
             results["parts"].update(pool.map(run, cli))
-        for item in [p for p in parts if p[0] == "generation"]:
+        for item in [p for p in parts if p[0] in ("generation", "carried")]:
             results["parts"].update([run(item)])
     results["seconds"] = time.perf_counter() - start
     results["ok"] = all(r["status"] == "ok" for r in results["parts"].values())

@@ -24,8 +24,15 @@ def test_gpu_check_runs_on_a_cpu_and_records_every_family(tmp_path):
     results = json.loads((tmp_path / "results.json").read_text())
     assert results["ok"] and results["device"] == "cpu" and results["tiny"]
     parts = results["parts"]
-    assert set(parts) == {"steps-eager", "generation"} | {f"cli-{n}" for n in
-                                                          ("lstm", "tcnlm", "topic-lstm", "nclm-leta", "rgbn")}
+    assert set(parts) == {"steps-eager", "generation", "carried"} | {
+        f"cli-{n}" for n in ("lstm", "tcnlm", "topic-lstm", "nclm-leta", "rgbn")}
+    carried = parts["carried"]["result"]  # the unified benchmark's carried rows, trained on the device
+    assert set(carried["rows"]) == {"lstm-carry", "topic-lstm-carry-mixture"}
+    for row in carried["rows"].values():
+        assert row["steps_trained"] > 0 and math.isfinite(row["perplexity"]["causal-carry"]["perplexity"])
+        assert row["stopped_by"] in ("max_steps", "patience")
+    assert carried["rows"]["topic-lstm-carry-mixture"]["mismatched"]["base_protocol"] == "causal-carry"
+    assert "TopicLSTM, carried state" in (tmp_path / "tables.md").read_text()
     steps = parts["steps-eager"]["result"]
     assert {"fp32", "bf16", steps["default_mode"]} <= set(steps["modes"])
     for mode in steps["modes"].values():

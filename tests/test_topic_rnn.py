@@ -669,8 +669,8 @@ def test_the_mixture_loss_is_the_naive_per_token_mixture_and_the_logits_are_norm
                     continue
                 scores = model.lm_head(h[b, t]).double()
                 g = float(torch.sigmoid(model.topic_gate(h[b, t])))
-                if y not in topic_of:  # a stop word: the LM's softmax alone
-                    p = torch.softmax(scores, -1)[y]
+                if y not in topic_of:  # a stop word: the LM's softmax, times 1 - g (p(y | theta) = 0)
+                    p = (1 - g) * torch.softmax(scores, -1)[y]
                 else:
                     b_theta = model.topic_head(theta[b]).double()  # (V_c,)
                     with_bias = scores.clone()
@@ -692,7 +692,7 @@ def test_the_mixture_loss_is_the_naive_per_token_mixture_and_the_logits_are_norm
 
 
 def test_a_wrong_documents_topics_cost_the_mixture_at_most_the_gates_share(toy):
-    """-log p_mix(y) <= -log(1 - g) - log p_LM(y) at every content word: the bound that makes the mismatched-context
+    """-log p_mix(y) <= -log(1 - g) - log p_LM(y) at every word: the bound that makes the mismatched-context
     ablation cheap."""
     tok, topic_tok = toy
     model = mixture_model(tok, topic_tok)

@@ -64,10 +64,11 @@ class TopicRNNConfig(TopicConfigMixin, ClassifierConfigMixin, CompactReprMixin, 
             (:class:`~topic_lm_hf.models.modeling_topic_family.TopicWordPriorMixin`, not in the paper):
             lambda * log(V_c p(w | theta)) at every topic word, p(w | theta) = softmax(B theta) over the topic
             words, lambda learned from ``topic_prior_weight_init``. ``"mixture"``: the topic distribution mixed
-            into the content-word branch instead, p(w | l_t = 0) = (1 - g_t) softmax(V h_t + c + B theta)_w +
-            g_t p(w | theta), with a gate g_t = sigmoid(a^T h_t + b) learned per position (b starts at
-            logit(0.1)): under a wrong document's topics it costs at most -log(1 - g_t) per content word, where
-            a logit prior can cost any amount (``topic_prior_weight_init`` is unused). ``None``: the paper.
+            into the output instead, (1 - g_t) p(w | h_t, theta) + g_t p(w | theta) (p(w | theta) = 0 at stop
+            words; in training p(w | h_t, theta, l_t) under the observed indicator, as the paper's loss), with a
+            gate g_t = sigmoid(a^T h_t + b) learned per position (b starts at logit(0.1)): a wrong document's
+            topics cost it at most -log(1 - g_t) per token, where a logit prior can cost any amount
+            (``topic_prior_weight_init`` is unused). ``None``: the paper.
         dropout: dropout on embeddings, between recurrent layers and before the output layers
             (the paper uses none).
         feature_log_sigma: the document topic representation (``document_topic_representation``, the

@@ -451,10 +451,9 @@ class TopicRNNForCausalLM(TopicFamilyForCausalLM, TopicRNNPreTrainedModel, Topic
 
     def output_logits(self, run: LanguageModelPass, labels: Optional[torch.Tensor]):
         """The logits log p(y_t) with the indicator marginalised, and the LM loss under the observed indicator.
-        In training mode with labels only the loss is computed, at the predicted positions (``logits`` None)."""
+        In training mode with labels only the loss is computed, at the predicted positions (``logits`` None).
+        With ``topic_output_bias="mixture"`` both are mixed with p(w | theta) by the gate (:meth:`_mixed_loss`)."""
         h, stop_logits, bias = run.features, run.details["stop_logits"], self.output_bias(run)
-        if self.topic_gate is not None:
-            return self._mixture_output(run, labels, bias)
         # The full (b, s, V) scores v_i^T h_t + c_i only where the marginal is returned (not in training with labels)
         word_logits = None if self.training and labels is not None else self.lm_head(h).float()
         lm_loss = None
@@ -463,7 +462,9 @@ class TopicRNNForCausalLM(TopicFamilyForCausalLM, TopicRNNPreTrainedModel, Topic
             # p(y_t | h_t, theta, l_t): one softmax over V of v_i^T h_t + c_i, plus the topic bias where l_t = 0
             # (only at the predicted positions).
             bias_mask = (~is_stop).float()
-            if word_logits is None:  # training: the output layer at the predicted positions only
+            if self.topic_gate is not None:
+                lm_loss = self._mixed_loss(run, bias)
+            elif word_logits is None:  # training: the output layer at the predicted positions only
                 lm_loss = next_token_loss(h, labels, self.lm_head, bias, bias_mask,
                                           compiled=self.output_layer_compiled)
             else:  # the full scores are there already
@@ -476,39 +477,31 @@ class TopicRNNForCausalLM(TopicFamilyForCausalLM, TopicRNNPreTrainedModel, Topic
             log_marginal = torch.logaddexp(
                 F.logsigmoid(stop_logits).unsqueeze(-1) + torch.log_softmax(word_logits, dim=-1),
                 F.logsigmoid(-stop_logits).unsqueeze(-1) + torch.log_softmax(word_logits + bias.unsqueeze(1), dim=-1))
+            if self.topic_gate is not None:  # (1 - g_t) p(y_t) + g_t p(y_t | theta)
+                gate = self.topic_gate(h).float()  # (b, s, 1): logit of g_t
+                index = self.lm_to_topic_index(h.device)
+                log_topic = topic_scores_to_vocab(self.topic_word_log_probs(run.topic_mixture), index)
+                log_topic = log_topic.masked_fill(index < 0, float("-inf")).unsqueeze(1)  # (b, 1, V)
+                log_marginal = torch.logaddexp(F.logsigmoid(-gate) + log_marginal, F.logsigmoid(gate) + log_topic)
         return log_marginal, lm_loss
 
-    def _mixture_output(self, run: LanguageModelPass, labels: Optional[torch.Tensor], bias: torch.Tensor):
-        """:meth:`output_logits` with ``topic_output_bias="mixture"``: the content-word branch is
-        (1 - g_t) softmax(V h_t + c + B theta) + g_t p(w | theta). In training with labels, the scores at the
-        predicted positions only."""
-        h, stop_logits = run.features, run.details["stop_logits"]
-        log_topic = self.topic_word_log_probs(run.topic_mixture)  # (b, V_c), -inf where no topic word
-        index = self.lm_to_topic_index(h.device)
-        gate = self.topic_gate(h).float().squeeze(-1)  # (b, s): logit of g_t
-        lm_loss = None
-        if labels is not None:
-            targets, is_stop = run.details["observed"]
-            keep = targets != -100
-            rows = torch.arange(targets.shape[0], device=h.device).unsqueeze(1).expand_as(targets)[keep]
-            kept, content = targets[keep], (~is_stop)[keep]
-            scores = self.lm_head(h[:, :-1][keep]).float() + content.unsqueeze(-1) * bias[rows]  # (n, V)
-            log_lm = torch.log_softmax(scores, dim=-1).gather(-1, kept.unsqueeze(-1)).squeeze(-1)
-            z = gate[:, :-1][keep]
-            log_theta = log_topic[rows, index[kept].clamp_min(0)]  # p(y | theta) of a content word
-            mixed = torch.logaddexp(F.logsigmoid(-z) + log_lm, F.logsigmoid(z) + log_theta)
-            lm_loss = -torch.where(content, mixed, log_lm).sum() / keep.sum().clamp_min(1)
-            if self.training:
-                return None, lm_loss
-        word_logits = self.lm_head(h).float()
-        topic_vocab = topic_scores_to_vocab(log_topic, index).masked_fill(index < 0, float("-inf"))  # (b, V)
-        content_branch = torch.logaddexp(
-            F.logsigmoid(-gate).unsqueeze(-1) + torch.log_softmax(word_logits + bias.unsqueeze(1), dim=-1),
-            F.logsigmoid(gate).unsqueeze(-1) + topic_vocab.unsqueeze(1))
-        log_marginal = torch.logaddexp(
-            F.logsigmoid(stop_logits).unsqueeze(-1) + torch.log_softmax(word_logits, dim=-1),
-            F.logsigmoid(-stop_logits).unsqueeze(-1) + content_branch)
-        return log_marginal, lm_loss
+    def _mixed_loss(self, run: LanguageModelPass, bias: torch.Tensor) -> torch.Tensor:
+        """The mean of -log((1 - g_t) p(y_t | h_t, theta, l_t) + g_t p(y_t | theta)) over the predicted positions
+        (``topic_output_bias="mixture"``; p(y | theta) = 0 at stop words): the indicator's softmax at those
+        positions only, as :func:`next_token_loss`."""
+        h = run.features
+        targets, is_stop = run.details["observed"]
+        keep = targets != -100
+        rows = torch.arange(targets.shape[0], device=h.device).unsqueeze(1).expand_as(targets)[keep]
+        kept, content, selected = targets[keep], (~is_stop)[keep], h[:, :-1][keep]
+        scores = self.lm_head(selected).float() + content.unsqueeze(-1) * bias[rows]  # (n, V)
+        log_lm = torch.log_softmax(scores, dim=-1).gather(-1, kept.unsqueeze(-1)).squeeze(-1)
+        gate = self.topic_gate(selected).float().squeeze(-1)
+        topic_index = self.lm_to_topic_index(h.device)[kept]
+        log_topic = self.topic_word_log_probs(run.topic_mixture)[rows, topic_index.clamp_min(0)]
+        log_topic = log_topic.masked_fill(topic_index < 0, float("-inf"))  # p(y | theta) = 0 at stop words
+        mixed = torch.logaddexp(F.logsigmoid(-gate) + log_lm, F.logsigmoid(gate) + log_topic)
+        return -mixed.sum() / keep.sum().clamp_min(1)
 
     def loss_terms(self, run: LanguageModelPass, labels: torch.Tensor) -> list[LossTerm]:
         """aux_loss (the indicator's cross-entropy), the KL (annealed; free bits in the objective) and, with
