@@ -35,7 +35,8 @@ Models (``--only`` names; every one 1 layer, so the same-size single-layer LSTM 
   (``pretrain_topic_model_phase``: its own Adam at ``--topic-model-lr`` on whole documents, in
   addition to the budget, as in ``benchmark_nclm.py``);
 * ``gbn``, ``rgbn``: GBN-RNN / rGBN-RNN (Guo et al. 2020) with one topic layer of K topics, TLASGR-MCMC for Phi
-  and Pi, ``loss_preset="elbo"`` (``build_rgbn``).
+  and Pi, ``loss_preset="elbo"`` (``build_rgbn``); ``rgbn-carry``: rGBN-RNN with its LSTM state carried across the
+  chunks of each document in training (``carry_token_state=True``), as ``causal-carry`` feeds them.
 * ``tcnlm-recipe``, ``topic-lstm-recipe``, ``nclm-leta-recipe``, ``rgbn-recipe``: the same families by the
   steering recipe, ``topic-lm train``'s default (``steering_recipe``: the shared topic output prior, TopicLSTM's
   bag-of-words term and topic proportions, NCLM's diversity term), their topic model pre-trained alone first
@@ -65,14 +66,16 @@ Decisions (the same for every run of this script):
   trained on chunks (``lstm``, ``tcnlm``, ``topic-lstm``, ``nclm-*``) get those documents' chunks as one batch of
   chunks (``DocumentChunks``), each from a zero state; ``*-carry`` models get the documents batch and carry their
   state (``carry_state=True``); ``gbn`` / ``rgbn`` read documents batches natively (their sentence recurrence runs
-  over the document, the token state restarts at every chunk: they cannot be trained with ``carry_state``), so the
-  token budget is identical for all.
+  over the document, the token state restarts at every chunk: they cannot be trained with ``carry_state``), and so
+  does ``rgbn-carry``, whose forward carries the token state across the documents batch's chunks itself
+  (``trains_with_carry_state``: a ``carry`` row goes through ``carry_state`` only where its family reads sentence
+  chunks), so the token budget is identical for all.
 * Training context. Chunk-trained topic models use the papers' context (``others``: the document minus the
   sentence), so their ``paper`` number replicates the published setting (and their ``causal`` numbers read a
   context they were not trained with); ``*-carry`` models and ``gbn`` / ``rgbn`` use the causal context
   (``preceding``: earlier sentences only). ``*-carry`` variants exist for the families whose ``forward`` takes a
-  state (LSTM, TCNLM, TopicRNN, NCLM); not for GBN/rGBN-RNN (see above) nor for NCLM-LTA (only the best NCLM
-  variant of the papers, LETA, gets one, to keep the CPU budget).
+  state (LSTM, TCNLM, TopicRNN, NCLM) and for rGBN-RNN (``rgbn-carry``, see above); not for GBN-RNN nor for
+  NCLM-LTA (only the best variant of the papers, rGBN-RNN and NCLM LETA, gets one, to keep the CPU budget).
 * Budget. Every run trains until its development perplexity stops improving (below), with a cap of
   ``--max-steps`` optimizer steps per model (default: ``--max-epochs`` 20 epochs of the training documents, e.g.
   8,550 steps of 4 APNEWS documents; the table says for every run whether the cap or the development
@@ -147,7 +150,8 @@ from benchmark_training import (pretrain_topic_model_once, pretrain_topic_model_
 from benchmarking import (CLASSES, DATA, MAX_FLUENCY_RATIO, MODELS, PROTOCOLS, SCHEDULE_FLAGS, SIZES, TRAINING_FLAGS,
                           CarriedLoss, OnDevice, Tee, add_common_arguments, build_model, cached_lda_judge,
                           check_settings, code_version, evaluate_protocols, fluent_setting, fmt,
-                          interleaved_step_times, make_collator, prepared_rows, publish, read_json, read_jsonl, steer, write_json)
+                          interleaved_step_times, make_collator, prepared_rows, publish, read_json, read_jsonl, steer,
+                          trains_with_carry_state, write_json)
 
 MAX_EPOCHS = 20  # the default cap: early stopping is meant to end every run before it
 BATCH_DOCUMENTS = {"apnews": 4, "brown": 1, "imdb": 6}  # about 60 chunks on APNEWS and IMDB, 100 on Brown
@@ -252,7 +256,8 @@ def train(name: str, model, rows, collator, args, mdir: Path, tok, topic_tok, tr
         nvdm_args = argparse.Namespace(**{**vars(args), "batch_size": args.topic_model_batch_size})
         topic_phase = pretrain_topic_model_phase(name, model, train_docs, nvdm_args, mdir, tok, topic_tok)
     stats = train_to_convergence(name, model, rows, collator, args, mdir, tok, topic_tok if topics else None,
-                                 dev_docs, dev_protocol(name), carry_state=bool(spec.get("carry")), code=CODE_VERSION)
+                                 dev_docs, dev_protocol(name), carry_state=trains_with_carry_state(name),
+                                 code=CODE_VERSION)
     return {**stats, "training_context": spec["context"], **topic_phase}
 
 
@@ -488,7 +493,7 @@ def run(args) -> dict:
         for n in done:
             training_rows(n)
         models = {n: load_model(n, out / n / "model", args.device) for n in done}
-        models = {n: CarriedLoss(m) if MODELS[n].get("carry") else m for n, m in models.items()}
+        models = {n: CarriedLoss(m) if trains_with_carry_state(n) else m for n, m in models.items()}
         measured = interleaved_step_times(models, {n: OnDevice(collators[n], args.device) for n in done},
                                           {n: rows[n] for n in done}, args, args.speed_repeats)
         speed = {"models": done, "repeats": args.speed_repeats, "device": args.device, "results": measured}

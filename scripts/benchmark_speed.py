@@ -48,7 +48,7 @@ from topic_lm_hf.fast_path import cpu_bf16_flags
 from benchmark_training import BatchTokens, BenchmarkTrainer, batch_order, fast_path
 from benchmarking import (DATA, MODELS, SIZES, SPEED_MODES, CarriedLoss, OnDevice, add_common_arguments, build_model,
                           generation_speed, interleaved_step_times, make_collator, prepared_rows, step_cost,
-                          write_json)
+                          trains_with_carry_state, write_json)
 
 CHUNK_MODELS = ("lstm", "tcnlm", "topic-lstm", "nclm-lta", "nclm-leta", "gbn", "rgbn")
 CARRY_MODELS = ("lstm-carry", "tcnlm-carry", "topic-lstm-carry", "nclm-leta-carry")
@@ -177,7 +177,7 @@ def main(argv=None) -> dict:
         documents, collator = make_collator(name, tok, topic_tok)
         name_rows = prepared_rows(documents_rows, name, documents, train_docs)
         model = build_model(name, args, tok, topic_tok).to(args.device)
-        models[name] = CarriedLoss(model) if MODELS[name].get("carry") else model
+        models[name] = CarriedLoss(model) if trains_with_carry_state(name) else model
         for mode in (TIMED_MODES if not MODELS[name].get("carry") else (FAST,)):
             key = f"{name}/{mode}"
             entries[key], modes[key] = models[name], mode

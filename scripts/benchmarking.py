@@ -287,7 +287,8 @@ def build_rgbn(args, tok, topic_tok, layers: int, recurrent: bool, loss_preset: 
 # the unified benchmark's models (scripts/benchmark_all.py; scripts/benchmark_speed.py times the same ones)
 # ----------------------------------------------------------------------------------------------
 
-# name -> family, label, training context, carry_state; "published" = the family's name in PUBLISHED
+# name -> family, label, training context, carry (the state carried across each document: trained and evaluated
+# for causal-carry, see trains_with_carry_state); "published" = the family's name in PUBLISHED
 MODELS = {
     "lstm": dict(family="lstm", label="LSTM", context="none", published="LSTM"),
     "lstm-carry": dict(family="lstm", label="LSTM, carried state", context="none", carry=True),
@@ -313,6 +314,9 @@ MODELS = {
                             carry=True),
     "gbn": dict(family="rgbn", label="GBN-RNN", context="preceding", recurrent=False, published="GBN-RNN"),
     "rgbn": dict(family="rgbn", label="rGBN-RNN", context="preceding", recurrent=True, published="rGBN-RNN"),
+    # rGBN-RNN with its LSTM state carried across each document's chunks inside its documents batches
+    "rgbn-carry": dict(family="rgbn", label="rGBN-RNN, carried state", context="preceding", recurrent=True,
+                       carry=True, config={"carry_token_state": True}),
     # the steering recipe (steering_recipe: topic-model pre-training, the shared topic output prior, the family's
     # terms): topic-lm train's default, beside each paper's exact model
     "tcnlm-recipe": dict(family="tcnlm", label="TCNLM, steering recipe", context="others", recipe=True),
@@ -327,6 +331,16 @@ MODEL_TYPES = {f.short_name: f.model_type for f in FAMILIES.values() if f.is_top
 SIZES = {"cpu": dict(embedding_size=128, hidden_size=128, num_topics=50),
          "paper": dict(embedding_size=300, hidden_size=600, num_topics=50)}
 CLASSES = {f.short_name: f.causal_lm_class for f in FAMILIES.values()}
+
+
+def trains_with_carry_state(name: str) -> bool:
+    """Whether model ``name`` is trained (and timed) through ``TopicLMTrainer(carry_state=True)``
+    (``carried_state_loss``): a ``carry`` row of a family that reads sentence chunks. A family that reads whole
+    documents itself (``reads_documents``: rGBN-RNN, whose ``carry_token_state`` carries the LSTM state across a
+    documents batch's chunks) is trained on its documents batches natively; either way a ``carry`` row is trained
+    for, early-stopped and ablated under ``causal-carry``."""
+    spec = MODELS[name]
+    return bool(spec.get("carry")) and not CLASSES[spec["family"]].reads_documents
 
 
 class DocumentChunks:
@@ -347,7 +361,7 @@ def make_collator(name: str, tok, topic_tok):
     spec = MODELS[name]
     family = CLASSES[spec["family"]]
     documents = TopicContextCollator.for_model(family, tok, topic_tok, context=spec["context"], layout="documents")
-    if spec.get("carry") or spec["family"] == "rgbn":
+    if spec.get("carry") or family.reads_documents:
         return documents, documents
     return documents, DocumentChunks(TopicContextCollator.for_model(family, tok, topic_tok, context=spec["context"]))
 
@@ -375,7 +389,8 @@ class OnDevice:
 
 class CarriedLoss(torch.nn.Module):
     """``model(**documents_batch).loss`` with the state carried (``carried_state_loss``), for the interleaved timing
-    of the ``*-carry`` models: the same computation as their training step."""
+    of the ``*-carry`` models trained with it (``trains_with_carry_state``): the same computation as their training
+    step."""
 
     def __init__(self, model):
         super().__init__()

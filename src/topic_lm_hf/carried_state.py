@@ -16,7 +16,7 @@ from typing import Any, Callable, Mapping, Optional
 
 import torch
 
-from .models.modeling_recurrent import select_state_rows
+from .models.modeling_recurrent import document_layout, select_state_rows
 
 # Keys of a documents batch (TopicContextCollator(layout="documents")) that hold one entry per chunk (b, c, ...),
 # and the layout keys that the loop reads itself. Any other tensor has one entry per document (b, ...).
@@ -103,34 +103,22 @@ def document_sequences(batch: Mapping[str, Any]) -> dict[str, torch.Tensor]:
 
 
 def _document_sequences(batch: Mapping[str, Any]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-    """:func:`document_sequences`, and which tokens of the batch (b, c * l) they hold."""
+    """:func:`document_sequences`, and where each token of the batch (b, c * l) is in them (``document_layout``'s
+    ``index``: in the flattened sequences, 0 at a token they do not hold)."""
     ids, labels = batch["input_ids"], batch["labels"]
     b, c, l = ids.shape
-    real, fed = _real_and_fed(batch)
+    fed_order, mask, _, index = document_layout(batch["attention_mask"], batch["chunk_mask"])
+    real = batch["attention_mask"].bool() & batch["chunk_mask"].bool().unsqueeze(-1)
     targets = torch.cat([real.new_zeros(b, c, 1), real[..., 1:]], dim=-1).flatten(1)
-    lengths = fed.sum(1)
-    n = int(lengths.max())
+    n = mask.shape[1]
     # a stable sort of each row's selected positions to the front keeps them in document order
-    fed_order = torch.argsort((~fed).to(torch.int8), dim=1, stable=True)[:, :n]
     target_order = torch.argsort((~targets).to(torch.int8), dim=1, stable=True)[:, :n - 1]
-    mask = torch.arange(n, device=ids.device) < lengths.unsqueeze(1)
     input_ids = ids.flatten(1).gather(1, fed_order).masked_fill(~mask, 0)
     target_labels = labels.flatten(1).gather(1, target_order)
     out_labels = torch.cat([labels.new_full((b, 1), -100), target_labels], dim=1).masked_fill(~mask, -100)
     out_labels[:, 0] = -100
     return {"input_ids": input_ids, "attention_mask": mask.to(batch["attention_mask"].dtype),
-            "labels": out_labels}, fed
-
-
-def _real_and_fed(batch: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(real (b, c, l): the documents' real tokens; fed (b, c * l): the tokens of their sequences, see
-    :func:`document_sequences`: a real token followed by a real one in its chunk, and the document's last one)."""
-    b, c, _ = batch["input_ids"].shape
-    real = batch["attention_mask"].bool() & batch["chunk_mask"].bool().unsqueeze(-1)
-    fed = torch.cat([real[..., 1:], real.new_zeros(b, c, 1)], dim=-1).flatten(1)
-    last = real.flatten(1).cumsum(1).argmax(1)  # the first position of the running count's maximum
-    fed[torch.arange(b, device=fed.device), last] = True
-    return real, fed
+            "labels": out_labels}, index
 
 
 def chunk_rows(batch: Mapping[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
@@ -148,10 +136,7 @@ def chunk_rows(batch: Mapping[str, Any]) -> tuple[dict[str, torch.Tensor], dict[
     """
     chunk_mask = batch["chunk_mask"].bool()
     b, c, l = batch["input_ids"].shape
-    sequences, fed = _document_sequences(batch)
-    n = sequences["input_ids"].shape[1]
-    # a fed token's index in its document's sequence, offset by the document's row of the flattened sequences
-    index = (fed.long().cumsum(1) - 1 + n * torch.arange(b, device=fed.device).unsqueeze(1)).masked_fill(~fed, 0)
+    sequences, index = _document_sequences(batch)
     keep = chunk_mask.flatten()
     rows = {}
     for key, value in batch.items():

@@ -56,14 +56,16 @@ def _chunk_nll(model, input_ids, attention_mask, context_bow, state, use_cache, 
 
 def _document_nll(model, batch, device, context_bow):
     """NLL sum and count of a documents batch (b, c, l) read by a model with a recurrence over sentences
-    (``chunk_mask`` in ``forward``): one call, every chunk from a fresh token state, as in training."""
+    (``chunk_mask`` in ``forward``): one call, every chunk from a fresh token state, as ``paper`` and ``causal``
+    define it (also for a model trained with its token state carried, rGBN-RNN's ``carry_token_state``)."""
     input_ids, attention_mask = batch["input_ids"].to(device), batch["attention_mask"].to(device)
     inputs, targets = input_ids[..., :-1], input_ids[..., 1:]
     chunk_mask = batch["chunk_mask"].to(device).bool()
     target_mask = attention_mask[..., 1:].bool() & chunk_mask.unsqueeze(-1)
     kwargs = {"context_bow": context_bow} if context_bow is not None else {}
     out = model(input_ids=inputs, attention_mask=target_mask.long(), chunk_mask=chunk_mask.long(),
-                sentence_index=batch["sentence_index"].to(device), use_cache=False, return_dict=True, **kwargs)
+                sentence_index=batch["sentence_index"].to(device), use_cache=False, return_dict=True,
+                carry_token_state=False, **kwargs)
     log_probs = torch.log_softmax(out.logits.double(), dim=-1)
     nll = -log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     return nll[target_mask].sum().item(), int(target_mask.sum())

@@ -58,6 +58,9 @@ class RGBNRNNConfig(TopicConfigMixin, ClassifierConfigMixin, CompactReprMixin, P
         k_min, k_max: clamps of the Weibull shape k (0.1, 10, PyDPM's WHAI).
         eval_theta: theta outside training: ``"mean"`` (lambda Gamma(1 + 1/k), deterministic) or ``"sample"``
             (one Weibull draw, as the code).
+        carry_token_state: a documents batch (training) runs the LSTM of every layer with its state carried across
+            each document's chunks, in order, as ``evaluate_perplexity(..., "causal-carry")`` feeds them, rather
+            than every chunk from a zero state (False: the paper). Chunk batches carry it with ``state`` either way.
         initializer_range: r of the uniform initialisation U(-r, r) of the LM and gate weights (0.05, the code's).
         topic_output_bias, topic_prior_weight_init: ``"beta"`` adds the shared topic output prior
             (:class:`~topic_lm_hf.models.modeling_topic_family.TopicWordPriorMixin`, not in the paper):
@@ -83,7 +86,7 @@ class RGBNRNNConfig(TopicConfigMixin, ClassifierConfigMixin, CompactReprMixin, P
                  tlasgr_step_tau=20.0, tlasgr_step_kappa=0.7, tlasgr_step_epsilon=1.0, tlasgr_fisher_kappa=0.9,
                  tlasgr_corpus_size=None, tlasgr_seed=0, loss_preset="elbo", k_min=0.1, k_max=10.0, eval_theta="mean",
                  topic_word_ids=None, initializer_range=0.05, tie_word_embeddings=False, topic_output_bias=None,
-                 topic_prior_weight_init=0.0, use_cache=True,
+                 topic_prior_weight_init=0.0, carry_token_state=False, use_cache=True,
                  pad_token_id=0, bos_token_id=2, eos_token_id=3, unk_token_id=1, **kwargs):
         for name, instead in (("num_topics", "topic_sizes"), ("hidden_size", "hidden_sizes"),
                               ("num_hidden_layers", "len(topic_sizes)")):
@@ -131,6 +134,8 @@ class RGBNRNNConfig(TopicConfigMixin, ClassifierConfigMixin, CompactReprMixin, P
             check_integers(1, tlasgr_corpus_size=tlasgr_corpus_size)
         topic_output_bias, topic_prior_weight_init = check_topic_output_prior(topic_output_bias,
                                                                               topic_prior_weight_init)
+        if not isinstance(carry_token_state, bool):
+            raise ValueError(f"carry_token_state must be a bool, got {carry_token_state!r}")
         if tie_word_embeddings:
             raise ValueError("tie_word_embeddings is not supported: the output layer reads the concatenation of all "
                              "layers' outputs (sum of hidden_sizes), not an embedding")
@@ -164,6 +169,7 @@ class RGBNRNNConfig(TopicConfigMixin, ClassifierConfigMixin, CompactReprMixin, P
         self.tie_word_embeddings = False
         self.topic_output_bias = topic_output_bias
         self.topic_prior_weight_init = topic_prior_weight_init
+        self.carry_token_state = carry_token_state
         self.use_cache = use_cache
         kwargs = self._pop_classifier_settings(kwargs)
         super().__init__(pad_token_id=pad_token_id, bos_token_id=bos_token_id, eos_token_id=eos_token_id,

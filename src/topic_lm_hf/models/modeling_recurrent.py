@@ -725,6 +725,39 @@ def detach_or_none(x: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     return x.detach() if x is not None else None
 
 
+def document_layout(attention_mask: torch.Tensor, chunk_mask: torch.Tensor):
+    """Where the tokens of a documents batch are in its documents' token sequences: what a recurrence reads when
+    its state is carried from each chunk of a document to the next (``topic_lm_hf.carried_state``).
+
+    Consecutive chunks share a token (the last input of chunk k is the first of chunk k + 1; a sentence's last chunk
+    ends with ``<eos>``, the next sentence's first starts with ``<bos>``), and a carried chunk feeds its tokens but its
+    last. So a document's sequence is every chunk's real tokens but its last, then the document's final token.
+
+    Args:
+        attention_mask: (b, c, l), 1 at the real tokens of each chunk (right padding).
+        chunk_mask: (b, c), each document's chunks a prefix.
+
+    Returns:
+        ``(order, mask, fed, index)``: ``order`` (b, n), the index in its document's flattened chunks (c * l) of each
+        token of its sequence (n the longest sequence; 0 at padding); ``mask`` (b, n) bool, the sequences' real
+        tokens; ``fed`` (b, c * l) bool, the chunk tokens the sequences hold (a real token followed by a real one in
+        its chunk, and the document's last one); ``index`` (b, c * l), each such token's index in the flattened
+        sequences (b * n), 0 elsewhere.
+    """
+    b, c, _ = attention_mask.shape
+    real = attention_mask.bool() & chunk_mask.bool().to(attention_mask.device).unsqueeze(-1)
+    fed = torch.cat([real[..., 1:], real.new_zeros(b, c, 1)], dim=-1).flatten(1)
+    last = real.flatten(1).cumsum(1).argmax(1)  # the first position of the running count's maximum
+    fed[torch.arange(b, device=fed.device), last] = True
+    lengths = fed.sum(1)
+    n = int(lengths.max())
+    # a stable sort of each row's held positions to the front keeps them in document order
+    order = torch.argsort((~fed).to(torch.int8), dim=1, stable=True)[:, :n]
+    mask = torch.arange(n, device=fed.device) < lengths.unsqueeze(1)
+    index = (fed.long().cumsum(1) - 1 + n * torch.arange(b, device=fed.device).unsqueeze(1)).masked_fill(~fed, 0)
+    return order, mask, fed, index
+
+
 def select_state_rows(state: Optional[Sequence[torch.Tensor]], rows: int):
     """Keep the first ``rows`` rows of a batch-first state (documents that still have chunks)."""
     if state is None:

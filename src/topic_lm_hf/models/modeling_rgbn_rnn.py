@@ -20,6 +20,8 @@ GBN-RNN (``recurrent=False``) is the same with Pi = 0 and Gam(1, tau0) at the to
 * LM (eq. 3-4, App. B): LSTM layer l reads the gated output a^{l-1} of the layer below; a^l = g(h^l_t, theta~)
   with a GRU-like gate; the softmax reads [a^1; ...; a^L]. theta~ is theta / max_k theta_k (``theta_normalization``).
   Every chunk starts from a zero LSTM state (the paper); ``state`` carries it (causal-carry, generation).
+  ``carry_token_state``: a documents batch carries it across each document's chunks, as causal-carry feeds them
+  (every layer in one call over the document's token sequence, each position gated by its own sentence's theta).
 * Phi, Pi: ``topic_learning="tlasgr"``: float64 buffers on the simplex learned by TLASGR-MCMC (App. C). A
   training forward augments the latent counts (multinomial and CRT, vectorised, under ``no_grad``) with the
   same theta samples it used, and adds them to pending sufficient statistics; the first optimizer step that
@@ -63,8 +65,8 @@ from .modeling_conditioning import (_broadcast_rows, check_at_most_one, check_co
                                     given_keywords, normalize_topic_kwargs)
 from .modeling_generation import TopicGenerationMixin
 from .modeling_document import DocumentClassifierMixin, DocumentRepresentationMixin
-from .modeling_recurrent import (RecurrentModelOutput, RecurrentPreTrainedModel, TopicLMOutput, embed_checked,
-                                 last_columns, last_token_positions, run_rnn, state_from_aliases)
+from .modeling_recurrent import (RecurrentModelOutput, RecurrentPreTrainedModel, TopicLMOutput, document_layout,
+                                 embed_checked, last_columns, last_token_positions, run_rnn, state_from_aliases)
 # the probability machinery (also imported from here by name: kl_weibull_gamma, augment_counts, tlasgr_update, ...)
 from .modeling_rgbn_sampler import (_ALPHA_MIN, _LAMBDA_MIN, _RATE_MIN, CRT_EXACT_LIMIT, EULER_GAMMA,  # noqa: F401
                                     AugmentedCounts, augment_counts, kl_weibull_gamma, multinomial_split, sample_crt,
@@ -168,8 +170,9 @@ class RGBNRNNGate(nn.Module):
         self.kind = kind
 
     def forward(self, h: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
-        # h (n, s, H), theta (n, K): the theta side is computed once per row
-        tz, tr, th = (self.theta_proj(theta.to(h.dtype)) + self.bias).unsqueeze(1).chunk(3, dim=-1)
+        # h (n, s, H), theta (n, K): the theta side is computed once per row; or (n, s, K): one per position
+        projected = self.theta_proj(theta.to(h.dtype)) + self.bias
+        tz, tr, th = (projected if projected.dim() == h.dim() else projected.unsqueeze(1)).chunk(3, dim=-1)
         uz, ur = self.hidden_proj(h).chunk(2, dim=-1)
         z, r = torch.sigmoid(tz + uz), torch.sigmoid(tr + ur)
         candidate = torch.tanh(th + self.candidate_proj(r * h))
@@ -474,7 +477,8 @@ class RGBNRNNModel(DocumentRepresentationMixin, RGBNRNNPreTrainedModel):
 
     def lm_features(self, input_ids, attention_mask, inputs_embeds, thetas: list, lstm_state=None,
                     need_state: bool = False, output_hidden_states: bool = False):
-        """Run the stacked LSTM with its gates on (n, s) tokens conditioned on raw theta per topic layer (n, K_l).
+        """Run the stacked LSTM with its gates on (n, s) tokens conditioned on raw theta per topic layer (n, K_l), or
+        per position (n, s, K_l).
 
         Returns ([a^1; ...; a^L] (n, s, sum H) zero at padding, new LSTM state [(h, c) per layer] or None,
         hidden states tuple or None)."""
@@ -605,7 +609,7 @@ class RGBNRNNModel(DocumentRepresentationMixin, RGBNRNNPreTrainedModel):
         return self.resolve_conditioning(None if tokens is None else tokens.shape[0], **raw)
 
     def _run(self, input_ids, attention_mask, inputs_embeds, state, use_cache, given: dict, chunk_mask=None,
-             sentence_index=None, output_hidden_states=None, topic_representation=None):
+             sentence_index=None, output_hidden_states=None, topic_representation=None, carry_token_state=None):
         """The forward pass shared by the base and the causal LM (see the module docstring), with the conditioning
         ``given`` by :meth:`conditioning_of_batch` (used as is).
 
@@ -617,8 +621,9 @@ class RGBNRNNModel(DocumentRepresentationMixin, RGBNRNNPreTrainedModel):
             raise ValueError("Give exactly one of input_ids and inputs_embeds")
         sample = self.training or cfg.eval_theta == "sample"
         if self.is_documents_batch(input_ids, inputs_embeds):
+            carry = cfg.carry_token_state if carry_token_state is None else bool(carry_token_state)
             return self._run_documents(input_ids, attention_mask, inputs_embeds, given.get("context_bow"), chunk_mask,
-                                       sentence_index, sample, output_hidden_states)
+                                       sentence_index, sample, output_hidden_states, carry)
         if chunk_mask is not None or sentence_index is not None:
             raise ValueError("chunk_mask and sentence_index go with documents-shaped input_ids (b, chunks, tokens)")
         b = tokens.shape[0]
@@ -700,7 +705,7 @@ class RGBNRNNModel(DocumentRepresentationMixin, RGBNRNNPreTrainedModel):
         return slot, slot_mask, bows
 
     def _run_documents(self, input_ids, attention_mask, inputs_embeds, context_bow, chunk_mask, sentence_index,
-                       sample, output_hidden_states=False):
+                       sample, output_hidden_states=False, carry=False):
         tokens = input_ids if input_ids is not None else inputs_embeds
         b, c, s = tokens.shape[:3]
         device = self.embed_tokens.weight.device
@@ -715,18 +720,41 @@ class RGBNRNNModel(DocumentRepresentationMixin, RGBNRNNPreTrainedModel):
             raise ValueError("chunk_mask must mark each document's chunks first, padding chunks after them")
         slot, slot_mask, bows = self.sentence_slots(input_ids, chunk_mask, sentence_index, context_bow, b, c)
         tp = self.encode_documents(bows, slot_mask, sample)
-        # the LM over the real chunks, each from a zero state, with its sentence's theta
         rows, cols = chunk_mask.nonzero(as_tuple=True)
         chunk_slot = slot[rows, cols]
         thetas = [t[rows, chunk_slot] for t in tp.thetas]
-        ids = input_ids[rows, cols] if input_ids is not None else None
-        embeds = inputs_embeds[rows, cols] if inputs_embeds is not None else None
-        features, _, hidden = self.lm_features(ids, attention_mask[rows, cols], embeds, thetas,
-                                               output_hidden_states=output_hidden_states)
+        if carry:  # the LM over each document's token sequence, its state carried across the chunks
+            features, hidden = self._carried_lm_features(input_ids, attention_mask, inputs_embeds, chunk_mask, slot,
+                                                         tp.thetas, output_hidden_states)
+        else:  # the LM over the real chunks, each from a zero state, with its sentence's theta
+            ids = input_ids[rows, cols] if input_ids is not None else None
+            embeds = inputs_embeds[rows, cols] if inputs_embeds is not None else None
+            features, _, hidden = self.lm_features(ids, attention_mask[rows, cols], embeds, thetas,
+                                                   output_hidden_states=output_hidden_states)
         if hidden is not None:  # per document, as the features: (b, c, s, .) with zeros at padding chunks
             hidden = tuple(h.new_zeros(b, c, *h.shape[1:]).index_put((rows, cols), h) for h in hidden)
         row_theta = torch.cat(thetas, -1)  # each chunk's sentence theta, as the rows of the features
         return features, None, hidden, tp, torch.cat(tp.thetas, -1), (rows, cols, b, c, row_theta)
+
+    def _carried_lm_features(self, input_ids, attention_mask, inputs_embeds, chunk_mask, slot, thetas,
+                             output_hidden_states):
+        """The gated LSTM with its state carried across each document's chunks, as ``causal-carry`` feeds them one
+        after another: every layer in one call over the document's token sequence (:func:`document_layout`), each
+        position gated by its chunk's sentence theta (the gate is position-wise, so layer l + 1 reads what the loop
+        gives it). Returns (features, hidden states or None) of the real chunks (R, s, .), zero at a chunk's tokens
+        the sequence does not hold (its last, which the next chunk repeats or which ends the document's sentence)."""
+        b, c, s = attention_mask.shape
+        order, mask, held, index = document_layout(attention_mask, chunk_mask)
+        docs = torch.arange(b, device=order.device).unsqueeze(1)
+        sentence = slot.gather(1, order // s)  # (b, n): the sentence slot of every token of the sequences
+        ids = input_ids.flatten(1).gather(1, order) if input_ids is not None else None
+        embeds = inputs_embeds.flatten(1, 2)[docs, order] if inputs_embeds is not None else None
+        features, _, hidden = self.lm_features(ids, mask.long(), embeds, [t[docs, sentence] for t in thetas],
+                                               output_hidden_states=output_hidden_states)
+        keep = chunk_mask.flatten()
+        positions, held = index.view(b * c, s)[keep], held.view(b * c, s)[keep].unsqueeze(-1)
+        pick = lambda x: x.flatten(0, 1)[positions] * held.to(x.dtype)  # noqa: E731
+        return pick(features), (tuple(pick(h) for h in hidden) if hidden is not None else None)
 
     # -- downstream: the document as one sequence, its bag of words as one sentence ---------------------
 
@@ -756,13 +784,15 @@ class RGBNRNNModel(DocumentRepresentationMixin, RGBNRNNPreTrainedModel):
 
     def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, state=None, use_cache=None,
                 context_bow=None, theta=None, topic_ids=None, topic_layer=None, chunk_mask=None, sentence_index=None,
-                output_hidden_states=None, return_dict=None, **kwargs) -> RecurrentModelOutput:
-        """[a^1; ...; a^L] (b, s, sum H) for a chunk batch (the conditioning as in :class:`RGBNRNNForCausalLM`)."""
+                output_hidden_states=None, return_dict=None, carry_token_state=None, **kwargs) -> RecurrentModelOutput:
+        """[a^1; ...; a^L] (b, s, sum H) for a chunk batch (the conditioning and the keywords of a documents batch as in
+        :class:`RGBNRNNForCausalLM`)."""
         use_cache = use_cache if use_cache is not None else (self.config.use_cache and not self.training)
         given = self.conditioning_of_batch(input_ids, inputs_embeds, context_bow=context_bow, theta=theta,
                                            topic_ids=topic_ids, topic_layer=topic_layer)
         features, new_state, hidden, _, _, doc = self._run(input_ids, attention_mask, inputs_embeds, state, use_cache,
-                                                           given, chunk_mask, sentence_index, output_hidden_states)
+                                                           given, chunk_mask, sentence_index, output_hidden_states,
+                                                           carry_token_state=carry_token_state)
         if doc is not None:  # per document (b, c, s, .), zero at padding chunks
             features = features.new_zeros(*doc[2:4], *features.shape[1:]).index_put(doc[:2], features)
         out = RecurrentModelOutput(last_hidden_state=features, state=new_state if use_cache else None,
@@ -855,7 +885,8 @@ class RGBNRNNForCausalLM(TopicFamilyForCausalLM, RGBNRNNPreTrainedModel, TopicGe
                 topic_layer: Optional[int] = None, chunk_mask: Optional[torch.Tensor] = None,
                 sentence_index: Optional[torch.Tensor] = None, topic_representation: Optional[torch.Tensor] = None,
                 output_hidden_states: Optional[bool] = None, return_dict: Optional[bool] = None,
-                logits_to_keep: int = 0, conditioning_resolved: bool = False, **kwargs) -> RGBNRNNOutput:
+                logits_to_keep: int = 0, conditioning_resolved: bool = False,
+                carry_token_state: Optional[bool] = None, **kwargs) -> RGBNRNNOutput:
         r"""
         Args:
             input_ids: (b, s) chunks, or (b, c, s) documents (``TopicContextCollator(layout="documents")``).
@@ -868,6 +899,8 @@ class RGBNRNNForCausalLM(TopicFamilyForCausalLM, RGBNRNNPreTrainedModel, TopicGe
             topic_representation: (b, sum K) theta resolved by an earlier call (generation's cache), used as is.
             logits_to_keep: logits for the last N positions only (0 = all; chunk batches).
             conditioning_resolved: the keywords are already :meth:`resolve_conditioning`'s (generate's first step).
+            carry_token_state: a documents batch's LSTM state carried across each document's chunks (the collator's
+                chunks, consecutive ones sharing a token), or every chunk from a zero state; None: the configuration's.
 
         Returns:
             :class:`RGBNRNNOutput`; for documents ``logits`` are (b, c, s, V) (zero for padding chunks).
@@ -876,7 +909,8 @@ class RGBNRNNForCausalLM(TopicFamilyForCausalLM, RGBNRNNPreTrainedModel, TopicGe
         return super().forward(input_ids, attention_mask, inputs_embeds, state, labels, use_cache,
                                topic_representation, output_hidden_states, return_dict, logits_to_keep,
                                conditioning_resolved, context_bow=context_bow, theta=theta, topic_ids=topic_ids,
-                               topic_layer=topic_layer, chunk_mask=chunk_mask, sentence_index=sentence_index)
+                               topic_layer=topic_layer, chunk_mask=chunk_mask, sentence_index=sentence_index,
+                               carry_token_state=carry_token_state)
 
     def conditioning(self, input_ids, inputs_embeds, resolved: bool, **raw) -> dict:
         """The keywords as :meth:`RGBNRNNModel.conditioning_of_batch` takes them (a documents batch's as they are)."""
@@ -884,11 +918,12 @@ class RGBNRNNForCausalLM(TopicFamilyForCausalLM, RGBNRNNPreTrainedModel, TopicGe
 
     def language_model_features(self, topics: dict, topic_representation: Optional[torch.Tensor], *, input_ids,
                                 attention_mask, inputs_embeds, state, labels, use_cache, output_hidden_states,
-                                logits_to_keep, chunk_mask=None, sentence_index=None, **inputs) -> LanguageModelPass:
+                                logits_to_keep, chunk_mask=None, sentence_index=None, carry_token_state=None,
+                                **inputs) -> LanguageModelPass:
         """[a^1; ...; a^L] under theta (:meth:`RGBNRNNModel._run`) per chunk, with the topic pass in ``details``."""
         features, new_state, hidden, tp, theta_out, doc = self.model._run(
             input_ids, attention_mask, inputs_embeds, state, use_cache, topics, chunk_mask, sentence_index,
-            output_hidden_states, topic_representation)
+            output_hidden_states, topic_representation, carry_token_state)
         if logits_to_keep and labels is None and doc is None:
             features = features[:, -logits_to_keep:]
         theta1 = self.model.split_theta(theta_out)[0].float()

@@ -1,0 +1,153 @@
+"""rGBN-RNN trained with its LSTM state carried across the chunks of each document (``carry_token_state``), on real
+APNEWS documents: a documents batch gives the per-token log-probabilities of ``causal-carry`` evaluation (chunk after
+chunk with ``state``), the default gives those of zero-state chunks as before, gradients reach earlier chunks, and the
+option survives save / load."""
+
+import pytest
+import torch
+from conftest import requires_data
+from transformers import AutoModelForCausalLM
+
+from topic_lm_hf import RGBNRNNConfig, RGBNRNNForCausalLM, TopicContextCollator, evaluate_perplexity
+from topic_lm_hf.carried_state import run_carried_chunks
+from topic_lm_hf.data import documents_from_lists
+
+pytestmark = [pytest.mark.usefixtures("one_thread"), requires_data("apnews", "train.txt")]
+
+# Sentences kept of the first APNEWS training documents: unsorted and of different lengths (padding chunks), and at
+# MAX_LENGTH tokens a chunk most sentences span several chunks.
+SENTENCES = (2, 5, 1, 4)
+MAX_LENGTH = 6
+KEYS = ("input_ids", "attention_mask", "context_bow", "chunk_mask", "sentence_index")
+
+
+def make(apnews, layers, **kw):
+    torch.manual_seed(0)
+    kw = {"topic_sizes": [8, 6][:layers], "hidden_sizes": [16, 12][:layers], "embedding_size": 12, "dropout": 0.0,
+          "initializer_range": 0.3, **kw}
+    return RGBNRNNForCausalLM(RGBNRNNConfig.from_tokenizers(apnews["tok"], apnews["topic_tok"], **kw)).double().eval()
+
+
+def documents(apnews):
+    return [doc[:n] for doc, n in zip(apnews["train"]["sentences"], SENTENCES)]
+
+
+def documents_batch(model, apnews):
+    """The documents batch ``causal-carry`` evaluation collates (the same collator), in the documents' order."""
+    collator = TopicContextCollator.for_model(model, apnews["tok"], apnews["topic_tok"], protocol="causal-carry",
+                                              max_sentence_length=MAX_LENGTH, max_context_tokens=300)
+    rows = collator.prepare(_dataset(apnews))
+    return collator([rows[i] for i in range(len(rows))])
+
+
+def _dataset(apnews):
+    return documents_from_lists(documents(apnews))
+
+
+def document_log_probs(model, batch, **kw):
+    """Per-token log-probabilities (b, c, s - 1) of the targets of a documents batch in one call, and their mask."""
+    with torch.no_grad():
+        logits = model(**{k: batch[k] for k in KEYS}, **kw).logits
+    log_probs = torch.log_softmax(logits[..., :-1, :].double(), -1)
+    lp = log_probs.gather(-1, batch["input_ids"][..., 1:].unsqueeze(-1)).squeeze(-1)
+    return lp, batch["attention_mask"][..., 1:].bool() & batch["chunk_mask"].bool().unsqueeze(-1)
+
+
+def chunk_log_probs(model, batch, carry_lstm: bool):
+    """The same, chunk after chunk as ``causal-carry`` evaluation feeds them (``run_carried_chunks``; inputs chunk[:-1],
+    the mask of the real targets, ``state`` carried); ``carry_lstm=False`` zeroes the LSTM part of the state before
+    every chunk (the sentence recurrence still carried): the zero-state chunks of the paper."""
+    b, c, s = batch["input_ids"].shape
+    lp = torch.zeros(b, c, s - 1, dtype=torch.float64)
+    L = model.config.num_layers
+
+    def step(k, chunk, state):
+        if state is not None and not carry_lstm:
+            state = tuple(torch.zeros_like(x) for x in state[:2 * L]) + state[2 * L:]
+        ids, mask = chunk["input_ids"], chunk["attention_mask"]
+        with torch.no_grad():
+            out = model(input_ids=ids[:, :-1], attention_mask=mask[:, 1:], context_bow=chunk["context_bow"],
+                        state=state, use_cache=True)
+        log_probs = torch.log_softmax(out.logits.double(), -1)
+        lp[chunk["doc"], k] = log_probs.gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+        return out.state
+
+    run_carried_chunks({**{k: batch[k] for k in ("input_ids", "attention_mask", "context_bow", "chunk_mask")},
+                        "doc": torch.arange(b)}, step)
+    return lp
+
+
+@pytest.mark.parametrize("layers, coupling", [(1, "same"), (2, "same"), (2, "reversed")])
+def test_a_documents_batch_with_carried_token_state_is_causal_carry_evaluation(apnews, layers, coupling):
+    model = make(apnews, layers, coupling=coupling, carry_token_state=True)
+    batch = documents_batch(model, apnews)
+    c = batch["chunk_mask"].sum(1)
+    assert len(set(c.tolist())) > 1 and bool((~batch["chunk_mask"].bool()).any())  # padding chunks
+    continued = (batch["input_ids"][..., 0] != model.config.bos_token_id) & batch["chunk_mask"].bool()
+    assert bool(continued.any())  # sentences longer than one chunk
+    lp, mask = document_log_probs(model, batch)
+    want = chunk_log_probs(model, batch, carry_lstm=True)
+    torch.testing.assert_close(lp[mask], want[mask], rtol=0, atol=1e-6)
+    # the LSTM state matters: without it only the documents' first chunks agree
+    zero = chunk_log_probs(model, batch, carry_lstm=False)
+    assert (zero[:, 0] - want[:, 0])[mask[:, 0]].abs().max() < 1e-9
+    assert (zero[:, 1:] - want[:, 1:])[mask[:, 1:]].abs().max() > 1e-3
+    # lm_loss of the batch (labels) is the mean NLL, and evaluate_perplexity's causal-carry NLL is its sum
+    with torch.no_grad():
+        out = model(**{k: batch[k] for k in KEYS}, labels=batch["labels"])
+    nll = -want[mask].sum()
+    assert out.lm_loss.item() == pytest.approx((nll / mask.sum()).item(), rel=1e-6)
+    result = evaluate_perplexity(model, _dataset(apnews), "causal-carry", tokenizer=apnews["tok"],
+                                 topic_tokenizer=apnews["topic_tok"], max_sentence_length=MAX_LENGTH)
+    assert result["tokens"] == int(mask.sum()) and result["nll"] == pytest.approx(nll.item(), rel=1e-9)
+    # per-layer hidden states come back per chunk, as without the option
+    with torch.no_grad():
+        hidden = model(**{k: batch[k] for k in KEYS}, output_hidden_states=True).hidden_states
+    assert len(hidden) == layers + 1 and hidden[-1].shape[:3] == batch["input_ids"].shape
+
+
+@pytest.mark.parametrize("layers", [1, 2])
+def test_the_default_runs_every_chunk_from_a_zero_state_as_before(apnews, layers):
+    model = make(apnews, layers)
+    assert model.config.carry_token_state is False
+    batch = documents_batch(model, apnews)
+    lp, mask = document_log_probs(model, batch)
+    torch.testing.assert_close(lp[mask], chunk_log_probs(model, batch, carry_lstm=False)[mask], rtol=0, atol=1e-6)
+    # the same weights with the option: forward(carry_token_state=False) is the default, and paper / causal
+    # evaluation (every chunk from a zero state by definition) does not change
+    carried = make(apnews, layers, carry_token_state=True)
+    carried.load_state_dict(model.state_dict())
+    assert torch.equal(document_log_probs(carried, batch, carry_token_state=False)[0], lp)
+    assert not torch.allclose(document_log_probs(carried, batch)[0][mask], lp[mask])
+    kw = dict(tokenizer=apnews["tok"], topic_tokenizer=apnews["topic_tok"], max_sentence_length=MAX_LENGTH)
+    assert evaluate_perplexity(carried, _dataset(apnews), "causal", **kw)["nll"] == \
+        pytest.approx(evaluate_perplexity(model, _dataset(apnews), "causal", **kw)["nll"], rel=1e-12)
+
+
+def test_gradients_flow_through_the_carried_state_and_the_option_saves(apnews, tmp_path):
+    model = make(apnews, 2, carry_token_state=True, dropout=0.2).train()
+    batch = documents_batch(model, apnews)
+    out = model(**batch)
+    out.loss.backward()
+    for lstm in model.model.lstms:
+        assert all(p.grad is not None and p.grad.abs().max() > 0 for p in lstm.parameters())
+    model.model._tlasgr_pending = None
+    model.zero_grad()
+    # a later chunk's predictions depend on the tokens of the document's first chunk (and only with the option)
+    model.eval()
+    embeds = model.model.embed_tokens(batch["input_ids"]).detach()
+    for carry in (True, False):
+        x = embeds.clone().requires_grad_()
+        logits = model(inputs_embeds=x, **{k: batch[k] for k in KEYS[1:]}, carry_token_state=carry).logits
+        logits[1, 1].sum().backward()
+        assert (x.grad[1, 0].abs().max() > 0) == carry
+    # inputs_embeds give what input_ids give
+    with torch.no_grad():
+        torch.testing.assert_close(model(inputs_embeds=embeds, **{k: batch[k] for k in KEYS[1:]}).logits,
+                                   model(**{k: batch[k] for k in KEYS}).logits)
+    model.save_pretrained(tmp_path)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path).double().eval()
+    assert loaded.config.carry_token_state is True
+    torch.testing.assert_close(document_log_probs(loaded, batch)[0], document_log_probs(model, batch)[0])
+    with pytest.raises(ValueError, match="carry_token_state must be a bool"):
+        RGBNRNNConfig(carry_token_state="yes")
