@@ -303,11 +303,12 @@ MODELS = {
     "topic-lstm-carry-recipe-prior0": dict(family="topic_rnn", context="preceding", carry=True, recipe=True,
                                            label="TopicLSTM, carried state, steering recipe, prior weight from 0",
                                            config={"topic_prior_weight_init": 0.0}),
-    # the recipe with the topic distribution mixed into the content-word branch (a gate per position) in place of
-    # the logit prior: a wrong document's topics cost it at most -log(1 - g_t) per content word
+    # the recipe with the topic distribution mixed into the output (a gate per position) in place of the logit
+    # prior and b_i^T theta, and the LM's own loss without topics as a term: the recurrent LM stays a language model
+    # on its own, and a wrong document's topics cost at most -log(1 - g_t) per token
     "topic-lstm-carry-mixture": dict(family="topic_rnn", context="preceding", carry=True, recipe=True,
-                                     label="TopicLSTM, carried state, steering recipe, topic mixture",
-                                     config={"topic_output_bias": "mixture"}),
+                                     label="TopicLSTM, carried state, topic mixture, LM's own loss",
+                                     config={"topic_output_bias": "mixture", "topic_free_loss_weight": 1.0}),
     "nclm-lta": dict(family="nclm", label="NCLM LTA", context="others", nclm="lta", published="NCLM LTA"),
     "nclm-leta": dict(family="nclm", label="NCLM LETA", context="others", nclm="leta", published="NCLM LETA"),
     "nclm-leta-carry": dict(family="nclm", label="NCLM LETA, carried state", context="preceding", nclm="leta",

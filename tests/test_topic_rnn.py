@@ -671,12 +671,8 @@ def test_the_mixture_loss_is_the_naive_per_token_mixture_and_the_logits_are_norm
                 g = float(torch.sigmoid(model.topic_gate(h[b, t])))
                 if y not in topic_of:  # a stop word: the LM's softmax, times 1 - g (p(y | theta) = 0)
                     p = (1 - g) * torch.softmax(scores, -1)[y]
-                else:
-                    b_theta = model.topic_head(theta[b]).double()  # (V_c,)
-                    with_bias = scores.clone()
-                    for lm_id, k in topic_of.items():
-                        with_bias[lm_id] += b_theta[k]
-                    p = (1 - g) * torch.softmax(with_bias, -1)[y] + g * math.exp(float(log_topic[b, topic_of[y]]))
+                else:  # the mixture replaces b_i^T theta
+                    p = (1 - g) * torch.softmax(scores, -1)[y] + g * math.exp(float(log_topic[b, topic_of[y]]))
                 total, n = total - math.log(float(p)), n + 1
     assert float(out.lm_loss) == pytest.approx(total / n, rel=1e-5)
     assert SENTENCE_INDICATORS.count(1) > 0 and n > 0
@@ -723,3 +719,24 @@ def test_mixture_generation_cached_equals_uncached_and_it_is_saved(toy, tmp_path
     assert loaded.config.topic_output_bias == "mixture"
     torch.testing.assert_close(loaded.topic_gate.bias, model.topic_gate.bias)
     assert torch.equal(loaded.generate(**prompt, **kwargs), cached)
+
+
+def test_the_topic_free_loss_adds_the_lms_own_cross_entropy_without_topics(toy):
+    tok, topic_tok = toy
+    batch = sentence_batch(tok, topic_tok)
+    theta = torch.softmax(torch.cos(torch.arange(batch["input_ids"].shape[0] * 3.0)).view(-1, 3), dim=-1)
+    inputs = dict(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"],
+                  topic_mixture=theta)
+    losses = {}
+    for weight in (0.0, 0.5):
+        model = tiny_model(tok, topic_tok, cell="lstm", theta_transform="softmax", topic_output_bias="mixture",
+                           topic_free_loss_weight=weight).eval()
+        with torch.no_grad():
+            losses[weight] = float(model(**inputs).loss)
+    with torch.no_grad():
+        logits = model.lm_head(model.model.run_tokens(batch["input_ids"], batch["attention_mask"])[0])
+        own = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]),
+                                                batch["labels"][:, 1:].reshape(-1), ignore_index=-100)
+    assert losses[0.5] - losses[0.0] == pytest.approx(0.5 * float(own), rel=1e-5)
+    with pytest.raises(ValueError, match="topic_free_loss_weight"):
+        tiny_config(tok, topic_tok, topic_free_loss_weight=-1.0)

@@ -64,11 +64,14 @@ class TopicRNNConfig(TopicConfigMixin, ClassifierConfigMixin, CompactReprMixin, 
             (:class:`~topic_lm_hf.models.modeling_topic_family.TopicWordPriorMixin`, not in the paper):
             lambda * log(V_c p(w | theta)) at every topic word, p(w | theta) = softmax(B theta) over the topic
             words, lambda learned from ``topic_prior_weight_init``. ``"mixture"``: the topic distribution mixed
-            into the output instead, (1 - g_t) p(w | h_t, theta) + g_t p(w | theta) (p(w | theta) = 0 at stop
-            words; in training p(w | h_t, theta, l_t) under the observed indicator, as the paper's loss), with a
-            gate g_t = sigmoid(a^T h_t + b) learned per position (b starts at logit(0.1)): a wrong document's
-            topics cost it at most -log(1 - g_t) per token, where a logit prior can cost any amount
-            (``topic_prior_weight_init`` is unused). ``None``: the paper.
+            into the output in place of the paper's b_i^T theta, (1 - g_t) softmax(V h_t + c) + g_t p(w | theta)
+            (p(w | theta) = 0 at stop words), with a gate g_t = sigmoid(a^T h_t + b) learned per position (b
+            starts at logit(0.1)): a wrong document's topics cost it at most -log(1 - g_t) per token, where a
+            logit prior can cost any amount (``topic_prior_weight_init`` is unused). ``None``: the paper.
+        topic_free_loss_weight: w of the LM's own loss without its topics, w * -log softmax(V h_t + c)_{y_t} per
+            predicted token, added to the objective (not in the paper): the recurrent LM is trained to be a
+            language model on its own, so that the topics add to it rather than stand in for part of it (what
+            the mismatched-context ablation measures). 0 = the paper.
         dropout: dropout on embeddings, between recurrent layers and before the output layers
             (the paper uses none).
         feature_log_sigma: the document topic representation (``document_topic_representation``, the
@@ -100,7 +103,7 @@ class TopicRNNConfig(TopicConfigMixin, ClassifierConfigMixin, CompactReprMixin, 
                  inference_num_layers: int = 2, inference_input: str = "counts", max_log_sigma: float = 10.0,
                  kl_weight: float = 1.0, kl_annealing_steps: int = 0, kl_free_bits: float = 0.0,
                  dropout: float = 0.0, bow_loss_weight: float = 0.0, topic_output_bias: Optional[str] = None,
-                 topic_prior_weight_init: float = 0.0,
+                 topic_prior_weight_init: float = 0.0, topic_free_loss_weight: float = 0.0,
                  feature_log_sigma: bool = True, initializer_range: float = 0.1,
                  use_cache: bool = True, pad_token_id: int = 0, bos_token_id: int = 2, eos_token_id: int = 3,
                  unk_token_id: int = 1, steering_scale: float = 3.0, theta_transform: Optional[str] = None,
@@ -125,6 +128,9 @@ class TopicRNNConfig(TopicConfigMixin, ClassifierConfigMixin, CompactReprMixin, 
             raise ValueError(f"kl_free_bits must be >= 0, got {kl_free_bits!r}")
         if not bow_loss_weight >= 0:
             raise ValueError(f"bow_loss_weight must be >= 0, got {bow_loss_weight!r}")
+        if isinstance(topic_free_loss_weight, bool) or not isinstance(topic_free_loss_weight, (int, float)) \
+                or not 0 <= topic_free_loss_weight < float("inf"):
+            raise ValueError(f"topic_free_loss_weight must be a finite number >= 0, got {topic_free_loss_weight!r}")
         topic_output_bias, topic_prior_weight_init = check_topic_output_prior(
             topic_output_bias, topic_prior_weight_init, allowed=(None, "beta", "mixture"))
         if not kl_weight >= 0:
@@ -147,6 +153,7 @@ class TopicRNNConfig(TopicConfigMixin, ClassifierConfigMixin, CompactReprMixin, 
         self.kl_free_bits = float(kl_free_bits)
         self.dropout = dropout
         self.bow_loss_weight = float(bow_loss_weight)
+        self.topic_free_loss_weight = float(topic_free_loss_weight)
         self.topic_output_bias = topic_output_bias
         self.topic_prior_weight_init = topic_prior_weight_init
         self.feature_log_sigma = feature_log_sigma

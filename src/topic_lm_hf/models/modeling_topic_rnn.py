@@ -438,7 +438,10 @@ class TopicRNNForCausalLM(TopicFamilyForCausalLM, TopicRNNPreTrainedModel, Topic
                                               else None))
 
     def output_bias(self, run: LanguageModelPass) -> torch.Tensor:
-        """b_i^T theta (b, V), plus the shared topic output prior; both 0 at stop words."""
+        """b_i^T theta (b, V), plus the shared topic output prior; both 0 at stop words. With the topic mixture
+        (which replaces b_i^T theta), 0."""
+        if self.topic_gate is not None:
+            return run.features.new_zeros(run.features.shape[0], self.config.vocab_size, dtype=torch.float32)
         bias = self.topic_bias(run.topic_mixture).float()
         if self.topic_prior_weight is not None:
             bias = bias + self.topic_word_prior(run.topic_mixture)
@@ -504,9 +507,9 @@ class TopicRNNForCausalLM(TopicFamilyForCausalLM, TopicRNNPreTrainedModel, Topic
         return -mixed.sum() / keep.sum().clamp_min(1)
 
     def loss_terms(self, run: LanguageModelPass, labels: torch.Tensor) -> list[LossTerm]:
-        """aux_loss (the indicator's cross-entropy), the KL (annealed; free bits in the objective) and, with
-        ``bow_loss_weight``, the context's bag-of-words likelihood: each per predicted token (the bag of words per
-        context word)."""
+        """aux_loss (the indicator's cross-entropy), the KL (annealed; free bits in the objective), with
+        ``bow_loss_weight`` the context's bag-of-words likelihood and with ``topic_free_loss_weight`` the LM's loss
+        without its topics: each per predicted token (the bag of words per context word)."""
         device, kl = run.features.device, run.details["kl"]
         targets, is_stop = run.details["observed"]  # computed once per forward, with the features
         valid = targets != -100
@@ -529,6 +532,10 @@ class TopicRNNForCausalLM(TopicFamilyForCausalLM, TopicRNNPreTrainedModel, Topic
             nll, words = self.bow_nll(bow.to(device), run.topic_mixture)
             bow_loss = nll.sum() / words.clamp_min(1)  # per context word, as TCNLM's topic terms
             terms.append(LossTerm(bow_loss, self.config.bow_loss_weight, reported={"bow_loss": bow_loss}))
+        if self.config.topic_free_loss_weight > 0:  # the LM on its own: softmax(V h_t + c), no topic in it
+            terms.append(LossTerm(next_token_loss(run.features, labels, self.lm_head,
+                                                  compiled=self.output_layer_compiled),
+                                  self.config.topic_free_loss_weight))
         return terms
 
     # ------------------------------------------------------------------------------------------
