@@ -303,6 +303,11 @@ MODELS = {
     "topic-lstm-carry-recipe-prior0": dict(family="topic_rnn", context="preceding", carry=True, recipe=True,
                                            label="TopicLSTM, carried state, steering recipe, prior weight from 0",
                                            config={"topic_prior_weight_init": 0.0}),
+    # the recipe with the LM's own loss without its topics as a term (topic_free_loss_weight): does the LM part
+    # trail the LSTM because the topic path stands in for part of its learning?
+    "topic-lstm-carry-recipe-own-loss": dict(family="topic_rnn", context="preceding", carry=True, recipe=True,
+                                             label="TopicLSTM, carried state, steering recipe, LM's own loss",
+                                             config={"topic_free_loss_weight": 1.0}),
     # the recipe with the topic distribution mixed into the output (a gate per position) in place of the logit
     # prior and b_i^T theta, and the LM's own loss without topics as a term: the recurrent LM stays a language model
     # on its own, and a wrong document's topics cost at most -log(1 - g_t) per token
