@@ -160,11 +160,13 @@ def part_generation(args) -> dict:
 
 
 def part_carried(args) -> dict:
-    """The unified benchmark's carried-state rows at the papers' size (``--tiny``: E = H = 16) on the device."""
-    import benchmark_all
+    """The unified benchmark's carried-state rows at the papers' size (``--tiny``: E = H = 16) on the device: its
+    own command (``benchmark_all.py``), run from here."""
+    from benchmarking import read_json
 
     s = sizes(args.tiny)
-    argv = ["--corpus", "apnews", "--device", args.device, "--out", str(Path(args.out) / "carried"),
+    folder = Path(args.out) / "carried"
+    argv = ["--corpus", "apnews", "--device", args.device, "--out", str(folder),
             "--only", *args.carried_models, "--max-steps", str(args.carried_steps),
             "--eval-steps", str(max(1, args.carried_steps // 8)), "--max-train-docs", str(args.max_train_docs),
             "--max-valid-docs", str(args.eval_docs), "--threads", str(args.threads),
@@ -172,8 +174,9 @@ def part_carried(args) -> dict:
             "--steer-samples", "2", "--speed-repeats", "2", "--lda-max-iter", "2"]
     argv += ["--embedding", str(s["embedding_size"]), "--hidden", str(s["hidden_size"]), "--topics",
              str(s["num_topics"]), "--batch-size", "2"] if args.tiny else ["--size", "paper"]
-    report = benchmark_all.main(argv)
-    table = (Path(args.out) / "carried" / "table.md").read_text()
+    script = Path(__file__).resolve().parent / "benchmark_all.py"
+    subprocess.run([sys.executable, str(script), *argv], check=True)
+    report, table = read_json(folder / "results.json") or {}, (folder / "table.md").read_text()
     return {"argv": " ".join(argv), "models": list(args.carried_models), "table": table,
             "rows": {name: {"label": row["label"], "perplexity": row["perplexity"], "mismatched": row.get("mismatched"),
                             "steps_trained": row["steps_trained"], "stopped_by": row["train"].get("stopped_by")}
