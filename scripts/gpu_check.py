@@ -1,4 +1,4 @@
-"""One command that checks the package on a GPU (or, with ``--device cpu --tiny``, on a CPU in about a minute).
+"""One command that checks the package on a GPU (or, with ``--device cpu --tiny``, on a CPU in about two minutes).
 
 Every part runs in its own process under its own timeout (a part that hangs or crashes is recorded as such and the
 others still run), and everything lands in one folder (``--out``): ``results.json``, ``tables.md`` and
@@ -24,8 +24,8 @@ others still run), and everything lands in one folder (``--out``): ``results.jso
    topic model), capped at ``--carried-steps`` steps: its ``table.md`` lands in ``--out``/carried. At this cap the
    rows are not converged (the table says what stopped each); the same command without the cap is the full run.
 
-    python scripts/gpu_check.py --out out/gpu_check                       # on the GPU machine, < 8 minutes
-    python scripts/gpu_check.py --device cpu --tiny --out out/gpu_check   # the same on a CPU, about a minute
+    python scripts/gpu_check.py --out out/gpu_check                       # on the GPU machine, < 11 minutes
+    python scripts/gpu_check.py --device cpu --tiny --out out/gpu_check   # the same on a CPU, about two minutes
 
 Needs APNEWS (``$TOPIC_LM_DATA`` or ``../shared/data``).
 """
