@@ -466,7 +466,7 @@ class TopicRNNForCausalLM(TopicFamilyForCausalLM, TopicRNNPreTrainedModel, Topic
             # (only at the predicted positions).
             bias_mask = (~is_stop).float()
             if self.topic_gate is not None:
-                lm_loss = self._mixed_loss(run, bias)
+                lm_loss = self._mixed_loss(run)
             elif word_logits is None:  # training: the output layer at the predicted positions only
                 lm_loss = next_token_loss(h, labels, self.lm_head, bias, bias_mask,
                                           compiled=self.output_layer_compiled)
@@ -488,17 +488,19 @@ class TopicRNNForCausalLM(TopicFamilyForCausalLM, TopicRNNPreTrainedModel, Topic
                 log_marginal = torch.logaddexp(F.logsigmoid(-gate) + log_marginal, F.logsigmoid(gate) + log_topic)
         return log_marginal, lm_loss
 
-    def _mixed_loss(self, run: LanguageModelPass, bias: torch.Tensor) -> torch.Tensor:
-        """The mean of -log((1 - g_t) p(y_t | h_t, theta, l_t) + g_t p(y_t | theta)) over the predicted positions
-        (``topic_output_bias="mixture"``; p(y | theta) = 0 at stop words): the indicator's softmax at those
-        positions only, as :func:`next_token_loss`."""
+    def _mixed_loss(self, run: LanguageModelPass) -> torch.Tensor:
+        """The mean of -log((1 - g_t) softmax(V h_t + c)_{y_t} + g_t p(y_t | theta)) over the predicted positions
+        (``topic_output_bias="mixture"``, which has no b_i^T theta; p(y | theta) = 0 at stop words), the output
+        layer at those positions only, as :func:`next_token_loss`. The LM's own loss without its topics, which
+        ``topic_free_loss_weight`` adds, comes from the same scores (``run.details["topic_free_loss"]``)."""
         h = run.features
-        targets, is_stop = run.details["observed"]
+        targets, _ = run.details["observed"]
         keep = targets != -100
         rows = torch.arange(targets.shape[0], device=h.device).unsqueeze(1).expand_as(targets)[keep]
-        kept, content, selected = targets[keep], (~is_stop)[keep], h[:, :-1][keep]
-        scores = self.lm_head(selected).float() + content.unsqueeze(-1) * bias[rows]  # (n, V)
+        kept, selected = targets[keep], h[:, :-1][keep]
+        scores = self.lm_head(selected).float()  # (n, V)
         log_lm = torch.log_softmax(scores, dim=-1).gather(-1, kept.unsqueeze(-1)).squeeze(-1)
+        run.details["topic_free_loss"] = -log_lm.sum() / keep.sum().clamp_min(1)
         gate = self.topic_gate(selected).float().squeeze(-1)
         topic_index = self.lm_to_topic_index(h.device)[kept]
         log_topic = self.topic_word_log_probs(run.topic_mixture)[rows, topic_index.clamp_min(0)]
@@ -533,9 +535,10 @@ class TopicRNNForCausalLM(TopicFamilyForCausalLM, TopicRNNPreTrainedModel, Topic
             bow_loss = nll.sum() / words.clamp_min(1)  # per context word, as TCNLM's topic terms
             terms.append(LossTerm(bow_loss, self.config.bow_loss_weight, reported={"bow_loss": bow_loss}))
         if self.config.topic_free_loss_weight > 0:  # the LM on its own: softmax(V h_t + c), no topic in it
-            terms.append(LossTerm(next_token_loss(run.features, labels, self.lm_head,
-                                                  compiled=self.output_layer_compiled),
-                                  self.config.topic_free_loss_weight))
+            own = run.details.get("topic_free_loss")  # the mixture's loss computed it already
+            if own is None:
+                own = next_token_loss(run.features, labels, self.lm_head, compiled=self.output_layer_compiled)
+            terms.append(LossTerm(own, self.config.topic_free_loss_weight))
         return terms
 
     # ------------------------------------------------------------------------------------------
