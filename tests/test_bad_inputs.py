@@ -80,6 +80,11 @@ def test_the_demo_refuses_zero_threads(capsys, tmp_path):
         capsys, ["demo", "--threads", "0", "--output_dir", str(tmp_path)])
 
 
+def test_the_demo_refuses_an_unknown_family(capsys, tmp_path):
+    assert "--family must be one of tcnlm, topic_rnn, nclm, rgbn_rnn, got 'lstm_lm'" in one_line_error(
+        capsys, ["demo", "--family", "lstm_lm", "--output_dir", str(tmp_path)])
+
+
 # ----------------------------------------------------------------------------------------------
 # silent wrong answers of the metrics and of the document inputs
 # ----------------------------------------------------------------------------------------------

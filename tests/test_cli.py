@@ -27,30 +27,62 @@ def test_demo_on_the_synthetic_corpus_says_so(tmp_path, capsys):
     main(["demo", "--synthetic", "--train_seconds", "2", "--eval_documents", "8", "--output_dir", str(tmp_path)])
     assert logging.getLogger("topic_lm_hf").level == before  # the demo silences the package's log only while it runs
     out = capsys.readouterr().out
+    label = demo.TOPIC_FAMILIES[demo.DEMO_FAMILY][0]  # the default family: the measured best at the demo's budget
     assert "SYNTHETIC" in out
     assert re.search(r"Training in (bf16 autocast|float32) with the compiled output layer", out)  # the fast path
     # the trained objects compute as their saved weights do (bf16 training leaves no autocast wrapper behind)
     assert out.count("same logits after reloading: True") == 2
-    for model in ("LSTM", "TCNLM"):
+    for model in ("LSTM", label):
         for protocol in ("paper", "causal", "causal-carry"):
             assert re.search(rf"\| {model} \| {protocol} \|", out), out
     for protocol in ("paper", "causal"):
-        assert re.search(rf"\| TCNLM \| {protocol}, another document's context \(ablation\)", out)
+        assert re.search(rf"\| {label} \| {protocol}, another document's context \(ablation\)", out)
     # the same wall time for both models, and one verdict under causal with the ablation's split
-    steps = re.search(r"TCNLM (\d+) steps \([\d.]+ M parameters\), the LSTM (\d+) \([\d.]+ M\), of 64 sentence", out)
+    steps = re.search(rf"{label} (\d+) steps \([\d.]+ M parameters\), the LSTM (\d+) \([\d.]+ M\), of 64 sentence",
+                      out)
     assert steps and int(steps.group(1)) > 0 and int(steps.group(2)) > 0
     verdict = next(line for line in out.splitlines() if "Under causal (what generation sees" in line)
     assert "The document's own topics are worth" in verdict
     assert ("at least as good as the LSTM" in verdict) != ("not as good as the LSTM" in verdict)
+    assert "the family that did best of the package's topic families at this budget" in verdict
     # the steered samples' decoding: every candidate measured, one chosen by the stated rule
     measured = re.findall(r"^ +(.+?): fluency (\d+) \(perplexity of the steered texts under the LSTM\)", out, re.M)
     assert [name for name, _ in measured] == list(DECODINGS)
     assert re.search(r"chosen: (.+?) \(the most fluent with a topic-word lift", out).group(1) in DECODINGS
     assert "<unk>" not in "\n".join(line for line in out.splitlines() if line.strip().startswith("- "))
     assert re.search(r"\[demo\] finished in \d+ s", out)
-    for name in ("lstm", "tcnlm"):
+    for name in ("lstm", demo.DEMO_FAMILY):
         assert (tmp_path / name / "model.safetensors").exists()
         assert (tmp_path / name / "topic_tokenizer" / "tokenizer.json").exists()
+
+
+@pytest.mark.parametrize("family", [f for f in demo.TOPIC_FAMILIES if f != demo.DEMO_FAMILY])
+def test_demo_trains_any_topic_family_when_asked(family, tmp_path, capsys):
+    main(["demo", "--synthetic", "--family", family, "--train_seconds", "1", "--eval_documents", "4",
+          "--output_dir", str(tmp_path)])
+    out = capsys.readouterr().out
+    label = demo.TOPIC_FAMILIES[family][0]
+    assert f"training {label} (20 topics), then the same-size LSTM" in out
+    assert out.count("same logits after reloading: True") == 2
+    assert re.search(rf"\| {label} \| causal, another document's context \(ablation\)", out)
+    verdict = next(line for line in out.splitlines() if "Under causal (what generation sees" in line)
+    assert f"perplexity points to {label}" in verdict
+    assert "the family that did best" not in verdict  # another family did: the verdict names it
+    assert demo.TOPIC_FAMILIES[demo.DEMO_FAMILY][0] in verdict
+    if family == "rgbn_rnn":  # it reads whole documents: as many per step as hold about 64 chunks
+        assert re.search(r"the LSTM's of 64 sentence chunks, rGBN-RNN's of \d+ whole documents", out)
+    assert (tmp_path / family / "model.safetensors").exists()
+
+
+def test_demo_budget_can_run_on_another_clock():
+    clock = [0.0]
+    budget = demo.TimeBudget(5, "LSTM ", clock=lambda: clock[0])
+    state, control = SimpleNamespace(global_step=1), SimpleNamespace(should_training_stop=False)
+    budget.on_train_begin(None, state, control)
+    clock[0] = 4.9
+    assert not budget.on_step_end(None, state, control).should_training_stop
+    clock[0] = 5.0
+    assert budget.on_step_end(None, state, control).should_training_stop
 
 
 def test_demo_progress_is_a_line_per_ten_seconds_however_fast_the_steps(monkeypatch, capsys):

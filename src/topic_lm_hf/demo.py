@@ -1,10 +1,11 @@
 """``topic-lm demo``: the first thing a newcomer runs. A few minutes on 2 CPU cores.
 
-It trains a TCNLM and the same-size LSTM on APNEWS (``../shared/data``; a labelled synthetic corpus
-when the data is absent) under a wall-clock budget, then shows what the topics do: their words
-and NPMI, text generated from two different topics, a document-conditioned continuation, and
-perplexity under the three protocols next to the mismatched-context ablation. It saves both
-models and reloads them with ``AutoModelForCausalLM``. One line per phase, with timings.
+It trains a topic model (``--family``; by default the family that did best under ``causal`` at the demo's budget,
+measured by ``scripts/benchmark_demo.py``) and the same-size LSTM on APNEWS (``../shared/data``; a labelled synthetic
+corpus when the data is absent) under a wall-clock budget, then shows what the topics do: their words and NPMI, text
+generated from two different topics, a document-conditioned continuation, and perplexity under the three protocols
+next to the mismatched-context ablation. It saves both models and reloads them with ``AutoModelForCausalLM``. One
+line per phase, with timings.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import math
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 from transformers import AutoModelForCausalLM, PrinterCallback, TrainerCallback, TrainingArguments, set_seed
@@ -23,20 +24,31 @@ from . import data as data_lib
 from .collator import TopicContextCollator, make_bow
 from .evaluation import evaluate_perplexity, evaluate_steering
 from .devices import DeviceArguments
+from .families import family_of
 from .fast_path import FastPathArguments, resolve_compile, resolve_precision
-from .models import LSTMLMConfig, LSTMLMForCausalLM, TCNLMConfig, TCNLMForCausalLM
-from .pretraining import pretrain_topic_model
+from .models import LSTMLMConfig, LSTMLMForCausalLM
+from .pretraining import pretrain_topic_model, steering_recipe
 from .trainer import TopicLMTrainer
 
-# The demo's models: small enough to learn something in about a minute of CPU each. TCNLM's topics
-# reach the LM through the paper's topic-compositional LSTM and, in addition, the product of experts
-# with the topic model (topic_output_bias="beta"; not in the paper): in scripts/benchmark_steering.py
-# the paper's TCNLM did not steer at CPU budgets, this did (results/README.md, "Do the topics steer?").
+# The demo's models: small enough to learn something in about a minute of CPU each. Every topic family is built with
+# its steering recipe (steering_recipe: for TCNLM, the product of experts with its topic model, topic_output_bias=
+# "beta"; in scripts/benchmark_steering.py the paper's TCNLM did not steer at CPU budgets, this did), at the demo's
+# size in its configuration's own fields (rGBN-RNN: one layer, sizes as per-layer lists), its KL term annealed over
+# 100 steps where it has an annealed one.
 SIZES = dict(embedding_size=128, hidden_size=128, dropout=0.2)
-TCNLM_OPTIONS = dict(num_topics=20, kl_annealing_steps=100, topic_output_bias="beta",
-                     topic_prior_weight_init=1.0)
+DEMO_TOPICS = 20
+TOPIC_FAMILIES = {  # model_type -> (label, configuration values)
+    "tcnlm": ("TCNLM", dict(SIZES, num_topics=DEMO_TOPICS, kl_annealing_steps=100)),
+    "topic_rnn": ("TopicRNN", dict(SIZES, num_topics=DEMO_TOPICS, kl_annealing_steps=100)),
+    "nclm": ("NCLM", dict(SIZES, num_topics=DEMO_TOPICS)),
+    "rgbn_rnn": ("rGBN-RNN", dict(embedding_size=128, hidden_sizes=[128], topic_sizes=[DEMO_TOPICS], dropout=0.2)),
+}
+# The default family: the one with the best perplexity under causal after the demo's 60 s of training, measured by
+# scripts/benchmark_demo.py (results/demo-budget; tests/test_cli.py checks that this is the measured best).
+DEMO_FAMILY = "nclm"
 TOPIC_PRETRAINING_STEPS = 300
 DEMO_MIN_FREQ = 25
+CHUNKS_PER_STEP = 64
 
 
 @dataclass
@@ -46,6 +58,9 @@ class DemoArguments:
                 "a tenth is held out."})
     synthetic: bool = field(default=False, metadata={
         "help": "Use the package's synthetic corpus (labelled SYNTHETIC) even when APNEWS is there."})
+    family: str = field(default=DEMO_FAMILY, metadata={
+        "help": f"The topic family trained beside the LSTM: one of {', '.join(TOPIC_FAMILIES)}. The default did best "
+                "under causal at the demo's budget (scripts/benchmark_demo.py)."})
     output_dir: str = field(default="out/demo", metadata={"help": "Where both models are saved."})
     train_seconds: float = field(default=60.0, metadata={"help": "Wall-clock training budget of each model."})
     eval_documents: int = field(default=60, metadata={"help": "Validation documents evaluated."})
@@ -60,23 +75,27 @@ class DemoArguments:
 class TimeBudget(TrainerCallback):
     """Stops training after ``seconds`` of wall time (or ``max_steps``) and prints a progress line at the first
     logging step, then at the first logging step at least ``every`` seconds after the last line printed (a few
-    lines per model, however fast its steps are)."""
+    lines per model, however fast its steps are). ``clock``: another clock than the wall's (scripts/benchmark_demo.py
+    gives ``time.process_time``, the process's CPU time, so that other jobs on the machine do not shorten a budget)."""
 
-    def __init__(self, seconds: float, label: str, every: float = 10.0):
-        self.seconds, self.label, self.every = seconds, label, every
+    def __init__(self, seconds: float, label: str, every: float = 10.0, clock: Optional[Callable[[], float]] = None):
+        self.seconds, self.label, self.every, self.clock = seconds, label, every, clock
         self.start = self.printed = None
 
+    def now(self) -> float:
+        return (self.clock or time.perf_counter)()
+
     def on_train_begin(self, args, state, control, **kwargs):
-        self.start, self.printed = time.perf_counter(), None
+        self.start, self.printed = self.now(), None
 
     def on_step_end(self, args, state, control, **kwargs):
-        if time.perf_counter() - self.start >= self.seconds:
+        if self.now() - self.start >= self.seconds:
             control.should_training_stop = True
         return control
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if logs and "lm_loss" in logs:
-            elapsed = time.perf_counter() - self.start
+            elapsed = self.now() - self.start
             if self.printed is not None and elapsed - self.printed < self.every:
                 return
             self.printed = elapsed
@@ -104,10 +123,34 @@ def locate_corpus(train_file: Optional[str], synthetic: bool = False):
     return train, valid, source, resolve_stopwords("mallet" if on_apnews else "default")
 
 
+def build_topic_model(family: str, tok, topic_tok):
+    """The demo's model of topic family ``family`` (a key of ``TOPIC_FAMILIES``), sized to the vocabularies."""
+    if family not in TOPIC_FAMILIES:
+        raise ValueError(f"--family must be one of {', '.join(TOPIC_FAMILIES)}, got {family!r}")
+    record = family_of(family)
+    config = record.config_class.from_tokenizers(tok, topic_tok, **TOPIC_FAMILIES[family][1], **steering_recipe(family))
+    return record.causal_lm_class(config)
+
+
+def pretrain(model, train_docs, tok, topic_tok, steps: int = TOPIC_PRETRAINING_STEPS) -> list[float]:
+    """Pre-train ``model``'s topic model on its pre-training batches for ``steps``; the losses."""
+    collator = TopicContextCollator.for_model(model, tok, topic_tok, protocol="pretraining")
+    return pretrain_topic_model(model, collator.prepare(train_docs), collator, steps, learning_rate=3e-3).losses
+
+
+def rows_per_step(model, rows) -> int:
+    """Training rows per step: ``CHUNKS_PER_STEP`` sentence chunks, or as many whole documents as hold about that
+    many chunks for a family that reads documents (rGBN-RNN)."""
+    if not type(model).reads_documents:
+        return CHUNKS_PER_STEP
+    per_document = sum(len(row["input_ids"]) for row in rows) / max(1, len(rows))
+    return max(1, round(CHUNKS_PER_STEP / per_document))
+
+
 def training_arguments(out_dir: str, learning_rate: float, max_steps: int = 100_000, bf16: bool = False,
-                       device: torch.device | str = "cpu"):
+                       device: torch.device | str = "cpu", batch_size: int = CHUNKS_PER_STEP):
     on_cpu = torch.device(device).type == "cpu"
-    return TrainingArguments(output_dir=out_dir, max_steps=max_steps, per_device_train_batch_size=64,
+    return TrainingArguments(output_dir=out_dir, max_steps=max_steps, per_device_train_batch_size=batch_size,
                              learning_rate=learning_rate, max_grad_norm=0.5, lr_scheduler_type="constant",
                              logging_steps=25, save_strategy="no", eval_strategy="no", report_to=[], use_cpu=on_cpu,
                              disable_tqdm=True, seed=0, dataloader_pin_memory=not on_cpu, bf16=bf16)
@@ -115,10 +158,11 @@ def training_arguments(out_dir: str, learning_rate: float, max_steps: int = 100_
 
 def train_for(model, rows, collator, seconds: float, out_dir: str, label: str, learning_rate: float,
               max_steps: int = 100_000, bf16: bool = False, compile_output_layer: bool = False,
-              device: torch.device | str = "cpu"):
-    """Train on ``device`` until ``seconds`` of wall time or ``max_steps`` have passed; returns the steps taken."""
-    args = training_arguments(out_dir, learning_rate, max_steps, bf16, device)
-    budget = TimeBudget(seconds, label)
+              device: torch.device | str = "cpu", clock: Optional[Callable[[], float]] = None):
+    """Train on ``device`` until ``seconds`` of wall time (of ``clock``) or ``max_steps`` have passed, with
+    ``rows_per_step`` rows per step; returns the steps taken."""
+    args = training_arguments(out_dir, learning_rate, max_steps, bf16, device, rows_per_step(model, rows))
+    budget = TimeBudget(seconds, label, clock=clock)
     trainer = TopicLMTrainer(model=model, args=args, train_dataset=rows, data_collator=collator, callbacks=[budget],
                              compile_output_layer=compile_output_layer)
     trainer.remove_callback(PrinterCallback)  # one line per logging step (TimeBudget), not the raw log dicts
@@ -181,26 +225,36 @@ def decoding_line(candidate: str, measured: dict) -> str:
             f"{fmt(measured['distinct_2'], '.2f')}")
 
 
-def verdict(topic: float, lstm: float, ablation: float, steps: dict, seconds: float) -> str:
-    """One paragraph on the protocol that generation uses (``causal``: only the sentences before): is TCNLM at least
-    as good as the LSTM trained for the same wall time, and how much of its perplexity its document's own topics
-    bring (``ablation``: ``causal`` with another document's context)."""
+def verdict(topic: float, lstm: float, ablation: float, steps: dict, seconds: float, label: str) -> str:
+    """One paragraph on the protocol that generation uses (``causal``: only the sentences before): is the topic model
+    ``label`` at least as good as the LSTM trained for the same wall time, and how much of its perplexity its
+    document's own topics bring (``ablation``: ``causal`` with another document's context); where the LSTM is ahead,
+    why, and which topic family does best at the demo's budget (``budget_line``)."""
     own = ablation - topic
     head = (f"       Under causal (what generation sees: only the sentences before), after {seconds:.0f} s of "
-            f"training each (TCNLM {steps['TCNLM']} steps, the LSTM {steps['LSTM']}): TCNLM {topic:.2f}, the LSTM "
+            f"training each ({label} {steps[label]} steps, the LSTM {steps['LSTM']}): {label} {topic:.2f}, the LSTM "
             f"{lstm:.2f} ({100 * (topic - lstm) / lstm:+.1f} %). The document's own topics are worth {own:.2f} "
-            f"perplexity points to TCNLM (with another document's topics it scores {ablation:.2f}).")
+            f"perplexity points to {label} (with another document's topics it scores {ablation:.2f}).")
     if topic <= lstm:
-        return head + " The topic model is at least as good as the LSTM" + (
+        body = " The topic model is at least as good as the LSTM" + (
             ", through its document's own topics." if own >= lstm - topic else
             ", but more by its architecture than by its document's own topics.")
-    return head + (" So the topic model is not as good as the LSTM here. Why: in the same time it takes fewer steps "
-                   "(each is slower), and it has more weights to learn (its topic model and topic-dependent LSTM "
-                   "weights), so a budget this short favours the LSTM; "
-                   + ("its topics help, but by less than the LSTM's lead. " if own > 0 else "its topics do not help "
-                      "yet. ")
-                   + "results/README.md compares the families trained until their development perplexity stops "
-                   "improving.")
+    else:
+        body = (" So the topic model is not as good as the LSTM here. Why: in the same time it takes fewer steps "
+                "(each is slower), and it has more weights to learn (its topic model and the weights through which "
+                "the topics reach the LM), so a budget this short favours the LSTM; "
+                + ("its topics help, but by less than the LSTM's lead." if own > 0 else "its topics do not help yet."))
+    return (head + body + " " + budget_line(label) + " results/README.md compares the families trained until their "
+            "development perplexity stops improving.")
+
+
+def budget_line(label: str) -> str:
+    """What the demo's budget measurement (scripts/benchmark_demo.py) says of the topic family ``label``."""
+    best = TOPIC_FAMILIES[DEMO_FAMILY][0]
+    where = "scripts/benchmark_demo.py; results/README.md, \"The demo on a 2-core CPU\""
+    if label == best:
+        return f"{label} is the family that did best of the package's topic families at this budget ({where})."
+    return f"Of the package's topic families, {best} did best at this budget ({where}): the demo's default."
 
 
 def run_demo(args: DemoArguments, fast: FastPathArguments | None = None, device: DeviceArguments | None = None) -> None:
@@ -225,6 +279,8 @@ def _run_demo(args: DemoArguments, fast: FastPathArguments, device: torch.device
     transformers.utils.logging.disable_progress_bar()
     if args.threads < 1:
         raise ValueError(f"--threads must be at least 1, got {args.threads}")
+    if args.family not in TOPIC_FAMILIES:
+        raise ValueError(f"--family must be one of {', '.join(TOPIC_FAMILIES)}, got {args.family!r}")
     torch.set_num_threads(args.threads)
     set_seed(args.seed)
     total, t0 = 7, time.perf_counter()
@@ -242,17 +298,18 @@ def _run_demo(args: DemoArguments, fast: FastPathArguments, device: torch.device
           f"{len(tok):,} words (frequency >= {1 if synthetic else DEMO_MIN_FREQ}), topic vocabulary {len(topic_tok):,} "
           f"({done(start)})", flush=True)
 
+    label = TOPIC_FAMILIES[args.family][0]
     lstm = LSTMLMForCausalLM(LSTMLMConfig(vocab_size=len(tok), **SIZES)).to(device)
-    tcnlm = TCNLMForCausalLM(TCNLMConfig.from_tokenizers(tok, topic_tok, **SIZES, **TCNLM_OPTIONS)).to(device)
+    topic_model = build_topic_model(args.family, tok, topic_tok).to(device)
     lm_collator = TopicContextCollator.for_model(lstm, tok)
-    topic_collator = TopicContextCollator.for_model(tcnlm, tok, topic_tok)  # TCNLM's training context: "others"
+    topic_collator = TopicContextCollator.for_model(topic_model, tok, topic_tok)  # the family's training context
     topic_rows = topic_collator.prepare(train_docs)
 
-    start = phase(2, total, f"pre-training TCNLM's topic model on bags of words ({TOPIC_PRETRAINING_STEPS} steps)")
-    losses = pretrain_topic_model(tcnlm, topic_rows, topic_collator, TOPIC_PRETRAINING_STEPS, learning_rate=3e-3).losses
+    start = phase(2, total, f"pre-training {label}'s topic model on bags of words ({TOPIC_PRETRAINING_STEPS} steps)")
+    losses = pretrain(topic_model, train_docs, tok, topic_tok)
     print(f"       topic-model loss per word {losses[0]:.2f} -> {losses[-1]:.2f} ({done(start)})", flush=True)
 
-    start = phase(3, total, f"training TCNLM ({TCNLM_OPTIONS['num_topics']} topics), then the same-size LSTM, for "
+    start = phase(3, total, f"training {label} ({DEMO_TOPICS} topics), then the same-size LSTM, for "
                             f"{args.train_seconds:.0f} s each")
     targs = training_arguments(args.output_dir, 3e-3, device=device)
     compiled = resolve_compile(targs, fast.compile_output_layer)
@@ -260,18 +317,21 @@ def _run_demo(args: DemoArguments, fast: FastPathArguments, device: torch.device
     print(f"       {sentence} Device: {device}.", flush=True)
     speed = dict(bf16=bf16, compile_output_layer=compiled, device=device)
     steps = {}
-    steps["TCNLM"] = train_for(tcnlm, topic_rows, topic_collator, args.train_seconds,
-                               os.path.join(args.output_dir, "tcnlm"), "TCNLM", 3e-3, **speed)
+    steps[label] = train_for(topic_model, topic_rows, topic_collator, args.train_seconds,
+                             os.path.join(args.output_dir, args.family), label, 3e-3, **speed)
     steps["LSTM"] = train_for(lstm, lm_collator.prepare(train_docs), lm_collator, args.train_seconds,
                               os.path.join(args.output_dir, "lstm"), "LSTM ", 3e-3, **speed)
     sizes = {name: sum(p.numel() for p in model.parameters()) / 1e6
-             for name, model in (("TCNLM", tcnlm), ("LSTM", lstm))}
-    print(f"       TCNLM {steps['TCNLM']} steps ({sizes['TCNLM']:.1f} M parameters), the LSTM {steps['LSTM']} "
-          f"({sizes['LSTM']:.1f} M), of 64 sentence chunks each ({done(start)})", flush=True)
+             for name, model in ((label, topic_model), ("LSTM", lstm))}
+    batches = (f"of {CHUNKS_PER_STEP} sentence chunks each" if not type(topic_model).reads_documents else
+               f"the LSTM's of {CHUNKS_PER_STEP} sentence chunks, {label}'s of "
+               f"{rows_per_step(topic_model, topic_rows)} whole documents (about as many chunks)")
+    print(f"       {label} {steps[label]} steps ({sizes[label]:.1f} M parameters), the LSTM {steps['LSTM']} "
+          f"({sizes['LSTM']:.1f} M), {batches} ({done(start)})", flush=True)
 
     start = phase(4, total, "saving, and reloading with AutoModelForCausalLM")
     reloaded = {}
-    for name, model in (("tcnlm", tcnlm), ("lstm", lstm)):
+    for name, model in ((args.family, topic_model), ("lstm", lstm)):
         path = os.path.join(args.output_dir, name)
         model.save_pretrained(path)
         data_lib.save_vocabularies(tok, topic_tok, path)
@@ -281,11 +341,11 @@ def _run_demo(args: DemoArguments, fast: FastPathArguments, device: torch.device
             difference = float((model(**probe).logits - reloaded[name](**probe).logits).abs().max())
         same = difference <= 1e-4  # float32 rounding only (the copies' weights may be laid out differently)
         print(f"       {path}: same logits after reloading: {same} (largest difference {difference:.1e})", flush=True)
-    tcnlm, lstm = reloaded["tcnlm"], reloaded["lstm"]
+    topic_model, lstm = reloaded[args.family], reloaded["lstm"]
     print(f"       ({done(start)})", flush=True)
 
     start = phase(5, total, "the topics (top words from beta" + (", NPMI on Wikipedia)" if args.npmi_documents else ")"))
-    topics = tcnlm.get_topics(top_n=10)
+    topics = topic_model.get_topics(top_n=10)
     npmi = None
     from .data import shared_data_dir
 
@@ -293,7 +353,7 @@ def _run_demo(args: DemoArguments, fast: FastPathArguments, device: torch.device
     if args.npmi_documents and root is not None and (root / "wiki" / "articles.jsonl.gz").exists():
         from .evaluation.topic_eval import evaluate_topics
 
-        result = evaluate_topics(tcnlm, root / "wiki" / "articles.jsonl.gz", max_documents=args.npmi_documents)
+        result = evaluate_topics(topic_model, root / "wiki" / "articles.jsonl.gz", max_documents=args.npmi_documents)
         npmi = result["npmi_per_topic"]
         print(f"       mean NPMI {result['npmi']:.3f} ({result['coherence']['preset']} preset, "
               f"first {args.npmi_documents} Wikipedia articles); diversity {result['diversity']:.2f}", flush=True)
@@ -304,7 +364,7 @@ def _run_demo(args: DemoArguments, fast: FastPathArguments, device: torch.device
     print(f"       ({done(start)})", flush=True)
 
     start = phase(6, total, "generation steered by topics (decoding chosen by measured fluency), and by a document")
-    name, decoding, measured = choose_decoding(tcnlm, lstm, order[:4], tok, topic_tok, args.seed)
+    name, decoding, measured = choose_decoding(topic_model, lstm, order[:4], tok, topic_tok, args.seed)
     for candidate, r in measured.items():
         print(decoding_line(candidate, r), flush=True)
     print(f"       chosen: {name} ({DECODING_RULE})", flush=True)
@@ -321,19 +381,19 @@ def _run_demo(args: DemoArguments, fast: FastPathArguments, device: torch.device
     print(f"       a validation document: \"{' '.join(w for s in document[:2] for w in s)[:160]} ...\"", flush=True)
     inputs = tok([" ".join(prompt)], return_tensors="pt").to(device)
     bow = make_bow([context], topic_tok).to(device)
-    t = tcnlm.infer_topics(bow)[0]
+    t = topic_model.infer_topics(bow)[0]
     top = t.topk(2)
     print("       its topics (inferred from the rest of the document): " + "; ".join(
         f"topic {k} ({weight:.0%}: {' '.join(topics[k][:5])})" for weight, k in zip(top.values.tolist(),
                                                                                    top.indices.tolist())), flush=True)
     torch.manual_seed(args.seed)
-    out = tcnlm.generate(**inputs, context_bow=bow, max_new_tokens=20, min_new_tokens=8, do_sample=True,
+    out = topic_model.generate(**inputs, context_bow=bow, max_new_tokens=20, min_new_tokens=8, do_sample=True,
                          **generate_keywords(decoding), pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
     print(f"       continue \"{' '.join(prompt)}\" with the document's topics: {words(tok, out[0])}", flush=True)
     # What the document's topics do to the next word: probability mass on the document's own topic words.
     doc_words = sorted({vocab[w] for w in context if w in vocab and w in topic_tok.get_vocab()})
     with torch.no_grad():
-        mass = {name: float(torch.softmax(tcnlm(**inputs, **kw).logits[0, -1].float(), -1)[doc_words].sum())
+        mass = {name: float(torch.softmax(topic_model(**inputs, **kw).logits[0, -1].float(), -1)[doc_words].sum())
                 for name, kw in (("with", {"context_bow": bow}), ("without", {}))}
     print(f"       next word after \"{' '.join(prompt)}\": probability that it is one of the document's own "
           f"{len(doc_words)} topic words: {mass['with']:.1%} with its topics, {mass['without']:.1%} without", flush=True)
@@ -341,22 +401,22 @@ def _run_demo(args: DemoArguments, fast: FastPathArguments, device: torch.device
 
     start = phase(7, total, f"perplexity on {len(valid_docs)} validation documents under each protocol")
     rows = []
-    for name, model in (("LSTM", lstm), ("TCNLM", tcnlm)):
+    for name, model in (("LSTM", lstm), (label, topic_model)):
         for protocol in ("paper", "causal", "causal-carry"):
             rows.append((name, protocol, evaluate_perplexity(model, valid_docs, protocol, tokenizer=tok,
                                                              topic_tokenizer=topic_tok)["perplexity"]))
-    ablation = {protocol: evaluate_perplexity(tcnlm, valid_docs, protocol, tokenizer=tok, topic_tokenizer=topic_tok,
+    ablation = {protocol: evaluate_perplexity(topic_model, valid_docs, protocol, tokenizer=tok, topic_tokenizer=topic_tok,
                                               mismatched_context=True)["perplexity"] for protocol in ("paper", "causal")}
     print("\n| model | protocol | context of sentence j | perplexity |\n|---|---|---|---|")
     contexts = {"paper": "document minus j (sees later sentences)", "causal": "sentences before j",
                 "causal-carry": "sentences before j, LSTM state carried"}
     for name, protocol, ppl in rows:
-        print(f"| {name} | {protocol} | {contexts[protocol] if name == 'TCNLM' else '(ignored)'} | {ppl:.2f} |")
+        print(f"| {name} | {protocol} | {contexts[protocol] if name == label else '(ignored)'} | {ppl:.2f} |")
     for protocol, ppl in ablation.items():
-        print(f"| TCNLM | {protocol}, another document's context (ablation) | another document's | {ppl:.2f} |")
+        print(f"| {label} | {protocol}, another document's context (ablation) | another document's | {ppl:.2f} |")
     ppl = {(name, protocol): value for name, protocol, value in rows}
-    print("\n" + verdict(ppl[("TCNLM", "causal")], ppl[("LSTM", "causal")], ablation["causal"], steps,
-                         args.train_seconds))
+    print("\n" + verdict(ppl[(label, "causal")], ppl[("LSTM", "causal")], ablation["causal"], steps,
+                         args.train_seconds, label))
     print(f"\n       ({done(start)}) each model trained for {args.train_seconds:.0f} s; "
           f"{source}; vocabulary of words seen >= {1 if synthetic else DEMO_MIN_FREQ} times, so these perplexities "
           "are not comparable with the tables of results/README.md")
