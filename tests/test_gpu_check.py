@@ -27,12 +27,12 @@ def test_gpu_check_runs_on_a_cpu_and_records_every_family(tmp_path):
     assert set(parts) == {"steps-eager", "generation", "carried"} | {
         f"cli-{n}" for n in ("lstm", "tcnlm", "topic-lstm", "nclm-leta", "rgbn")}
     carried = parts["carried"]["result"]  # the unified benchmark's carried rows, trained on the device
-    assert set(carried["rows"]) == {"lstm-carry", "topic-lstm-carry-mixture"}
+    assert set(carried["rows"]) == {"lstm-carry", "rgbn-carry"}
     for row in carried["rows"].values():
         assert row["steps_trained"] > 0 and math.isfinite(row["perplexity"]["causal-carry"]["perplexity"])
         assert row["stopped_by"] in ("max_steps", "patience")
-    assert carried["rows"]["topic-lstm-carry-mixture"]["mismatched"]["base_protocol"] == "causal-carry"
-    assert "TopicLSTM, carried state" in (tmp_path / "tables.md").read_text()
+    assert carried["rows"]["rgbn-carry"]["mismatched"]["base_protocol"] == "causal-carry"
+    assert "rGBN-RNN, carried state" in (tmp_path / "tables.md").read_text()
     steps = parts["steps-eager"]["result"]
     assert {"fp32", "bf16", steps["default_mode"]} <= set(steps["modes"])
     for mode in steps["modes"].values():
