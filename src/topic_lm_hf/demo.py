@@ -43,8 +43,8 @@ TOPIC_FAMILIES = {  # model_type -> (label, configuration values)
     "nclm": ("NCLM", dict(SIZES, num_topics=DEMO_TOPICS)),
     "rgbn_rnn": ("rGBN-RNN", dict(embedding_size=128, hidden_sizes=[128], topic_sizes=[DEMO_TOPICS], dropout=0.2)),
 }
-# The default family: the one with the best perplexity under causal after the demo's 60 s of training, measured by
-# scripts/benchmark_demo.py (results/demo-budget; tests/test_cli.py checks that this is the measured best).
+# The default family: the one with the best perplexity under causal at the demo's budget, measured by
+# scripts/benchmark_demo.py (results/demo-budget; tests/test_benchmark_demo.py checks that this is the measured best).
 DEMO_FAMILY = "nclm"
 TOPIC_PRETRAINING_STEPS = 300
 DEMO_MIN_FREQ = 25
