@@ -35,9 +35,9 @@ from transformers import set_seed
 from topic_lm_hf import data as data_lib
 from topic_lm_hf.collator import TopicContextCollator
 from topic_lm_hf.demo import (DEMO_MIN_FREQ, SIZES, TOPIC_FAMILIES, TOPIC_PRETRAINING_STEPS, build_topic_model,
-                              locate_corpus, pretrain, rows_per_step, train_for, training_arguments)
+                              locate_corpus, pretrain, rows_per_step, speed_settings, train_for)
 from topic_lm_hf.evaluation import evaluate_perplexity
-from topic_lm_hf.fast_path import FastPathArguments, resolve_compile, resolve_precision
+from topic_lm_hf.fast_path import FastPathArguments
 from topic_lm_hf.models import LSTMLMConfig, LSTMLMForCausalLM
 
 from benchmarking import check_settings, code_version, fmt, read_json, write_json
@@ -79,17 +79,15 @@ def measure(name: str, seed: int, args, train_docs, valid_docs, tok, topic_tok) 
         pretrained = time.perf_counter() - start
     collator = TopicContextCollator.for_model(model, tok, topic_tok if name != "lstm" else None)
     rows = collator.prepare(train_docs)
-    fast = FastPathArguments()
-    compiled = resolve_compile(training_arguments("unused", 3e-3), fast.compile_output_layer)
-    bf16, _ = resolve_precision(training_arguments("unused", 3e-3), fast.precision, compiled)
+    speed, _ = speed_settings(FastPathArguments())
     with tempfile.TemporaryDirectory() as tmp:
         wall = time.perf_counter()
-        steps = train_for(model, rows, collator, args.seconds, tmp, LABELS[name], 3e-3, bf16=bf16,
-                          compile_output_layer=compiled, clock=time.process_time)
+        steps = train_for(model, rows, collator, args.seconds, tmp, LABELS[name], 3e-3, clock=time.process_time,
+                          **speed)
         wall = time.perf_counter() - wall
     result = dict(model=name, seed=seed, steps=steps, rows_per_step=rows_per_step(model, rows),
                   parameters=sum(p.numel() for p in model.parameters()), train_wall_seconds=wall,
-                  pretrain_seconds=pretrained, bf16=bf16, compiled_output_layer=compiled)
+                  pretrain_seconds=pretrained, bf16=speed["bf16"], compiled_output_layer=speed["compile_output_layer"])
     result["causal"] = evaluate_perplexity(model, valid_docs, "causal", tokenizer=tok,
                                            topic_tokenizer=topic_tok)["perplexity"]
     if name != "lstm":
@@ -98,7 +96,7 @@ def measure(name: str, seed: int, args, train_docs, valid_docs, tok, topic_tok) 
     return result
 
 
-def summarise(runs: list[dict], seeds: list[int]) -> list[dict]:
+def summarise(runs: list[dict]) -> list[dict]:
     """One row per model: the mean over the seeds of its steps, causal perplexity and ablation, with each seed's
     causal figure, and its difference to the LSTM's mean (negative = better than the LSTM)."""
     rows = []
@@ -165,7 +163,7 @@ def main(argv=None) -> None:
             print(f"[{name}, seed {seed}] {result['steps']} steps; causal {result['causal']:.2f}"
                   + (f", ablation {result['ablation']:.2f}" if "ablation" in result else ""), flush=True)
             runs.append(result)
-    rows = summarise(runs, args.seeds)
+    rows = summarise(runs)
     corpus = f"{source}, LM vocabulary {len(tok):,} words, topic vocabulary {len(topic_tok):,}"
     text = table(rows, args, corpus)
     topic = [r for r in rows if r["model"] != "lstm"]

@@ -123,11 +123,16 @@ def locate_corpus(train_file: Optional[str], synthetic: bool = False):
     return train, valid, source, resolve_stopwords("mallet" if on_apnews else "default")
 
 
-def build_topic_model(family: str, tok, topic_tok):
-    """The demo's model of topic family ``family`` (a key of ``TOPIC_FAMILIES``), sized to the vocabularies."""
+def check_family(family: str) -> str:
+    """``family`` if it is one of the demo's topic families (``TOPIC_FAMILIES``); a one-line ``ValueError`` if not."""
     if family not in TOPIC_FAMILIES:
         raise ValueError(f"--family must be one of {', '.join(TOPIC_FAMILIES)}, got {family!r}")
-    record = family_of(family)
+    return family
+
+
+def build_topic_model(family: str, tok, topic_tok):
+    """The demo's model of topic family ``family`` (a key of ``TOPIC_FAMILIES``), sized to the vocabularies."""
+    record = family_of(check_family(family))
     config = record.config_class.from_tokenizers(tok, topic_tok, **TOPIC_FAMILIES[family][1], **steering_recipe(family))
     return record.causal_lm_class(config)
 
@@ -145,6 +150,15 @@ def rows_per_step(model, rows) -> int:
         return CHUNKS_PER_STEP
     per_document = sum(len(row["input_ids"]) for row in rows) / max(1, len(rows))
     return max(1, round(CHUNKS_PER_STEP / per_document))
+
+
+def speed_settings(fast: FastPathArguments, device: torch.device | str = "cpu") -> tuple[dict, str]:
+    """The fast path the demo trains with on ``device`` (bf16 autocast, the compiled output layer: what ``fast``
+    asks for, or what was measured to pay there) as :func:`train_for` keywords, and the sentence that says so."""
+    targs = training_arguments("unused", 3e-3, device=device)
+    compiled = resolve_compile(targs, fast.compile_output_layer)
+    bf16, sentence = resolve_precision(targs, fast.precision, compiled)
+    return dict(bf16=bf16, compile_output_layer=compiled, device=device), sentence
 
 
 def training_arguments(out_dir: str, learning_rate: float, max_steps: int = 100_000, bf16: bool = False,
@@ -279,8 +293,7 @@ def _run_demo(args: DemoArguments, fast: FastPathArguments, device: torch.device
     transformers.utils.logging.disable_progress_bar()
     if args.threads < 1:
         raise ValueError(f"--threads must be at least 1, got {args.threads}")
-    if args.family not in TOPIC_FAMILIES:
-        raise ValueError(f"--family must be one of {', '.join(TOPIC_FAMILIES)}, got {args.family!r}")
+    check_family(args.family)  # before the data is read
     torch.set_num_threads(args.threads)
     set_seed(args.seed)
     total, t0 = 7, time.perf_counter()
@@ -311,11 +324,8 @@ def _run_demo(args: DemoArguments, fast: FastPathArguments, device: torch.device
 
     start = phase(3, total, f"training {label} ({DEMO_TOPICS} topics), then the same-size LSTM, for "
                             f"{args.train_seconds:.0f} s each")
-    targs = training_arguments(args.output_dir, 3e-3, device=device)
-    compiled = resolve_compile(targs, fast.compile_output_layer)
-    bf16, sentence = resolve_precision(targs, fast.precision, compiled)
+    speed, sentence = speed_settings(fast, device)
     print(f"       {sentence} Device: {device}.", flush=True)
-    speed = dict(bf16=bf16, compile_output_layer=compiled, device=device)
     steps = {}
     steps[label] = train_for(topic_model, topic_rows, topic_collator, args.train_seconds,
                              os.path.join(args.output_dir, args.family), label, 3e-3, **speed)
