@@ -118,7 +118,8 @@ def summarise(runs: list[dict]) -> list[dict]:
 
 
 def table(rows: list[dict], args, corpus: str) -> str:
-    lines = [f"Every model trained the demo's way for {args.seconds:g} s of CPU time ({corpus}); `causal` perplexity "
+    lines = [f"Every model trained the demo's way for {args.seconds:g} s of CPU time, a fixed budget (not converged; "
+             f"{corpus}); `causal` perplexity "
              f"on the first {args.eval_documents} validation documents, mean over seed(s) "
              f"{', '.join(map(str, args.seeds))}.", "",
              "| model | steps in the budget | parameters | causal (each seed) | ablation: another document's context "
