@@ -51,7 +51,7 @@ from benchmarking import (DATA, MODELS, SIZES, SPEED_MODES, CarriedLoss, OnDevic
                           trains_with_carry_state, write_json)
 
 CHUNK_MODELS = ("lstm", "tcnlm", "topic-lstm", "nclm-lta", "nclm-leta", "gbn", "rgbn")
-CARRY_MODELS = ("lstm-carry", "tcnlm-carry", "topic-lstm-carry", "nclm-leta-carry")
+CARRY_MODELS = ("lstm-carry", "tcnlm-carry", "topic-lstm-carry", "nclm-leta-carry", "rgbn-carry")
 TIMED_MODES = ("fp32", "bf16", "bf16+compiled")
 FAST = "bf16+compiled"
 

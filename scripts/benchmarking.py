@@ -496,11 +496,55 @@ class OperationCounter(TorchDispatchMode):
     def __init__(self):
         super().__init__()
         self.count, self.by_name = 0, collections.Counter()
+        self.syncs, self.syncs_by_name = 0, collections.Counter()
+
+    def __enter__(self):
+        # Tensor.tolist reads a tensor on the host without dispatching an operation on the CPU (on a GPU it is a
+        # copy to the host): count it here
+        self._tolist = torch.Tensor.tolist
+        counter, tolist = self, self._tolist
+
+        def counted(tensor, *args, **kwargs):
+            counter.syncs += 1
+            counter.syncs_by_name["tolist"] += 1
+            return tolist(tensor, *args, **kwargs)
+
+        torch.Tensor.tolist = counted
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        torch.Tensor.tolist = self._tolist
+        return super().__exit__(*exc)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
         self.count += 1
-        self.by_name[func.overloadpacket.__name__] += 1
+        self.by_name[name] += 1
+        if is_host_synchronisation(name, args, kwargs or {}):
+            self.syncs += 1
+            self.syncs_by_name[name] += 1
         return func(*args, **(kwargs or {}))
+
+
+# operations whose result's shape or value the host must read before it can go on: on a GPU each one waits until
+# the queue has drained (``nonzero`` and its users, ``.item()``, ``unique``, ...)
+_SYNC_OPERATIONS = {"nonzero", "_local_scalar_dense", "unique", "_unique", "_unique2", "unique_consecutive",
+                    "unique_dim", "masked_select", "is_nonzero", "equal", "allclose"}
+
+
+def is_host_synchronisation(name: str, args, kwargs) -> bool:
+    """Whether an aten operation makes the host wait for the device: the operations of ``_SYNC_OPERATIONS``,
+    ``repeat_interleave`` with tensor counts and no ``output_size``, and indexing with a boolean mask (it runs
+    ``nonzero`` inside, below the dispatcher)."""
+    if name in _SYNC_OPERATIONS:
+        return True
+    if name == "repeat_interleave":
+        return kwargs.get("output_size") is None and len(args) >= 1 and isinstance(args[0], torch.Tensor) and \
+            (len(args) == 1 or isinstance(args[1], torch.Tensor))
+    if name in ("index", "index_put", "index_put_", "_index_put_impl_"):
+        indices = args[1] if len(args) > 1 else kwargs.get("indices", ())
+        return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in indices or ())
+    return False
 
 
 def step_cost(model, batch: dict, bf16: bool = False) -> dict:
@@ -519,7 +563,11 @@ def step_cost(model, batch: dict, bf16: bool = False) -> dict:
     finally:
         lm.output_layer_compiled = compiled
     model.zero_grad(set_to_none=True)
-    return {"operations": ops.count, "gflop": flops.get_total_flops() / 1e9}
+    base = getattr(lm, "model", None)
+    if getattr(base, "_tlasgr_pending", None) is not None:  # rGBN-RNN: the step is not applied; nor its statistics
+        base._tlasgr_pending = None
+    return {"operations": ops.count, "host_synchronisations": ops.syncs, "gflop": flops.get_total_flops() / 1e9,
+            "most_frequent": dict(ops.by_name.most_common(10)), "synchronisations": dict(ops.syncs_by_name)}
 
 
 def interleaved_step_times(models: dict, collators: dict, rows: dict, args, repeats: int,

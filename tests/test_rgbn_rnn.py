@@ -151,6 +151,74 @@ def test_multinomial_split_conserves_counts_and_has_the_right_mean():
     assert torch.allclose(total[3], expected[3], rtol=0.03)
 
 
+@pytest.mark.parametrize("sampler", ["crt", "multinomial"])
+def test_the_fixed_size_unit_buffer_leaves_the_draws_unchanged(sampler):
+    """Units and customers are expanded into a buffer of a size the host knows (no synchronisation): the real ones
+    come first and draw the same uniforms, so a larger buffer than needed gives the very same draws."""
+    counts = torch.tensor([0.0, 3.0, 1.0, 12.0, 5.0])
+    draw = {"crt": lambda total: sample_crt(counts, torch.tensor([1.0, 0.5, 2.0, 0.3, 7.0]), total=total),
+            "multinomial": lambda total: multinomial_split(counts, torch.rand(5, 4, generator=torch.Generator()
+                                                                                .manual_seed(1)), total)}[sampler]
+    results = []
+    for total in (None, 21, 60):
+        torch.manual_seed(9)
+        results.append(draw(total))
+    assert torch.equal(results[0], results[1]) and torch.equal(results[0], results[2])
+
+
+@pytest.mark.parametrize("recurrent", [True, False])
+def test_the_fused_sentence_encoder_equals_one_sentence_at_a_time(recurrent):
+    """The encoder's fused recurrence over all sentences against the cell stepped sentence by sentence (the naive
+    loop): k, lambda, the last hidden state and the gradients of every weight, from a given hidden state too."""
+    torch.manual_seed(10)
+    config = RGBNRNNConfig(vocab_size=30, topic_vocab_size=40, topic_sizes=[7, 5], hidden_sizes=[6, 4],
+                           recurrent=recurrent, recurrent_encoder=recurrent)
+    encoder = RGBNRNNModel(config).encoder
+    bows = torch.poisson(torch.full((3, 6, 40), 0.7))
+    hidden = [torch.randn(3, 7), torch.randn(3, 5)] if recurrent else None
+
+    def naive():
+        shapes, scales, h = [[], []], [[], []], hidden
+        for j in range(bows.shape[1]):
+            x, new = torch.log1p(bows[:, j]), []
+            for l, cell in enumerate(encoder.cells):
+                x = cell(x, h[l] if (h is not None and recurrent) else None)
+                new.append(x)
+                shapes[l].append(torch.nn.functional.softplus(encoder.shape[l](x)).clamp(config.k_min, config.k_max))
+                scales[l].append(torch.nn.functional.softplus(encoder.scale[l](x)) + 1e-6)
+            h = new
+        return [torch.stack(x, 1) for x in shapes], [torch.stack(x, 1) for x in scales], h
+
+    results = []
+    for run in (naive, lambda: encoder(bows, hidden)):
+        encoder.zero_grad()
+        shapes, scales, last = run()
+        (sum(k.sum() for k in shapes) + sum((lam * torch.arange(lam.shape[-1])).sum() for lam in scales)
+         + sum(h.pow(2).sum() for h in last)).backward()
+        results.append(([*shapes, *scales, *last], [torch.zeros_like(p) if p.grad is None else p.grad.clone()
+                                                    for p in encoder.parameters()]))
+    (want, want_grads), (got, got_grads) = results
+    for g, w in zip(got + got_grads, want + want_grads):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
+
+
+def test_document_thetas_draw_the_uniforms_sentence_by_sentence(apnews):
+    """The samples of all sentences come from one draw of uniforms taken in the order the sentence-by-sentence
+    encoder drew them (sentence, then layer): the same random numbers give the same theta."""
+    model = make(apnews).train()
+    _, batch = documents_batch(apnews)
+    b, c = batch["chunk_mask"].shape
+    slots = model.model.sentence_slots(batch["input_ids"], batch["chunk_mask"].bool(), batch["sentence_index"],
+                                       batch["context_bow"], b, c)
+    torch.manual_seed(11)
+    tp = model.model.encode_documents(slots.bows, slots.slot_mask, sample=True)
+    torch.manual_seed(11)
+    for j in range(slots.bows.shape[1]):
+        for l in range(3):
+            want = weibull_sample(tp.shapes[l][:, j], tp.scales[l][:, j])
+            torch.testing.assert_close(tp.thetas[l][:, j], want, rtol=1e-6, atol=0)
+
+
 def _random_hierarchy(V=25, K=(6, 4, 3), b=3, J=5, recurrent=True, seed=5):
     g = torch.Generator().manual_seed(seed)
     rows = [V, *K[:-1]]

@@ -117,10 +117,16 @@ def state_from_aliases(state, kwargs: dict):
     return next(iter(given.values()), None)
 
 
+def read_on_host(values: torch.Tensor) -> list:
+    """The values of a small tensor as a Python list: one host synchronisation however many values it holds
+    (gather what the host must know into one tensor and read it once)."""
+    return values.tolist()
+
+
 def embed_checked(embed_tokens: nn.Embedding, input_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """(b, s) ids -> (b, s, E) embeddings; ids outside [0, vocab_size) are a ``ValueError`` (a mismatched
     tokenizer), not an index error deep in the embedding."""
-    if bool((input_ids >= vocab_size).any()) or bool((input_ids < 0).any()):
+    if bool(((input_ids >= vocab_size) | (input_ids < 0)).any()):  # one host synchronisation
         raise ValueError(f"input_ids must be in [0, {vocab_size}): mismatched tokenizer?")
     return embed_tokens(input_ids)
 
@@ -352,8 +358,11 @@ def run_rnn(rnn: nn.RNNBase, x: torch.Tensor, attention_mask: Optional[torch.Ten
     hx = _to_layer_first(state)
     if hx is not None and not is_lstm:
         hx = hx[0]
-    full = attention_mask is None or bool(attention_mask.all())
-    right_padded = not full and _is_right_padded(attention_mask)
+    full, right_padded = True, False
+    if attention_mask is not None:  # both read at once: one host synchronisation
+        full, right_padded = (bool(v) for v in read_on_host(torch.stack([
+            attention_mask.bool().all(), (attention_mask[:, :-1] >= attention_mask[:, 1:]).all()])))
+        right_padded = right_padded and not full
     if full or (not need_state and right_padded):
         out, hn = rnn(x, hx)
         if not full:
@@ -725,7 +734,22 @@ def detach_or_none(x: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     return x.detach() if x is not None else None
 
 
-def document_layout(attention_mask: torch.Tensor, chunk_mask: torch.Tensor):
+def _fed_tokens(attention_mask: torch.Tensor, chunk_mask: torch.Tensor) -> torch.Tensor:
+    """(b, c * l) bool: the chunk tokens a documents batch's carried sequences hold (:func:`document_layout`)."""
+    b, c, _ = attention_mask.shape
+    real = attention_mask.bool() & chunk_mask.bool().to(attention_mask.device).unsqueeze(-1)
+    fed = torch.cat([real[..., 1:], real.new_zeros(b, c, 1)], dim=-1).flatten(1)
+    last = real.flatten(1).cumsum(1).argmax(1)  # the first position of the running count's maximum
+    fed[torch.arange(b, device=fed.device), last] = True
+    return fed
+
+
+def carried_sequence_lengths(attention_mask: torch.Tensor, chunk_mask: torch.Tensor) -> torch.Tensor:
+    """(b,) the length of each document's carried token sequence (:func:`document_layout`)."""
+    return _fed_tokens(attention_mask, chunk_mask).sum(1)
+
+
+def document_layout(attention_mask: torch.Tensor, chunk_mask: torch.Tensor, longest: Optional[int] = None):
     """Where the tokens of a documents batch are in its documents' token sequences: what a recurrence reads when
     its state is carried from each chunk of a document to the next (``topic_lm_hf.carried_state``).
 
@@ -736,6 +760,8 @@ def document_layout(attention_mask: torch.Tensor, chunk_mask: torch.Tensor):
     Args:
         attention_mask: (b, c, l), 1 at the real tokens of each chunk (right padding).
         chunk_mask: (b, c), each document's chunks a prefix.
+        longest: the longest sequence (``carried_sequence_lengths``' maximum) when the host knows it already; else it
+            is read (one host synchronisation).
 
     Returns:
         ``(order, mask, fed, index)``: ``order`` (b, n), the index in its document's flattened chunks (c * l) of each
@@ -744,13 +770,10 @@ def document_layout(attention_mask: torch.Tensor, chunk_mask: torch.Tensor):
         its chunk, and the document's last one); ``index`` (b, c * l), each such token's index in the flattened
         sequences (b * n), 0 elsewhere.
     """
-    b, c, _ = attention_mask.shape
-    real = attention_mask.bool() & chunk_mask.bool().to(attention_mask.device).unsqueeze(-1)
-    fed = torch.cat([real[..., 1:], real.new_zeros(b, c, 1)], dim=-1).flatten(1)
-    last = real.flatten(1).cumsum(1).argmax(1)  # the first position of the running count's maximum
-    fed[torch.arange(b, device=fed.device), last] = True
+    fed = _fed_tokens(attention_mask, chunk_mask)
+    b = fed.shape[0]
     lengths = fed.sum(1)
-    n = int(lengths.max())
+    n = int(lengths.max()) if longest is None else longest
     # a stable sort of each row's held positions to the front keeps them in document order
     order = torch.argsort((~fed).to(torch.int8), dim=1, stable=True)[:, :n]
     mask = torch.arange(n, device=fed.device) < lengths.unsqueeze(1)

@@ -65,8 +65,9 @@ from .modeling_conditioning import (_broadcast_rows, check_at_most_one, check_co
                                     given_keywords, normalize_topic_kwargs)
 from .modeling_generation import TopicGenerationMixin
 from .modeling_document import DocumentClassifierMixin, DocumentRepresentationMixin
-from .modeling_recurrent import (RecurrentModelOutput, RecurrentPreTrainedModel, TopicLMOutput, document_layout,
-                                 embed_checked, last_columns, last_token_positions, run_rnn, state_from_aliases)
+from .modeling_recurrent import (RecurrentModelOutput, RecurrentPreTrainedModel, TopicLMOutput,
+                                 carried_sequence_lengths, document_layout, embed_checked, last_columns,
+                                 last_token_positions, read_on_host, run_rnn, state_from_aliases)
 # the probability machinery (also imported from here by name: kl_weibull_gamma, augment_counts, tlasgr_update, ...)
 from .modeling_rgbn_sampler import (_ALPHA_MIN, _LAMBDA_MIN, _RATE_MIN, CRT_EXACT_LIMIT, EULER_GAMMA,  # noqa: F401
                                     AugmentedCounts, augment_counts, kl_weibull_gamma, multinomial_split, sample_crt,
@@ -124,6 +125,20 @@ class _TopicPass:
     counts: Optional[torch.Tensor] = None  # the bags of words encoded
     rows: Optional[torch.Tensor] = None  # bool, rows / slots that count in the topic model's loss
     hidden: Optional[list] = None  # encoder hidden after this sentence, per layer
+    total: Optional[int] = None  # a bound on the counts' sum known to the host (None: read it when needed)
+
+
+@dataclass
+class _Slots:
+    """A documents batch's sentences (internal; :meth:`RGBNRNNModel.sentence_slots`)."""
+
+    slot: torch.Tensor  # (b, c) the sentence slot of every chunk
+    slot_mask: torch.Tensor  # (b, J) the real sentence slots
+    bows: torch.Tensor  # (b, J, V_c) each slot's bag of words
+    rows: torch.Tensor  # (real chunks,) their documents, in order
+    cols: torch.Tensor  # (real chunks,) their chunk positions
+    total: int  # the sum of the bags' counts
+    longest: int  # the longest carried token sequence (0 unless asked)
 
 
 class RGBNRNNEncoder(nn.Module):
@@ -142,18 +157,34 @@ class RGBNRNNEncoder(nn.Module):
         # none, and the model's _init_weights gives it to them once they are on a real device.
         self.cells_initialised = not any(p.is_meta for p in self.cells.parameters())
 
+    def forward(self, bows: torch.Tensor, hidden: Optional[list] = None):
+        """Every sentence of every document: bows (n, J, V_c), hidden per layer (n, K_l) before the first sentence or
+        None -> (k list (n, J, 1), lambda list (n, J, K_l), hidden after the last sentence per layer (n, K_l)).
+
+        Each layer's recurrence over the sentences is one fused call (it reads the layer below and the bags of
+        words, never the samples), and k, lambda come from all sentences at once."""
+        x = torch.log1p(bows)
+        shapes, scales, last = [], [], []
+        for l, cell in enumerate(self.cells):
+            x = x.to(cell.weight_ih.dtype)
+            if self.recurrent:
+                h0 = (hidden[l] if hidden is not None else x.new_zeros(x.shape[0], cell.hidden_size)).unsqueeze(0)
+                x, h_n = torch._VF.rnn_tanh(x, h0.to(x.dtype), [cell.weight_ih, cell.weight_hh, cell.bias_ih,
+                                                                 cell.bias_hh], True, 1, 0.0, self.training, False,
+                                            True)
+                last.append(h_n.squeeze(0))
+            else:  # every sentence from a zero hidden state: tanh(W_ih x + b_ih + b_hh)
+                x = torch.tanh(F.linear(x, cell.weight_ih, cell.bias_ih + cell.bias_hh))
+                last.append(x[:, -1])
+            shapes.append(F.softplus(self.shape[l](x)).clamp(self.k_min, self.k_max))
+            scales.append(F.softplus(self.scale[l](x)) + _LAMBDA_MIN)
+        return shapes, scales, last
+
     def step(self, bow: torch.Tensor, hidden: Optional[list]):
         """One sentence: bow (n, V_c), hidden per layer (n, K_l) or None -> (k list (n, 1), lambda list (n, K_l),
         new hidden list)."""
-        x = torch.log1p(bow)
-        shapes, scales, new_hidden = [], [], []
-        for l, cell in enumerate(self.cells):
-            h_prev = hidden[l] if (hidden is not None and self.recurrent) else None
-            x = cell(x.to(cell.weight_ih.dtype), h_prev)
-            new_hidden.append(x)
-            shapes.append(F.softplus(self.shape[l](x)).clamp(self.k_min, self.k_max))
-            scales.append(F.softplus(self.scale[l](x)) + _LAMBDA_MIN)
-        return shapes, scales, new_hidden
+        shapes, scales, last = self(bow.unsqueeze(1), hidden)
+        return [k.squeeze(1) for k in shapes], [lam.squeeze(1) for lam in scales], last
 
 
 class RGBNRNNGate(nn.Module):
@@ -347,11 +378,13 @@ class RGBNRNNModel(DocumentRepresentationMixin, RGBNRNNPreTrainedModel):
         self.config.tlasgr_corpus_size = int(rows)
 
     @torch.no_grad()
-    def accumulate_tlasgr_statistics(self, counts: torch.Tensor, thetas: list, rows: int) -> None:
+    def accumulate_tlasgr_statistics(self, counts: torch.Tensor, thetas: list, rows: int,
+                                     total: Optional[int] = None) -> None:
         """Augment the counts (b, J, V_c) with the raw theta samples (per layer (b, J, K_l)) and add the sufficient
-        statistics to the pending ones (applied by :meth:`tlasgr_step`); ``rows``: the minibatch rows they cover."""
+        statistics to the pending ones (applied by :meth:`tlasgr_step`); ``rows``: the minibatch rows they cover;
+        ``total``: a bound on the counts' sum known to the host (None: read, one host synchronisation)."""
         phis, pis = self._matrices(torch.float64)
-        aug = augment_counts(counts, [t.detach() for t in thetas], phis, pis, self.config.tau0)
+        aug = augment_counts(counts, [t.detach() for t in thetas], phis, pis, self.config.tau0, total=total)
         stats = aug.phi + (aug.pi or [])
         if self._tlasgr_pending is None:
             self._tlasgr_pending = [stats, float(rows)]
@@ -417,21 +450,18 @@ class RGBNRNNModel(DocumentRepresentationMixin, RGBNRNNPreTrainedModel):
         """The sentence recurrence over documents: context_bow (b, J, V_c) per sentence slot, slot_mask (b, J)
         -> theta per layer (b, J, K_l) (samples when ``sample``, else the posterior mean) with k, lambda."""
         b, J, _ = context_bow.shape
-        hidden = None
-        shapes, scales, thetas = ([[] for _ in self.config.topic_sizes] for _ in range(3))
-        for j in range(J):
-            k, lam, hidden = self.encoder.step(context_bow[:, j], hidden)
-            theta = self._theta_from_posterior(k, lam, sample)
-            for l in range(len(k)):
-                shapes[l].append(k[l])
-                scales[l].append(lam[l])
-                thetas[l].append(theta[l])
-        stack = lambda xs: [torch.stack(x, dim=1) for x in xs]  # noqa: E731
-        thetas = stack(thetas)
+        shapes, scales, hidden = self.encoder(context_bow)
+        if sample:  # one draw of the uniforms, in the order sentence by sentence, then layer by layer
+            sizes = [b * lam.shape[-1] for lam in scales]
+            uniforms = torch.rand(J, sum(sizes), dtype=scales[0].dtype, device=scales[0].device).split(sizes, 1)
+            thetas = [weibull_sample(k, lam, u.view(J, b, -1).transpose(0, 1))
+                      for k, lam, u in zip(shapes, scales, uniforms)]
+        else:
+            thetas = self._theta_from_posterior(shapes, scales, sample=False)
         prev = [F.pad(t[:, :-1], (0, 0, 1, 0)) for t in thetas]  # theta_{j-1}, zero at j = 1
-        has_prev = torch.zeros(b, J, dtype=torch.bool, device=context_bow.device)
-        has_prev[:, 1:] = True
-        return _TopicPass(thetas, stack(shapes), stack(scales), prev, has_prev, context_bow, slot_mask.bool(), hidden)
+        has_prev = torch.ones(b, J, dtype=torch.bool, device=context_bow.device)
+        has_prev[:, 0] = False
+        return _TopicPass(thetas, shapes, scales, prev, has_prev, context_bow, slot_mask.bool(), hidden)
 
     def prior_shapes(self, thetas: list, prev: list, has_prev: torch.Tensor) -> list:
         """The gamma prior shape alpha^l of every theta^l (same leading shape as the thetas):
@@ -673,10 +703,16 @@ class RGBNRNNModel(DocumentRepresentationMixin, RGBNRNNPreTrainedModel):
                 tuple(t.unsqueeze(1).to(features.dtype) for t in thetas)
         return features, new_state, hidden_states, tp, torch.cat(thetas, -1), None
 
-    def sentence_slots(self, input_ids, chunk_mask, sentence_index, context_bow, b: int, c: int):
+    def sentence_slots(self, input_ids, chunk_mask, sentence_index, context_bow, b: int, c: int,
+                       sequence_lengths: Optional[torch.Tensor] = None) -> "_Slots":
         """The sentence slot of every chunk of a documents batch, (b, c): a new slot where ``sentence_index``
-        changes (or, without it, at a chunk that starts with <bos>); the slot mask (b, J); and the bags of words
-        per slot (b, J, V_c), each the ``context_bow`` (b, c, V_c) of its sentence's first chunk (zero without)."""
+        changes (or, without it, at a chunk that starts with <bos>); the slot mask (b, J); the bags of words per
+        slot (b, J, V_c), each the ``context_bow`` (b, c, V_c) of its sentence's first chunk (zero without); the real
+        chunks (rows, cols) in order; a bound on the counts (the augmentation's buffers); and the longest of
+        ``sequence_lengths`` (b,) when given (the carried token sequences).
+
+        The batch is checked (every document has chunks, first; the bags hold finite, non-negative counts) and J,
+        the number of real chunks and the counts' total are read by the host in one synchronisation."""
         cfg = self.config
         device = chunk_mask.device
         if sentence_index is not None:
@@ -690,19 +726,35 @@ class RGBNRNNModel(DocumentRepresentationMixin, RGBNRNNPreTrainedModel):
             raise ValueError("Documents given as inputs_embeds need sentence_index")
         starts = starts & chunk_mask
         slot = starts.long().cumsum(1) - 1  # (b, c)
-        J = int(slot.max()) + 1
-        slot_mask = torch.zeros(b, J, dtype=torch.bool, device=device)
-        slot_mask.scatter_(1, torch.where(chunk_mask, slot, torch.zeros_like(slot)), chunk_mask)
-        bows = torch.zeros(b, J, cfg.topic_vocab_size, device=device, dtype=torch.float32)
+        checks = [chunk_mask[:, 0].all(), ~(chunk_mask[:, 1:] & ~chunk_mask[:, :-1]).any()]
+        weights = starts.unsqueeze(-1)
         if context_bow is not None:
             if context_bow.dim() != 3 or tuple(context_bow.shape) != (b, c, cfg.topic_vocab_size):
                 raise ValueError(f"context_bow of a documents batch must have shape ({b}, {c}, "
                                  f"{cfg.topic_vocab_size}), got {tuple(context_bow.shape)}")
-            context_bow = context_bow.to(device)
-            check_counts(context_bow)
-            rows, cols = starts.nonzero(as_tuple=True)
-            bows[rows, slot[rows, cols]] = context_bow[rows, cols].float()
-        return slot, slot_mask, bows
+            context_bow = context_bow.to(device).float()
+            checks.append(torch.isfinite(context_bow).all() & (context_bow >= 0).all())
+            total = (context_bow.round() * weights).sum()
+        else:
+            total = torch.zeros((), device=device)
+        longest = sequence_lengths.max() if sequence_lengths is not None else torch.zeros((), device=device)
+        flags = read_on_host(torch.stack([torch.stack(checks).all().double(), (slot.max() + 1).double(),
+                                          chunk_mask.sum().double(), total.double(), longest.double()]))
+        if not flags[0]:
+            if not bool(chunk_mask[:, 0].all()):
+                raise ValueError("Every document of a documents batch needs at least one chunk (an empty document?)")
+            if bool((chunk_mask[:, 1:] & ~chunk_mask[:, :-1]).any()):
+                raise ValueError("chunk_mask must mark each document's chunks first, padding chunks after them")
+            raise ValueError("context_bow must hold finite, non-negative counts")
+        J, real, total, longest = (int(v) for v in flags[1:])
+        slot_mask = torch.zeros(b, J, dtype=torch.bool, device=device)
+        slot_mask.scatter_(1, torch.where(chunk_mask, slot, torch.zeros_like(slot)), chunk_mask)
+        bows = torch.zeros(b, J, cfg.topic_vocab_size, device=device, dtype=torch.float32)
+        if context_bow is not None:  # each sentence's first chunk's bag (the others add zeros)
+            index = slot.clamp_min(0).unsqueeze(-1).expand(b, c, cfg.topic_vocab_size)
+            bows.scatter_add_(1, index, context_bow * weights)
+        flat = torch.nonzero_static(chunk_mask.flatten(), size=real).squeeze(1)
+        return _Slots(slot, slot_mask, bows, flat // c, flat % c, total, longest)
 
     def _run_documents(self, input_ids, attention_mask, inputs_embeds, context_bow, chunk_mask, sentence_index,
                        sample, output_hidden_states=False, carry=False):
@@ -714,17 +766,15 @@ class RGBNRNNModel(DocumentRepresentationMixin, RGBNRNNPreTrainedModel):
         if chunk_mask is None:
             chunk_mask = attention_mask.any(-1)
         chunk_mask = chunk_mask.bool().to(device)
-        if not bool(chunk_mask.any(1).all()):
-            raise ValueError("Every document of a documents batch needs at least one chunk (an empty document?)")
-        if not bool(chunk_mask[:, 0].all()) or bool((chunk_mask[:, 1:] & ~chunk_mask[:, :-1]).any()):
-            raise ValueError("chunk_mask must mark each document's chunks first, padding chunks after them")
-        slot, slot_mask, bows = self.sentence_slots(input_ids, chunk_mask, sentence_index, context_bow, b, c)
-        tp = self.encode_documents(bows, slot_mask, sample)
-        rows, cols = chunk_mask.nonzero(as_tuple=True)
+        lengths = carried_sequence_lengths(attention_mask, chunk_mask) if carry else None
+        slots = self.sentence_slots(input_ids, chunk_mask, sentence_index, context_bow, b, c, lengths)
+        slot, rows, cols = slots.slot, slots.rows, slots.cols
+        tp = self.encode_documents(slots.bows, slots.slot_mask, sample)
+        tp.total = slots.total
         chunk_slot = slot[rows, cols]
         thetas = [t[rows, chunk_slot] for t in tp.thetas]
         if carry:  # the LM over each document's token sequence, its state carried across the chunks
-            features, hidden = self._carried_lm_features(input_ids, attention_mask, inputs_embeds, chunk_mask, slot,
+            features, hidden = self._carried_lm_features(input_ids, attention_mask, inputs_embeds, chunk_mask, slots,
                                                          tp.thetas, output_hidden_states)
         else:  # the LM over the real chunks, each from a zero state, with its sentence's theta
             ids = input_ids[rows, cols] if input_ids is not None else None
@@ -736,7 +786,7 @@ class RGBNRNNModel(DocumentRepresentationMixin, RGBNRNNPreTrainedModel):
         row_theta = torch.cat(thetas, -1)  # each chunk's sentence theta, as the rows of the features
         return features, None, hidden, tp, torch.cat(tp.thetas, -1), (rows, cols, b, c, row_theta)
 
-    def _carried_lm_features(self, input_ids, attention_mask, inputs_embeds, chunk_mask, slot, thetas,
+    def _carried_lm_features(self, input_ids, attention_mask, inputs_embeds, chunk_mask, slots: _Slots, thetas,
                              output_hidden_states):
         """The gated LSTM with its state carried across each document's chunks, as ``causal-carry`` feeds them one
         after another: every layer in one call over the document's token sequence (:func:`document_layout`), each
@@ -744,14 +794,14 @@ class RGBNRNNModel(DocumentRepresentationMixin, RGBNRNNPreTrainedModel):
         gives it). Returns (features, hidden states or None) of the real chunks (R, s, .), zero at a chunk's tokens
         the sequence does not hold (its last, which the next chunk repeats or which ends the document's sentence)."""
         b, c, s = attention_mask.shape
-        order, mask, held, index = document_layout(attention_mask, chunk_mask)
+        order, mask, held, index = document_layout(attention_mask, chunk_mask, slots.longest)
         docs = torch.arange(b, device=order.device).unsqueeze(1)
-        sentence = slot.gather(1, order // s)  # (b, n): the sentence slot of every token of the sequences
+        sentence = slots.slot.gather(1, order // s)  # (b, n): the sentence slot of every token of the sequences
         ids = input_ids.flatten(1).gather(1, order) if input_ids is not None else None
         embeds = inputs_embeds.flatten(1, 2)[docs, order] if inputs_embeds is not None else None
         features, _, hidden = self.lm_features(ids, mask.long(), embeds, [t[docs, sentence] for t in thetas],
                                                output_hidden_states=output_hidden_states)
-        keep = chunk_mask.flatten()
+        keep = slots.rows * c + slots.cols  # the real chunks
         positions, held = index.view(b * c, s)[keep], held.view(b * c, s)[keep].unsqueeze(-1)
         pick = lambda x: x.flatten(0, 1)[positions] * held.to(x.dtype)  # noqa: E731
         return pick(features), (tuple(pick(h) for h in hidden) if hidden is not None else None)
@@ -867,14 +917,16 @@ class RGBNRNNForCausalLM(TopicFamilyForCausalLM, RGBNRNNPreTrainedModel, TopicGe
         else:
             b, c = context_bow.shape[:2]
             chunk_mask = (context_bow.sum(-1) > 0) if chunk_mask is None else chunk_mask
-            _, slot_mask, bows = self.model.sentence_slots(input_ids, chunk_mask.bool().to(device), sentence_index,
-                                                           context_bow, b, c)
+            slots = self.model.sentence_slots(input_ids, chunk_mask.bool().to(device), sentence_index, context_bow,
+                                              b, c)
+            slot_mask, bows = slots.slot_mask, slots.bows
         sample = self.training
         tp = self.model.encode_documents(bows, slot_mask, sample)
         poisson, kls = self.model.topic_terms(tp)
         if self.training and torch.is_grad_enabled() and self.config.topic_learning == "tlasgr":
             counts = bows * slot_mask.unsqueeze(-1).to(bows.dtype)
-            self.model.accumulate_tlasgr_statistics(counts, tp.thetas, rows=counts.shape[0])
+            self.model.accumulate_tlasgr_statistics(counts, tp.thetas, rows=counts.shape[0],
+                                                    total=slots.total if context_bow.dim() == 3 else None)
         words = (bows * slot_mask.unsqueeze(-1).to(bows.dtype))[..., 1:].sum().clamp_min(1)
         return (poisson + sum(kls)) / words
 
@@ -955,7 +1007,7 @@ class RGBNRNNForCausalLM(TopicFamilyForCausalLM, RGBNRNNPreTrainedModel, TopicGe
             counts, thetas = tp.counts * tp.rows.unsqueeze(-1).to(tp.counts.dtype), tp.thetas
             if counts.dim() == 2:  # chunk rows: each a one-sentence document; only sentence starts count
                 counts, thetas = counts.unsqueeze(1), [t.unsqueeze(1) for t in thetas]
-            self.model.accumulate_tlasgr_statistics(counts, thetas, rows=counts.shape[0])
+            self.model.accumulate_tlasgr_statistics(counts, thetas, rows=counts.shape[0], total=tp.total)
         return [LossTerm((w_poisson * poisson + sum(w * kl for w, kl in zip(w_kl, kls))) / n,
                          reported=dict(bow_loss=poisson / n, kl_loss=sum(kls) / n))]
 
