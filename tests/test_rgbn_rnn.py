@@ -15,6 +15,7 @@ from topic_lm_hf import (RGBNRNNConfig, RGBNRNNForCausalLM, RGBNRNNModel, TopicC
 from topic_lm_hf.models.modeling_rgbn_rnn import (EULER_GAMMA, augment_counts, format_topic_tree, kl_weibull_gamma,
                                                   multinomial_split, sample_crt, tlasgr_update, weibull_mean,
                                                   weibull_sample)
+from topic_lm_hf.models.modeling_rgbn_sampler import backward_walk
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -217,6 +218,73 @@ def test_document_thetas_draw_the_uniforms_sentence_by_sentence(apnews):
         for l in range(3):
             want = weibull_sample(tp.shapes[l][:, j], tp.scales[l][:, j])
             torch.testing.assert_close(tp.thetas[l][:, j], want, rtol=1e-6, atol=0)
+
+
+def test_the_backward_walk_draws_the_exact_moments_of_crt_binomial_and_multinomial():
+    """The walk's one uniform per customer (table, side, source) against the exact laws of one step: 3,000 documents
+    of two sentences whose last sentence has n customers in each of 3 topics; E and Var of ell ~ CRT(n, r) from the
+    digamma / trigamma formulas, E[ell^Pi] = s E[ell], E[z_k'] = sum_k E[ell^Pi_k] route[k, k'] / sum route[k, :],
+    and the Pi statistics' total."""
+    torch.manual_seed(12)
+    docs, K = 3000, 3
+    n = torch.tensor([1.0, 6.0, 40.0], dtype=torch.float64)
+    r = torch.tensor([0.3, 2.0, 9.0], dtype=torch.float64)
+    s = torch.tensor([0.2, 0.5, 0.9], dtype=torch.float64)
+    route_row = torch.tensor([[1.0, 2.0, 3.0], [0.5, 0.0, 0.5], [4.0, 1.0, 1.0]], dtype=torch.float64)
+    a = torch.zeros(docs, 2, K, dtype=torch.float64)
+    a[:, 1] = n
+    rate, share = torch.ones(docs, 2, K, dtype=torch.float64), torch.zeros(docs, 2, K, dtype=torch.float64)
+    rate[:, 1], share[:, 1] = r, s
+    route = route_row.expand(docs, 2, K, K).clone()
+    total = int(a.sum()) + 11
+    walked_n, ell, ell_pi, z, pi_stat = backward_walk(a, rate, share, route, total)
+    mean = r * (torch.digamma(r + n) - torch.digamma(r))
+    var = mean - r ** 2 * (torch.polygamma(1, r) - torch.polygamma(1, r + n))
+    se = (var / docs).sqrt()
+    assert ((ell[:, 1].mean(0) - mean).abs() < 4 * se).all()
+    assert ((ell[:, 1].var(0) / var)[1:] - 1).abs().max() < 0.12 and (ell[:, 1, 0] == 1).all()  # n = 1: one table
+    assert ((ell_pi[:, 1].mean(0) - s * mean).abs() < 4 * (var / docs).sqrt() + 0.05).all()
+    expected_z = (s * mean) @ (route_row / route_row.sum(1, keepdim=True))
+    assert ((z[:, 1].mean(0) - expected_z).abs() < 0.06 * expected_z + 0.03).all()
+    # the counts routed back reach sentence 1: n_1 = a_1 + z_2 there, and every count is conserved
+    assert torch.equal(walked_n[:, 0], z[:, 1]) and torch.equal(z.sum(-1), ell_pi.sum(-1))
+    assert pi_stat.sum() == ell_pi.sum() and ((ell <= walked_n) & ((ell > 0) == (walked_n > 0))).all()
+
+
+def _walk_by_the_exact_samplers(a, rate, share, route):
+    """The backward walk as the note writes it, one sentence at a time with the exact samplers (the reference)."""
+    b, J, K = a.shape
+    z_next, ell, ell_pi, z = torch.zeros(b, K, dtype=a.dtype), *(torch.zeros_like(a) for _ in range(3))
+    pi_stat = torch.zeros(K, K, dtype=a.dtype)
+    for j in range(J - 1, -1, -1):
+        ell[:, j] = sample_crt(a[:, j] + z_next, rate[:, j])
+        ell_pi[:, j] = torch.binomial(ell[:, j], share[:, j])
+        Z = multinomial_split(ell_pi[:, j].reshape(-1), route[:, j].reshape(-1, K)).view(b, K, K)
+        pi_stat += Z.sum(0)
+        z_next = z[:, j] = Z.sum(1)
+    return ell, ell_pi, z, pi_stat
+
+
+@pytest.mark.parametrize("grid", [32, 1])
+def test_the_backward_walk_over_sentences_matches_the_exact_samplers_in_the_mean(grid):
+    """Four sentences whose tables are mostly routed back (share 0.9), 2,000 copies of one document: the mean of
+    every count of the walk (seats drawn before it; ``grid=1``: most customers past the grid, the exact second
+    pass) against the sentence-by-sentence exact samplers, within 4.5 standard errors."""
+    torch.manual_seed(13)
+    docs, J, K = 2000, 4, 3
+    a = torch.tensor([[2.0, 0.0, 5.0], [1.0, 3.0, 0.0], [4.0, 4.0, 1.0], [6.0, 2.0, 3.0]],
+                     dtype=torch.float64).expand(docs, J, K)
+    rate = torch.tensor([0.5, 3.0, 8.0], dtype=torch.float64).expand(docs, J, K)
+    share = torch.full((docs, J, K), 0.9, dtype=torch.float64)
+    share[:, 0] = 0
+    route = torch.tensor([[5.0, 1.0, 1.0], [1.0, 5.0, 1.0], [1.0, 1.0, 5.0]], dtype=torch.float64).expand(docs, J, K, K)
+    n, *walked = backward_walk(a, rate, share, route, total=int(a.sum()), grid=grid)
+    reference = _walk_by_the_exact_samplers(a, rate, share, route)
+    for got, want in zip(walked[:3], reference[:3]):
+        se = ((got.var(0) + want.var(0)) / docs).sqrt().clamp_min(1e-3)
+        assert ((got.mean(0) - want.mean(0)).abs() / se).max() < 4.5
+    torch.testing.assert_close(walked[3] / docs, reference[3] / docs, rtol=0.06, atol=0.1)  # Pi counts per document
+    assert torch.equal(n[:, :-1], a[:, :-1] + walked[2][:, 1:]) and (walked[0] <= n).all()
 
 
 def _random_hierarchy(V=25, K=(6, 4, 3), b=3, J=5, recurrent=True, seed=5):

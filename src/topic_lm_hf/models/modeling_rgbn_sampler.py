@@ -14,6 +14,7 @@ from typing import Optional
 import torch
 
 from .configuration_rgbn_rnn import RGBNRNNConfig
+from .modeling_recurrent import read_on_host
 
 EULER_GAMMA = 0.5772156649015329
 _EPS_UNIFORM = 1e-6  # Weibull noise in [eps, 1 - eps]
@@ -136,8 +137,9 @@ def augment_counts(counts: torch.Tensor, thetas: list, phis: list, pis: Optional
 
     Every draw has a fixed shape: the units of a split and the customers of a CRT are expanded into buffers of
     ``total`` entries, a bound on ``counts.sum()`` known to the host (None: read it, one host synchronisation). No
-    count at any layer or sentence exceeds it: sum_j ell^Phi_j <= sum_j a_j at every layer, and n_j <= sum_{i >= j}
-    a_i. The walk backward over the sentences stays a loop (n_j needs the counts routed back from sentence j + 1).
+    layer's counts exceed it: sum_j ell^Phi_j <= sum_j a_j at every layer. Each layer's walk backward over the
+    sentences (:func:`backward_walk`) stays a loop, since n_j needs the counts routed back from sentence j + 1, but
+    its draws are made before it and each of its steps is a few operations.
 
     Args:
         counts: (b, J, V_c) integer-valued word counts d_j (zero rows for padding slots and empty contexts).
@@ -192,30 +194,171 @@ def augment_counts(counts: torch.Tensor, thetas: list, phis: list, pis: Optional
         rate, share = q1 + q2, (q1 / (q1 + q2).clamp_min(1e-300)).clamp(0, 1)
         # route[b, j, k, k']: pi[k, k'] theta[b, j - 1, k'] (where the Pi counts of sentence j go)
         route = pi.unsqueeze(0).unsqueeze(0) * _previous_sentence(theta).unsqueeze(2) if pi is not None else None
-        zero = torch.zeros(b, K, dtype=dtype, device=device)
-        ns, ells, ell_pis, zs, Zs = [zero] * J, [zero] * J, [zero] * J, [zero] * J, []
-        z_next = zero
-        a_j, rate_j, share_j = a.unbind(1), rate.unbind(1), share.unbind(1)
-        route_j = route.unbind(1) if route is not None else None
         first = 1 if (l == L - 1) else 0  # the top layer's first sentence: its prior shape is fixed, no tables
-        for j in range(J - 1, first - 1, -1):
-            n = ns[j] = a_j[j] + z_next
-            ell = ells[j] = sample_crt(n, rate_j[j], total=total)
-            if pi is None or j == 0:
-                z_next = zero
-                continue
-            ell_pi = ell_pis[j] = torch.binomial(ell, share_j[j])
-            # route each of the ell_pi[b, k] counts to a source topic k' of sentence j - 1
-            Z = multinomial_split(ell_pi.reshape(-1), route_j[j].reshape(-1, K), total).view(b, K, K)
-            Zs.append(Z)
-            z_next = zs[j] = Z.sum(1)
-        if first == 1:
-            ns[0] = a_j[0] + z_next
-        if pi is not None:
-            pi_stats.append(torch.stack(Zs).sum((0, 1)) if Zs else torch.zeros(K, K, dtype=dtype, device=device))
-        n_all, ell_all, ell_pi_all, z_all = (torch.stack(x, 1) for x in (ns, ells, ell_pis, zs))
+        n_all, ell_all, ell_pi_all, z_all, pi_stat = backward_walk(a, rate, share, route, total, first)
+        if pi_stat is not None:
+            pi_stats.append(pi_stat)
         record.update(n=n_all, ell=ell_all, ell_pi=ell_pi_all, ell_phi=ell_all - ell_pi_all, z=z_all)
     return AugmentedCounts(phi_stats, pi_stats, info if details else None)
+
+
+def _seat_customers(index, uniforms, rate, share, cdf):
+    """The fate of customers of CRT restaurants (cells), each from one uniform u: a customer opens a table when
+    u < p = r / (r + i) (i its index in its cell; i = 0 always does); the table goes to Pi when u / p (uniform given
+    the table) is below the share; then u / (p share) (uniform given that) picks its source topic by the inverse CDF
+    of its cell's route.
+
+    ``index``, ``uniforms``: (cells, m) customers (m per cell); ``rate``, ``share``: (cells, 1); ``cdf``: (cells, K)
+    each cell's normalised CDF over the sources, or None (no transitions). Returns (opens, to_pi or None, source or
+    None), each (cells, m)."""
+    p = rate / (rate + index)
+    opens = uniforms < p
+    if cdf is None:
+        return opens, None, None
+    u = uniforms / p
+    to_pi = opens & (u < share)
+    source = torch.searchsorted(cdf, u / share).clamp(max=cdf.shape[-1] - 1)
+    return opens, to_pi, source
+
+
+def _route_cdf(route: torch.Tensor) -> torch.Tensor:
+    """(..., K) non-negative weights -> each row's normalised CDF (a row of zeros: uniform)."""
+    cdf = torch.cumsum(route + 1e-300, -1)
+    return cdf / cdf[..., -1:]
+
+
+WALK_GRID = 32  # seats per cell and sentence drawn before the walk for the customers routed back (more: exact too)
+
+
+def backward_walk(a: torch.Tensor, rate: torch.Tensor, share: torch.Tensor, route: Optional[torch.Tensor],
+                  total: int, first: int = 0, grid: int = WALK_GRID):
+    """One layer's walk backward over the sentences (eqs. 14-16), j = J - 1, ..., ``first``:
+
+        n_j = a_j + z_{j+1};  ell_j ~ CRT(n_j, rate_j);  ell^Pi_j ~ Bin(ell_j, share_j);
+        Z_j[k, :] ~ Mult(ell^Pi_j[k]; route_j[k, :]),  z_j = sum_k Z_j[k, :].
+
+    Exact, with one uniform per customer (:func:`_seat_customers`): customer i of cell (b, j, k) is seated by the
+    i-th uniform of that cell whatever the walk did before it, so the draws can be made before the walk:
+
+    1. a CRT's tables are a sum over its customers in any order, so each cell's first a_j customers (known
+       before the walk) are seated for every sentence at once;
+    2. the next ``grid`` seats of every cell (indices a_j, ..., a_j + grid - 1) are also drawn at once, and the walk
+       only takes, sentence by sentence, the first z_{j+1}[k] of them: a mask and a sum, a few operations a step;
+    3. where some cell had more than ``grid`` customers routed back (the host reads one flag), the walk is run
+       again with the same draws plus the seats past the grid, expanded into buffers bounded by the tables after j
+       of the first part (z_{j+1} <= ell_{j+1} <= its tables there + z_{j+2}; one more read).
+
+    Args:
+        a: (b, J, K) counts from below; rate, share: (b, J, K), the CRT concentration and the Pi side's share of
+            the tables (0 where there is no previous sentence); route: (b, J, K, K') or None (no transitions).
+        total: a bound on ``a.sum()`` known to the host; first: the first sentence walked (1 at the top layer,
+            whose first sentence's prior is fixed); grid: the seats per cell drawn before the walk.
+
+    Returns:
+        (n, ell, ell_pi, z) each (b, J, K) (zero at sentences before ``first``), and the Pi statistics S[k, k'] =
+        sum_{b, j} Z_j[k, k'] (None without transitions).
+    """
+    b, J, K = a.shape
+    dtype, device = a.dtype, a.device
+    cells = b * J * K
+    rate = rate.clamp_min(1e-30)
+    flat = lambda x, pad: torch.cat([x.reshape(-1), x.new_full((1,), pad)])  # noqa: E731  the padding cell last
+    counts = torch.cat([a.new_zeros(b, first, K), a[:, first:]], 1) if first else a  # none before ``first``
+    # 1. the first a_j customers of every cell (b, j, k), all sentences at once
+    owner, index, _ = _units(counts.reshape(-1).long(), total)
+    rates, shares = flat(rate, 1.0).unsqueeze(1), flat(share, 0.0).unsqueeze(1)  # the padding cell last
+    cdf = _route_cdf(route.reshape(cells, K)) if route is not None else None
+    opens, to_pi, source = _seat_customers(index.unsqueeze(1), torch.rand(total, 1, dtype=dtype, device=device),
+                                           rates[owner], shares[owner],
+                                           torch.cat([cdf, cdf[:1]])[owner] if cdf is not None else None)
+    opens = opens.squeeze(1)
+    ell = torch.zeros(cells + 1, dtype=dtype, device=device).index_add_(0, owner, opens.to(dtype))[:cells]
+    ell = ell.view(b, J, K)
+    if route is None:  # no transitions: nothing is routed back, the walk has nothing to do
+        zeros = torch.zeros_like(a)
+        return a, ell, zeros, zeros, None
+    routed, source = to_pi.squeeze(1).to(dtype), source.squeeze(1)
+    ell_pi = torch.zeros(cells + 1, dtype=dtype, device=device).index_add_(0, owner, routed)[:cells].view(b, J, K)
+    z_first = torch.zeros(cells + K, dtype=dtype, device=device).index_add_(0, owner // K * K + source, routed)
+    z_first = z_first[:cells].view(b, J, K)  # Z summed over k: (b, J, K'); the padding cell is never routed
+    pi_stat = torch.zeros(K * K + K, dtype=dtype, device=device).index_add_(0, owner % K * K + source, routed)
+    # 2. the grid: seats a_j .. a_j + grid - 1 of every cell, all sentences at once
+    seat = torch.arange(grid, device=device, dtype=dtype)
+    g_opens, g_pi, g_source = _seat_customers(a.reshape(cells, 1) + seat,
+                                              torch.rand(cells, grid, dtype=dtype, device=device),
+                                              rates[:cells], shares[:cells], cdf)
+    g_opens, g_pi = g_opens.view(b, J, K, grid), g_pi.view(b, J, K, grid)
+    g_owner = torch.arange(cells, device=device).unsqueeze(1)
+    g_dest = (g_owner // (J * K) * K + g_source).view(b, J, K * grid)  # where each seat's table routes back to
+    z_more, extra, overflow = _walk(z_first, g_pi, g_dest, seat, first, None)
+    if bool(read_on_host(overflow.reshape(1))[0]):  # 3. some cell had more customers than the grid
+        after = ell.sum((0, 2)).flip(0).cumsum(0).flip(0)  # sum_{i >= j} tables of the first part
+        bounds = [int(v) for v in read_on_host(torch.cat([after[1:], after.new_zeros(1)]))]
+        beyond = dict(a=a, rate=rate, share=share, route=route, bounds=bounds, grid=grid)
+        z_more, extra, _ = _walk(z_first, g_pi, g_dest, seat, first, beyond)
+    # the walk's seats: the first ``extra`` of every cell's grid (and the seats beyond it, counted by _walk)
+    taken = seat < extra.unsqueeze(-1)  # (b, J, K, grid)
+    ell = ell + (g_opens & taken).sum(-1).to(dtype)
+    taken_pi = (g_pi & taken).to(dtype)
+    ell_pi = ell_pi + taken_pi.sum(-1)
+    pi_stat.index_add_(0, (g_owner % K * K + g_source).reshape(-1), taken_pi.reshape(-1))
+    if isinstance(z_more, tuple):  # the seats beyond the grid
+        z_more, beyond_ell, beyond_pi, beyond_stat = z_more
+        ell, ell_pi, pi_stat = ell + beyond_ell, ell_pi + beyond_pi, pi_stat + beyond_stat
+    z = z_first + z_more
+    n = a + torch.cat([z[:, 1:], z.new_zeros(b, 1, K)], 1)  # n_j = a_j + z_{j+1}
+    return n, ell, ell_pi, z, pi_stat[:K * K].view(K, K)
+
+
+def _walk(z_first, g_pi, g_dest, seat, first: int, beyond: Optional[dict]):
+    """The sequential part of :func:`backward_walk`: z_{j+1} (the counts routed back) customers at sentence j, from
+    j = J - 1 down to ``first``, seated on the grid's seats (``beyond``: and past them, exactly).
+
+    Returns (z routed back by the walk's seats (b, J, K'), or with ``beyond`` a tuple (that, the extra tables,
+    Pi tables and Pi statistics past the grid); the walk's customers per cell (b, J, K); a flag: some cell had more
+    than the grid)."""
+    b, J, K, grid = g_pi.shape
+    dtype, device = z_first.dtype, z_first.device
+    g_pi_j = g_pi.to(dtype).reshape(b, J, K * grid).unbind(1)
+    g_dest_j = g_dest.unbind(1)
+    z_first_j = z_first.unbind(1)
+    zero = z_first.new_zeros(b, K)
+    z_next, extras, routed_backs = zero, [zero] * J, [zero] * J
+    if beyond is not None:
+        step_cells = b * K
+        rate, share, route, a = beyond["rate"], beyond["share"], beyond["route"], beyond["a"]
+        flat = lambda x, pad: torch.cat([x.reshape(-1), x.new_full((1,), pad)])  # noqa: E731
+        flat_rows = lambda x: torch.cat([x, x[:1]])  # noqa: E731  the padding cell's row (never routed)
+        more_ell, more_pi = torch.zeros_like(z_first), torch.zeros_like(z_first)
+        more_stat = torch.zeros(K * K + K, dtype=dtype, device=device)
+    for j in range(J - 1, first - 1, -1):
+        extras[j] = z_next
+        taken = (seat < z_next.unsqueeze(-1)).reshape(b, K * grid)
+        back = torch.zeros(b * K, dtype=dtype, device=device).index_add_(0, g_dest_j[j].reshape(-1),
+                                                                         (g_pi_j[j] * taken).reshape(-1))
+        back = back.view(b, K)
+        if beyond is not None and beyond["bounds"][j] > 0:
+            past = (z_next - grid).clamp_min(0).reshape(-1).long()
+            owner, index, size = _units(past, beyond["bounds"][j])
+            index = index + flat(a[:, j], 0.0).long()[owner] + grid
+            opens, to_pi, source = _seat_customers(
+                index.unsqueeze(1), torch.rand(size, 1, dtype=dtype, device=device), flat(rate[:, j], 1.0)[owner, None],
+                flat(share[:, j], 0.0)[owner, None], _route_cdf(flat_rows(route[:, j].reshape(step_cells, K)))[owner])
+            opens, to_pi, source = opens.squeeze(1), to_pi.squeeze(1), source.squeeze(1)
+            to_pi = to_pi.to(dtype)
+            back = back + torch.zeros(step_cells + K, dtype=dtype, device=device).index_add_(
+                0, owner // K * K + source, to_pi)[:step_cells].view(b, K)
+            more_ell[:, j] = torch.zeros(step_cells + 1, dtype=dtype, device=device).index_add_(
+                0, owner, opens.to(dtype))[:step_cells].view(b, K)
+            more_pi[:, j] = torch.zeros(step_cells + 1, dtype=dtype, device=device).index_add_(
+                0, owner, to_pi)[:step_cells].view(b, K)
+            more_stat.index_add_(0, owner % K * K + source, to_pi)
+        routed_backs[j] = back
+        z_next = z_first_j[j] + back
+    extra = torch.stack(extras, 1)
+    z_more = torch.stack(routed_backs, 1)
+    overflow = (extra > grid).any()
+    return ((z_more, more_ell, more_pi, more_stat) if beyond is not None else z_more), extra, overflow
 
 
 def _previous_sentence(theta: torch.Tensor) -> torch.Tensor:
