@@ -4,12 +4,14 @@ Every part runs in its own process under its own timeout (a part that hangs or c
 others still run), and everything lands in one folder (``--out``): ``results.json``, ``tables.md`` and
 ``log.txt``. The parts:
 
-1. ``steps-eager``: one training step (forward, backward, clipping, Adam) of every family at the papers' size
+1. ``steps-eager``: one training step (forward, backward, clipping, Adam) of every family (and of the carried LSTM
+   and the carried rGBN-RNN) at the papers' size
    (E = 300, H = 600, 50 topics; ``--tiny``: E = H = 16, 4 topics) on the same APNEWS documents (``--batch-size``
    per step), under float32, TF32 matrix products (GPU only) and bf16 autocast, each mode timed with the device
    synchronised around every step, the families interleaved (``benchmarking.interleaved_step_times``), so each
    row has its ratio to the LSTM of the same run. Also the default path that ``topic-lm train`` picks on this
-   device (``fast_path``), and the seconds from building the models to the end of their first step.
+   device (``fast_path``), the seconds from building the models to the end of their first step, and the operations
+   and host synchronisations of one eager float32 step of each (``benchmarking.step_cost``).
 2. ``steps-compiled``: the same with the compiled output layer (bf16 autocast), with the seconds to the first
    step (compilation included) and the number of graphs compiled (a recompilation shows as more).
 3. ``cli-<family>``: ``topic-lm train`` of each family with the default recipe (the topic model pre-trained first,
@@ -52,6 +54,8 @@ FAMILIES = {
     "rgbn": ("rGBN-RNN, 1 layer", "rgbn_rnn", "embedding_size={e},topic_sizes=[{k}],hidden_sizes=[{h}]"),
 }
 EAGER_MODES = ("fp32", "tf32", "bf16")
+# timed beside the families: the unified benchmark's carried-state rows (their state carried across each document)
+CARRIED_TIMED = ("lstm-carry", "rgbn-carry")
 
 
 def sizes(tiny: bool) -> dict:
@@ -93,14 +97,16 @@ def part_steps(args, compiled: bool) -> dict:
     torch, train_docs, tok, topic_tok = _setup(args)
     from transformers import TrainingArguments
 
-    from benchmarking import MODELS, OnDevice, build_model, interleaved_step_times, make_collator, prepared_rows
+    from benchmarking import (MODELS, CarriedLoss, OnDevice, build_model, interleaved_step_times, make_collator,
+                              prepared_rows, step_cost, trains_with_carry_state)
     from topic_lm_hf.devices import synchronize
     from topic_lm_hf.fast_path import resolve_compile, resolve_precision
 
     device = torch.device(args.device)
     margs = _model_args(args)
     cache, rows, collators = {}, {}, {}
-    for name in FAMILIES:
+    timed_names = {**{n: FAMILIES[n][0] for n in FAMILIES}, **{n: MODELS[n]["label"] for n in CARRIED_TIMED}}
+    for name in timed_names:
         documents, collator = make_collator(name, tok, topic_tok)
         rows[name] = prepared_rows(cache, name, documents, train_docs)
         collators[name] = OnDevice(collator, device)
@@ -121,22 +127,28 @@ def part_steps(args, compiled: bool) -> dict:
             torch.backends.cuda.matmul.allow_tf32 = mode == "tf32"
             torch.backends.cudnn.allow_tf32 = mode == "tf32"
         start = time.perf_counter()
-        models = {name: build_model(name, margs, tok, topic_tok).to(device) for name in FAMILIES}
+        models = {name: build_model(name, margs, tok, topic_tok).to(device) for name in timed_names}
+        models = {name: CarriedLoss(m) if trains_with_carry_state(name) else m for name, m in models.items()}
         speed_mode = mode.replace("tf32", "fp32")
         synchronize(device)
         built_s = time.perf_counter() - start
         timed = interleaved_step_times(models, collators, rows, argparse.Namespace(batch_size=args.batch_size,
                                                                                    clip=0.5),
-                                       repeats=args.repeats, modes={n: speed_mode for n in FAMILIES})
+                                       repeats=args.repeats, modes={n: speed_mode for n in timed_names})
+        if mode == "fp32":  # operations and host synchronisations of one eager step (each at least one launch)
+            batch = {n: collators[n]([rows[n][i] for i in range(args.batch_size)]) for n in timed_names}
+            result["step_cost"] = {timed_names[n]: {k: v for k, v in step_cost(models[n], batch[n]).items()
+                                                    if k in ("operations", "host_synchronisations", "gflop")}
+                                   for n in timed_names}
         lstm = timed["lstm"]["tokens_per_s"]
         # from the build to the end of each model's first step (compilation included): the longest of them
         first_step_s = built_s + max(t["first_step_s"] for t in timed.values())
         result["modes"][mode] = {
             "first_step_s": first_step_s, "graphs_compiled": int(counters["stats"]["unique_graphs"]),
-            "families": {FAMILIES[n][0]: {**timed[n], "ratio_to_lstm": timed[n]["tokens_per_s"] / lstm}
-                         for n in FAMILIES}}
+            "families": {timed_names[n]: {**timed[n], "ratio_to_lstm": timed[n]["tokens_per_s"] / lstm}
+                         for n in timed_names}}
         print(f"{mode}: first steps {first_step_s:.1f} s; " + ", ".join(
-            f"{FAMILIES[n][0]} {1000 * timed[n]['step_s']:.1f} ms" for n in FAMILIES), flush=True)
+            f"{timed_names[n]} {1000 * timed[n]['step_s']:.1f} ms" for n in timed_names), flush=True)
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = False
     result["models"] = {FAMILIES[n][0]: MODELS[n]["label"] for n in FAMILIES}
@@ -260,6 +272,8 @@ def parse_args(argv=None):
                         help="the unified benchmark's models of the carried part (default: the carried LSTM and the "
                              "carried rGBN-RNN, the carried topic model that beat it on APNEWS on a CPU)")
     parser.add_argument("--carried-steps", type=int, default=None, help="the carried part's cap in steps")
+    parser.add_argument("--parts", nargs="+", default=None, metavar="PART",
+                        help=f"run only these parts (default: all of {[p for p, *_ in PARTS]})")
     args = parser.parse_args(argv)
     if args.device is None:
         import torch
@@ -337,6 +351,12 @@ def tables(results: dict) -> str:
         lines.append("| graphs compiled | " + " | ".join(str(steps[m]["graphs_compiled"]) for m in modes) + " |")
         if eager:
             lines += ["", f"Default path here: {eager['default_mode']} ({eager['default_sentence']})"]
+        if eager.get("step_cost"):
+            lines += ["", "One eager float32 training step (forward and backward): operations dispatched (each at "
+                      "least one kernel launch), host synchronisations, GFLOP:", "",
+                      "| model | operations | host synchronisations | GFLOP |", "|---|---|---|---|"]
+            lines += [f"| {m} | {c['operations']:,} | {c['host_synchronisations']} | {c['gflop']:.2f} |"
+                      for m, c in eager["step_cost"].items()]
     cli = {p: r for p, r in results["parts"].items() if p.startswith("cli-") and "result" in r}
     if cli:
         lines += ["", "topic-lm train / evaluate / generate (concurrent processes; seconds and exit code):", "",
@@ -382,7 +402,11 @@ def main(argv=None) -> dict:
         raise SystemExit(f"APNEWS is absent ({DATA / 'apnews'}): set TOPIC_LM_DATA to the folder of the shared corpora")
     start = time.perf_counter()
     deadline = start + args.budget
-    parts = [(p, tiny if args.tiny else full) for p, full, tiny in PARTS if (tiny if args.tiny else full) > 0]
+    unknown = sorted(set(args.parts or ()) - {p for p, *_ in PARTS})
+    if unknown:
+        raise SystemExit(f"unknown parts {unknown}: choose from {[p for p, *_ in PARTS]}")
+    parts = [(p, tiny if args.tiny else full) for p, full, tiny in PARTS if (tiny if args.tiny else full) > 0
+             and (args.parts is None or p in args.parts)]
     results = {"device": args.device, "tiny": args.tiny, "sizes": sizes(args.tiny), "torch": torch.__version__,
                "device_name": torch.cuda.get_device_name() if args.device.startswith("cuda") else
                f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)",

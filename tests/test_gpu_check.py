@@ -35,8 +35,9 @@ def test_gpu_check_runs_on_a_cpu_and_records_every_family(tmp_path):
     assert "rGBN-RNN, carried state" in (tmp_path / "tables.md").read_text()
     steps = parts["steps-eager"]["result"]
     assert {"fp32", "bf16", steps["default_mode"]} <= set(steps["modes"])
+    carried_rows = {"LSTM, carried state", "rGBN-RNN, carried state"}  # timed beside the families
     for mode in steps["modes"].values():
-        assert set(mode["families"]) == set(FAMILIES)
+        assert set(mode["families"]) == set(FAMILIES) | carried_rows
         assert all(math.isfinite(f["tokens_per_s"]) and f["tokens_per_s"] > 0 for f in mode["families"].values())
         assert mode["families"]["LSTM"]["ratio_to_lstm"] == 1.0
     for name in ("lstm", "tcnlm", "topic-lstm", "nclm-leta", "rgbn"):
@@ -45,6 +46,9 @@ def test_gpu_check_runs_on_a_cpu_and_records_every_family(tmp_path):
         assert commands["generate"]["output_tail"].strip()  # generated text
         if name != "lstm":
             assert "--topic_ids 1 --topic_guidance_scale 2" in commands["generate"]["argv"]
+    costs = steps["step_cost"]  # one eager step of each: operations and host synchronisations
+    assert set(costs) == set(FAMILIES) | carried_rows
+    assert all(c["operations"] > 0 and c["host_synchronisations"] >= 0 for c in costs.values())
     assert set(parts["generation"]["result"]) == set(FAMILIES)
     tables = (tmp_path / "tables.md").read_text()
     assert all(f"| {family} |" in tables for family in FAMILIES) and "Default path here" in tables
