@@ -14,9 +14,11 @@ carried). Prints markdown tables:
    on top).
 2. **Carried state**: ``TopicLMTrainer(carry_state=True)``'s step on the same documents (``carried_state_loss``) on
    the fast path, as a fraction of the same family's chunk-trained speed.
-3. **Operations per step**: the operations dispatched (``benchmarking.OperationCounter``, a ``TorchDispatchMode``:
-   on a GPU each is at least one kernel launch) and the GFLOP (``FlopCounterMode``) of one eager float32 training
-   forward and backward of every model (``*-carry``: its carried-state step), beside its fast-path tokens/s.
+3. **Operations per step**: the operations dispatched and the host synchronisations (``benchmarking.OperationCounter``,
+   a ``TorchDispatchMode``: on a GPU each operation is at least one kernel launch, each synchronisation a wait for
+   the device) and the GFLOP (``FlopCounterMode``) of one eager float32 training forward and backward of every model
+   (``*-carry``: its carried-state step), beside its fast-path tokens/s and FLOP efficiency (GFLOP/s), each as a
+   ratio to the LSTM of the same run (a carried row: to the carried LSTM).
 4. **Generation**: tokens/s of ``generate()`` (greedy, one row, ``--new-tokens`` tokens, cache on) against a plain
    loop over the same model (``forward`` with the returned ``state``, argmax), and the difference per token.
 5. With ``--quality-steps N``: the LSTM and TCNLM trained N steps from the same seed in float32 and on the fast
@@ -219,13 +221,25 @@ def main(argv=None) -> dict:
             print(f"| {MODELS[name]['label']} | {tps:,.0f} | {ratio} | "
                   f"{tps / timed[f'lstm/{FAST}']['tokens_per_s']:.2f} |")
 
-    print("\n| model | operations per step | GFLOP per step | tokens/s, fast path | operations per step, ratio to "
-          "the LSTM |\n|---|---|---|---|---|")
+    # FLOP efficiency: the GFLOP of a step over its median time on the fast path, against the LSTM of the same kind
+    # (a carried row against the carried LSTM when it was timed) in the same interleaved run
+    def efficiency(name):
+        return costs[name]["gflop"] / timed[f"{name}/{FAST}"]["step_s"]
+
+    def reference(name):
+        return "lstm-carry" if MODELS[name].get("carry") and "lstm-carry" in costs else "lstm"
+
+    print("\n| model | operations per step | host synchronisations | GFLOP per step | tokens/s, fast path | GFLOP/s, "
+          "fast path | FLOP efficiency, ratio to the LSTM | tokens/s, ratio to the LSTM | operations, ratio to the "
+          "LSTM |\n|---|---|---|---|---|---|---|---|---|")
     for name in args.names:
-        mode = FAST
-        print(f"| {MODELS[name]['label']} | {costs[name]['operations']:,} | {costs[name]['gflop']:.2f} | "
-              f"{timed[f'{name}/{mode}']['tokens_per_s']:,.0f} | "
-              f"{costs[name]['operations'] / costs['lstm']['operations']:.1f} |")
+        ref = reference(name)
+        tps = timed[f"{name}/{FAST}"]["tokens_per_s"]
+        print(f"| {MODELS[name]['label']} | {costs[name]['operations']:,} | {costs[name]['host_synchronisations']} | "
+              f"{costs[name]['gflop']:.2f} | {tps:,.0f} | {efficiency(name):.1f} | "
+              f"{efficiency(name) / efficiency(ref):.2f} | {tps / timed[f'{ref}/{FAST}']['tokens_per_s']:.2f} | "
+              f"{costs[name]['operations'] / costs[ref]['operations']:.1f} |")
+    print("(ratios of a carried-state row: to the carried LSTM)" if "lstm-carry" in costs else "")
 
     generation = {}
     print("\n| model | generate() tokens/s | plain loop tokens/s | overhead per token, ms |\n|---|---|---|---|")

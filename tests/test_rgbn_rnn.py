@@ -15,7 +15,7 @@ from topic_lm_hf import (RGBNRNNConfig, RGBNRNNForCausalLM, RGBNRNNModel, TopicC
 from topic_lm_hf.models.modeling_rgbn_rnn import (EULER_GAMMA, augment_counts, format_topic_tree, kl_weibull_gamma,
                                                   multinomial_split, sample_crt, tlasgr_update, weibull_mean,
                                                   weibull_sample)
-from topic_lm_hf.models.modeling_rgbn_sampler import backward_walk
+from topic_lm_hf.models.modeling_rgbn_sampler import backward_walk, poisson_nll
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -150,6 +150,30 @@ def test_multinomial_split_conserves_counts_and_has_the_right_mean():
     expected = counts.unsqueeze(1).double() * weights.double() / weights.double().sum(1, keepdim=True)
     assert torch.allclose(total, expected, atol=1.5)
     assert torch.allclose(total[3], expected[3], rtol=0.03)
+
+
+@pytest.mark.parametrize("shape, total", [((3, 4), None), ((3, 4), 500), ((5,), None)])
+def test_the_poisson_term_read_from_the_words_that_occur_equals_the_dense_one(shape, total):
+    """-log Pois(d | Phi theta) over the occurring words against the dense sum over the whole vocabulary (the
+    naive formula), value and gradients, with padding rows masked out and a buffer larger than needed."""
+    torch.manual_seed(14)
+    V, K = 30, 5
+    counts = torch.poisson(torch.full((*shape, V), 0.4))
+    phi = torch.rand(V, K, dtype=torch.float64)
+    phi = phi / phi.sum(0)
+    rows = torch.rand(shape) > 0.3
+    results = []
+    for fn in ("dense", "sparse"):
+        theta = (torch.rand(*shape, K, generator=torch.Generator().manual_seed(1)) * 3).requires_grad_()
+        if fn == "dense":
+            rate = (theta @ phi.float().T).clamp_min(1e-10)
+            value = (-(counts * rate.log() - rate - torch.lgamma(counts + 1)).sum(-1) * rows.float()).sum()
+        else:
+            value = poisson_nll(counts, theta, phi, rows, total)
+        value.backward()
+        results.append((value.detach(), theta.grad))
+    torch.testing.assert_close(results[1][0], results[0][0], rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(results[1][1], results[0][1], rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("sampler", ["crt", "multinomial"])

@@ -70,7 +70,8 @@ from .modeling_recurrent import (RecurrentModelOutput, RecurrentPreTrainedModel,
                                  last_token_positions, read_on_host, run_rnn, state_from_aliases)
 # the probability machinery (also imported from here by name: kl_weibull_gamma, augment_counts, tlasgr_update, ...)
 from .modeling_rgbn_sampler import (_ALPHA_MIN, _LAMBDA_MIN, _RATE_MIN, CRT_EXACT_LIMIT, EULER_GAMMA,  # noqa: F401
-                                    AugmentedCounts, augment_counts, kl_weibull_gamma, multinomial_split, sample_crt,
+                                    AugmentedCounts, augment_counts, kl_weibull_gamma, multinomial_split, poisson_nll,
+                                    sample_crt,
                                     tlasgr_update, weibull_mean, weibull_sample)
 from .modeling_topic_family import LanguageModelPass, LossTerm, TopicFamilyForCausalLM
 
@@ -491,11 +492,7 @@ class RGBNRNNModel(DocumentRepresentationMixin, RGBNRNNPreTrainedModel):
         alphas = self.prior_shapes(tp.thetas, tp.prev, tp.has_prev)
         kls = [(kl_weibull_gamma(k, lam, alpha, self.config.tau0).sum(-1) * rows).sum()
                for k, lam, alpha in zip(tp.shapes, tp.scales, alphas)]
-        phi1 = self.phi(1).to(tp.thetas[0].dtype)
-        rate = (tp.thetas[0] @ phi1.T).clamp_min(_RATE_MIN)  # (..., V_c)
-        d = tp.counts.to(rate.dtype)
-        poisson = -(d * torch.log(rate) - rate - torch.lgamma(d + 1)).sum(-1)
-        return (poisson * rows).sum(), kls
+        return poisson_nll(tp.counts, tp.thetas[0], self.phi(1), rows, tp.total), kls
 
     # -- language model ----------------------------------------------------------------------------
 

@@ -54,6 +54,29 @@ def kl_weibull_gamma(k: torch.Tensor, lam: torch.Tensor, alpha: torch.Tensor, be
             - EULER_GAMMA - 1 - alpha * torch.log(beta) + torch.lgamma(alpha))
 
 
+def poisson_nll(counts: torch.Tensor, theta: torch.Tensor, phi: torch.Tensor, rows: torch.Tensor,
+                total: Optional[int] = None) -> torch.Tensor:
+    """-sum over rows of log Pois(d | Phi theta), each row weighted by ``rows``: counts d (..., V_c), theta (..., K),
+    phi (V_c, K), rows (...).
+
+    Read from the words that occur, not from the whole topic vocabulary: sum_v (Phi theta)_v = theta . colsum(Phi),
+    sum_v d_v log (Phi theta)_v is a sum over the word units (each occurrence once: ``total``, a bound on the
+    counts' sum known to the host, or None: read, one host synchronisation), and log Gamma(d_v + 1) = sum_{i < d_v}
+    log(i + 1) over the same units. The rates are floored at 1e-10 inside the logarithm."""
+    V, K = phi.shape
+    theta = theta.reshape(-1, K)
+    rows = rows.reshape(-1).to(theta.dtype)
+    phi = phi.to(theta.dtype)
+    owner, index, _ = _units(counts.reshape(-1).round(), total)  # (counts: checked non-negative by the callers)
+    real = owner < theta.shape[0] * V
+    owner = owner.clamp(max=theta.shape[0] * V - 1)
+    row, word = owner // V, owner % V
+    rate = (theta[row] * phi[word]).sum(-1).clamp_min(_RATE_MIN)
+    weight = rows[row] * real.to(theta.dtype)
+    expected = (theta @ phi.sum(0)) * rows  # sum_v (Phi theta)_v per row
+    return expected.sum() - (weight * (torch.log(rate) - torch.log1p(index.to(theta.dtype)))).sum()
+
+
 # ----------------------------------------------------------------------------------------------
 # count augmentation: CRT and multinomial splits (exact, vectorised)
 # ----------------------------------------------------------------------------------------------
@@ -62,13 +85,15 @@ def kl_weibull_gamma(k: torch.Tensor, lam: torch.Tensor, alpha: torch.Tensor, be
 def _units(counts: torch.Tensor, total: Optional[int]) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Expand integer ``counts`` (n,) into units without a host synchronisation: (owner (size,) of every unit, its index
     within its cell (size,), size). ``total`` is a bound on ``counts.sum()`` known to the host (None: read it, one
-    synchronisation); the units past the real ones belong to a padding cell ``n`` (its owner is ``n``)."""
+    synchronisation); the units past the real ones belong to a padding cell ``n`` (its owner is ``n``). A search of
+    each unit in the running counts: its cost grows with the units, not with the (dense) cells."""
     if total is None:
         total = int(counts.sum())
-    repeats = torch.cat([counts, (total - counts.sum()).clamp_min(0).reshape(1)])
-    owner = torch.repeat_interleave(torch.arange(repeats.numel(), device=counts.device), repeats, output_size=total)
-    starts = torch.cumsum(repeats, 0) - repeats
-    return owner, torch.arange(total, device=counts.device) - starts[owner], total
+    ends = torch.cumsum(counts, 0)
+    units = torch.arange(total, device=counts.device, dtype=ends.dtype)
+    owner = torch.searchsorted(ends, units, right=True)
+    cell = owner.clamp(max=max(counts.numel() - 1, 0))  # a padding unit counts from the last cell's end
+    return owner, (units - ends[cell] + counts[cell]).long(), total
 
 
 def sample_crt(counts: torch.Tensor, concentration: torch.Tensor, exact_limit: int = CRT_EXACT_LIMIT,
@@ -154,7 +179,7 @@ def augment_counts(counts: torch.Tensor, thetas: list, phis: list, pis: Optional
     dtype = torch.float64
     device = counts.device
     thetas = [t.to(dtype) for t in thetas]
-    d = counts.round().clamp_min(0).long().reshape(-1)  # (b J V): every cell of the dense bags
+    d = counts.reshape(-1).round()  # (b J V): every cell of the dense bags (non-negative counts)
     if total is None:
         total = int(d.sum())
     phi_stats, pi_stats, info = [], ([] if pis is not None else None), []
