@@ -420,8 +420,9 @@ def main(argv=None) -> dict:
         for item in [p for p in parts if p[0].startswith("steps-")]:
             results["parts"].update([run(item)])
         cli = [p for p in parts if p[0].startswith("cli-")]
-        with ThreadPoolExecutor(max_workers=len(cli) if args.device != "cpu" else 2) as pool:
-            results["parts"].update(pool.map(run, cli))
+        if cli:
+            with ThreadPoolExecutor(max_workers=len(cli) if args.device != "cpu" else 2) as pool:
+                results["parts"].update(pool.map(run, cli))
         for item in [p for p in parts if p[0] in ("generation", "carried")]:
             results["parts"].update([run(item)])
     results["seconds"] = time.perf_counter() - start
