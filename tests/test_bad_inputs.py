@@ -455,3 +455,18 @@ def test_a_full_disk_while_saving_is_one_line(saved_model, capsys, tmp_path, mon
     assert "the disk is full (no space left on device) while writing (RuntimeError)" in one_line_error(
         capsys, ["export", "--model_name_or_path", str(folder), "--repo_id", "me/m", "--output_dir",
                  str(tmp_path / "x")])
+
+
+def test_conditioning_with_fewer_rows_than_the_prompts_is_refused_not_repeated(saved_model):
+    """Two rows of topics for four prompts once became [t0, t0, t1, t1] (the second prompt given the first row's
+    topics); one row or one per prompt are the only forms, in generate and in forward. generate()'s own expansion
+    for return sequences keeps each prompt with its row."""
+    _, model, tok = saved_model
+    prompts = torch.full((4, 1), tok.bos_token_id)
+    with pytest.raises(ValueError, match="topic_ids has 2 rows but the batch has 4: give one row, or one per row"):
+        model.generate(prompts, topic_ids=[[0], [1]], max_new_tokens=2)
+    with pytest.raises(ValueError, match="topic_ids has 2 rows but the batch has 4"):
+        model(input_ids=prompts, topic_ids=[[0], [1]])
+    torch.manual_seed(0)
+    out = model.generate(prompts[:2], topic_ids=[[0], [1]], num_return_sequences=2, do_sample=True, max_new_tokens=2)
+    assert out.shape[0] == 4

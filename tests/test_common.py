@@ -18,8 +18,11 @@ def test_topic_ids_forms_and_broadcasting():
     assert normalize_topic_ids([3, 7], 10, batch_size=2).tolist() == [[3, 7], [3, 7]]
     assert normalize_topic_ids([[1], [2, 5]], 10).tolist() == [[1, -1], [2, 5]]
     assert normalize_topic_ids(torch.tensor([3, 7]), 10, batch_size=4).tolist() == [[3, 7]] * 4
-    # generate() expanded the batch for beams / num_return_sequences: repeat each row
-    assert normalize_topic_ids([[1], [2]], 10, batch_size=4).tolist() == [[1], [1], [2], [2]]
+    # fewer rows than the batch (other than one): refused, never repeated row by row ([t0, t0, t1, t1] would pair
+    # the second prompt with the first row's topics)
+    for rows, batch in (([[1], [2]], 4), ([[1], [2]], 3), ([[1], [2], [3]], 2)):
+        with pytest.raises(ValueError, match=rf"topic_ids has {len(rows)} rows but the batch has {batch}: give one row"):
+            normalize_topic_ids(rows, 10, batch_size=batch)
     mix = topic_ids_to_mixture(normalize_topic_ids(torch.tensor([[1, -1], [2, 5]]), 6), 6)
     assert mix.tolist() == [[0, 1, 0, 0, 0, 0], [0, 0, 0.5, 0, 0, 0.5]]
 

@@ -33,10 +33,10 @@ def _broadcast_rows(x: torch.Tensor, batch_size: Optional[int], name: str) -> to
         return x
     if x.shape[0] == 1:
         return x.expand(batch_size, *x.shape[1:])
-    if batch_size % x.shape[0] == 0:
-        # generate() expanded the prompts (beams / num_return_sequences) but not this input.
-        return x.repeat_interleave(batch_size // x.shape[0], dim=0)
-    raise ValueError(f"{name} has {x.shape[0]} rows but the batch has {batch_size}")
+    # (generate() resolves the conditioning before it expands the prompts for beams and return sequences, and
+    # expands it with them: any other mismatch is the caller's, and repeating rows would silently pair them wrong)
+    raise ValueError(f"{name} has {x.shape[0]} rows but the batch has {batch_size}: give one row, or one per row of "
+                     "the batch")
 
 
 _TOPIC_IDS_FORMS = "an int, a list of ints, a list of lists of ints or an integer tensor of shape (k,) or (b, k)"
