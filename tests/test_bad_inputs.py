@@ -470,3 +470,24 @@ def test_conditioning_with_fewer_rows_than_the_prompts_is_refused_not_repeated(s
     torch.manual_seed(0)
     out = model.generate(prompts[:2], topic_ids=[[0], [1]], num_return_sequences=2, do_sample=True, max_new_tokens=2)
     assert out.shape[0] == 4
+
+
+def test_sentences_given_as_strings_are_refused_not_read_one_character_per_token(saved_model, tmp_path):
+    """{"sentences": ["the senate said", ...]} was modelled character by character (44 tokens counted instead of
+    10, a vocabulary of letters): refused wherever documents come in, naming text_column for raw text."""
+    import datasets
+
+    from topic_lm_hf import TopicContextCollator, evaluate_perplexity, load_documents, load_vocabularies
+
+    folder, model, _ = saved_model
+    tok, topic_tok = load_vocabularies(folder)
+    docs = datasets.Dataset.from_dict({"sentences": [["the senate said", "police said"]]})
+    message = r"sentence 0 is a string \('the senate said'\).*text_column"
+    with pytest.raises(ValueError, match=message):
+        evaluate_perplexity(model, docs, "causal", tokenizer=tok, topic_tokenizer=topic_tok)
+    with pytest.raises(ValueError, match=message):
+        TopicContextCollator(tok, topic_tok).prepare(docs)
+    path = tmp_path / "docs.jsonl"
+    path.write_text(json.dumps({"sentences": ["the senate said", "police said"]}) + "\n")
+    with pytest.raises(ValueError, match=message):
+        load_documents(path)

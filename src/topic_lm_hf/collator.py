@@ -39,7 +39,7 @@ import datasets
 import numpy as np
 import torch
 
-from .data import BOS, EOS, PAD, STREAM_BATCH_SIZE, UNK, check_vocabularies, dataset_columns
+from .data import BOS, EOS, PAD, STREAM_BATCH_SIZE, UNK, check_sentences, check_vocabularies, dataset_columns
 from .models.modeling_recurrent import RecurrentPreTrainedModel
 from .models.modeling_topic_family import TopicFamilyForCausalLM
 
@@ -284,6 +284,8 @@ class TopicContextCollator:
         for ``Trainer`` with ``max_steps``.
         """
         columns = dataset_columns(documents)
+        if "sentences" in columns:
+            check_sentences(documents)
         if self.layout == "sequence":
             return self._prepare_sequences(documents, columns, num_proc)
         missing = [c for c in ["sentences", *self.keep_columns] if c not in columns]

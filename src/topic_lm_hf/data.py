@@ -186,6 +186,25 @@ def dataset_columns(ds: datasets.Dataset | datasets.IterableDataset) -> list[str
     return list(first) if first is not None else []
 
 
+def check_sentences(ds, source: str = "the documents", rows: int = 16) -> None:
+    """A ``ValueError`` unless the first ``rows`` documents' ``sentences`` are lists of token lists: a sentence given
+    as a string would be read one character per token."""
+    for i, doc in enumerate(ds):
+        if i >= rows:
+            break
+        sentences = doc.get("sentences") if isinstance(doc, dict) else None
+        if isinstance(sentences, str):
+            where, value = f"row {i}'s sentences", sentences
+        else:
+            j = next((j for j, x in enumerate(sentences or ()) if isinstance(x, str)), None)
+            if j is None:
+                continue
+            where, value = f"row {i}, sentence {j}", sentences[j]
+        raise ValueError(f"{source}: {where} is a string ({value!r:.40}), where a list of tokens is expected (it "
+                         "would be read one character per token): pass raw text as a text column (text_column= / "
+                         "--text_column), or tokenize it first with tokenize_text")
+
+
 def _drop_empty(ds, on_empty: str, source: str):
     if on_empty not in ("skip", "error", "keep"):
         raise ValueError(f"on_empty must be 'skip', 'error' or 'keep', got {on_empty!r}")
@@ -370,6 +389,7 @@ def load_documents(
     else:
         columns = dataset_columns(ds)
         if "sentences" in columns and text_column is None:
+            check_sentences(ds, name)
             return _drop_empty(ds, on_empty, name)
         if text_column is None:
             raise ValueError(f"{name} is not in the Lau format: pass text_column= (columns: {columns})")
