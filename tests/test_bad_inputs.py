@@ -491,3 +491,23 @@ def test_sentences_given_as_strings_are_refused_not_read_one_character_per_token
     path.write_text(json.dumps({"sentences": ["the senate said", "police said"]}) + "\n")
     with pytest.raises(ValueError, match=message):
         load_documents(path)
+
+
+@pytest.mark.parametrize("command", ["evaluate", "generate", "export"])
+def test_a_folder_of_an_unknown_model_type_is_refused_before_its_code_could_run(tmp_path, capsys, command):
+    """A config.json naming a type neither the package nor transformers knows made transformers ask whether to run
+    the folder's code (and answering y ran it): the command refuses it in one line, and the code never runs."""
+    folder = tmp_path / "foreign"
+    folder.mkdir()
+    marker = tmp_path / "ran"
+    (folder / "config.json").write_text(json.dumps({
+        "model_type": "not_a_family", "auto_map": {"AutoConfig": "evil.EvilConfig",
+                                                   "AutoModelForCausalLM": "evil.EvilModel"}}))
+    (folder / "evil.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
+    argv = {"evaluate": ["evaluate", "--model_name_or_path", str(folder)],
+            "generate": ["generate", "--model_name_or_path", str(folder)],
+            "export": ["export", "--model_name_or_path", str(folder), "--repo_id", "org/x", "--output_dir",
+                       str(tmp_path / "out")]}[command]
+    message = one_line_error(capsys, argv)
+    assert "model_type 'not_a_family', which this package does not know" in message and "not run" in message
+    assert not marker.exists()

@@ -295,6 +295,15 @@ def resolve_model_source(name_or_path: str | os.PathLike, token: Optional[str] =
             # without it transformers asks interactively whether to run remote code
             raise ModelSourceError(f"{name}/config.json has no model_type: not a model this package saved (its "
                                    "model_type names the family, e.g. \"tcnlm\")")
+        from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+        if config["model_type"] not in CONFIG_MAPPING:
+            # an unknown type makes transformers offer to run the folder's own code: never from here
+            from .families import FAMILIES
+
+            raise ModelSourceError(f"{name}/config.json names model_type {config['model_type']!r}, which this package "
+                                   f"does not know (its families: {', '.join(sorted(FAMILIES))}); code in the folder "
+                                   "is not run")
         return name
     if os.path.exists(name):
         raise ModelSourceError(f"{name} is a file, not a saved model folder")
