@@ -2,6 +2,7 @@
 review that are fixed (each refused with a message that says what to do; exit code 2 on the command line)."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -511,3 +512,29 @@ def test_a_folder_of_an_unknown_model_type_is_refused_before_its_code_could_run(
     message = one_line_error(capsys, argv)
     assert "model_type 'not_a_family', which this package does not know" in message and "not run" in message
     assert not marker.exists()
+
+
+def test_evaluate_adds_its_rows_to_the_folders_results_instead_of_replacing_them(saved_model, tmp_path, monkeypatch,
+                                                                                 capsys):
+    """A one-document check replaced the folder's perplexity.json (the full results lost, then put on the card by
+    export, with the dataset named "/demo30.txt"): rows are merged by dataset, protocol and number of documents,
+    and export shows the row measured on the most tokens."""
+    import shutil
+
+    folder = tmp_path / "m"
+    shutil.copytree(saved_model[0], folder)
+    monkeypatch.chdir(tmp_path)
+    synthetic = synthetic_documents(6, seed=3)
+    Path("valid.txt").write_text("\n".join("\t".join(" ".join(s) for s in d) for d in synthetic["sentences"]) + "\n")
+    for flags in (["--protocols", "causal"], ["--protocols", "causal", "--max_eval_documents", "1"],
+                  ["--protocols", "paper"]):
+        main(["evaluate", "--model_name_or_path", str(folder), "--validation_file", "valid.txt", *flags])
+    rows = json.loads((folder / "perplexity.json").read_text())
+    assert sorted((r["protocol"], r["documents"]) for r in rows) == [("causal", 1), ("causal", 6), ("paper", 6)]
+    assert {r["dataset"] for r in rows} == {"valid.txt"}
+    main(["export", "--model_name_or_path", str(folder), "--repo_id", "org/m", "--output_dir", str(tmp_path / "x")])
+    card = (tmp_path / "x" / "README.md").read_text()
+    full = next(r for r in rows if r["documents"] == 6 and r["protocol"] == "causal")
+    one = next(r for r in rows if r["documents"] == 1)
+    row = "| valid.txt | causal | {perplexity:.2f} | {tokens} |"
+    assert row.format(**full) in card and row.format(**one) not in card and "/valid.txt" not in card

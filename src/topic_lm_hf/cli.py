@@ -505,11 +505,43 @@ def run_evaluate(args: EvaluateArguments, device: DeviceArguments | None = None)
     if output is None and Path(args.model_name_or_path).is_dir():
         output = str(Path(args.model_name_or_path) / "perplexity.json")
     if output and output != "none":
-        import json
+        parent = Path(valid_file).parent.name
+        dataset = f"{parent}/{Path(valid_file).name}" if parent else Path(valid_file).name
+        new = [{**r, "dataset": dataset, "documents": len(docs)} for r in rows]
+        merged = merge_result_rows(read_result_rows(output), new)
+        Path(output).write_text(json.dumps(merged, indent=1))
+        print(f"\nrows written to {output} (with {len(merged) - len(new)} earlier row(s) of other data or protocols)"
+              if len(merged) > len(new) else f"\nrows written to {output}")
 
-        dataset = f"{Path(valid_file).parent.name}/{Path(valid_file).name}"
-        Path(output).write_text(json.dumps([{**r, "dataset": dataset} for r in rows], indent=1))
-        print(f"\nrows written to {output}")
+
+def _row_key(row: dict) -> tuple:
+    return row.get("dataset"), row.get("protocol"), row.get("documents")
+
+
+def read_result_rows(path) -> list[dict]:
+    """The evaluation rows of a ``perplexity.json`` (none when it is absent or not a list of rows)."""
+    try:
+        rows = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return []
+    return [r for r in rows if isinstance(r, dict)] if isinstance(rows, list) else []
+
+
+def merge_result_rows(old: list[dict], new: list[dict]) -> list[dict]:
+    """``old`` rows without those ``new`` replaces (the same dataset, protocol and number of documents), then
+    ``new``: an evaluation on other data, or on fewer documents, never erases earlier results."""
+    replaced = {_row_key(r) for r in new}
+    return [r for r in old if _row_key(r) not in replaced] + list(new)
+
+
+def best_result_rows(rows: list[dict]) -> list[dict]:
+    """One row per dataset and protocol: the one measured on the most tokens (what a model card shows)."""
+    best: dict = {}
+    for r in rows:
+        key = (r.get("dataset"), r.get("protocol"))
+        if key not in best or (r.get("tokens") or 0) > (best[key].get("tokens") or 0):
+            best[key] = r
+    return list(best.values())
 
 
 def run_export(args: ExportArguments) -> None:
@@ -540,7 +572,8 @@ def run_export(args: ExportArguments) -> None:
     results = json.loads(Path(results_file).read_text()) if results_file else []
     if not isinstance(results, list):
         raise ValueError(f"{results_file} holds {type(results).__name__}, not a list of evaluation rows")
-    results = [{**r, "dataset": r.get("dataset") or args.dataset or "evaluation data"} for r in results]
+    results = best_result_rows([{**r, "dataset": r.get("dataset") or args.dataset or "evaluation data"}
+                                for r in results])
     if args.push_to_hub:
         push_to_hub(model, args.repo_id, tok, topic_tok, private=args.private, local_dir=args.output_dir,
                     results=results)
