@@ -120,6 +120,30 @@ def test_resuming_a_differently_configured_run_and_a_second_live_run_are_refused
     train(data_args, small, busy, docs, None)  # free again
 
 
+def test_a_second_run_on_a_folder_is_refused_before_its_topic_model_is_pre_trained(apnews, tmp_path):
+    """The lock covered the Trainer only: a second topic-lm train on a live run's folder pre-trained (resuming the
+    first run's pre-training checkpoint under its own settings) before it was refused, or replaced the first run's
+    model. The whole command holds it now."""
+    from topic_lm_hf.trainer import OutputDirInUseError, OutputDirLock
+
+    data_args = DataArguments(min_freq=3, stopwords="none")
+    docs = apnews["train"].select(range(16))
+    recipe = ModelArguments(model_type="tcnlm", pretrain_topic_model_steps=4,
+                            config_overrides="embedding_size=16,hidden_size=16,num_topics=3")
+    busy = TrainingArguments(output_dir=str(tmp_path / "busy"), max_steps=1, report_to=[], use_cpu=True,
+                             save_strategy="no", per_device_train_batch_size=8)
+    holder = OutputDirLock(str(tmp_path / "busy"))
+    holder.acquire()  # a live run on the folder
+    try:
+        with pytest.raises(OutputDirInUseError, match=r"Another training run \(pid \d+\) is writing to .*busy"):
+            train(data_args, recipe, busy, docs, None)
+        assert not (tmp_path / "busy" / "pretraining").exists()  # nothing of the second run was written
+    finally:
+        holder.release()
+    train(data_args, recipe, busy, docs, None)  # free again: pre-training and training run under one lock
+    assert (tmp_path / "busy" / "config.json").exists() and not (tmp_path / "busy" / ".training.lock").exists()
+
+
 def test_a_nan_loss_stops_training_and_keeps_the_weights(apnews, tmp_path):
     trainer = make_trainer(apnews, tmp_path, max_steps=5)
     with torch.no_grad():

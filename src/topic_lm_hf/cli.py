@@ -367,8 +367,26 @@ def train(data_args: DataArguments, model_args: ModelArguments, training_args: T
                              data_collator=collator, processing_class=tok, callbacks=callbacks,
                              pretraining_phases=parse_phases(model_args.pretraining_phases),
                              compile_output_layer=compile_output_layer)
+    from .trainer import OutputDirLock
+
+    # the whole run holds output_dir, pre-training included: a second run on the same folder is refused at once
+    # instead of resuming the first one's checkpoints under its own settings and replacing its model
+    lock = OutputDirLock(out)
+    if training_args.process_index == 0:
+        lock.acquire()
+        trainer.output_dir_locked = True
+    try:
+        return _train_locked(model_args, data_args, training_args, model, tok, topic_tok, trainer, train_docs,
+                             valid_docs, on_finished)
+    finally:
+        lock.release()
+
+
+def _train_locked(model_args, data_args, training_args, model, tok, topic_tok, trainer, train_docs, valid_docs,
+                  on_finished):
     from .trainer import finished_run, last_complete_checkpoint
 
+    out = training_args.output_dir
     # the trainer has recorded the vocabularies in the config: a run with others is not this one
     finished = finished_run(out, training_args, model.config)
     if finished:  # a rerun of a finished run changes nothing

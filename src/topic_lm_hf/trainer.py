@@ -548,11 +548,15 @@ class TopicLMTrainer(Trainer):
                              f"({'; '.join(differences[:3])}{'; ...' if len(differences) > 3 else ''}). Give this "
                              f"run another output_dir, or the checkpoint's settings to resume it")
 
+    # set while the command that runs this trainer holds the output_dir lock itself (topic-lm train holds it
+    # through pre-training, training and saving)
+    output_dir_locked = False
+
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
         self._check_training_set_up()
         self._check_resume(resume_from_checkpoint)
         lock = OutputDirLock(self.args.output_dir)
-        if self.args.process_index == 0:  # one run's processes share its folder
+        if self.args.process_index == 0 and not self.output_dir_locked:  # one run's processes share its folder
             lock.acquire()
         try:
             return super().train(resume_from_checkpoint, *args, **kwargs)
