@@ -330,3 +330,29 @@ def test_results_on_a_hub_benchmark_are_also_written_as_eval_results_files(tmp_p
         ("Salesforce/wikitext", "paper", 90.0, "Perplexity (paper protocol)")]
     card = ModelCard.load(tmp_path / "m" / "README.md")
     assert len(card.data.eval_results) == 3  # the model-index keeps every row
+
+
+def test_an_export_over_an_earlier_one_keeps_none_of_its_files_and_never_writes_through_a_link(tmp_path,
+                                                                                           tiny_vocabularies):
+    """Re-exporting another model into an earlier export folder kept the earlier model's .eval_results and remote
+    code (the LSTM's folder would show the TCNLM's perplexity), and a link inside the folder was written through
+    (a file outside it overwritten)."""
+    from conftest import tiny_model
+
+    tok, topic_tok = tiny_vocabularies
+    folder = tmp_path / "repo"
+    save_for_hub(tiny_model("tcnlm", tok, topic_tok), folder, tok, topic_tok,
+                 results=[{"protocol": "causal", "perplexity": 77.7, "tokens": 9, "dataset": "bench",
+                           "dataset_type": "org/bench"}])
+    assert (folder / ".eval_results").is_dir() and (folder / "modeling_tcnlm.py").is_file()
+    outside = tmp_path / "outside.md"
+    outside.write_text("mine")
+    (folder / "README.md").unlink()
+    (folder / "README.md").symlink_to(outside)
+    save_for_hub(tiny_model("lstm_lm", tok, topic_tok), folder, tok, topic_tok)
+    files = {p.name for p in folder.iterdir()}
+    assert ".eval_results" not in files and not any(name.startswith(("modeling_tcnlm", "configuration_tcnlm"))
+                                                    for name in files)
+    assert "modeling_lstm_lm.py" in files and "77.7" not in (folder / "README.md").read_text()
+    assert outside.read_text() == "mine" and not (folder / "README.md").is_symlink()
+    assert not any(p.name.startswith(".repo.export") for p in tmp_path.iterdir())  # no staging folder left

@@ -25,6 +25,7 @@ import json
 import math
 import os
 import re
+import shutil
 from importlib import resources
 from pathlib import Path
 from typing import Any, Optional
@@ -57,15 +58,51 @@ def save_for_hub(model: PreTrainedModel, directory: str | os.PathLike, tokenizer
     directory = Path(directory)
     type(model.config).register_for_auto_class()
     type(model).register_for_auto_class(auto_class_of(type(model)))
-    model.save_pretrained(directory)  # writes the family's full auto_map
-    if tokenizer is not None:
-        if topic_tokenizer is not None:
-            save_vocabularies(tokenizer, topic_tokenizer, directory)
-        else:
-            tokenizer.save_pretrained(directory)
-    write_model_card(model, directory, results=results, datasets=datasets, description=description,
-                     repo_id=repo_id, **card)
+    # written beside the folder first, then moved in: an earlier export's files that this one does not write
+    # (its evaluation results, its remote code, weight shards) never stay behind, and a link inside the folder is
+    # replaced, not written through
+    staging = directory.parent / f".{directory.name}.export-{os.getpid()}"
+    if staging.exists():
+        shutil.rmtree(staging)
+    try:
+        model.save_pretrained(staging)  # writes the family's full auto_map
+        if tokenizer is not None:
+            if topic_tokenizer is not None:
+                save_vocabularies(tokenizer, topic_tokenizer, staging)
+            else:
+                tokenizer.save_pretrained(staging)
+        write_model_card(model, staging, results=results, datasets=datasets, description=description,
+                         repo_id=repo_id if repo_id is not None else str(directory), **card)
+        _replace_export(staging, directory)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging)
     return directory
+
+
+# what an earlier export wrote that a new one may not write again (kept by nothing else in an export folder)
+_STALE_EXPORT = (".eval_results", "modeling_*.py", "configuration_*.py", "model-*.safetensors",
+                 "model.safetensors.index.json")
+
+
+def _replace_export(staging: Path, directory: Path) -> None:
+    """Move the new export's files from ``staging`` into ``directory``: an earlier export's stale files
+    (``_STALE_EXPORT``) are removed first, and an entry of the same name is replaced (a link: the link itself,
+    never what it points to)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for pattern in _STALE_EXPORT:
+        for old in directory.glob(pattern):
+            if old.is_symlink() or not old.is_dir():
+                old.unlink()
+            else:
+                shutil.rmtree(old)
+    for new in staging.iterdir():
+        target = directory / new.name
+        if target.is_symlink() or (target.exists() and not target.is_dir()):
+            target.unlink()
+        elif target.is_dir():
+            shutil.rmtree(target)
+        os.replace(new, target)
 
 
 # What the Hub shows for each head: its pipeline tag and the task of its evaluation results.
