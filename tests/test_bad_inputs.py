@@ -538,3 +538,32 @@ def test_evaluate_adds_its_rows_to_the_folders_results_instead_of_replacing_them
     one = next(r for r in rows if r["documents"] == 1)
     row = "| valid.txt | causal | {perplexity:.2f} | {tokens} |"
     assert row.format(**full) in card and row.format(**one) not in card and "/valid.txt" not in card
+
+
+@pytest.mark.parametrize("protocols, message", [
+    ("causal,pape", r"--protocols 'causal,pape': unknown 'pape'; give some of paper, causal, causal-carry"),
+    (" , ", r"--protocols ' , ': none; give some of paper, causal, causal-carry")])
+def test_evaluate_checks_every_protocol_before_it_loads_anything(saved_model, capsys, tmp_path, protocols, message):
+    """A misspelt protocol was found only after the earlier protocols had run."""
+    folder, _, _ = saved_model
+    assert message.replace("\\\\", "") and message in "" or True  # (the pattern is matched below)
+    line = one_line_error(capsys, ["evaluate", "--model_name_or_path", str(folder), "--validation_file",
+                                   str(tmp_path / "absent.txt"), "--protocols", protocols])
+    import re
+
+    assert re.search(message, line), line
+
+
+def test_evaluate_reads_protocols_with_spaces_after_the_commas(saved_model, tmp_path, capsys):
+    folder, _, _ = saved_model
+    (tmp_path / "valid.txt").write_text("the court ruled\tthe tax case\n")
+    main(["evaluate", "--model_name_or_path", str(folder), "--validation_file", str(tmp_path / "valid.txt"),
+          "--protocols", "causal, paper", "--output_json", "none"])
+    out = capsys.readouterr().out
+    assert "causal" in out and "paper" in out
+
+
+@pytest.mark.parametrize("seconds", ["-5", "nan", "inf", "0"])
+def test_demo_refuses_a_training_budget_that_is_not_a_positive_number(capsys, seconds):
+    assert "--train_seconds must be a positive number of seconds" in one_line_error(
+        capsys, ["demo", "--train_seconds", seconds])

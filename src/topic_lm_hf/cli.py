@@ -497,15 +497,27 @@ def run_train(data_args: DataArguments, model_args: ModelArguments, training_arg
     print(finished[0] if finished else f"saved to {training_args.output_dir}")
 
 
+def parse_protocols(text: str) -> list[str]:
+    """``--protocols``: names separated by commas (spaces around them allowed), each checked before any runs."""
+    from .evaluation import PROTOCOLS
+
+    protocols = [p.strip() for p in text.split(",") if p.strip()]
+    unknown = [p for p in protocols if p not in PROTOCOLS]
+    if not protocols or unknown:
+        raise ValueError(f"--protocols {text!r}: {'unknown ' + ', '.join(map(repr, unknown)) if unknown else 'none'}"
+                         f"; give some of {', '.join(PROTOCOLS)} separated by commas")
+    return protocols
+
+
 def run_evaluate(args: EvaluateArguments, device: DeviceArguments | None = None) -> None:
     data_lib.check_positive_flags(max_eval_documents=args.max_eval_documents, batch_size=args.batch_size,
                                   max_sentence_length=args.max_sentence_length)
+    protocols = parse_protocols(args.protocols)  # before the model and the data are loaded
     model = load_pretrained(AutoModelForCausalLM, args.model_name_or_path).to((device or DeviceArguments()).torch_device)
     if args.validation_file is None and shared_data_dir() is None:
         raise ValueError("give --validation_file (../shared/data is absent)")
     valid_file = args.validation_file or str(shared_data_dir() / "apnews" / "valid.txt")
     docs = data_lib.load_documents(valid_file, text_column=args.text_column, max_documents=args.max_eval_documents)
-    protocols = args.protocols.split(",")
     leaky = leaky_modes_of(model)
     if leaky and protocols != ["paper"]:
         skipped = [p for p in protocols if p != "paper"]

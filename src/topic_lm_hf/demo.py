@@ -293,6 +293,8 @@ def _run_demo(args: DemoArguments, fast: FastPathArguments, device: torch.device
     transformers.utils.logging.disable_progress_bar()
     if args.threads < 1:
         raise ValueError(f"--threads must be at least 1, got {args.threads}")
+    if not (math.isfinite(args.train_seconds) and args.train_seconds > 0):  # NaN or inf would never stop
+        raise ValueError(f"--train_seconds must be a positive number of seconds, got {args.train_seconds}")
     check_family(args.family)  # before the data is read
     torch.set_num_threads(args.threads)
     set_seed(args.seed)
