@@ -567,3 +567,23 @@ def test_evaluate_reads_protocols_with_spaces_after_the_commas(saved_model, tmp_
 def test_demo_refuses_a_training_budget_that_is_not_a_positive_number(capsys, seconds):
     assert "--train_seconds must be a positive number of seconds" in one_line_error(
         capsys, ["demo", "--train_seconds", seconds])
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--top_words", "0"], "--top_words must be a positive integer, got 0"),
+    (["--json", "no/such/folder/steer.json"], "--json no/such/folder/steer.json: there is no folder no/such/folder")])
+def test_steer_refuses_its_bad_flags_before_it_generates(saved_model, capsys, flags, message):
+    """--top_words 0 was accepted, and a --json into a missing folder failed after all the generation."""
+    folder, _, _ = saved_model
+    assert message in one_line_error(capsys, ["steer", "--model_name_or_path", str(folder), "--num_samples", "1",
+                                              *flags])
+
+
+def test_synchronising_a_cuda_device_without_one_is_a_clear_error():
+    from topic_lm_hf.devices import synchronize
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA device")
+    with pytest.raises(ValueError, match="cannot synchronise cuda: this machine has no CUDA device"):
+        synchronize("cuda")
+    synchronize("cpu")  # a no-op

@@ -667,7 +667,10 @@ def run_steer(args: SteerArguments, device: DeviceArguments | None = None) -> No
     from .evaluation.steering import evaluate_steering, fit_lda_judge, format_steering_table
 
     data_lib.check_positive_flags(judge_documents=args.judge_documents, num_samples=args.num_samples,
-                                  max_new_tokens=args.max_new_tokens, num_topics_sampled=args.num_topics_sampled)
+                                  max_new_tokens=args.max_new_tokens, num_topics_sampled=args.num_topics_sampled,
+                                  top_words=args.top_words)
+    if args.json and not Path(args.json).resolve().parent.is_dir():  # before all the generation, not after it
+        raise UsageError(f"--json {args.json}: there is no folder {Path(args.json).parent}; create it first")
     where = (device or DeviceArguments()).torch_device
     model = load_pretrained(AutoModelForCausalLM, args.model_name_or_path).to(where).eval()
     tok, topic_tok = data_lib.load_vocabularies(args.model_name_or_path)

@@ -51,6 +51,8 @@ def synchronize(device: Optional[str | torch.device] = None) -> None:
     reads the clock, or it measures only the time to queue the kernels."""
     device = torch.device(device) if device is not None else default_device()
     if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"cannot synchronise {device}: this machine has no CUDA device (give 'cpu')")
         torch.cuda.synchronize(device)
     elif device.type not in ("cpu", "meta") and hasattr(torch, "accelerator"):
         torch.accelerator.synchronize()
