@@ -587,3 +587,18 @@ def test_synchronising_a_cuda_device_without_one_is_a_clear_error():
     with pytest.raises(ValueError, match="cannot synchronise cuda: this machine has no CUDA device"):
         synchronize("cuda")
     synchronize("cpu")  # a no-op
+
+
+@pytest.mark.parametrize("layer", ["0", "3"])
+def test_topics_names_its_own_flag_for_a_layer_out_of_range(tmp_path, capsys, layer):
+    """--layer 0 was refused in the words of a keyword the user never typed (topic_layer)."""
+    from topic_lm_hf import RGBNRNNConfig, RGBNRNNForCausalLM
+
+    tok, topic_tok = build_vocabularies(synthetic_documents(30), min_freq=1)
+    torch.manual_seed(0)
+    model = RGBNRNNForCausalLM(RGBNRNNConfig.from_tokenizers(tok, topic_tok, topic_sizes=[4, 3], hidden_sizes=[4, 4],
+                                                             embedding_size=4))
+    model.save_pretrained(tmp_path / "m")
+    save_vocabularies(tok, topic_tok, tmp_path / "m")
+    line = one_line_error(capsys, ["topics", "--model_name_or_path", str(tmp_path / "m"), "--layer", layer])
+    assert f"--layer must be in 1..2 (1 = bottom) for this model, got {layer}" in line and "topic_layer" not in line

@@ -714,6 +714,8 @@ def run_topics(args: TopicsArguments, device: DeviceArguments | None = None) -> 
         for k, words in enumerate(model.get_topics(top_n=args.top_n)):
             print(f"topic {k:3d}: {' '.join(words)}")
         return
+    if args.layer is not None and not 1 <= args.layer <= model.num_topic_layers:
+        raise ValueError(f"--layer must be in 1..{model.num_topic_layers} (1 = bottom) for this model, got {args.layer}")
     for layer in ([args.layer] if args.layer is not None else range(1, model.num_topic_layers + 1)):
         topics = model.get_topics(layer=layer, top_n=args.top_n)
         print(f"layer {layer} ({len(topics)} topics)")
