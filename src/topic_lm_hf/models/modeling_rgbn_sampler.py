@@ -227,6 +227,11 @@ def augment_counts(counts: torch.Tensor, thetas: list, phis: list, pis: Optional
     return AugmentedCounts(phi_stats, pi_stats, info if details else None)
 
 
+def _with_padding_cell(x: torch.Tensor, pad: float) -> torch.Tensor:
+    """``x`` flattened, then one more cell holding ``pad``: the value the padding units of a buffer read."""
+    return torch.cat([x.reshape(-1), x.new_full((1,), pad)])
+
+
 def _seat_customers(index, uniforms, rate, share, cdf):
     """The fate of customers of CRT restaurants (cells), each from one uniform u: a customer opens a table when
     u < p = r / (r + i) (i its index in its cell; i = 0 always does); the table goes to Pi when u / p (uniform given
@@ -287,11 +292,11 @@ def backward_walk(a: torch.Tensor, rate: torch.Tensor, share: torch.Tensor, rout
     dtype, device = a.dtype, a.device
     cells = b * J * K
     rate = rate.clamp_min(1e-30)
-    flat = lambda x, pad: torch.cat([x.reshape(-1), x.new_full((1,), pad)])  # noqa: E731  the padding cell last
     counts = torch.cat([a.new_zeros(b, first, K), a[:, first:]], 1) if first else a  # none before ``first``
     # 1. the first a_j customers of every cell (b, j, k), all sentences at once
     owner, index, _ = _units(counts.reshape(-1).long(), total)
-    rates, shares = flat(rate, 1.0).unsqueeze(1), flat(share, 0.0).unsqueeze(1)  # the padding cell last
+    rates = _with_padding_cell(rate, 1.0).unsqueeze(1)  # (cells + 1, 1), the padding cell last
+    shares = _with_padding_cell(share, 0.0).unsqueeze(1)
     cdf = _route_cdf(route.reshape(cells, K)) if route is not None else None
     opens, to_pi, source = _seat_customers(index.unsqueeze(1), torch.rand(total, 1, dtype=dtype, device=device),
                                            rates[owner], shares[owner],
@@ -352,7 +357,6 @@ def _walk(z_first, g_pi, g_dest, seat, first: int, beyond: Optional[dict]):
     if beyond is not None:
         step_cells = b * K
         rate, share, route, a = beyond["rate"], beyond["share"], beyond["route"], beyond["a"]
-        flat = lambda x, pad: torch.cat([x.reshape(-1), x.new_full((1,), pad)])  # noqa: E731
         flat_rows = lambda x: torch.cat([x, x[:1]])  # noqa: E731  the padding cell's row (never routed)
         more_ell, more_pi = torch.zeros_like(z_first), torch.zeros_like(z_first)
         more_stat = torch.zeros(K * K + K, dtype=dtype, device=device)
@@ -365,10 +369,11 @@ def _walk(z_first, g_pi, g_dest, seat, first: int, beyond: Optional[dict]):
         if beyond is not None and beyond["bounds"][j] > 0:
             past = (z_next - grid).clamp_min(0).reshape(-1).long()
             owner, index, size = _units(past, beyond["bounds"][j])
-            index = index + flat(a[:, j], 0.0).long()[owner] + grid
+            index = index + _with_padding_cell(a[:, j], 0.0).long()[owner] + grid
             opens, to_pi, source = _seat_customers(
-                index.unsqueeze(1), torch.rand(size, 1, dtype=dtype, device=device), flat(rate[:, j], 1.0)[owner, None],
-                flat(share[:, j], 0.0)[owner, None], _route_cdf(flat_rows(route[:, j].reshape(step_cells, K)))[owner])
+                index.unsqueeze(1), torch.rand(size, 1, dtype=dtype, device=device),
+                _with_padding_cell(rate[:, j], 1.0)[owner, None], _with_padding_cell(share[:, j], 0.0)[owner, None],
+                _route_cdf(flat_rows(route[:, j].reshape(step_cells, K)))[owner])
             opens, to_pi, source = opens.squeeze(1), to_pi.squeeze(1), source.squeeze(1)
             to_pi = to_pi.to(dtype)
             back = back + torch.zeros(step_cells + K, dtype=dtype, device=device).index_add_(
