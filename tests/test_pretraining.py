@@ -195,3 +195,37 @@ def test_an_interrupted_pretraining_resumes_from_its_last_checkpoint_and_equals_
     assert steps == [] and again_result.losses == full_result.losses
     for (name, a), b in zip(full.state_dict().items(), again.state_dict().values()):
         torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)
+
+
+@pytest.mark.parametrize("family", ["tcnlm", "rgbn"])
+def test_a_checkpoint_of_another_configuration_or_other_data_is_refused_not_resumed(family, tmp_path):
+    """A finished or interrupted pre-training run's checkpoint is reused only by the same run: another model
+    configuration (e.g. another diversity weight), other training rows, another development set or another
+    collator setting is refused with the differing field named (the run used to return the old weights at once)."""
+    from topic_lm_hf import build_vocabularies, synthetic_documents
+
+    docs = synthetic_documents(24)
+    tok, topic_tok = build_vocabularies(docs, min_freq=1)
+
+    def run(n_docs=24, dev=4, max_context_tokens=None, **overrides):
+        torch.manual_seed(0)
+        model = tiny_model(family, tok, topic_tok, **overrides)
+        collator = TopicContextCollator.for_model(model, tok, topic_tok, protocol="pretraining")
+        if max_context_tokens is not None:
+            collator.max_context_tokens = max_context_tokens
+        rows = collator.prepare(docs.select(range(n_docs)))
+        return pretrain_topic_model(model, rows, collator, steps=4, batch_size=4, seed=0,
+                                    eval_dataset=rows.select(range(dev)), eval_every=2, patience=5,
+                                    checkpoint_dir=str(tmp_path), save_every=2)
+
+    first = run()
+    assert run().losses == first.losses  # the same run: the finished checkpoint, at once
+    field = "dropout"
+    with pytest.raises(ValueError, match=rf"other settings \(model\.{field}: .* there, 0\.3 now"):
+        run(**{field: 0.3})
+    with pytest.raises(ValueError, match=r"\(rows: '\d+:\w+' there, '\d+:\w+' now[;)]"):
+        run(n_docs=20)
+    with pytest.raises(ValueError, match=r"\(dev_rows: '4:\w+' there, '3:\w+' now\)"):
+        run(dev=3)
+    with pytest.raises(ValueError, match=r"collator\.max_context_tokens: 300 there, 7 now"):
+        run(max_context_tokens=7)

@@ -25,12 +25,17 @@ writes ``pretraining-<step>.pt`` there (the weights, the optimizer, the step, th
 states, the record so far and the best topic model), atomically (a temporary file renamed), keeping the last two. A
 run started again with the same ``checkpoint_dir`` resumes from the newest one that loads (a file cut short is
 skipped with a warning) and ends as the uninterrupted run would; a finished run's last checkpoint returns at once.
+A checkpoint records what it was trained on (the model's configuration, the collator's settings and vocabularies, a
+digest of the training and development rows, and the optimisation settings); one written under anything else is
+refused with the differences named, never resumed.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import hashlib
+import json
 import logging
 import math
 import os
@@ -41,7 +46,9 @@ from typing import Callable, Optional
 
 import torch
 
+from .data import vocabulary_hash
 from .models.modeling_topic_family import TopicFamilyForCausalLM
+from .trainer import dict_differences, model_settings
 
 logger = logging.getLogger(__name__)
 
@@ -157,14 +164,51 @@ def _last_pretraining_checkpoint(checkpoint_dir, settings: dict) -> Optional[dic
             logger.warning("Not resuming topic-model pre-training from %s: it is truncated or unreadable (%s)", path,
                            " ".join(str(error).split())[:200])
             continue
-        changed = {k: (state["settings"].get(k), v) for k, v in settings.items() if state["settings"].get(k) != v}
+        saved = state["settings"]
+        changed = []
+        for key, value in settings.items():
+            if isinstance(value, dict) and isinstance(saved.get(key), dict):  # name the fields, not the whole record
+                changed += [f"{key}.{line}" for line in dict_differences(saved[key], value, "there", "now")]
+            elif saved.get(key) != value:
+                changed.append(f"{key}: {saved.get(key, '(unset)')!r} there, {value!r} now")
         if changed:
             raise ValueError(f"Cannot resume topic-model pre-training from {path}: it ran with other settings ("
-                             + ", ".join(f"{k}: {a!r} there, {b!r} now" for k, (a, b) in changed.items())
-                             + f"); give the same settings, or remove {checkpoint_dir} to start again")
+                             + "; ".join(changed) + f"); give the same settings, or remove {checkpoint_dir} to "
+                             "start again")
         logger.info("Resuming topic-model pre-training from %s", path)
         return state
     return None
+
+
+def rows_digest(rows) -> Optional[str]:
+    """16 hex digits of SHA-256 over prepared rows (a ``datasets.Dataset``, its selection order included, or a
+    sequence of rows), or None for None: two runs on other data, or the same data in another order, differ."""
+    if rows is None:
+        return None
+    digest = hashlib.sha256()
+    table = getattr(getattr(rows, "data", None), "table", None)
+    if table is not None:  # a datasets.Dataset: its Arrow table, in the order its indices give
+        indices = getattr(rows, "_indices", None)
+        if indices is not None:
+            table = table.take(indices.column(0))
+        for batch in table.combine_chunks().to_batches():
+            digest.update(batch.serialize().to_pybytes())
+    else:
+        for row in rows:
+            digest.update(json.dumps({k: v.tolist() if hasattr(v, "tolist") else v for k, v in dict(row).items()},
+                                     sort_keys=True, default=str).encode("utf-8"))
+    return f"{len(rows)}:{digest.hexdigest()[:16]}"
+
+
+def collator_settings(collator) -> dict:
+    """What a :class:`~topic_lm_hf.TopicContextCollator` makes of the rows: its settings and its vocabularies."""
+    record = {f.name: getattr(collator, f.name) for f in dataclasses.fields(collator)
+              if f.name not in ("tokenizer", "topic_tokenizer")} if dataclasses.is_dataclass(collator) else {}
+    record = json.loads(json.dumps(record, default=list))
+    for name in ("tokenizer", "topic_tokenizer"):
+        tokenizer = getattr(collator, name, None)
+        record[name] = vocabulary_hash(tokenizer) if tokenizer is not None else None
+    return record
 
 
 def pretrain_topic_model(model, dataset, collator, steps: int, learning_rate: float = 2e-3, batch_size: int = 64,
@@ -212,7 +256,9 @@ def pretrain_topic_model(model, dataset, collator, steps: int, learning_rate: fl
     best_state = None
     settings = {"steps": steps, "learning_rate": learning_rate, "batch_size": batch_size, "seed": seed,
                 "max_grad_norm": max_grad_norm, "eval_every": eval_every if eval_dataset is not None else None,
-                "patience": patience if eval_dataset is not None else None, "rows": len(dataset)}
+                "patience": patience if eval_dataset is not None else None, "rows": rows_digest(dataset),
+                "dev_rows": rows_digest(eval_dataset), "collator": collator_settings(collator),
+                "model": model_settings(model.config)}
     start = 0
 
     def save(step: int, finished: bool) -> None:

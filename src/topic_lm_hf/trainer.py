@@ -79,11 +79,21 @@ def config_differences(checkpoint: str, config) -> list[str]:
         model_type = json.load(f).get("model_type")
     if model_type != config.model_type:
         return [f"model_type: {model_type!r} in the checkpoint, {config.model_type!r} in this run"]
-    saved = json.loads(type(config).from_json_file(path).to_json_string(use_diff=False))
-    current = json.loads(config.to_json_string(use_diff=False))
-    return [f"{key}: {saved.get(key, '(unset)')!r} in the checkpoint, {current.get(key, '(unset)')!r} in this run"
-            for key in sorted(saved.keys() | current.keys())
-            if key not in RUN_ONLY_CONFIG_KEYS and saved.get(key) != current.get(key)]
+    return dict_differences(model_settings(type(config).from_json_file(path)), model_settings(config),
+                            "in the checkpoint", "in this run")
+
+
+def model_settings(config) -> dict:
+    """The fields of a model config that define the model (every field but :data:`RUN_ONLY_CONFIG_KEYS`), as JSON
+    values: what a checkpoint must share with the run that resumes it."""
+    return {key: value for key, value in json.loads(config.to_json_string(use_diff=False)).items()
+            if key not in RUN_ONLY_CONFIG_KEYS}
+
+
+def dict_differences(saved: dict, current: dict, there: str, here: str) -> list[str]:
+    """``key: saved value <there>, current value <here>`` for every key whose values differ."""
+    return [f"{key}: {saved.get(key, '(unset)')!r} {there}, {current.get(key, '(unset)')!r} {here}"
+            for key in sorted(saved.keys() | current.keys()) if saved.get(key) != current.get(key)]
 
 
 class OutputDirInUseError(OSError):
