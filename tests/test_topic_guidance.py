@@ -78,3 +78,47 @@ def test_guidance_needs_a_conditioning_and_a_scale(tiny_vocabularies):
         model.generate(**prompt, topic_guidance_scale=2.0, max_new_tokens=2)
     with pytest.raises(ValueError, match=r"topic_guidance_scale must be a number in \[0, 100\]"):
         model.generate(**prompt, topic_ids=[1], topic_guidance_scale=-1.0, max_new_tokens=2)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("first_guided", [True, False])
+def test_guided_generation_continued_from_its_cache_equals_one_run_in_both_conventions(tiny_vocabularies, family,
+                                                                                     first_guided):
+    """Continuing a guided generation from the returned cache (``past_key_values=``) gives the tokens and the scores
+    of one longer run, whether the continuation is given the tokens after what the cache read (the package's short
+    form, ``out.sequences[:, -1:]``) or the whole sequence (the transformers convention, ``out.sequences``): the
+    guidance's prior continues from the prefix too, and no token is read twice. The first part may be unguided."""
+    tok, topic_tok = tiny_vocabularies
+    model, prompt = topic_family_model(family, tok, topic_tok), _prompt(tok)
+    topic_ids = [[1], [2]]
+    go = dict(do_sample=False, output_scores=True, return_dict_in_generate=True)
+    one = model.generate(**prompt, topic_ids=topic_ids, topic_guidance_scale=3.0, max_new_tokens=7,
+                         min_new_tokens=7, **go)
+    first = model.generate(**prompt, topic_ids=topic_ids, topic_guidance_scale=3.0 if first_guided else None,
+                           max_new_tokens=3, min_new_tokens=3, **go)
+    if first_guided:
+        assert torch.equal(first.sequences, one.sequences[:, :first.sequences.shape[1]])
+    rest = dict(topic_guidance_scale=3.0, max_new_tokens=4, min_new_tokens=4, **go)
+    short = model.generate(first.sequences[:, -1:], past_key_values=first.past_key_values, **rest)
+    whole = model.generate(first.sequences, past_key_values=first.past_key_values,
+                           attention_mask=torch.cat([prompt["attention_mask"],
+                                                     torch.ones(2, 3, dtype=torch.long)], 1), **rest)
+    if first_guided:
+        assert torch.equal(short.sequences[:, 1:], one.sequences[:, -4:])
+        for a, b in zip(short.scores, one.scores[3:]):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)  # the prefix read in other pieces: rounding
+    assert torch.equal(whole.sequences[:, :first.sequences.shape[1]], first.sequences)  # the convention: all of it
+    assert torch.equal(whole.sequences[:, -4:], short.sequences[:, 1:])
+    full_mask = torch.cat([prompt["attention_mask"], torch.ones(2, 3, dtype=torch.long)], 1)
+    expected = naive_guided_greedy(model, {"input_ids": first.sequences, "attention_mask": full_mask},
+                                   torch.tensor(topic_ids), 3.0, steps=4)
+    assert torch.equal(whole.sequences, expected)
+    for a, b in zip(whole.scores, short.scores):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    # and again from the continuation's own cache
+    again = model.generate(whole.sequences, past_key_values=whole.past_key_values, max_new_tokens=1,
+                           min_new_tokens=1, topic_guidance_scale=3.0, do_sample=False)
+    longer = model.generate(**prompt, topic_ids=topic_ids, topic_guidance_scale=3.0, max_new_tokens=8,
+                            min_new_tokens=8, do_sample=False) if first_guided else None
+    if first_guided:
+        assert torch.equal(again, longer)

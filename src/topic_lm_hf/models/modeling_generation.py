@@ -32,22 +32,44 @@ class TopicLMCache:
         state: the batch-first recurrent state (a tuple of (b, ...) tensors) or None.
         conditioning: the resolved topic representation as the ``forward`` keywords that take it (e.g.
             ``{"topic_representation": t}``), each (b, ...); resolved once, on the first step, never re-validated.
+        tokens, mask: the tokens the state has read (b, S) and their attention mask (None: all real), when known.
+        prior_state: the state of the model under its prior (no conditioning) after the same tokens, kept by
+            topic guidance (None: not kept; a guided continuation reads ``tokens`` again to make it).
 
-    ``generate(..., return_dict_in_generate=True).past_key_values`` is this object: pass it back as
-    ``generate(next_tokens, state=cache)`` to continue with the same topics.
+    ``generate(..., return_dict_in_generate=True).past_key_values`` is this object: pass it back to continue with
+    the same topics, either with the tokens after what it read (``generate(out.sequences[:, -1:],
+    past_key_values=cache)``) or, as transformers does, with the whole sequence (``generate(out.sequences,
+    past_key_values=cache)``: the part it read is not read again, and the output holds the whole sequence).
     """
 
     is_compileable = False
 
-    def __init__(self, state, conditioning: dict):
+    def __init__(self, state, conditioning: dict, tokens: Optional[torch.Tensor] = None,
+                 mask: Optional[torch.Tensor] = None, prior_state=None):
         self.state = state
         self.conditioning = dict(conditioning)
+        self.tokens, self.mask, self.prior_state = tokens, mask, prior_state
 
     def reorder(self, beam_idx: torch.Tensor) -> "TopicLMCache":
         """The rows ``beam_idx`` of the state and of the conditioning (beam search)."""
+        rows = lambda x: None if x is None else x.index_select(0, beam_idx.to(x.device))  # noqa: E731
         return TopicLMCache(reorder_state(self.state, beam_idx),
-                            {name: value.index_select(0, beam_idx.to(value.device))
-                             for name, value in self.conditioning.items()})
+                            {name: rows(value) for name, value in self.conditioning.items()},
+                            rows(self.tokens), rows(self.mask), reorder_state(self.prior_state, beam_idx))
+
+    def read_prefix(self, input_ids: torch.Tensor) -> int:
+        """How many leading tokens of ``input_ids`` this cache has already read: ``S`` when they begin with its
+        tokens (the whole-sequence convention), else 0 (the tokens after them). Giving only what it read is an
+        error: there is no token to read next."""
+        if self.tokens is None or input_ids.shape[0] != self.tokens.shape[0] or input_ids.shape[1] < self.tokens.shape[1]:
+            return 0
+        read = self.tokens.shape[1]
+        if not torch.equal(input_ids[:, :read], self.tokens.to(input_ids.device)):
+            return 0
+        if input_ids.shape[1] == read:
+            raise ValueError(f"the input is the {read} tokens the cache has already read: give the sequence with the "
+                             "tokens after them (e.g. out.sequences), or only those tokens (out.sequences[:, -1:])")
+        return read
 
 
 class TopicGuidanceLogitsProcessor:
@@ -61,9 +83,11 @@ class TopicGuidanceLogitsProcessor:
     every step. Tokens the conditioned run rules out (``-inf``) stay out. It runs first among the logits
     processors, on the model's own scores (before temperature, top-k and the rest)."""
 
-    def __init__(self, model, scale: float, attention_mask: Optional[torch.Tensor], use_cache: bool = True):
+    def __init__(self, model, scale: float, attention_mask: Optional[torch.Tensor], use_cache: bool = True,
+                 initial_state=None):
         self.model, self.scale, self.use_cache = model, float(scale), bool(use_cache)
         self.prompt_mask = attention_mask
+        self.initial_state = initial_state  # the prior's state after the tokens before the prompt (a continuation)
         self.state = self.sequences = None
 
     def _mask(self, input_ids: torch.Tensor) -> Optional[torch.Tensor]:
@@ -87,11 +111,32 @@ class TopicGuidanceLogitsProcessor:
             out = self.model(input_ids=input_ids[:, -1:], attention_mask=mask, state=state, use_cache=True,
                              return_dict=True, conditioning_resolved=True)
         else:
-            out = self.model(input_ids=input_ids, attention_mask=mask, use_cache=self.use_cache, return_dict=True,
+            initial = None if self.initial_state is None else \
+                reorder_state(self.initial_state, self._rows(input_ids.shape[0], self.initial_state))
+            out = self.model(input_ids=input_ids, attention_mask=mask, state=initial,
+                             use_cache=self.use_cache or initial is not None, return_dict=True,
                              conditioning_resolved=True)
         if self.use_cache:
             self.state, self.sequences = out.state, input_ids
         return out.logits[:, -1].float()
+
+    @staticmethod
+    def _rows(n: int, state) -> torch.Tensor:
+        """Each of ``n`` rows' row of ``state`` (the rows of generate's expansion for beams and return sequences)."""
+        first = state[0] if isinstance(state, tuple) else state
+        while isinstance(first, tuple):
+            first = first[0]
+        return torch.arange(n, device=first.device) // (n // first.shape[0])
+
+    def state_after(self, sequences: torch.Tensor):
+        """The prior's state after ``sequences`` minus their last token (what the model's cache has read), its rows
+        matched to them by prefix; None when it did not keep one or cannot tell."""
+        if not self.use_cache or self.sequences is None or self.sequences.shape[1] != sequences.shape[1] - 1:
+            return None
+        match = (sequences[:, None, :-1] == self.sequences.to(sequences.device)[None]).all(-1)
+        if not bool(match.any(1).all()):
+            return None
+        return reorder_state(self.state, match.int().argmax(1))
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         with torch.no_grad():
@@ -143,8 +188,23 @@ class TopicGenerationMixin:
         state = state_from_aliases(kwargs.pop("state", None), kwargs)
         if state is not None:
             kwargs["state"] = state
+        read, prompt_key = 0, "inputs" if inputs is not None else "input_ids"
+        prompt = inputs if inputs is not None else kwargs.get("input_ids")
+        if isinstance(state, TopicLMCache) and isinstance(prompt, torch.Tensor):
+            read = state.read_prefix(prompt)  # the whole-sequence convention: what the cache read is not read again
+            mask = kwargs.get("attention_mask")
+            if isinstance(mask, torch.Tensor) and mask.dim() == 2 and \
+                    state.tokens is not None and mask.shape[1] == state.tokens.shape[1] + prompt.shape[1] - read:
+                kwargs["attention_mask"] = mask[:, state.tokens.shape[1]:]  # a mask of the whole sequence
+            if read:
+                prompt = prompt[:, read:]
+                if inputs is not None:
+                    inputs = prompt
+                else:
+                    kwargs["input_ids"] = prompt
         if topic_guidance_scale is None:
-            return self._generate(inputs, generation_config, **kwargs)
+            return self._after_generation(self._generate(inputs, generation_config, **kwargs), state, read,
+                                          kwargs.get("attention_mask"))
         if isinstance(topic_guidance_scale, bool) or not isinstance(topic_guidance_scale, numbers.Real) \
                 or not 0 <= topic_guidance_scale <= MAX_GUIDANCE_SCALE:
             raise ValueError(f"topic_guidance_scale must be a number in [0, {MAX_GUIDANCE_SCALE}] (1: no guidance; the "
@@ -153,15 +213,60 @@ class TopicGenerationMixin:
                 not isinstance(kwargs.get("state"), TopicLMCache):
             raise ValueError(f"topic_guidance_scale guides towards a conditioning: give one of "
                              f"{list(self.conditioning_inputs)} (e.g. topic_ids=[3])")
-        prompt = inputs if inputs is not None else kwargs.get("input_ids")
         use_cache = kwargs.get("use_cache", getattr(generation_config or self.generation_config, "use_cache", True))
-        self._topic_guidance = TopicGuidanceLogitsProcessor(
+        self._topic_guidance = guidance = TopicGuidanceLogitsProcessor(
             self, topic_guidance_scale, kwargs.get("attention_mask") if isinstance(prompt, torch.Tensor) else None,
-            use_cache=use_cache is not False)
+            use_cache=use_cache is not False, initial_state=self._prior_state(state))
         try:
-            return self._generate(inputs, generation_config, **kwargs)
+            return self._after_generation(self._generate(inputs, generation_config, **kwargs), state, read,
+                                          kwargs.get("attention_mask"), guidance)
         finally:
             self._topic_guidance = None
+
+    def _prior_state(self, cache):
+        """The state of the model under its prior after what ``cache`` has read (a guided continuation): the one the
+        cache kept, else read again from its tokens; None when not continuing."""
+        if cache is None:
+            return None
+        if not isinstance(cache, TopicLMCache) or (cache.prior_state is None and cache.tokens is None):
+            raise ValueError("topic guidance continues only from a cache returned by generate(..., "
+                             "return_dict_in_generate=True) (its past_key_values): this state does not say what it read")
+        if cache.prior_state is not None:
+            return cache.prior_state
+        with torch.no_grad():
+            return self(input_ids=cache.tokens, attention_mask=cache.mask, use_cache=True, return_dict=True,
+                        conditioning_resolved=True).state
+
+    def _after_generation(self, out, cache, read: int, mask, guidance=None):
+        """``generate``'s result with what its cache has read recorded (tokens, mask, the guidance prior's state),
+        and, where the input was the whole sequence, the part that the given cache had read put back in front.
+        ``mask``: the attention mask of the prompt generate was given (after that part), or None."""
+        sequences = out if isinstance(out, torch.Tensor) else getattr(out, "sequences", None)
+        if not isinstance(sequences, torch.Tensor):
+            return out
+        n = sequences.shape[0]
+        expand = lambda x: None if x is None else x.to(sequences.device).repeat_interleave(  # noqa: E731
+            n // x.shape[0], dim=0)
+        continued = isinstance(cache, TopicLMCache)
+        before = expand(cache.tokens) if continued else None
+        whole = torch.cat([before, sequences], 1) if before is not None else sequences
+        if read:  # the whole-sequence convention: the output holds the whole sequence
+            if isinstance(out, torch.Tensor):
+                return whole
+            out.sequences = whole
+        new_cache = getattr(out, "past_key_values", None)
+        if isinstance(new_cache, TopicLMCache):
+            known = before is not None or not continued
+            new_cache.tokens = whole[:, :-1] if known else None
+            if known and ((continued and cache.mask is not None) or isinstance(mask, torch.Tensor)):
+                empty = sequences.new_ones(n, 0)
+                parts = [expand(cache.mask) if continued and cache.mask is not None else
+                         torch.ones_like(before) if before is not None else empty,
+                         expand(mask) if isinstance(mask, torch.Tensor) else empty]
+                rest = whole.shape[1] - sum(part.shape[1] for part in parts)  # the tokens after: all real
+                new_cache.mask = torch.cat([*parts, sequences.new_ones(n, rest)], 1)[:, :-1]
+            new_cache.prior_state = guidance.state_after(sequences) if guidance is not None else None
+        return out
 
     def _get_logits_processor(self, *args, **kwargs):
         processors = super()._get_logits_processor(*args, **kwargs)
