@@ -188,3 +188,16 @@ def test_a_plain_trainer_that_dropped_the_collators_columns_gets_told_what_to_do
                       train_dataset=collator.prepare(docs), data_collator=collator)
     with pytest.raises(ValueError, match=r"lack context_ids .*remove_unused_columns=False\), or use TopicLMTrainer"):
         trainer.train()
+
+
+def test_the_special_tokens_names_written_in_a_sentence_are_unknown_words_not_control_tokens(vocabs):
+    """A corpus that holds the literal words "<pad>", "<bos>" or "<eos>" gets <unk> for them: a <pad> in the middle of
+    a sentence used to become the padding id (its label then ignored), an <eos> an end of sentence."""
+    tok, topic_tok = vocabs
+    collator = TopicContextCollator(tok, topic_tok, context="others")
+    ids = collator.encode_sentence(["apple", "<pad>", "<BOS>", "<eos>", "<unk>", "bank"])
+    assert ids == [tok.convert_tokens_to_ids("apple"), *[collator.unk_id] * 4, tok.convert_tokens_to_ids("bank")]
+    row = collator.prepare(documents_from_lists([[["apple", "<pad>", "bank"], ["court", "<eos>"]]]))[0]
+    assert row["input_ids"][1:4] == [tok.convert_tokens_to_ids("apple"), collator.unk_id,
+                                     tok.convert_tokens_to_ids("bank")]
+    assert row["input_ids"].count(collator.eos_id) == 1 and row["input_ids"].count(collator.pad_id) == 0

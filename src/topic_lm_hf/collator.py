@@ -119,6 +119,8 @@ class TopicContextCollator:
         self._vocab = self.tokenizer.get_vocab()
         self.pad_id, self.unk_id = self._vocab[PAD], self._vocab[UNK]
         self.bos_id, self.eos_id = self._vocab[BOS], self._vocab[EOS]
+        # A word of the text is never a control token: a literal "<pad>", "<bos>" or "<eos>" in a sentence is <unk>.
+        self._words = {w: i for w, i in self._vocab.items() if i not in (self.pad_id, self.bos_id, self.eos_id)}
         self.topic_vocab_size = len(self.topic_tokenizer) if self.topic_tokenizer is not None else 0
         # LM id -> topic id (-1 for words outside the topic vocabulary): one lookup per token.
         self.lm_to_topic = np.full(len(self.tokenizer), -1, dtype=np.int64)
@@ -201,8 +203,9 @@ class TopicContextCollator:
     # ------------------------------------------------------------------------------------------
 
     def encode_sentence(self, tokens: Sequence[str]) -> list[int]:
-        """LM ids of a tokenized sentence (out-of-vocabulary words become ``<unk>``)."""
-        return [self._vocab.get(w.lower(), self.unk_id) for w in tokens]
+        """LM ids of a tokenized sentence (out-of-vocabulary words, and the special tokens' names written as words,
+        become ``<unk>``)."""
+        return [self._words.get(w.lower(), self.unk_id) for w in tokens]
 
     def chunks(self, ids: Sequence[int]) -> list[list[int]]:
         """``<bos> ids <eos>`` cut into chunks predicting at most ``max_sentence_length`` tokens."""
