@@ -137,3 +137,19 @@ def test_rgbn_greedy_decoding_without_topics_is_deterministic(vocabularies, fami
     assert torch.equal(*greedy) and torch.equal(greedy[0][0], greedy[0][1])
     drawn = [model.prepare_generation_conditioning(2, do_sample=True)["theta"] for _ in range(2)]
     assert not torch.equal(*drawn)
+
+
+def test_a_generation_cache_of_another_family_is_refused(vocabularies):
+    """A cache returned by one family's generate is refused by another (NCLM used to read TCNLM's topic vector and
+    generate from it), in generate and in forward; the same family continues as before."""
+    tok, topic_tok = vocabularies
+    tcnlm, nclm = tiny_model("tcnlm", tok, topic_tok).eval(), tiny_model("nclm-leta", tok, topic_tok).eval()
+    ids = _prompt(tok)
+    first = tcnlm.generate(ids, topic_ids=[1], max_new_tokens=2, do_sample=False, return_dict_in_generate=True)
+    cache = first.past_key_values
+    with pytest.raises(ValueError, match="comes from a tcnlm model's generation"):
+        nclm.generate(first.sequences[:, -1:], past_key_values=cache, max_new_tokens=2)
+    with pytest.raises(ValueError, match="comes from a tcnlm model's generation"), torch.no_grad():
+        nclm(input_ids=first.sequences[:, -1:], past_key_values=cache)
+    assert tcnlm.generate(first.sequences[:, -1:], past_key_values=cache, max_new_tokens=2,
+                          do_sample=False).shape[1] == 3

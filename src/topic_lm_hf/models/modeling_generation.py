@@ -45,17 +45,25 @@ class TopicLMCache:
     is_compileable = False
 
     def __init__(self, state, conditioning: dict, tokens: Optional[torch.Tensor] = None,
-                 mask: Optional[torch.Tensor] = None, prior_state=None):
+                 mask: Optional[torch.Tensor] = None, prior_state=None, model_type: Optional[str] = None):
         self.state = state
         self.conditioning = dict(conditioning)
         self.tokens, self.mask, self.prior_state = tokens, mask, prior_state
+        self.model_type = model_type  # the family whose generation made it (its state means nothing to another)
 
     def reorder(self, beam_idx: torch.Tensor) -> "TopicLMCache":
         """The rows ``beam_idx`` of the state and of the conditioning (beam search)."""
         rows = lambda x: None if x is None else x.index_select(0, beam_idx.to(x.device))  # noqa: E731
         return TopicLMCache(reorder_state(self.state, beam_idx),
                             {name: rows(value) for name, value in self.conditioning.items()},
-                            rows(self.tokens), rows(self.mask), reorder_state(self.prior_state, beam_idx))
+                            rows(self.tokens), rows(self.mask), reorder_state(self.prior_state, beam_idx),
+                            self.model_type)
+
+    def check_model(self, model) -> None:
+        """Refuse to continue in ``model`` a generation that another family (or configuration) made."""
+        if self.model_type is not None and self.model_type != model.config.model_type:
+            raise ValueError(f"this cache comes from a {self.model_type} model's generation; {type(model).__name__} "
+                             f"({model.config.model_type}) cannot continue it: continue with the model that made it")
 
     def read_prefix(self, input_ids: torch.Tensor) -> int:
         """How many leading tokens of ``input_ids`` this cache has already read: ``S`` when they begin with its
@@ -188,8 +196,10 @@ class TopicGenerationMixin:
         state = state_from_aliases(kwargs.pop("state", None), kwargs)
         if state is not None:
             kwargs["state"] = state
-        read, prompt_key = 0, "inputs" if inputs is not None else "input_ids"
+        read = 0
         prompt = inputs if inputs is not None else kwargs.get("input_ids")
+        if isinstance(state, TopicLMCache):
+            state.check_model(self)
         if isinstance(state, TopicLMCache) and isinstance(prompt, torch.Tensor):
             read = state.read_prefix(prompt)  # the whole-sequence convention: what the cache read is not read again
             mask = kwargs.get("attention_mask")
@@ -325,7 +335,7 @@ class TopicGenerationMixin:
             model_kwargs.update(conditioning)
             model_kwargs["state"] = None
         else:
-            model_kwargs["state"] = TopicLMCache(state, conditioning)
+            model_kwargs["state"] = TopicLMCache(state, conditioning, model_type=self.config.model_type)
         return model_kwargs
 
 

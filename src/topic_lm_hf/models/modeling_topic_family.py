@@ -172,6 +172,7 @@ class TopicFamilyForCausalLM(DocumentRepresentationDelegate, TopicWordPriorMixin
         # past_key_values= is the state; generation's cache (TopicLMCache) also holds the resolved conditioning
         state = state_from_aliases(state, inputs)
         if hasattr(state, "conditioning") and hasattr(state, "state"):
+            state.check_model(self)
             if topic_representation is None and not any(v is not None for v in raw.values()):
                 inputs.update(state.conditioning)
                 topic_representation = inputs.pop("topic_representation", None)
