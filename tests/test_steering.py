@@ -320,3 +320,33 @@ def test_steering_towards_an_upper_layer_of_a_topic_hierarchy(tiny_vocabularies)
     tcnlm = topic_family_model("tcnlm", tok, topic_tok)
     with pytest.raises(ValueError, match="one layer of topics"):
         evaluate_steering(tcnlm, topic_layer=1, **settings)
+
+
+def test_a_judge_with_inconsistent_arrays_a_damaged_header_or_another_vocabulary_is_refused(synthetic, tmp_path):
+    """LDAJudge.load checks its arrays against each other (topic_word of another shape, or not the normalised
+    components_) and refuses a damaged header with one ValueError (cached_lda_judge then fits again); the judge
+    records its topic vocabulary and is refused on another one."""
+    from safetensors import safe_open
+    from safetensors.numpy import save_file
+
+    from topic_lm_hf import build_vocabularies
+
+    docs, _, topic_tok = synthetic
+    judge = fit_lda_judge(docs, topic_tok, num_topics=JUDGE_TOPICS, seed=0, max_iter=5, restarts=1)
+    path = tmp_path / "judge.safetensors"
+    judge.save(path)
+    assert LDAJudge.load(path).topic_vocab_hash == judge.topic_vocab_hash is not None
+    with safe_open(str(path), framework="numpy") as f:
+        arrays, metadata = {k: f.get_tensor(k) for k in f.keys()}, f.metadata()
+    cases = {"fewer_words": ({**arrays, "topic_word": arrays["topic_word"][:, :-1]}, metadata, "arrays disagree"),
+             "other_topics": ({**arrays, "topic_word": arrays["topic_word"][::-1].copy()}, metadata,
+                              "not the normalised components_"),
+             "header": (arrays, {**metadata, "settings": "{not json"}, "damaged LDA judge"),
+             "no_numbers": (arrays, {k: v for k, v in metadata.items() if k != "numbers"}, "damaged LDA judge")}
+    for name, (a, m, message) in cases.items():
+        save_file(a, str(tmp_path / f"{name}.safetensors"), metadata=m)
+        with pytest.raises(ValueError, match=message):
+            LDAJudge.load(tmp_path / f"{name}.safetensors")
+    other = build_vocabularies(docs.select(range(len(docs) // 2)), min_freq=1)[1]
+    with pytest.raises(ValueError, match="fitted over another topic vocabulary"):
+        judge.get_topics(5, topic_tokenizer=other)

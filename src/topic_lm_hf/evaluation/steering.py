@@ -46,7 +46,7 @@ import numpy as np
 import torch
 
 from ..collator import make_bow
-from ..data import check_vocabularies
+from ..data import check_vocabularies, vocabulary_hash
 from ..models.modeling_topic_family import TopicFamilyForCausalLM
 from .perplexity import _chunk_nll, model_vocabularies
 
@@ -91,6 +91,8 @@ class LDAJudge:
         lda: the fitted ``sklearn.decomposition.LatentDirichletAllocation``.
         topic_word: (T, V_c) its topic-word distributions (normalised ``components_``).
         description: what it was fitted on (documents, topics, iterations, seed).
+        topic_vocab_hash: :func:`~topic_lm_hf.data.vocabulary_hash` of the topic vocabulary it was fitted over
+            (None: not recorded); a judge is refused on another vocabulary (:meth:`check_vocabulary`).
 
     ``save`` and ``load`` keep a fitted judge in a safetensors file (arrays and JSON, no pickle).
     """
@@ -98,6 +100,14 @@ class LDAJudge:
     lda: Any
     topic_word: np.ndarray
     description: str
+    topic_vocab_hash: Optional[str] = None
+
+    def check_vocabulary(self, topic_tokenizer) -> None:
+        """Refuse a topic vocabulary other than the one the judge was fitted over (its word ids mean other words)."""
+        if self.topic_vocab_hash is not None and topic_tokenizer is not None \
+                and vocabulary_hash(topic_tokenizer) != self.topic_vocab_hash:
+            raise ValueError("the LDA judge was fitted over another topic vocabulary: fit it again on this model's "
+                             "topic tokenizer (fit_lda_judge)")
 
     def match(self, model_topic_word: np.ndarray) -> tuple[np.ndarray, float]:
         """One-to-one match of LDA topics to model topics by cosine similarity of their word distributions.
@@ -123,6 +133,7 @@ class LDAJudge:
             raise ValueError(f"LDA has one layer of topics: layer must be None or 1, got {layer!r}")
         if topic_tokenizer is None:
             raise ValueError("LDAJudge.get_topics needs the topic_tokenizer it was fitted over")
+        self.check_vocabulary(topic_tokenizer)
         words = {i: w for w, i in topic_tokenizer.get_vocab().items()}
         order = np.argsort(-self.topic_word[:, 1:], axis=1)[:, :top_n] + 1
         return [[words[int(i)] for i in row] for row in order]
@@ -159,7 +170,8 @@ class LDAJudge:
                 raise TypeError(f"LDAJudge.save cannot store the LDA's {name} ({type(value).__name__})")
         metadata = {"format": "topic_lm_hf.LDAJudge", "scikit_learn": sklearn.__version__,
                     "description": self.description, "settings": json.dumps(settings),
-                    "numbers": json.dumps(numbers), "random_states": json.dumps(random_states)}
+                    "numbers": json.dumps(numbers), "random_states": json.dumps(random_states),
+                    "topic_vocab_hash": json.dumps(self.topic_vocab_hash)}
         save_file({k: np.ascontiguousarray(v) for k, v in arrays.items()}, str(path), metadata=metadata)
 
     @classmethod
@@ -179,10 +191,18 @@ class LDAJudge:
             raise ValueError(f"{path} is not a safetensors file ({e})") from e
         if metadata.get("format") != "topic_lm_hf.LDAJudge":
             raise ValueError(f"{path} is not a judge written by LDAJudge.save")
-        if metadata["scikit_learn"] != sklearn.__version__:
-            raise ValueError(f"{path} was written under scikit-learn {metadata['scikit_learn']}, this is "
+        if metadata.get("scikit_learn") != sklearn.__version__:
+            raise ValueError(f"{path} was written under scikit-learn {metadata.get('scikit_learn')}, this is "
                              f"{sklearn.__version__}")
-        lda = LatentDirichletAllocation(**json.loads(metadata["settings"]))
+        try:
+            return cls._from_arrays(arrays, metadata, LatentDirichletAllocation)
+        except (KeyError, TypeError, ValueError, AttributeError) as e:  # json errors are ValueErrors
+            raise ValueError(f"{path} is a damaged LDA judge ({type(e).__name__}: {e}): fit it again") from e
+
+    @classmethod
+    def _from_arrays(cls, arrays: dict, metadata: dict, lda_class) -> "LDAJudge":
+        """The judge of :meth:`load`, its arrays checked against each other and against its settings."""
+        lda = lda_class(**json.loads(metadata["settings"]))
         for name, value in json.loads(metadata["numbers"]).items():
             setattr(lda, name, value)
         random_states = json.loads(metadata["random_states"])
@@ -196,7 +216,21 @@ class LDAJudge:
                 generator.set_state((kind, value, position, has_gauss, cached_gaussian))
                 value = generator
             setattr(lda, name, value)
-        return cls(lda=lda, topic_word=arrays["topic_word"], description=metadata["description"])
+        topic_word = arrays["topic_word"]
+        topics, words = lda.n_components, getattr(lda, "n_features_in_", None)
+        shapes = {name: getattr(lda, name).shape for name in ("components_", "exp_dirichlet_component_")}
+        if topic_word.ndim != 2 or topic_word.shape[0] != topics or any(shape != topic_word.shape
+                                                                          for shape in shapes.values()) \
+                or (words is not None and topic_word.shape[1] != words):
+            raise ValueError(f"its arrays disagree: topic_word {topic_word.shape}, "
+                             + ", ".join(f"{k} {v}" for k, v in shapes.items())
+                             + f", {topics} topics over {words} words")
+        if not (np.isfinite(topic_word).all() and (topic_word >= 0).all()
+                and np.allclose(topic_word.sum(1), 1.0, atol=1e-6)
+                and np.allclose(topic_word, lda.components_ / lda.components_.sum(1, keepdims=True), atol=1e-6)):
+            raise ValueError("its topic_word is not the normalised components_ of its LDA")
+        vocab_hash = json.loads(metadata.get("topic_vocab_hash", "null"))
+        return cls(lda=lda, topic_word=topic_word, description=metadata["description"], topic_vocab_hash=vocab_hash)
 
 
 def fit_lda_judge(documents, topic_tokenizer, num_topics: int, max_iter: int = 20, seed: int = 0,
@@ -227,7 +261,8 @@ def fit_lda_judge(documents, topic_tokenizer, num_topics: int, max_iter: int = 2
     topic_word = best.components_ / best.components_.sum(1, keepdims=True)
     return LDAJudge(lda=best, topic_word=topic_word,
                     description=f"sklearn LDA, {num_topics} topics, {counts.shape[0]} documents, {max_iter} batch-VB "
-                                f"iterations, best of {restarts} restarts (seed {seed})")
+                                f"iterations, best of {restarts} restarts (seed {seed})",
+                    topic_vocab_hash=vocabulary_hash(topic_tokenizer))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -339,6 +374,8 @@ def evaluate_steering(model, topics: Optional[Sequence[int]] = None, num_topics_
     if not topics or any(not 0 <= k < num_topics for k in topics):
         raise ValueError(f"topics must be non-empty ids in [0, {num_topics}), got {topics}")
     tokenizer, topic_tokenizer = model_vocabularies(model, tokenizer, topic_tokenizer)
+    if judge is not None:
+        judge.check_vocabulary(topic_tokenizer)
     if fluency_model is not None:
         check_vocabularies(tokenizer, None, fluency_model.config)
     was_training = model.training
