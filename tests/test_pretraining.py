@@ -229,3 +229,32 @@ def test_a_checkpoint_of_another_configuration_or_other_data_is_refused_not_resu
         run(dev=3)
     with pytest.raises(ValueError, match=r"collator\.max_context_tokens: 300 there, 7 now"):
         run(max_context_tokens=7)
+
+
+def test_a_file_that_is_not_a_pretraining_checkpoint_or_has_non_finite_weights_is_one_clear_error(tmp_path):
+    """A torch file that is not a pre-training checkpoint (e.g. a state dict saved under the same name), or a
+    checkpoint whose weights are not finite, is a ValueError naming it (it used to be a KeyError traceback, or a
+    resumed run that failed later)."""
+    from topic_lm_hf import build_vocabularies, synthetic_documents
+
+    docs = synthetic_documents(12)
+    tok, topic_tok = build_vocabularies(docs, min_freq=1)
+
+    def run():
+        torch.manual_seed(0)
+        model = tiny_model("tcnlm", tok, topic_tok)
+        collator = TopicContextCollator.for_model(model, tok, topic_tok, protocol="pretraining")
+        return pretrain_topic_model(model, collator.prepare(docs), collator, steps=2, batch_size=4,
+                                    checkpoint_dir=str(tmp_path), save_every=1)
+
+    run()
+    path = tmp_path / "pretraining-2.pt"
+    state = torch.load(path, weights_only=True)
+    name = next(k for k, v in state["model"].items() if v.is_floating_point())
+    state["model"][name] = torch.full_like(state["model"][name], float("nan"))
+    torch.save(state, path)
+    with pytest.raises(ValueError, match=f"its weights are not finite \\({name}"):
+        run()
+    torch.save(state["model"], path)
+    with pytest.raises(ValueError, match="is not a topic-model pre-training checkpoint of this package"):
+        run()

@@ -164,6 +164,10 @@ def _last_pretraining_checkpoint(checkpoint_dir, settings: dict) -> Optional[dic
             logger.warning("Not resuming topic-model pre-training from %s: it is truncated or unreadable (%s)", path,
                            " ".join(str(error).split())[:200])
             continue
+        if not isinstance(state, dict) or not {"step", "finished", "settings", "model", "optimizer", "generator",
+                                               "result"} <= state.keys() or not isinstance(state["settings"], dict):
+            raise ValueError(f"{path} is not a topic-model pre-training checkpoint of this package: remove it, or "
+                             f"give another checkpoint_dir than {checkpoint_dir}")
         saved = state["settings"]
         changed = []
         for key, value in settings.items():
@@ -175,6 +179,11 @@ def _last_pretraining_checkpoint(checkpoint_dir, settings: dict) -> Optional[dic
             raise ValueError(f"Cannot resume topic-model pre-training from {path}: it ran with other settings ("
                              + "; ".join(changed) + f"); give the same settings, or remove {checkpoint_dir} to "
                              "start again")
+        broken = [name for name, value in state["model"].items()
+                  if isinstance(value, torch.Tensor) and value.is_floating_point() and not torch.isfinite(value).all()]
+        if broken:
+            raise ValueError(f"Cannot resume topic-model pre-training from {path}: its weights are not finite ("
+                             f"{', '.join(broken[:3])}); remove {checkpoint_dir} to start again")
         logger.info("Resuming topic-model pre-training from %s", path)
         return state
     return None
