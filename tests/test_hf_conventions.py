@@ -153,3 +153,30 @@ def test_a_generation_cache_of_another_family_is_refused(vocabularies):
         nclm(input_ids=first.sequences[:, -1:], past_key_values=cache)
     assert tcnlm.generate(first.sequences[:, -1:], past_key_values=cache, max_new_tokens=2,
                           do_sample=False).shape[1] == 3
+
+
+@pytest.mark.parametrize("family", variants(representative=True))
+def test_a_wrong_state_mask_or_empty_input_is_one_clear_error(vocabularies, family):
+    """forward refuses, each in one ValueError, what used to fail deep inside (a RecursionError for a string state,
+    shape errors for a transformers DynamicCache or another batch's state, an index error for a mask shorter than
+    the input) or was accepted (TCNLM read an empty input)."""
+    from transformers import DynamicCache
+
+    tok, topic_tok = vocabularies
+    model = tiny_model(family, tok, topic_tok).eval()
+    ids = _prompt(tok)
+    kwargs = _conditioning(family)
+    with torch.no_grad():
+        state = model(input_ids=ids, use_cache=True, **kwargs).state
+        for bad, message in [("state", "tuple of batch-first tensors"), (DynamicCache(), "tuple of batch-first"),
+                             (tuple(torch.cat([t, t]) for t in state if isinstance(t, torch.Tensor)) or None,
+                              "for another batch")]:
+            if bad is None:
+                continue
+            with pytest.raises(ValueError, match=message):
+                model(input_ids=ids, state=bad, **kwargs)
+        with pytest.raises(ValueError, match="does not cover the input"):
+            model(input_ids=ids, attention_mask=torch.ones(ids.shape[0], ids.shape[1] - 1, dtype=torch.long),
+                  **kwargs)
+        with pytest.raises(ValueError, match="the input is empty"):
+            model(input_ids=ids[:, :0], **kwargs)

@@ -13,8 +13,8 @@ from transformers import GenerationMixin
 
 from .configuration_lstm_lm import LSTMLMConfig
 from .modeling_document import DocumentClassifierMixin, DocumentRepresentationDelegate, DocumentRepresentationMixin
-from .modeling_recurrent import (RecurrentBodyMixin, RecurrentPreTrainedModel, TopicLMOutput, check_prompt,
-                                 state_from_aliases)
+from .modeling_recurrent import (RecurrentBodyMixin, RecurrentPreTrainedModel, TopicLMOutput, check_call,
+                                 check_prompt, state_from_aliases)
 
 
 class LSTMLMPreTrainedModel(RecurrentPreTrainedModel):
@@ -79,6 +79,7 @@ class LSTMLMForCausalLM(DocumentRepresentationDelegate, LSTMLMPreTrainedModel, G
             logits_to_keep: compute logits for the last N positions only (0 = all).
         """
         state = state_from_aliases(state, kwargs)
+        check_call(input_ids, inputs_embeds, attention_mask, state)
         base = self.model(input_ids, attention_mask, inputs_embeds, state, use_cache,
                           output_hidden_states=output_hidden_states)
         hidden, state = base.last_hidden_state, base.state

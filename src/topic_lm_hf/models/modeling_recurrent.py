@@ -131,6 +131,39 @@ def embed_checked(embed_tokens: nn.Embedding, input_ids: torch.Tensor, vocab_siz
     return embed_tokens(input_ids)
 
 
+def check_call(input_ids: Optional[torch.Tensor], inputs_embeds: Optional[torch.Tensor],
+               attention_mask: Optional[torch.Tensor], state) -> None:
+    """The inputs of a token-level ``forward`` against each other, each mistake a ``ValueError`` that says what to
+    give: an empty input, an attention mask shorter than it (``generate`` passes a longer one: the whole sequence
+    so far), and a ``state`` that is not this package's batch-first tuple of tensors with one row per input row
+    (e.g. a transformers ``DynamicCache``, a string, the state of another batch)."""
+    tokens = input_ids if input_ids is not None else inputs_embeds
+    if tokens is None or tokens.dim() != (2 if input_ids is not None else 3):
+        return  # a documents batch (b, chunks, length) or nothing: checked where it is read
+    rows, length = tokens.shape[:2]
+    if length == 0:
+        raise ValueError(f"the input is empty (shape {tuple(tokens.shape)}): give at least one token")
+    if attention_mask is not None and (attention_mask.dim() != 2 or attention_mask.shape[0] != rows
+                                       or attention_mask.shape[1] < length):
+        raise ValueError(f"attention_mask of shape {tuple(attention_mask.shape)} does not cover the input of shape "
+                         f"{tuple(tokens.shape[:2])}: give one row per input row and a column per token")
+    if state is None:
+        return
+    leaves, pending = [], [state]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, torch.Tensor):
+            leaves.append(item)
+        elif isinstance(item, (tuple, list)) and len(item) > 0:
+            pending.extend(item)
+        else:
+            raise ValueError(f"state must be what this model's forward(use_cache=True) or generate returned (a tuple "
+                             f"of batch-first tensors), got {type(state).__name__}")
+    if any(leaf.dim() == 0 or leaf.shape[0] != rows for leaf in leaves):
+        raise ValueError(f"state holds {[tuple(leaf.shape) for leaf in leaves][:2]}... for another batch: it must have "
+                         f"one row per input row ({rows})")
+
+
 def last_columns(attention_mask: Optional[torch.Tensor], length: int) -> Optional[torch.Tensor]:
     """The mask of a call's own ``length`` tokens: ``generate()`` passes the mask of the whole sequence so far."""
     if attention_mask is not None and attention_mask.shape[1] != length:

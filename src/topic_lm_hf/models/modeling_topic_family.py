@@ -52,7 +52,7 @@ from torch import nn
 from .modeling_conditioning import (check_topic_layer, given_keywords, lm_to_topic_index, normalize_topic_kwargs,
                                     topic_scores_to_vocab, topic_vocabulary, topic_word_mask)
 from .modeling_document import DocumentRepresentationDelegate
-from .modeling_recurrent import TopicLMOutput, detach_or_none, state_from_aliases
+from .modeling_recurrent import TopicLMOutput, check_call, detach_or_none, state_from_aliases
 
 
 @dataclass
@@ -177,6 +177,7 @@ class TopicFamilyForCausalLM(DocumentRepresentationDelegate, TopicWordPriorMixin
                 inputs.update(state.conditioning)
                 topic_representation = inputs.pop("topic_representation", None)
             state = state.state
+        check_call(input_ids, inputs_embeds, attention_mask, state)
         # 1. The conditioning, validated once (or by generate), or the topic representation resolved before.
         topics = {}
         if topic_representation is None:
