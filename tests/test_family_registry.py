@@ -219,3 +219,29 @@ def test_the_shared_model_tester_runs_on_the_toy_family(toy_family, check, reque
     else:
         for condition in ("prior", "context_bow", "topic_ids", "topic_mixture-shared"):
             tester.check_generation(condition, "greedy")
+
+
+def test_a_registration_that_cannot_be_made_changes_nothing_and_recipes_are_read_only():
+    """register_family checks the whole record before it registers anything: a record that re-uses a package
+    family's model_type (it used to re-point lstm_lm in the Auto registry, and every saved LSTM then failed to load),
+    a record with a None class, or a recipe naming a field its configuration lacks, is refused and leaves the
+    registry and the Auto classes as they were. A family's recipe and variants cannot be edited in place."""
+    from topic_lm_hf import LSTMLMConfig, LSTMLMForCausalLM
+
+    class Impostor(LSTMLMForCausalLM):
+        pass
+
+    before = (dict(FAMILIES), AutoModelForCausalLM._model_mapping[LSTMLMConfig])
+    with pytest.raises(ValueError, match="'lstm_lm' is already the family of LSTMLMForCausalLM"):
+        register_family(Family(LSTMLMConfig, FAMILIES["lstm_lm"].base_model_class, Impostor, None, card={},
+                               variants={"impostor": {}}))
+    with pytest.raises(ValueError, match="causal_lm_class must be a PreTrainedModel subclass"):
+        register_family(Family(ToyTopicConfig, ToyTopicModel, None, None, card={}))
+    with pytest.raises(ValueError, match=r"steering_recipe names \['no_such_field'\]"):
+        register_family(Family(ToyTopicConfig, ToyTopicModel, ToyTopicForCausalLM, None, card={},
+                               steering_recipe={"no_such_field": 1}))
+    assert (dict(FAMILIES), AutoModelForCausalLM._model_mapping[LSTMLMConfig]) == before
+    with pytest.raises(TypeError):
+        FAMILIES["tcnlm"].steering_recipe["bow_loss_weight"] = 5.0
+    with pytest.raises(TypeError):
+        FAMILIES["tcnlm"].variants["tcnlm"]["num_topics"] = 5

@@ -19,10 +19,11 @@ Adding a family is writing its ``configuration_*`` / ``modeling_*`` files and on
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Optional
 
 from transformers import (AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification,
-                          PretrainedConfig)
+                          PretrainedConfig, PreTrainedModel)
 
 from .models import (LSTMLMConfig, LSTMLMForCausalLM, LSTMLMForSequenceClassification, LSTMLMModel, NCLMConfig,
                      NCLMForCausalLM, NCLMForSequenceClassification, NCLMModel, RGBNRNNConfig, RGBNRNNForCausalLM,
@@ -57,6 +58,10 @@ class Family:
     def __post_init__(self):
         if not self.variants:
             object.__setattr__(self, "variants", {self.model_type: {}})
+        # read-only views: a recipe or a variant edited in place would change every later model of the family
+        object.__setattr__(self, "steering_recipe", MappingProxyType(dict(self.steering_recipe)))
+        object.__setattr__(self, "variants", MappingProxyType({name: MappingProxyType(dict(values))
+                                                               for name, values in self.variants.items()}))
 
     @property
     def model_type(self) -> str:
@@ -94,6 +99,7 @@ def register_family(family: Family) -> Family:
     if clashes:
         raise ValueError(f"{family.model_type}: variant names are unique across the families; "
                          f"{', '.join(clashes)} are taken")
+    _check_family(family)
     config = family.config_class
     AutoConfig.register(config.model_type, config, exist_ok=True)
     AutoModel.register(config, family.base_model_class, exist_ok=True)
@@ -107,6 +113,32 @@ def register_family(family: Family) -> Family:
             cls.register_for_auto_class(auto)
     FAMILIES[family.model_type] = family
     return family
+
+
+def _check_family(family: Family) -> None:
+    """Everything :func:`register_family` needs, checked before it registers anything (a failed registration leaves
+    the registry and the Auto classes as they were): the classes, a model_type of its own, recipes and variants
+    naming the configuration's fields."""
+    config = family.config_class
+    if not (isinstance(config, type) and issubclass(config, PretrainedConfig)) or not getattr(config, "model_type", ""):
+        raise ValueError(f"config_class must be a PretrainedConfig subclass with a model_type, got {config!r}")
+    for role in ("base_model_class", "causal_lm_class", "classifier_class"):
+        cls = getattr(family, role)
+        if cls is None and role == "classifier_class":
+            continue
+        if not (isinstance(cls, type) and issubclass(cls, PreTrainedModel)) or cls.config_class is not config:
+            raise ValueError(f"{config.model_type}: {role} must be a PreTrainedModel subclass whose config_class is "
+                             f"{config.__name__}, got {cls!r}")
+    registered = FAMILIES.get(config.model_type)
+    if registered is not None and registered != family:
+        raise ValueError(f"model_type {config.model_type!r} is already the family of {registered.causal_lm_class.__name__}"
+                         ": give the new family a model_type of its own")
+    fields = config().to_dict()
+    for what, values in [("steering_recipe", family.steering_recipe), *((f"variant {name!r}", v)
+                                                                       for name, v in family.variants.items())]:
+        unknown = sorted(set(values) - set(fields))
+        if unknown:
+            raise ValueError(f"{config.model_type}: {what} names {unknown}, which {config.__name__} does not have")
 
 
 def family_of(model_type: str) -> Family:
