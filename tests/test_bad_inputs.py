@@ -602,3 +602,39 @@ def test_topics_names_its_own_flag_for_a_layer_out_of_range(tmp_path, capsys, la
     save_vocabularies(tok, topic_tok, tmp_path / "m")
     line = one_line_error(capsys, ["topics", "--model_name_or_path", str(tmp_path / "m"), "--layer", layer])
     assert f"--layer must be in 1..2 (1 = bottom) for this model, got {layer}" in line and "topic_layer" not in line
+
+
+@pytest.mark.parametrize("content, message", [
+    ("[[1, 2]]", "row 0 is list, not an evaluation row"),
+    ("{not json", "Expecting property name"),
+    ('[{"protocol": "causal", "perplexity": -5, "tokens": 10}]', "perplexity >= 1 (a perplexity is never below 1)"),
+    ('[{"protocol": "causal", "perplexity": 80.0, "tokens": -3}]', "has tokens -3"),
+])
+def test_export_refuses_results_that_are_not_evaluation_rows(saved_model, tmp_path, capsys, content, message):
+    """--results holding lists, invalid JSON or impossible values is one line (a list of lists was a TypeError
+    traceback, perplexity -5 was published on the card), and nothing is written."""
+    folder, _, _ = saved_model
+    results = tmp_path / "results.json"
+    results.write_text(content)
+    out = tmp_path / "upload"
+    assert message in one_line_error(capsys, ["export", "--model_name_or_path", str(folder), "--repo_id", "me/m",
+                                              "--output_dir", str(out), "--results", str(results)])
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("edit", [{"hidden_size": 7}, {"pad_token_id": 10 ** 6}])
+@pytest.mark.parametrize("command", ["evaluate", "generate", "export"])
+def test_a_config_json_that_disagrees_with_the_weights_is_one_line(saved_model, tmp_path, capsys, edit, command):
+    """An edited config.json (sizes that are not the weights', a pad_token_id outside the vocabulary) was a
+    RuntimeError or an AssertionError traceback from transformers in every command that loads the folder."""
+    import shutil
+
+    folder, _, _ = saved_model
+    edited = tmp_path / "edited"
+    shutil.copytree(folder, edited)
+    config = json.loads((edited / "config.json").read_text())
+    (edited / "config.json").write_text(json.dumps({**config, **edit}))
+    extra = {"evaluate": ["--validation_file", "none"], "generate": [],
+             "export": ["--repo_id", "me/m", "--output_dir", str(tmp_path / "up")]}[command]
+    line = one_line_error(capsys, [command, "--model_name_or_path", str(edited), *extra])
+    assert "its config.json does not match its weights" in line, line

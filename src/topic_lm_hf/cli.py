@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import re
 import sys
@@ -564,6 +565,24 @@ def merge_result_rows(old: list[dict], new: list[dict]) -> list[dict]:
     return [r for r in old if _row_key(r) not in replaced] + list(new)
 
 
+def check_result_rows(rows, source) -> None:
+    """Evaluation rows as ``topic-lm evaluate`` writes them, before a card publishes them: a list of objects, each
+    with a protocol and a perplexity that is a finite number >= 1 (and a positive token count where given)."""
+    if not isinstance(rows, list):
+        raise ValueError(f"{source} holds {type(rows).__name__}, not a list of evaluation rows")
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise ValueError(f"{source}: row {i} is {type(row).__name__}, not an evaluation row (an object with "
+                             "protocol and perplexity, as topic-lm evaluate writes)")
+        perplexity, tokens = row.get("perplexity"), row.get("tokens")
+        if not isinstance(row.get("protocol"), str) or isinstance(perplexity, bool) \
+                or not isinstance(perplexity, (int, float)) or not math.isfinite(perplexity) or perplexity < 1:
+            raise ValueError(f"{source}: row {i} needs a protocol and a perplexity >= 1 (a perplexity is never "
+                             f"below 1), got protocol {row.get('protocol')!r}, perplexity {perplexity!r}")
+        if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1):
+            raise ValueError(f"{source}: row {i} has tokens {tokens!r}: a positive whole number, or leave it out")
+
+
 def best_result_rows(rows: list[dict]) -> list[dict]:
     """One row per dataset and protocol: the one measured on the most tokens (what a model card shows)."""
     best: dict = {}
@@ -590,7 +609,7 @@ def run_export(args: ExportArguments) -> None:
                          f"org/tcnlm-apnews): {' '.join(str(error).split())}") from None
     check_export_folder(args.output_dir, args.overwrite)
     source = resolve_model_source(args.model_name_or_path)
-    model = auto_class_for(AutoConfig.from_pretrained(source)).from_pretrained(source)
+    model = load_pretrained(auto_class_for(AutoConfig.from_pretrained(source)), source)
     try:
         tok, topic_tok = data_lib.load_vocabularies(source)
     except OSError:
@@ -600,8 +619,7 @@ def run_export(args: ExportArguments) -> None:
     results_file = args.results or (str(Path(source) / "perplexity.json")
                                     if (Path(source) / "perplexity.json").is_file() else None)
     results = json.loads(Path(results_file).read_text()) if results_file else []
-    if not isinstance(results, list):
-        raise ValueError(f"{results_file} holds {type(results).__name__}, not a list of evaluation rows")
+    check_result_rows(results, results_file)
     results = best_result_rows([{**r, "dataset": r.get("dataset") or args.dataset or "evaluation data"}
                                 for r in results])
     if args.push_to_hub:

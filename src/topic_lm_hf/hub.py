@@ -376,5 +376,14 @@ def auto_class_for(config):
 
 def load_pretrained(auto_class, name_or_path: str | os.PathLike, **kwargs):
     """``auto_class.from_pretrained(name_or_path, **kwargs)`` after :func:`resolve_model_source`: a missing folder
-    or an unreachable repo id is one line (:class:`ModelSourceError`), not half a minute of retries."""
-    return auto_class.from_pretrained(resolve_model_source(name_or_path), **kwargs)
+    or an unreachable repo id is one line (:class:`ModelSourceError`), not half a minute of retries; so is a
+    ``config.json`` that disagrees with the weights (edited sizes, a ``pad_token_id`` outside the vocabulary)."""
+    source = resolve_model_source(name_or_path)
+    try:
+        return auto_class.from_pretrained(source, **kwargs)
+    except (RuntimeError, AssertionError) as error:
+        text = " ".join(str(error).split())
+        if "mismatched_sizes" in text or "size mismatch" in text or "Padding_idx" in text:
+            raise ModelSourceError(f"{source}: its config.json does not match its weights ({text[:200]}); restore "
+                                   "the config.json saved with them") from None
+        raise
