@@ -71,3 +71,43 @@ def test_a_forward_hook_on_lm_head_runs_in_training_and_the_loss_is_unchanged(co
         handle.remove()
     assert len(calls) == 1  # the layer ran as a module, at the predicted positions only
     torch.testing.assert_close(hooked, fused)
+
+
+READ_BY_WEIGHT = [("nclm-leta-sdt", {}, "compose"), ("nclm-leta-sdt", {"diversity_weight": 1.0}, "decoder"),
+                  ("nclm-leta-sdt", {}, "encoder"),
+                  ("topic_rnn-lstm", {"theta_transform": "softmax", "bow_loss_weight": 1.0}, "topic_head")]
+
+
+@pytest.mark.parametrize("family, overrides, target", READ_BY_WEIGHT,
+                         ids=[f"{f}-{t}" + ("-" + "-".join(o) if o else "") for f, o, t in READ_BY_WEIGHT])
+def test_a_lora_on_a_layer_read_by_its_weight_takes_effect_trains_and_merges_to_the_same_model(corpus, family,
+                                                                                                overrides, target):
+    """LoRA on a layer the model reads by its weight (NCLM's compose, its topic decoder and encoder, TopicRNN's topic
+    head under the softmax topics) used to be skipped: the unmerged model equalled the base, the adapter got no
+    gradient, merging changed the logits, and get_topics ignored it. Now the adapter's delta is part of the weight
+    read: unmerged differs from the base and equals merged (logits and topics), and every LoRA matrix gets a
+    gradient."""
+    docs, tok, topic_tok = corpus
+    base = tiny_model(family, tok, topic_tok, **overrides).eval()
+    collator = TopicContextCollator.for_model(base, tok, topic_tok, protocol="train")
+    batch = collator([collator.prepare(docs)[i] for i in range(3)])
+    with torch.no_grad():
+        base_out = base(**batch)
+    lora = peft.get_peft_model(tiny_model(family, tok, topic_tok, **overrides),
+                               peft.LoraConfig(r=2, lora_alpha=4, target_modules=[target], init_lora_weights=False))
+    assert any(target in name for name, _ in lora.named_modules() if "lora_A" in name)
+    lora.train()
+    lora(**batch).loss.backward()
+    grads = {n: p.grad for n, p in lora.named_parameters() if p.requires_grad}
+    assert grads and all(g is not None and bool(g.abs().sum() > 0) for g in grads.values()), \
+        sorted(n for n, g in grads.items() if g is None or not bool(g.abs().sum() > 0))
+    lora.eval()
+    with torch.no_grad():
+        unmerged = lora(**batch)
+        topics = lora.get_topics(top_n=5, topic_tokenizer=topic_tok)
+        assert float((unmerged.logits - base_out.logits).abs().max()) > 1e-5
+        merged = lora.merge_and_unload().eval()
+        again = merged(**batch)
+        torch.testing.assert_close(again.logits, unmerged.logits, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(again.loss, unmerged.loss, rtol=1e-4, atol=1e-4)
+        assert merged.get_topics(top_n=5, topic_tokenizer=topic_tok) == topics

@@ -67,8 +67,8 @@ from .modeling_conditioning import (_broadcast_rows, angular_diversity, lm_to_to
                                     topic_ids_to_mixture, topic_vocabulary)
 from .modeling_generation import TopicGenerationMixin
 from .modeling_document import DocumentClassifierMixin, DocumentRepresentationMixin
-from .modeling_recurrent import (RecurrentBodyMixin, RecurrentPreTrainedModel, TopicLMOutput, last_columns,
-                                 last_token_positions, state_from_aliases)
+from .modeling_recurrent import (RecurrentBodyMixin, RecurrentPreTrainedModel, TopicLMOutput, effective_weight,
+                                 last_columns, last_token_positions, state_from_aliases)
 from .modeling_topic_family import LanguageModelPass, LossTerm, TopicFamilyForCausalLM
 
 TRAINING_PHASES = ("joint", "lm", "topic_model")
@@ -148,7 +148,7 @@ class NCLMTopicModel(nn.Module):
 
     def topic_word_weights(self) -> torch.Tensor:
         """W (K, V_c): the decoder's rows, one per topic."""
-        return self.decoder.weight.T
+        return effective_weight(self.decoder).T
 
 
 # ----------------------------------------------------------------------------------------------
@@ -215,7 +215,7 @@ class NCLMModel(DocumentRepresentationMixin, RecurrentBodyMixin, NCLMPreTrainedM
         """E (V_c, D), the word vectors of ETR, without gradient; zero rows for words that have none."""
         cfg = self.config
         if cfg.etr_embedding == "decoder":
-            return self.topic_model.decoder.weight.detach()
+            return effective_weight(self.topic_model.decoder).detach()
         if cfg.etr_embedding == "frozen":
             if not getattr(self, "_etr_checked", False):
                 if not bool(self.etr_word_embeddings.abs().sum() > 0):
@@ -358,7 +358,7 @@ class NCLMModel(DocumentRepresentationMixin, RecurrentBodyMixin, NCLMPreTrainedM
         cfg = self.config
         b, s = input_ids.shape
         device = input_ids.device
-        W1 = self.topic_model.encoder.weight  # (H_tm, V_c)
+        W1 = effective_weight(self.topic_model.encoder)  # (H_tm, V_c)
         tm = self.lm_to_topic_index(device)[input_ids]  # (b, s), -1 for words outside the topic vocabulary
         mask = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
         tm = tm.masked_fill(~mask, -1)
@@ -621,7 +621,7 @@ class NCLMForCausalLM(TopicFamilyForCausalLM, NCLMPreTrainedModel, TopicGenerati
         if logits_to_keep and labels is None:
             o = o[:, -logits_to_keep:]
         H = cfg.hidden_size
-        W = self.compose.weight
+        W = effective_weight(self.compose)
         pre_out = F.linear(o, W[:, :H], self.compose.bias)
         if topics_on:
             Cd = cfg.document_topic_size

@@ -263,6 +263,28 @@ _VARIANTS = {(False, False): _plain_linear_cross_entropy, (True, False): _row_bi
              (True, True): _masked_row_bias_linear_cross_entropy}
 
 
+def effective_weight(layer: nn.Module) -> torch.Tensor:
+    """The weight that ``layer`` (a linear or embedding layer) applies, for code that reads a layer by its weight
+    rather than calling it (a slice of it, its transpose, its rows as topics): the layer's own weight, or, where an
+    adapter wraps it (a PEFT LoRA layer, whose ``weight`` is only the frozen base weight), the base weight plus the
+    delta of every active adapter that is not merged, with its gradient; an adapter wrapper that cannot say its delta
+    is refused (its change would silently be skipped). The adapters' input dropout does not apply here."""
+    base = getattr(layer, "base_layer", None)
+    if base is None:
+        return layer.weight
+    weight = effective_weight(base)
+    if getattr(layer, "merged", False) or getattr(layer, "disable_adapters", False):
+        return weight
+    delta = getattr(layer, "get_delta_weight", None)
+    if delta is None:
+        raise ValueError(f"{type(layer).__name__} wraps a layer that this model reads by its weight, and does not say "
+                         "its change of the weight (get_delta_weight): target another layer, or merge it first")
+    for name in getattr(layer, "active_adapters", ()):
+        if name in getattr(layer, "lora_A", {}) or name in getattr(layer, "lora_embedding_A", {}):
+            weight = weight + delta(name).to(weight.dtype)
+    return weight
+
+
 def runs_own_forward(output: nn.Module) -> bool:
     """Whether the output layer must be called as a module in training: it is not a plain ``nn.Linear`` (an
     adapter wraps it, e.g. a PEFT LoRA layer, whose ``weight`` is only the frozen base weight) or a forward hook or

@@ -75,7 +75,8 @@ from .modeling_conditioning import (TOPIC_LOGIT_INIT_STD, lm_to_topic_index, nor
                                     topic_ids_to_mixture, topic_scores_to_vocab, topic_word_mask)
 from .modeling_generation import TopicGenerationMixin
 from .modeling_document import DocumentClassifierMixin, DocumentRepresentationMixin
-from .modeling_recurrent import RecurrentPreTrainedModel, TopicLMOutput, next_token_loss, run_token_rnn, state_from_aliases
+from .modeling_recurrent import (RecurrentPreTrainedModel, TopicLMOutput, effective_weight, next_token_loss,
+                                 run_token_rnn, state_from_aliases)
 from .modeling_topic_family import LanguageModelPass, LossTerm, TopicFamilyForCausalLM
 
 # topic_output_bias="mixture": the gate's share g_t of the topic distribution at initialisation
@@ -296,7 +297,8 @@ class TopicRNNForCausalLM(TopicFamilyForCausalLM, TopicRNNPreTrainedModel, Topic
         :meth:`topic_model_loss`, and the shared topic output prior's expert."""
         usable = topic_word_mask(self, self.config, theta.device)
         if self.config.theta_transform == "softmax":
-            topics = torch.softmax(self.topic_head.weight.float().T.masked_fill(~usable, float("-inf")), dim=-1)
+            topics = torch.softmax(effective_weight(self.topic_head).float().T.masked_fill(~usable, float("-inf")),
+                                   dim=-1)
             mixture = theta.float() @ topics  # (b, K) @ (K, V_c)
             return torch.log(mixture.clamp_min(1e-30)).masked_fill(~usable, float("-inf"))
         logits = self.topic_head(theta.to(self.topic_head.weight.dtype)).float()
@@ -549,7 +551,7 @@ class TopicRNNForCausalLM(TopicFamilyForCausalLM, TopicRNNPreTrainedModel, Topic
     def topic_word_scores(self, layer: int) -> torch.Tensor:
         """The columns of B (K, V_c): a topic's words are the largest entries of its column, among the words its
         topic bias can favour (``-inf`` at ``<unk>`` and at topic words the LM lacks)."""
-        scores = self.topic_head.weight.detach().float().T.clone()  # (K, V_c)
+        scores = effective_weight(self.topic_head).detach().float().T.clone()  # (K, V_c)
         ids = self.config.topic_word_ids
         if ids is not None:
             usable = torch.tensor([i >= 0 for i in ids], device="cpu")
