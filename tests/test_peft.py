@@ -111,3 +111,34 @@ def test_a_lora_on_a_layer_read_by_its_weight_takes_effect_trains_and_merges_to_
         torch.testing.assert_close(again.logits, unmerged.logits, rtol=1e-4, atol=1e-4)
         torch.testing.assert_close(again.loss, unmerged.loss, rtol=1e-4, atol=1e-4)
         assert merged.get_topics(top_n=5, topic_tokenizer=topic_tok) == topics
+
+
+def test_rgbn_under_a_lora_trains_with_topic_lm_trainer_keeps_its_topics_and_reloads_the_same(tmp_path, corpus):
+    """rGBN-RNN wrapped by PEFT: TopicLMTrainer sees through the PeftModel (it used to refuse the documents batch
+    with a misleading message and never set the corpus size), and TLASGR-MCMC leaves the frozen base's Phi and Pi
+    as they were (it used to update them, the adapter did not save them, and the reloaded adapter gave another
+    loss)."""
+    from transformers import TrainingArguments
+
+    from topic_lm_hf import TopicLMTrainer
+
+    docs, tok, topic_tok = corpus
+    model = tiny_model("rgbn", tok, topic_tok)
+    collator = TopicContextCollator.for_model(model, tok, topic_tok, protocol="train")
+    rows = collator.prepare(docs)
+    phi_before = model.model.phi(1).clone()
+    lora = peft.get_peft_model(model, peft.LoraConfig(r=2, lora_alpha=4, target_modules=["lm_head"]))
+    args = TrainingArguments(output_dir=str(tmp_path / "run"), per_device_train_batch_size=2, max_steps=3,
+                             learning_rate=1e-2, report_to=[], use_cpu=True, disable_tqdm=True, save_strategy="no",
+                             remove_unused_columns=False, label_names=["labels"], seed=0)
+    TopicLMTrainer(model=lora, args=args, train_dataset=rows, data_collator=collator).train()
+    assert model.config.tlasgr_corpus_size == len(rows)
+    assert torch.equal(model.model.phi(1), phi_before)
+    batch = collator([rows[i] for i in range(2)])
+    lora.eval()
+    with torch.no_grad():
+        expected = lora(**batch).loss
+    lora.save_pretrained(tmp_path / "adapter")
+    loaded = peft.PeftModel.from_pretrained(tiny_model("rgbn", tok, topic_tok), tmp_path / "adapter").eval()
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(**batch).loss, expected)

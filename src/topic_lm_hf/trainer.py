@@ -207,10 +207,14 @@ def finished_run(output_dir, args, config=None) -> str | None:
 
 
 def _unwrap(model):
-    """The model under DDP / DataParallel (``.module``) and ``torch.compile`` (``._orig_mod``) wrappers."""
+    """The model under DDP / DataParallel (``.module``), ``torch.compile`` (``._orig_mod``) and PEFT
+    (``get_base_model()``: the model whose layers carry the adapters) wrappers."""
     while True:
         inner = getattr(model, "module", None)
         inner = inner if isinstance(inner, torch.nn.Module) else getattr(model, "_orig_mod", None)
+        if not isinstance(inner, torch.nn.Module) and callable(getattr(model, "get_base_model", None)):
+            inner = model.get_base_model()
+            inner = inner if inner is not model else None
         if not isinstance(inner, torch.nn.Module):
             return model
         model = inner
@@ -573,7 +577,7 @@ class TopicLMTrainer(Trainer):
         finally:
             lock.release()
             if self.pretraining_phases:  # a run that stopped within a phase leaves the model whole
-                self.model.set_training_phase("joint")
+                _unwrap(self.model).set_training_phase("joint")
             # With bf16 (fp16) accelerate leaves model.forward wrapped in autocast: the trained model would then
             # evaluate in bf16 while the saved weights load and evaluate in float32.
             remove_mixed_precision_wrapper(self.model)
@@ -591,14 +595,14 @@ class TopicLMTrainer(Trainer):
         labels = inputs.get("labels")
         if self.pretraining_phases:
             phase = self.training_phase(self.state.global_step) if model.training else "joint"
-            self.accelerator.unwrap_model(model).set_training_phase(phase)
+            _unwrap(model).set_training_phase(phase)
         carried = self.carry_state and (model.training or "chunk_mask" in inputs)
         if carried:
             collect = self._add_eval_terms if not model.training and self._eval_sums is not None else None
             outputs = carried_state_loss(model, inputs, self.bptt_chunks, chunk_callback=collect)
             loss = outputs.loss
         else:
-            unwrapped = self.accelerator.unwrap_model(model)
+            unwrapped = _unwrap(model)
             reads_documents = isinstance(unwrapped, RecurrentPreTrainedModel) and unwrapped.reads_documents
             if inputs.get("chunk_mask") is not None and not reads_documents:
                 raise ValueError("A documents batch (chunk_mask) for a model that reads one sentence chunk at a time: "

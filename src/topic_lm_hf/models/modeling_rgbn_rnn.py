@@ -351,6 +351,12 @@ class RGBNRNNModel(DocumentRepresentationMixin, RGBNRNNPreTrainedModel):
 
     # -- topic matrices ----------------------------------------------------------------------------
 
+    def learns_topic_matrices(self) -> bool:
+        """Whether training updates Phi and Pi (TLASGR-MCMC): they learn with the topic model, so not when the
+        Weibull encoder's own weights are all frozen, as under a PEFT adapter (the base stays as it was loaded, and
+        an adapter would not save them: a reloaded adapter would get other topics)."""
+        return any(p.requires_grad for name, p in self.encoder.named_parameters() if "lora_" not in name)
+
     def phi(self, layer: int) -> torch.Tensor:
         """Phi^layer (1-based): (V_c, K_1) or (K_{l-1}, K_l), columns on the simplex."""
         if self.config.topic_learning == "tlasgr":
@@ -920,7 +926,8 @@ class RGBNRNNForCausalLM(TopicFamilyForCausalLM, RGBNRNNPreTrainedModel, TopicGe
         sample = self.training
         tp = self.model.encode_documents(bows, slot_mask, sample)
         poisson, kls = self.model.topic_terms(tp)
-        if self.training and torch.is_grad_enabled() and self.config.topic_learning == "tlasgr":
+        if self.training and torch.is_grad_enabled() and self.config.topic_learning == "tlasgr" \
+                and self.model.learns_topic_matrices():
             counts = bows * slot_mask.unsqueeze(-1).to(bows.dtype)
             self.model.accumulate_tlasgr_statistics(counts, tp.thetas, rows=counts.shape[0],
                                                     total=slots.total if context_bow.dim() == 3 else None)
@@ -1000,7 +1007,8 @@ class RGBNRNNForCausalLM(TopicFamilyForCausalLM, RGBNRNNPreTrainedModel, TopicGe
         labels = labels if doc is None else labels.to(run.features.device)[doc[:2]]
         n = self.predicted_tokens(labels).clamp_min(1).to(run.features.device).float()
         (poisson, kls), (w_poisson, w_kl) = self.model.topic_terms(tp), self.config.loss_weights
-        if self.training and torch.is_grad_enabled() and self.config.topic_learning == "tlasgr":
+        if self.training and torch.is_grad_enabled() and self.config.topic_learning == "tlasgr" \
+                and self.model.learns_topic_matrices():
             counts, thetas = tp.counts * tp.rows.unsqueeze(-1).to(tp.counts.dtype), tp.thetas
             if counts.dim() == 2:  # chunk rows: each a one-sentence document; only sentence starts count
                 counts, thetas = counts.unsqueeze(1), [t.unsqueeze(1) for t in thetas]
