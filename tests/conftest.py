@@ -170,7 +170,7 @@ def run_torchrun(script: Path, *args: str, processes: int = 2):
         port = s.getsockname()[1]
     return subprocess.run([torchrun, "--nproc_per_node", str(processes), "--master_port", str(port), str(script),
                            *args], capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
-                          timeout=300)
+                          timeout=180)
 
 
 def finish_distributed(trainer):

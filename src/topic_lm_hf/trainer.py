@@ -454,7 +454,9 @@ class TopicLMTrainer(Trainer):
       documents batches the same way, in evaluation mode: ``eval_loss`` and ``eval_perplexity`` are then
       those of the carried state (``eval_perplexity`` equals ``causal-carry``'s on the same rows), and no
       predictions are gathered (``compute_metrics`` gets none). Multi-process (DDP) training calls the
-      wrapped model once per chunk before one backward pass; it is not tested.
+      wrapped model once per chunk before one backward pass; ``ddp_broadcast_buffers`` is then False unless
+      set (the processes' documents have other numbers of chunks, and the broadcast of every call would not pair
+      up); the processes end with the same weights (tested with two).
     * ``compile_output_layer=True``: the output layer and its loss run as one ``torch.compile``'d function
       (``model.compile_output_layer()``; eager, with a warning, where no compiler works). With
       ``TrainingArguments(bf16=True)`` (autocast, on a CPU as on a GPU) this is the package's fast path
@@ -472,6 +474,10 @@ class TopicLMTrainer(Trainer):
             if args_.dataloader_pin_memory and args_.device.type == "cpu":
                 # Pinned memory only speeds up copies to an accelerator; on CPU, PyTorch warns at every epoch.
                 args_.dataloader_pin_memory = False
+            if carry_state and args_.ddp_broadcast_buffers is None:
+                # DDP broadcasts the buffers at every call of the wrapped model: the processes call it once per chunk
+                # of documents of other lengths, so the broadcasts never paired up and training hung.
+                args_.ddp_broadcast_buffers = False
         super().__init__(*args, **kwargs)
         # The Trainer counts each optimizer step's predicted tokens (num_items_in_batch) and compute_loss weights
         # every micro-batch by its share of them: gradient accumulation then equals the big batch.
