@@ -258,3 +258,9 @@ def test_a_file_that_is_not_a_pretraining_checkpoint_or_has_non_finite_weights_i
     torch.save(state["model"], path)
     with pytest.raises(ValueError, match="is not a topic-model pre-training checkpoint of this package"):
         run()
+    a_file = tmp_path / "pretraining-2.pt"
+    model = tiny_model("tcnlm", tok, topic_tok)
+    collator = TopicContextCollator.for_model(model, tok, topic_tok, protocol="pretraining")
+    with pytest.raises(ValueError, match="is a file: give a folder"):  # it used to fail at the first save
+        pretrain_topic_model(model, collator.prepare(docs), collator, steps=2, batch_size=4,
+                             checkpoint_dir=str(a_file), save_every=1)

@@ -253,6 +253,8 @@ def pretrain_topic_model(model, dataset, collator, steps: int, learning_rate: fl
         raise ValueError(f"eval_every and patience must be >= 1, got {eval_every!r}, {patience!r}")
     if checkpoint_dir is not None and (isinstance(save_every, bool) or not isinstance(save_every, int) or save_every < 1):
         raise ValueError(f"save_every must be an integer >= 1, got {save_every!r}")
+    if checkpoint_dir is not None and os.path.exists(checkpoint_dir) and not os.path.isdir(checkpoint_dir):
+        raise ValueError(f"checkpoint_dir {checkpoint_dir} is a file: give a folder (it is created if missing)")
     if len(dataset) == 0:
         raise ValueError("pretrain_topic_model needs a non-empty dataset")
     if eval_dataset is not None and len(eval_dataset) == 0:
