@@ -201,3 +201,14 @@ def test_the_special_tokens_names_written_in_a_sentence_are_unknown_words_not_co
     assert row["input_ids"][1:4] == [tok.convert_tokens_to_ids("apple"), collator.unk_id,
                                      tok.convert_tokens_to_ids("bank")]
     assert row["input_ids"].count(collator.eos_id) == 1 and row["input_ids"].count(collator.pad_id) == 0
+
+
+def test_prepare_refuses_a_plain_list_and_tokens_that_are_not_strings(vocabs):
+    """A plain list of documents was an AttributeError ('list' object has no attribute 'column_names'), and ids given
+    as tokens an AttributeError on int.lower; each is now one ValueError that says what to give."""
+    tok, topic_tok = vocabs
+    collator = TopicContextCollator(tok, topic_tok, context="others")
+    with pytest.raises(ValueError, match="got list: make one with documents_from_lists"):
+        collator.prepare([[["apple", "bank"]]])
+    with pytest.raises(ValueError, match=r"row 0, sentence 0 holds 7 \(int\), where tokens are strings"):
+        collator.prepare(documents_from_lists([[[7, 8]]]))

@@ -286,6 +286,10 @@ class TopicContextCollator:
         streaming=True)``): the rows are then an ``IterableDataset`` too, made as the stream is read,
         for ``Trainer`` with ``max_steps``.
         """
+        if not isinstance(documents, (datasets.Dataset, datasets.IterableDataset)):
+            raise ValueError(f"prepare takes a documents dataset (a 'sentences' column of token lists), got "
+                             f"{type(documents).__name__}: make one with documents_from_lists(documents) or "
+                             "load_documents(path)")
         columns = dataset_columns(documents)
         if "sentences" in columns:
             check_sentences(documents)

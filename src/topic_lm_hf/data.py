@@ -198,6 +198,10 @@ def check_sentences(ds, source: str = "the documents", rows: int = 16) -> None:
         else:
             j = next((j for j, x in enumerate(sentences or ()) if isinstance(x, str)), None)
             if j is None:
+                token = next(((j, t) for j, x in enumerate(sentences or ()) for t in x if not isinstance(t, str)), None)
+                if token is not None:
+                    raise ValueError(f"{source}: row {i}, sentence {token[0]} holds {token[1]!r} "
+                                     f"({type(token[1]).__name__}), where tokens are strings: give the words, not ids")
                 continue
             where, value = f"row {i}, sentence {j}", sentences[j]
         raise ValueError(f"{source}: {where} is a string ({value!r:.40}), where a list of tokens is expected (it "
