@@ -31,11 +31,16 @@ def test_saved_folder_loads_with_remote_code_in_a_process_without_the_package(tm
 
     ids = tok(["the senate said"], return_tensors="pt")["input_ids"]
     expected = model(input_ids=ids).logits[0, -1, :5].tolist()
+    # the card's own lines load the tokenizer without being asked to run the repo's code (AutoTokenizer reads
+    # config.json, whose auto_map made transformers prompt and wait)
+    card_tok = next(line for line in card.text.splitlines() if line.startswith("tok = "))
+    assert "trust_remote_code" not in card_tok
     result = run_without_package(f"""
         import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-        model = AutoModelForCausalLM.from_pretrained({str(tmp_path / 'repo')!r}, trust_remote_code=True).eval()
-        tok = AutoTokenizer.from_pretrained({str(tmp_path / 'repo')!r}, trust_remote_code=True)
+        from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+        repo = {str(tmp_path / 'repo')!r}
+        model = AutoModelForCausalLM.from_pretrained(repo, trust_remote_code=True).eval()
+        {card_tok.split("#")[0].strip()}
         ids = tok(["the senate said"], return_tensors="pt")["input_ids"]
         out = model.generate(input_ids=ids, max_new_tokens=3, min_new_tokens=3, do_sample=False)
         print(json.dumps({{"cls": type(model).__module__, "logits": model(input_ids=ids).logits[0, -1, :5].tolist(),
