@@ -638,3 +638,24 @@ def test_a_config_json_that_disagrees_with_the_weights_is_one_line(saved_model, 
              "export": ["--repo_id", "me/m", "--output_dir", str(tmp_path / "up")]}[command]
     line = one_line_error(capsys, [command, "--model_name_or_path", str(edited), *extra])
     assert "its config.json does not match its weights" in line, line
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--topic_layer", "1"], "--topic_layer: TCNLMForCausalLM has one layer of topics"),
+    (["--topic_ids", "1", "--context_text", "the court"], "give one of --topic_ids and --context_text"),
+])
+def test_generate_names_the_conditioning_flag_a_model_cannot_take(saved_model, tmp_path, capsys, flags, message):
+    """A conditioning flag the loaded model does not take was transformers' "model_kwargs are not used by the model:
+    ['topic_layer'] (note: typos ...)", naming a keyword the user never typed; an LSTM folder refuses every topic
+    flag the same way."""
+    from topic_lm_hf import LSTMLMConfig, LSTMLMForCausalLM
+
+    folder, _, _ = saved_model
+    assert message in one_line_error(capsys, ["generate", "--model_name_or_path", str(folder), *flags])
+    lstm = tmp_path / "lstm"
+    tok, topic_tok = build_vocabularies(synthetic_documents(30), min_freq=1)
+    LSTMLMForCausalLM(LSTMLMConfig(vocab_size=len(tok), embedding_size=4, hidden_size=4)).save_pretrained(lstm)
+    save_vocabularies(tok, topic_tok, lstm)
+    for flag, value in [("--topic_ids", "1"), ("--topic_guidance_scale", "2")]:
+        assert f"{flag}: LSTMLMForCausalLM has no topics" in one_line_error(
+            capsys, ["generate", "--model_name_or_path", str(lstm), flag, value])

@@ -652,6 +652,7 @@ def run_generate(args: GenerateArguments, device: DeviceArguments | None = None)
     model = load_pretrained(AutoModelForCausalLM, args.model_name_or_path).to(
         (device or DeviceArguments()).torch_device).eval()
     tok, topic_tok = data_lib.load_vocabularies(args.model_name_or_path)
+    check_conditioning_flags(model, args)
     topic_ids = parse_ids(args.topic_ids, "--topic_ids") if args.topic_ids is not None else None
     data_lib.check_positive_flags(num_beams=args.num_beams, num_return_sequences=args.num_return_sequences,
                                   max_new_tokens=args.max_new_tokens)
@@ -663,6 +664,27 @@ def run_generate(args: GenerateArguments, device: DeviceArguments | None = None)
                           **{name: getattr(args, name) for name in ("topic_layer", "topic_guidance_scale")
                              if getattr(args, name) is not None})
     print("\n".join(texts))
+
+
+def check_conditioning_flags(model, args) -> None:
+    """The conditioning flags of ``topic-lm generate`` against what the loaded model takes, each mistake one line
+    naming the flag (transformers' own message named keywords the user never typed)."""
+    takes = set(getattr(model, "conditioning_inputs", ())) | set(getattr(model, "conditioning_options", ()))
+    name = type(model).__name__
+    given = {flag: value for flag, value in (("--topic_ids", args.topic_ids), ("--context_text", args.context_text),
+                                             ("--topic_layer", args.topic_layer),
+                                             ("--topic_guidance_scale", args.topic_guidance_scale)) if value is not None}
+    if args.topic_ids is not None and args.context_text is not None:
+        raise UsageError("give one of --topic_ids and --context_text: both condition the topics")
+    needs = {"--topic_ids": "topic_ids", "--context_text": "context_bow", "--topic_layer": "topic_layer"}
+    for flag in given:
+        wanted = needs.get(flag)
+        if (wanted is not None and wanted not in takes) or (flag == "--topic_guidance_scale" and not takes):
+            if flag == "--topic_layer" and takes:
+                raise UsageError(f"--topic_layer: {name} has one layer of topics (the flag picks a layer of "
+                                 "rGBN-RNN's hierarchy); leave it out")
+            raise UsageError(f"{flag}: {name} has no topics; leave the flag out (topic conditioning is for the "
+                             "topic families: tcnlm, topic_rnn, nclm, rgbn_rnn)")
 
 
 def parse_ids(text: str, flag: str, what: str = "topic id") -> list[int]:
