@@ -659,3 +659,13 @@ def test_generate_names_the_conditioning_flag_a_model_cannot_take(saved_model, t
     for flag, value in [("--topic_ids", "1"), ("--topic_guidance_scale", "2")]:
         assert f"{flag}: LSTMLMForCausalLM has no topics" in one_line_error(
             capsys, ["generate", "--model_name_or_path", str(lstm), flag, value])
+
+
+def test_a_device_flag_on_commands_without_one_says_what_to_use(saved_model, tmp_path, capsys):
+    """`train --device cuda` and `export --device` were "unrecognized arguments" with no hint."""
+    folder, _, _ = saved_model
+    train = one_line_error(capsys, ["train", "--output_dir", str(tmp_path / "o"), "--device", "cuda"])
+    assert "unrecognized arguments: --device cuda" in train and "--use_cpu true keeps it on the CPU" in train
+    export = one_line_error(capsys, ["export", "--model_name_or_path", str(folder), "--repo_id", "me/m",
+                                     "--output_dir", str(tmp_path / "up"), "--device", "cpu"])
+    assert "it needs no device" in export

@@ -849,7 +849,12 @@ def parse_command(name: str, argv: list[str]) -> tuple:
     parser = command_parser(name)
     *parsed, remaining = parser.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
     if remaining:
-        parser.error(f"unrecognized arguments: {' '.join(remaining)}")
+        hint = ""
+        if any(a == "--device" or a.startswith("--device=") for a in remaining):
+            hint = {"train": " (topic-lm train places the model as transformers' Trainer does: on the GPU when there "
+                             "is one; --use_cpu true keeps it on the CPU, CUDA_VISIBLE_DEVICES picks a GPU)",
+                    "export": " (topic-lm export only copies the weights: it needs no device)"}.get(name, "")
+        parser.error(f"unrecognized arguments: {' '.join(remaining)}{hint}")
     return tuple(parsed)
 
 
