@@ -664,8 +664,16 @@ def test_generate_names_the_conditioning_flag_a_model_cannot_take(saved_model, t
 def test_a_device_flag_on_commands_without_one_says_what_to_use(saved_model, tmp_path, capsys):
     """`train --device cuda` and `export --device` were "unrecognized arguments" with no hint."""
     folder, _, _ = saved_model
-    train = one_line_error(capsys, ["train", "--output_dir", str(tmp_path / "o"), "--device", "cuda"])
+
+    def last_line(argv):  # argparse prints the usage, then the error line
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as exit_:
+            main(argv)
+        assert exit_.value.code == 2
+        return capsys.readouterr().err.strip().splitlines()[-1]
+
+    train = last_line(["train", "--output_dir", str(tmp_path / "o"), "--device", "cuda"])
     assert "unrecognized arguments: --device cuda" in train and "--use_cpu true keeps it on the CPU" in train
-    export = one_line_error(capsys, ["export", "--model_name_or_path", str(folder), "--repo_id", "me/m",
-                                     "--output_dir", str(tmp_path / "up"), "--device", "cpu"])
+    export = last_line(["export", "--model_name_or_path", str(folder), "--repo_id", "me/m",
+                        "--output_dir", str(tmp_path / "up"), "--device", "cpu"])
     assert "it needs no device" in export
