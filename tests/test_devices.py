@@ -84,6 +84,8 @@ def test_carried_state_training_creates_its_tensors_on_its_inputs_device(family,
 def test_resolve_device_defaults_to_the_gpu_when_there_is_one_and_says_what_to_pass():
     assert resolve_device(None) == default_device() == resolve_device("auto")
     assert resolve_device("cpu") == torch.device("cpu") == DeviceArguments("cpu").torch_device
+    with pytest.raises(ValueError, match="the meta device holds shapes, not numbers"):  # a traceback later, before
+        DeviceArguments("meta").torch_device
     with pytest.raises(ValueError, match="--device takes cpu, cuda or cuda:N, got 'gpu0'"):
         resolve_device("gpu0")
     if not torch.cuda.is_available():

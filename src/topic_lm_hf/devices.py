@@ -39,8 +39,10 @@ def resolve_device(name: Optional[str | torch.device] = None) -> torch.device:
                              "pass --device cpu")
         if device.index is not None and device.index >= torch.cuda.device_count():
             raise ValueError(f"--device {name}: there are {torch.cuda.device_count()} CUDA GPU(s), numbered from 0")
-    elif device.type not in ("cpu", "meta") and device.type != getattr(torch.accelerator.current_accelerator(),
-                                                                         "type", None):
+    elif device.type == "meta":
+        raise ValueError(f"--device {name}: the meta device holds shapes, not numbers (nothing could run there); "
+                         "pass cpu" + (" or cuda" if torch.cuda.is_available() else ""))
+    elif device.type != "cpu" and device.type != getattr(torch.accelerator.current_accelerator(), "type", None):
         raise ValueError(f"--device {name}: not a device of this machine (pass cpu"
                          f"{' or cuda' if torch.cuda.is_available() else ''})")
     return device
