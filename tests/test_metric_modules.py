@@ -148,3 +148,17 @@ def test_a_misspelt_argument_is_an_error_and_another_modules_argument_is_left_to
     with pytest.raises(TypeError, match=r"distinct_n got unexpected argument\(s\) \['order'\]; it takes \['n'\]"):
         modules["distinct_n"].compute(predictions=["a b"], order=2)
     assert modules["distinct_n"].compute(predictions=["a b"], max_n=2, n=1) == {"distinct_1": 1.0}  # max_n: BLEU's
+
+
+@pytest.mark.parametrize("name, kwargs, message", [
+    ("classification", dict(predictions=[0, 1], references=None), "classification needs references="),
+    ("distinct_n", dict(predictions=["a b"], n=1.5), r"n must be a whole number >= 1 \(an n-gram order\), got 1.5"),
+    ("distinct_n", dict(predictions=["a b"], n="2"), "got '2'"),
+    ("distinct_n", dict(predictions=["a b"], n=True), "got True"),
+    ("distinct_n", dict(predictions=["a b"], n=[]), "distinct_n: n is empty"),
+])
+def test_a_missing_reference_or_an_order_that_is_not_a_whole_number_is_one_line(modules, name, kwargs, message):
+    """references=None was a TypeError on len; n=1.5 and n='2' were TypeErrors, n=True gave 'distinct_True' and
+    n=[] an empty result."""
+    with pytest.raises(ValueError, match=message):
+        modules[name].compute(**kwargs)

@@ -145,9 +145,9 @@ def check_inputs(name: str, predictions, references=None) -> None:
                 raise ValueError(f"{name}: predictions[{i}] is {type(row).__name__} {row!r}: give texts, each a "
                                  "string or a list of string tokens")
     if name == "classification":
+        if references is None:
+            raise ValueError("classification needs references=: the true class id of every row")
         for what, values in (("predictions", predictions), ("references", references)):
-            if values is None:
-                continue
             array = np.asarray(values)
             if array.ndim != 1:
                 raise ValueError(f"classification: {what} has shape {array.shape}: give one class id per row (for "

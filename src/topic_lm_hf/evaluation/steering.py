@@ -58,8 +58,8 @@ from .perplexity import _chunk_nll, model_vocabularies
 
 def distinct_n(texts: Sequence[Sequence[str]], n: int) -> float:
     """Dist-n: distinct n-grams / all n-grams over a set of tokenized texts (0 when there are none)."""
-    if n < 1:
-        raise ValueError(f"n must be >= 1, got {n}")
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"n must be a whole number >= 1 (an n-gram order), got {n!r}")
     grams = [tuple(text[i:i + n]) for text in texts for i in range(len(text) - n + 1)]
     return len(set(grams)) / len(grams) if grams else 0.0
 

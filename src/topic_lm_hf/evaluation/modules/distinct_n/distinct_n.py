@@ -34,5 +34,7 @@ class DistinctN(package_metrics.CheckedInputs, evaluate.Metric):
         package_metrics.check_arguments("distinct_n", others, {"n": n})
         n = (1, 2) if n is None else n
         tokens = package_metrics.token_lists(predictions)
-        orders = [n] if isinstance(n, int) else list(n)
+        orders = list(n) if isinstance(n, (list, tuple)) else [n]
+        if not orders:
+            raise ValueError("distinct_n: n is empty: give an order (e.g. n=2) or a list of orders (n=[1, 2])")
         return {f"distinct_{order}": package_steering.distinct_n(tokens, order) for order in orders}
