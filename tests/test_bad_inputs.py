@@ -677,3 +677,11 @@ def test_a_device_flag_on_commands_without_one_says_what_to_use(saved_model, tmp
     export = last_line(["export", "--model_name_or_path", str(folder), "--repo_id", "me/m",
                         "--output_dir", str(tmp_path / "up"), "--device", "cpu"])
     assert "it needs no device" in export
+
+
+def test_wsd_evaluate_on_a_language_models_folder_says_what_it_needs(saved_model, capsys):
+    """It listed about 200 transformers configuration classes."""
+    folder, _, _ = saved_model
+    line = one_line_error(capsys, ["wsd", "evaluate", "--model_name_or_path", str(folder), "--dataset", "none"])
+    assert "holds a tcnlm model (TCNLMForCausalLM), which AutoModelForTokenClassification does not load: give a sense " \
+           "tagger's folder (topic-lm wsd train writes one)" in line and len(line) < 400, line

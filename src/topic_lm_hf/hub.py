@@ -381,6 +381,17 @@ def load_pretrained(auto_class, name_or_path: str | os.PathLike, **kwargs):
     source = resolve_model_source(name_or_path)
     try:
         return auto_class.from_pretrained(source, **kwargs)
+    except ValueError as error:
+        if "Unrecognized configuration class" not in str(error):
+            raise
+        config = json.loads(Path(source, "config.json").read_text(encoding="utf-8")) if os.path.isdir(source) else {}
+        raise ModelSourceError(f"{source} holds a {config.get('model_type', 'other')} model "
+                               f"({', '.join(config.get('architectures') or []) or 'no architectures'}), which "
+                               f"{auto_class.__name__} does not load: give "
+                               + {"AutoModelForTokenClassification": "a sense tagger's folder (topic-lm wsd train "
+                                                                      "writes one)",
+                                  "AutoModelForCausalLM": "a language model's folder (topic-lm train writes one)"}.get(
+                                   auto_class.__name__, "a folder of the kind this command reads")) from None
     except (RuntimeError, AssertionError) as error:
         text = " ".join(str(error).split())
         if "mismatched_sizes" in text or "size mismatch" in text or "Padding_idx" in text:
