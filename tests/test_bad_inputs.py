@@ -685,3 +685,14 @@ def test_wsd_evaluate_on_a_language_models_folder_says_what_it_needs(saved_model
     line = one_line_error(capsys, ["wsd", "evaluate", "--model_name_or_path", str(folder), "--dataset", "none"])
     assert "holds a tcnlm model (TCNLMForCausalLM), which AutoModelForTokenClassification does not load: give a sense " \
            "tagger's folder (topic-lm wsd train writes one)" in line and len(line) < 400, line
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a CUDA GPU")
+@pytest.mark.parametrize("command", [["classify"], ["retrieve"], ["wsd", "evaluate"]])
+def test_a_missing_device_is_refused_before_data_or_model_load(saved_model, capsys, command, tmp_path):
+    """classify and retrieve loaded the corpus and the model (with transformers' 11-line load report) before they
+    refused --device cuda; the corpus named here does not even exist: nothing was read."""
+    folder, _, _ = saved_model
+    flags = ["--dataset", str(tmp_path / "absent.jsonl")] + (["--model_name_or_path", str(folder)])
+    line = one_line_error(capsys, [*command, *flags, "--device", "cuda"])
+    assert "--device cuda: this machine has no CUDA GPU" in line, line

@@ -906,6 +906,9 @@ def main(argv: Optional[list[str]] = None) -> None:
     transformers.utils.logging.set_verbosity_error()
     parsed = parse_command(name, argv)
     try:
+        for part in parsed:  # a device this machine lacks is refused before any data or model is loaded
+            if isinstance(part, DeviceArguments):
+                part.torch_device
         COMMANDS[name].handler(*parsed)
     except (ValueError, OSError) as error:  # the package's user errors: what to do is in the message
         if debug:
