@@ -696,3 +696,11 @@ def test_a_missing_device_is_refused_before_data_or_model_load(saved_model, caps
     flags = ["--dataset", str(tmp_path / "absent.jsonl")] + (["--model_name_or_path", str(folder)])
     line = one_line_error(capsys, [*command, *flags, "--device", "cuda"])
     assert "--device cuda: this machine has no CUDA GPU" in line, line
+
+
+def test_steer_refuses_more_sampled_topics_than_the_model_has(saved_model, capsys):
+    """--num_topics_sampled 12 on a 3-topic model was silently cut to 3."""
+    folder, _, _ = saved_model
+    line = one_line_error(capsys, ["steer", "--model_name_or_path", str(folder), "--num_topics_sampled", "12",
+                                   "--num_samples", "1", "--max_new_tokens", "2"])
+    assert "num_topics_sampled (--num_topics_sampled) is 12, but the model has 3 topics: give at most 3" in line

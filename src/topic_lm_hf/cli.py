@@ -176,7 +176,9 @@ class SteerArguments:
                 "generated text under it measures fluency."})
     topics: Optional[str] = field(default=None, metadata={
         "help": "Comma-separated topic ids to steer towards (default: --num_topics_sampled of them, drawn with --seed)."})
-    num_topics_sampled: int = field(default=10, metadata={"help": "Topics drawn when --topics is not given."})
+    num_topics_sampled: Optional[int] = field(default=None, metadata={
+        "help": "Topics drawn when --topics is not given (default: 10, or every topic of a model with fewer; more "
+                "than the model has is an error)."})
     num_samples: int = field(default=20, metadata={"help": "Texts generated per topic, and without a topic."})
     max_new_tokens: int = field(default=30, metadata={"help": "The longest generated text."})
     top_p: float = field(default=0.9, metadata={"help": "Nucleus sampling threshold."})

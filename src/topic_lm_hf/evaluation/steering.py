@@ -310,7 +310,7 @@ def _sample(model, n: int, max_new_tokens: int, generation_kwargs: dict, seed: i
                           **generation_kwargs, **conditioning)[:, 1:]
 
 
-def evaluate_steering(model, topics: Optional[Sequence[int]] = None, num_topics_sampled: int = 10,
+def evaluate_steering(model, topics: Optional[Sequence[int]] = None, num_topics_sampled: Optional[int] = None,
                       num_samples: int = 20, max_new_tokens: int = 30, tokenizer=None, topic_tokenizer=None,
                       judge: Optional[LDAJudge] = None, fluency_model=None, top_words: int = 50,
                       do_sample: bool = True, top_p: float = 0.9, top_k: Optional[int] = None,
@@ -323,7 +323,8 @@ def evaluate_steering(model, topics: Optional[Sequence[int]] = None, num_topics_
         model: a topic model of the package: ``generate(topic_ids=...)``, ``infer_topics(bow)``,
             ``topic_word_distributions()`` and ``config.num_topics``.
         topics: the topic ids to steer towards; default: ``num_topics_sampled`` of them drawn
-            without replacement with ``seed`` (all when T is smaller).
+            without replacement with ``seed`` (None: 10, or all T topics when T is smaller; more than T is an
+            error).
         num_samples: texts per topic, and unconditioned texts.
         max_new_tokens: the longest text (sampling stops earlier at ``<eos>``).
         tokenizer, topic_tokenizer: default to the ones saved with the model.
@@ -369,7 +370,11 @@ def evaluate_steering(model, topics: Optional[Sequence[int]] = None, num_topics_
     num_topics = topic_word.shape[0]
     if topics is None:
         rng = random.Random(seed)
-        topics = sorted(rng.sample(range(num_topics), min(num_topics_sampled, num_topics)))
+        if num_topics_sampled is not None and num_topics_sampled > num_topics:
+            raise ValueError(f"num_topics_sampled (--num_topics_sampled) is {num_topics_sampled}, but the model has "
+                             f"{num_topics} topics" + (" at that layer" if layer else "") + f": give at most "
+                             f"{num_topics}, or name them with topics (--topics)")
+        topics = sorted(rng.sample(range(num_topics), min(num_topics_sampled or 10, num_topics)))
     topics = [int(k) for k in topics]
     if not topics or any(not 0 <= k < num_topics for k in topics):
         raise ValueError(f"topics must be non-empty ids in [0, {num_topics}), got {topics}")
