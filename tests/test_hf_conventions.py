@@ -180,3 +180,21 @@ def test_a_wrong_state_mask_or_empty_input_is_one_clear_error(vocabularies, fami
                   **kwargs)
         with pytest.raises(ValueError, match="the input is empty"):
             model(input_ids=ids[:, :0], **kwargs)
+
+
+@pytest.mark.parametrize("family", variants(topic_only=True, representative=True))
+def test_the_body_and_the_classifier_load_a_recipe_trained_folder_without_unexpected_weights(vocabularies, family,
+                                                                                            tmp_path):
+    """A causal LM trained with the steering recipe saves its topic output prior's weight; AutoModel and the
+    sequence classifier (which do not use it) reported it as an UNEXPECTED weight of the folder."""
+    from transformers import AutoModel, AutoModelForSequenceClassification
+
+    from topic_lm_hf import steering_recipe
+
+    tok, topic_tok = vocabularies
+    record = variant_of(family)[0]
+    tiny_model(family, tok, topic_tok, **steering_recipe(record.model_type)).save_pretrained(tmp_path)
+    _, info = AutoModel.from_pretrained(tmp_path, output_loading_info=True)
+    assert not info["unexpected_keys"]
+    _, info = AutoModelForSequenceClassification.from_pretrained(tmp_path, num_labels=2, output_loading_info=True)
+    assert not info["unexpected_keys"]

@@ -69,7 +69,8 @@ class TopicLMCache:
         """How many leading tokens of ``input_ids`` this cache has already read: ``S`` when they begin with its
         tokens (the whole-sequence convention), else 0 (the tokens after them). Giving only what it read is an
         error: there is no token to read next."""
-        if self.tokens is None or input_ids.shape[0] != self.tokens.shape[0] or input_ids.shape[1] < self.tokens.shape[1]:
+        if self.tokens is None or input_ids.shape[0] != self.tokens.shape[0] \
+                or input_ids.shape[1] < self.tokens.shape[1]:
             return 0
         read = self.tokens.shape[1]
         if not torch.equal(input_ids[:, :read], self.tokens.to(input_ids.device)):
@@ -240,7 +241,8 @@ class TopicGenerationMixin:
             return None
         if not isinstance(cache, TopicLMCache) or (cache.prior_state is None and cache.tokens is None):
             raise ValueError("topic guidance continues only from a cache returned by generate(..., "
-                             "return_dict_in_generate=True) (its past_key_values): this state does not say what it read")
+                             "return_dict_in_generate=True) (its past_key_values): this state does not say what it "
+                             "read")
         if cache.prior_state is not None:
             return cache.prior_state
         with torch.no_grad():

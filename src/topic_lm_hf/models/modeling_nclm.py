@@ -184,7 +184,8 @@ class NCLMModel(DocumentRepresentationMixin, RecurrentBodyMixin, NCLMPreTrainedM
     LSTM state; the topic representations are computed by the methods below.
     """
 
-    _keys_to_ignore_on_load_unexpected = [r"^(lm_head|compose)\.", r"^kl_annealing_step$"]
+    _keys_to_ignore_on_load_unexpected = [*RecurrentPreTrainedModel._keys_to_ignore_on_load_unexpected,
+                                          r"^(lm_head|compose)\.", r"^kl_annealing_step$"]
 
     def __init__(self, config: NCLMConfig):
         super().__init__(config)

@@ -586,6 +586,9 @@ class RecurrentPreTrainedModel(PreTrainedModel):
     """Flags every recurrent LM of the package needs under transformers 5.x (hf-notes §0)."""
 
     base_model_prefix = "model"
+    # The causal LM's topic output prior (its weight, saved at the top of a causal LM's folder): the base model and
+    # the classifiers loaded from that folder do not use it, and it is not a weight they lack.
+    _keys_to_ignore_on_load_unexpected = [r"(^|\.)topic_prior_weight$"]
     _is_stateful = True  # assisted decoding cannot roll a recurrent state back
     accepts_loss_kwargs = False  # our loss is a mean per token: Trainer must scale for accumulation
     # model.activation_checkpointing_enable() / TrainingArguments(activation_checkpointing=True): every recurrent layer is a

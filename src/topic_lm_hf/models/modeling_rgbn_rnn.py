@@ -318,7 +318,8 @@ class RGBNRNNModel(DocumentRepresentationMixin, RGBNRNNPreTrainedModel):
     ``forward`` returns the concatenated gated outputs [a^1; ...; a^L] (b, s, sum H) as ``last_hidden_state``.
     """
 
-    _keys_to_ignore_on_load_unexpected = [r"^lm_head\."]
+    _keys_to_ignore_on_load_unexpected = [*RecurrentPreTrainedModel._keys_to_ignore_on_load_unexpected,
+                                          r"^lm_head\."]
 
     def __init__(self, config: RGBNRNNConfig):
         super().__init__(config)

@@ -342,7 +342,8 @@ def _run_layer(layer: TCNLMLSTMLayer, x, t, mask, *state):
 class TCNLMModel(DocumentRepresentationMixin, TCNLMPreTrainedModel):
     """Embeddings, the neural topic model and the topic-conditioned recurrent LM (no output layer)."""
 
-    _keys_to_ignore_on_load_unexpected = [r"^(lm_head|proj)\.", r"^kl_annealing_step$"]  # causal LM only
+    _keys_to_ignore_on_load_unexpected = [*RecurrentPreTrainedModel._keys_to_ignore_on_load_unexpected,
+                                          r"^(lm_head|proj)\.", r"^kl_annealing_step$"]  # causal LM only
 
     def __init__(self, config: TCNLMConfig):
         super().__init__(config)

@@ -169,7 +169,8 @@ class TopicRNNInferenceNetwork(nn.Module):
 class TopicRNNModel(DocumentRepresentationMixin, TopicRNNPreTrainedModel):
     """The shared body: word embeddings, the recurrent cell and the inference network."""
 
-    _keys_to_ignore_on_load_unexpected = [r"^(lm_head|stop_head|topic_head|classifier)\.", r"^kl_annealing_step$"]
+    _keys_to_ignore_on_load_unexpected = [*RecurrentPreTrainedModel._keys_to_ignore_on_load_unexpected,
+                                          r"^(lm_head|stop_head|topic_head|classifier)\.", r"^kl_annealing_step$"]
 
     def __init__(self, config: TopicRNNConfig):
         super().__init__(config)
