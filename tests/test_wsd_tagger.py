@@ -2,6 +2,7 @@
 candidate restriction and back-off, document topics from a real topic model of the package, and
 the ``topic-lm wsd`` commands."""
 
+import math
 import re
 
 import pytest
@@ -355,3 +356,28 @@ def test_wsd_train_and_evaluate_commands(tmp_path, capsys):
               str(tmp_path / "nowhere")])
     assert exit_.value.code == 2
     assert re.match(r"topic-lm wsd train: error: topic model folder .* does not exist", capsys.readouterr().err)
+
+
+def test_wsd_evaluate_says_why_f1_is_nan(monkeypatch, tmp_path, capsys):
+    """When precision and recall are both 0 the scorer's F1 is NaN (as the official Java scorer's); the command now
+    says why instead of printing a bare NaN."""
+    import types
+
+    import topic_lm_hf.tasks.commands as commands
+    import topic_lm_hf.tasks.wsd as wsd
+    import topic_lm_hf.tasks.wsd_tagger as wsd_tagger
+    from topic_lm_hf.cli import main
+    from topic_lm_hf.tasks.wsd import score_wsd
+
+    zero = score_wsd({"d000.s000.t000": ["a%1:00:00::"]}, {"d000.s000.t000": ["b%1:00:00::"]})
+    assert math.isnan(zero.f1)
+    model = types.SimpleNamespace(config=types.SimpleNamespace(topic_model_name_or_path=None),
+                                  to=lambda device: model)
+    monkeypatch.setattr(commands, "load_pretrained", lambda auto, path: model)
+    monkeypatch.setattr(wsd, "load_wsd_corpus", lambda path: None)
+    monkeypatch.setattr(wsd_tagger, "evaluate_sense_tagger", lambda *a, **k: {"all_senses": zero})
+    main(["wsd", "evaluate", "--model_name_or_path", str(tmp_path), "--dataset", str(tmp_path / "se07"),
+          "--modes", "all_senses"])
+    out = capsys.readouterr().out
+    assert "| all_senses | 0.0 | 0.0 | NaN |" in out
+    assert "F1 NaN, as the official scorer prints it: precision and recall are both 0" in out

@@ -13,6 +13,7 @@ split), and use a saved model folder (a ``*ForCausalLM`` of any family, with its
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -280,3 +281,6 @@ def run_wsd_evaluate(args: WSDEvaluateArguments, device: DeviceArguments | None 
     for mode, score in scores.items():
         f = score.formatted()
         print(f"| {mode} | {f['P']} | {f['R']} | {f['F1']} | {key_file.format(mode=mode)} |")
+    if any(math.isnan(score.f1) for score in scores.values()):
+        print("\nF1 NaN, as the official scorer prints it: precision and recall are both 0 (no instance was answered "
+              "correctly, or none was answered)")
