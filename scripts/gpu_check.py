@@ -82,7 +82,7 @@ def _setup(args):
 
     train_docs = load_documents(DATA / "apnews" / "train.txt", max_documents=args.max_train_docs)
     tok, topic_tok = build_vocabularies(train_docs, min_freq=3 if args.tiny else 10,
-                                        stopwords=DATA / "stopwords" / "mallet_en.txt")
+                                        stopwords="mallet")
     return torch, train_docs, tok, topic_tok
 
 
