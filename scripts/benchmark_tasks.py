@@ -229,7 +229,7 @@ def main() -> None:
     for dataset in args.datasets:
         path, clean = DATASETS[dataset]
         if not (DATA / path).exists():
-            raise SystemExit(f"{DATA / path} is absent: set TOPIC_LM_DATA to the shared data folder")
+            raise SystemExit(f"{DATA / path} is absent: set TOPIC_LM_DATA to the folder of the corpora")
         train_docs, test_docs = load_classification_splits(DATA / path, test_fraction=0.2, seed=args.seed, clean=clean,
                                                            max_train_documents=args.max_train_docs,
                                                            max_test_documents=args.max_test_docs)

@@ -399,7 +399,7 @@ def main(argv=None) -> dict:
     from benchmarking import DATA, write_json
 
     if not (DATA / "apnews" / "train.txt").exists():
-        raise SystemExit(f"APNEWS is absent ({DATA / 'apnews'}): set TOPIC_LM_DATA to the folder of the shared corpora")
+        raise SystemExit(f"APNEWS is absent ({DATA / 'apnews'}): set TOPIC_LM_DATA to the folder of the corpora")
     start = time.perf_counter()
     deadline = start + args.budget
     unknown = sorted(set(args.parts or ()) - {p for p, *_ in PARTS})

@@ -43,7 +43,7 @@ def one_thread():
 
 
 @pytest.fixture(scope="session")
-def wiki_sample():
+def wiki():
     """A small real setup from the corpus that ships with the package (``wikipedia-sample``): 300 training
     documents, 40 validation documents and their vocabularies (min_freq=3, MALLET stop list)."""
     from topic_lm_hf import build_vocabularies, load_documents

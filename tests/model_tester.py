@@ -226,7 +226,7 @@ FAMILIES = {
 
 
 # ----------------------------------------------------------------------------------------------
-# data: real Wikipedia sentences (the conftest's wiki_sample)
+# data: real Wikipedia sentences (the conftest's wiki)
 # ----------------------------------------------------------------------------------------------
 
 
@@ -267,8 +267,8 @@ class ContractData:
 
 
 def load_contract_data(request) -> ContractData:
-    wiki_sample = request.getfixturevalue("wiki_sample")
-    return ContractData(wiki_sample["tok"], wiki_sample["topic_tok"], wiki_sample["valid"], "wikipedia-sample")
+    wiki = request.getfixturevalue("wiki")
+    return ContractData(wiki["tok"], wiki["topic_tok"], wiki["valid"], "wikipedia-sample")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -145,7 +145,8 @@ def test_train_evaluate_generate_commands_on_the_wikipedia_sample(tmp_path, caps
     card = ModelCard.load(tmp_path / "export" / "README.md")
     measured = {r.metric_config: r.metric_value for r in card.data.eval_results}
     assert measured == {protocol: round(float(value), 2) for protocol, value, _ in rows}
-    assert card.data.eval_results[0].dataset_name == "wikipedia-sample/validation" and 'repo = "me/lstm-wiki"' in card.text
+    assert card.data.eval_results[0].dataset_name == "wikipedia-sample/validation"
+    assert 'repo = "me/lstm-wiki"' in card.text
     assert {"modeling_lstm_lm.py", "tokenizer.json", "model.safetensors"} <= {p.name for p in (tmp_path / "export").iterdir()}
     main(["generate", "--model_name_or_path", str(out_dir), "--prompt", "The city was", "--max_new_tokens", "5",
           "--num_beams", "2", "--num_return_sequences", "2"])
@@ -174,16 +175,16 @@ def test_build_model_sizes_a_topic_rnn_to_the_vocabularies():
         assert config.topic_word_ids[index] == (-1 if word == "<unk>" else lm_vocab[word])
 
 
-def test_evaluate_refuses_a_folder_whose_weights_belong_to_another_model(wiki_sample, tmp_path, capsys):
+def test_evaluate_refuses_a_folder_whose_weights_belong_to_another_model(wiki, tmp_path, capsys):
     """config.json of a TCNLM next to an LSTM's weights (a folder two runs wrote into): evaluate
     used to print a perplexity of a random model and exit 0."""
     from conftest import tiny_model
     from topic_lm_hf import save_vocabularies
 
     folder = tmp_path / "mixed"
-    tiny_model("lstm_lm", wiki_sample["tok"], wiki_sample["topic_tok"]).save_pretrained(folder)
-    save_vocabularies(wiki_sample["tok"], wiki_sample["topic_tok"], folder)
-    tiny_model("tcnlm", wiki_sample["tok"], wiki_sample["topic_tok"]).config.save_pretrained(folder)
+    tiny_model("lstm_lm", wiki["tok"], wiki["topic_tok"]).save_pretrained(folder)
+    save_vocabularies(wiki["tok"], wiki["topic_tok"], folder)
+    tiny_model("tcnlm", wiki["tok"], wiki["topic_tok"]).config.save_pretrained(folder)
     with pytest.raises(SystemExit) as exit_:
         main(["evaluate", "--model_name_or_path", str(folder), "--validation_file",
               "wikipedia-sample/validation", "--max_eval_documents", "5", "--protocols", "causal"])

@@ -137,7 +137,7 @@ def test_make_bow_counts_raw_text(vocabs):
     assert bow[1].sum() == 1 and bow[:, 0].sum() == 0
 
 
-def test_training_from_a_stream_that_is_never_fully_loaded(wiki_sample, tmp_path):
+def test_training_from_a_stream_that_is_never_fully_loaded(wiki, tmp_path):
     """TopicLMTrainer trains (max_steps) on rows made from a corpus read line by line as training goes."""
     import datasets
     from transformers import TrainingArguments
@@ -156,7 +156,7 @@ def test_training_from_a_stream_that_is_never_fully_loaded(wiki_sample, tmp_path
                 yield {"text": line}
 
     documents = load_documents(datasets.IterableDataset.from_generator(lines), format="lau")
-    tok, topic_tok = wiki_sample["tok"], wiki_sample["topic_tok"]
+    tok, topic_tok = wiki["tok"], wiki["topic_tok"]
     collator = TopicContextCollator(tok, topic_tok, context="others")
     rows = collator.prepare(documents)
     assert isinstance(rows, datasets.IterableDataset)

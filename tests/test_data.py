@@ -115,7 +115,8 @@ def test_default_stop_list_and_min_doc_freq():
     tok, topic_tok = build_vocabularies(docs, min_freq=1, top_fraction=0)
     assert "the" in tok.get_vocab() and "the" not in topic_tok.get_vocab()  # MALLET's English list, the default
     mallet = read_stopwords()
-    assert len(mallet) == 523 and {"the", "would", "whereupon"} <= mallet and "cat" not in mallet  # 524 lines, "would" twice
+    # 524 lines, "would" twice
+    assert len(mallet) == 523 and {"the", "would", "whereupon"} <= mallet and "cat" not in mallet
     assert read_stopwords("mallet") == read_stopwords(MALLET) == mallet  # by name or by the package's file
     assert read_stopwords("none") == read_stopwords(None) == frozenset()
     assert "42" in tok.get_vocab() and "42" not in topic_tok.get_vocab()
@@ -156,21 +157,21 @@ def _train_briefly(model, tok, topic_tok, docs, folder, context):
 
 
 @requires_data("brown", "train.txt")
-def test_a_same_size_tokenizer_of_another_corpus_is_refused(wiki_sample, tmp_path):
+def test_a_same_size_tokenizer_of_another_corpus_is_refused(wiki, tmp_path):
     """A Brown tokenizer as large as the model's own used to be accepted, and gave a perplexity."""
     from transformers import AutoModelForCausalLM
 
     from conftest import tiny_model
     from topic_lm_hf import evaluate_perplexity
 
-    tok, topic_tok = wiki_sample["tok"], wiki_sample["topic_tok"]
+    tok, topic_tok = wiki["tok"], wiki["topic_tok"]
     other, _ = build_vocabularies(load_documents(DATA / "brown" / "train.txt"), min_freq=1, stopwords=MALLET,
                                   max_vocab_size=len(tok) - len(SPECIAL_TOKENS))
     assert len(other) == len(tok)
-    _train_briefly(tiny_model("lstm_lm", tok, topic_tok), tok, topic_tok, wiki_sample["train"].select(range(20)),
+    _train_briefly(tiny_model("lstm_lm", tok, topic_tok), tok, topic_tok, wiki["train"].select(range(20)),
                    tmp_path, context="none")
     model = AutoModelForCausalLM.from_pretrained(tmp_path)
-    valid = wiki_sample["valid"].select(range(3))
+    valid = wiki["valid"].select(range(3))
     assert evaluate_perplexity(model, valid, "causal")["perplexity"] > 1  # with the tokenizers saved beside it
     with pytest.raises(ValueError, match="LM tokenizer is not the one the model was trained with"):
         evaluate_perplexity(model, valid, "causal", tokenizer=other)
@@ -179,10 +180,10 @@ def test_a_same_size_tokenizer_of_another_corpus_is_refused(wiki_sample, tmp_pat
     del old.config.vocab_hash
     assert evaluate_perplexity(old, valid, "causal", tokenizer=tok)["perplexity"] > 1
     with pytest.raises(ValueError, match="vocab_size"):
-        check_vocabularies(build_vocabularies(wiki_sample["valid"], min_freq=1)[0], config=old.config)
+        check_vocabularies(build_vocabularies(wiki["valid"], min_freq=1)[0], config=old.config)
 
 
-def test_a_topic_tokenizer_with_the_same_words_in_another_order_is_refused(wiki_sample, tmp_path):
+def test_a_topic_tokenizer_with_the_same_words_in_another_order_is_refused(wiki, tmp_path):
     """Same size, same words, other ids: every bag of words would be scrambled."""
     from transformers import AutoModelForCausalLM
 
@@ -190,14 +191,14 @@ def test_a_topic_tokenizer_with_the_same_words_in_another_order_is_refused(wiki_
     from topic_lm_hf import evaluate_perplexity
     from topic_lm_hf.data import UNK, _word_level_tokenizer
 
-    tok, topic_tok = wiki_sample["tok"], wiki_sample["topic_tok"]
+    tok, topic_tok = wiki["tok"], wiki["topic_tok"]
     words = [w for w, _ in sorted(topic_tok.get_vocab().items(), key=lambda item: item[1]) if w != UNK]
     reordered = _word_level_tokenizer([UNK] + words[::-1], add_bos=False)
-    _train_briefly(tiny_model("tcnlm", tok, topic_tok), tok, topic_tok, wiki_sample["train"].select(range(20)), tmp_path,
+    _train_briefly(tiny_model("tcnlm", tok, topic_tok), tok, topic_tok, wiki["train"].select(range(20)), tmp_path,
                    context="others")
     model = AutoModelForCausalLM.from_pretrained(tmp_path)
     assert model.config.topic_vocab_hash != model.config.vocab_hash
-    valid = wiki_sample["valid"].select(range(3))
+    valid = wiki["valid"].select(range(3))
     with pytest.raises(ValueError, match="topic tokenizer is not the one the model was trained with"):
         evaluate_perplexity(model, valid, "paper", topic_tokenizer=reordered)
 def test_streaming_gives_the_same_documents_and_vocabularies(caplog):

@@ -188,7 +188,7 @@ def test_steering_rejects_what_it_cannot_measure(synthetic):
         evaluate_steering(model, tokenizer=tok, topic_tokenizer=topic_tok, fluency_model=wrong)
 
 
-def test_steering_evaluation_from_a_saved_folder(wiki_sample, tmp_path, capsys):
+def test_steering_evaluation_from_a_saved_folder(wiki, tmp_path, capsys):
     """The way a user runs it: a trained TCNLM saved to a folder, reloaded with the Auto classes,
     judged by an LDA fitted on the training corpus, fluency under a separately trained LSTM."""
     from transformers import AutoModelForCausalLM
@@ -196,7 +196,7 @@ def test_steering_evaluation_from_a_saved_folder(wiki_sample, tmp_path, capsys):
     from topic_lm_hf import TopicLMTrainer
     from transformers import TrainingArguments
 
-    tok, topic_tok, train = wiki_sample["tok"], wiki_sample["topic_tok"], wiki_sample["train"]
+    tok, topic_tok, train = wiki["tok"], wiki["topic_tok"], wiki["train"]
     models = {}
     for name, model in (("lstm", LSTMLMForCausalLM(LSTMLMConfig(vocab_size=len(tok), embedding_size=32,
                                                                 hidden_size=32, dropout=0.0))),
@@ -243,10 +243,10 @@ def test_steering_evaluation_from_a_saved_folder(wiki_sample, tmp_path, capsys):
     assert guided["unconditioned_texts"] == saved["unconditioned_texts"]
 
 
-def test_guided_steering_is_measured_with_the_scale_it_names(wiki_sample):
+def test_guided_steering_is_measured_with_the_scale_it_names(wiki):
     """evaluate_steering(topic_guidance_scale=s) generates the steered texts with guidance s (the unconditioned ones
     without), and records s in its protocol."""
-    tok, topic_tok = wiki_sample["tok"], wiki_sample["topic_tok"]
+    tok, topic_tok = wiki["tok"], wiki["topic_tok"]
     torch.manual_seed(0)
     model = TCNLMForCausalLM(TCNLMConfig.from_tokenizers(tok, topic_tok, num_topics=4, embedding_size=16,
                                                          hidden_size=16, encoder_hidden_size=16,
@@ -262,10 +262,10 @@ def test_guided_steering_is_measured_with_the_scale_it_names(wiki_sample):
     assert guided["protocol"]["topic_guidance_scale"] == 8.0 and plain["protocol"]["topic_guidance_scale"] is None
 
 
-def test_generation_options_reach_every_text(wiki_sample):
+def test_generation_options_reach_every_text(wiki):
     """evaluate_steering(generation_options=...) decodes every text, steered and unconditioned, with them: with
     no_repeat_ngram_size=1 no text repeats a word, where the same model repeats words without it."""
-    tok, topic_tok = wiki_sample["tok"], wiki_sample["topic_tok"]
+    tok, topic_tok = wiki["tok"], wiki["topic_tok"]
     torch.manual_seed(0)
     model = TCNLMForCausalLM(TCNLMConfig.from_tokenizers(tok, topic_tok, num_topics=4, embedding_size=16,
                                                          hidden_size=16, encoder_hidden_size=16,

@@ -26,8 +26,8 @@ def small_lm(tok):
     return LSTMLMForCausalLM(config).eval()
 
 
-def test_raw_text_is_lower_cased_and_split_like_the_corpora(wiki_sample):
-    tok = wiki_sample["tok"]
+def test_raw_text_is_lower_cased_and_split_like_the_corpora(wiki):
+    tok = wiki["tok"]
     ids = tok("The Senate, on Sunday,")["input_ids"]
     assert tok.convert_ids_to_tokens(ids) == ["<bos>", "the", "senate", ",", "on", "sunday", ","]
     text = 'Gov. Bush (R-Texas) said the U.S. wasn\'t "ready," and it\'s $7.5 million... for 40-year-old workers.'
@@ -49,10 +49,10 @@ def corpus_sentences(name: str) -> list[str]:
         return [s for line in f.read().splitlines() for s in line.split("\t") if s.strip()]
 
 
-def test_already_tokenized_corpus_text_splits_exactly_at_its_spaces(wiki_sample):
+def test_already_tokenized_corpus_text_splits_exactly_at_its_spaces(wiki):
     """Every line of wikipedia-sample (train and validation; tokenized by tokenize_text) tokenizes as before: one
     token between spaces."""
-    tok = wiki_sample["tok"]
+    tok = wiki["tok"]
     vocab = tok.get_vocab()
     for name in ("wikipedia-sample", "wikipedia-sample/validation"):
         sentences = corpus_sentences(name)
@@ -82,8 +82,8 @@ def test_raw_text_tokenizes_like_load_documents_and_make_bow():
     assert bow.sum() > 1000
 
 
-def test_tokenizer_rules_survive_save_and_load(tmp_path, wiki_sample):
-    tok, topic_tok = wiki_sample["tok"], wiki_sample["topic_tok"]
+def test_tokenizer_rules_survive_save_and_load(tmp_path, wiki):
+    tok, topic_tok = wiki["tok"], wiki["topic_tok"]
     save_vocabularies(tok, topic_tok, tmp_path)
     loaded = AutoTokenizer.from_pretrained(tmp_path)
     loaded_topic = AutoTokenizer.from_pretrained(tmp_path, subfolder="topic_tokenizer")
@@ -96,8 +96,8 @@ def test_tokenizer_rules_survive_save_and_load(tmp_path, wiki_sample):
     assert tok2.backend_tokenizer.to_str() == tok.backend_tokenizer.to_str()
 
 
-def test_decoding_is_readable_and_encodes_back(wiki_sample):
-    tok = wiki_sample["tok"]
+def test_decoding_is_readable_and_encodes_back(wiki):
+    tok = wiki["tok"]
     ids = tok("the senate , on sunday , said it 's ( not ) over .", add_special_tokens=False)["input_ids"]
     assert tok.decode(ids) == " the senate, on sunday, said it's ( not) over."
     # Every token decodes on its own as it does in context (what stop strings rely on).
@@ -113,8 +113,8 @@ def test_decoding_is_readable_and_encodes_back(wiki_sample):
     assert len(encoded) > 1000 and same / len(encoded) > 0.98, (len(encoded), same / len(encoded))
 
 
-def test_text_generation_pipeline_returns_prompt_and_continuation(wiki_sample):
-    tok = wiki_sample["tok"]
+def test_text_generation_pipeline_returns_prompt_and_continuation(wiki):
+    tok = wiki["tok"]
     model = small_lm(tok)
     prompt = "The Senate, on Sunday,"
     out = pipeline("text-generation", model=model, tokenizer=tok)(prompt, max_new_tokens=6, do_sample=False)
@@ -127,8 +127,8 @@ def test_text_generation_pipeline_returns_prompt_and_continuation(wiki_sample):
     assert continuation.startswith(" ") or continuation[:1] in ",.;:!?)%'n"
 
 
-def test_generate_stops_at_stop_strings(wiki_sample):
-    tok = wiki_sample["tok"]
+def test_generate_stops_at_stop_strings(wiki):
+    tok = wiki["tok"]
     model = small_lm(tok)
     prompt = tok(["police said"], return_tensors="pt")
     free = model.generate(**prompt, max_new_tokens=12, min_new_tokens=12, do_sample=False)
@@ -144,14 +144,14 @@ def test_generate_stops_at_stop_strings(wiki_sample):
         model.generate(**prompt, max_new_tokens=3, stop_strings=["."])
 
 
-def test_text_features_work_from_the_hub_without_the_package(wiki_sample, tmp_path):
+def test_text_features_work_from_the_hub_without_the_package(wiki, tmp_path):
     """A folder shared with remote code: its tokenizer splits raw text and decodes readably, and the
     model generates with stop strings, in a process where topic_lm_hf cannot be imported."""
     from conftest import run_without_package
     from topic_lm_hf import TCNLMConfig, TCNLMForCausalLM
     from topic_lm_hf.hub import save_for_hub
 
-    tok, topic_tok = wiki_sample["tok"], wiki_sample["topic_tok"]
+    tok, topic_tok = wiki["tok"], wiki["topic_tok"]
     torch.manual_seed(0)
     model = TCNLMForCausalLM(TCNLMConfig(vocab_size=len(tok), topic_vocab_size=len(topic_tok), num_topics=3,
                                          embedding_size=8, hidden_size=8, encoder_hidden_size=8,

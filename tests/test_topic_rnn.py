@@ -448,15 +448,15 @@ def test_sliding_window_context_is_the_previous_window(toy):
 
 
 @param("cell", CELLS)
-def test_cells_train_on_the_wikipedia_sample(wiki_sample, tmp_path, cell):
+def test_cells_train_on_the_wikipedia_sample(wiki, tmp_path, cell):
     torch.set_num_threads(1)
-    tok, topic_tok = wiki_sample["tok"], wiki_sample["topic_tok"]
+    tok, topic_tok = wiki["tok"], wiki["topic_tok"]
     config = TopicRNNConfig.from_tokenizers(tok, topic_tok, cell=cell, embedding_size=32, hidden_size=32,
                                             num_topics=8, inference_hidden_size=32)
     model = TopicRNNForCausalLM(config)
     collator = TopicContextCollator(tok, topic_tok, context="others")
-    rows = collator.prepare(wiki_sample["train"].select(range(60)))
-    held_out = collator([collator.prepare(wiki_sample["valid"].select(range(4)))[i] for i in range(48)])
+    rows = collator.prepare(wiki["train"].select(range(60)))
+    held_out = collator([collator.prepare(wiki["valid"].select(range(4)))[i] for i in range(48)])
 
     def held_out_loss():
         model.eval()

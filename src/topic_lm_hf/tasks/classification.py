@@ -17,7 +17,8 @@ layout="sequence", label_column="label")``: each document as ONE sequence (its s
 ``<bos> .. <eos>`` one after the other, cut at ``max_document_length`` tokens) with the bag of words of the
 whole document (the first ``max_context_tokens`` topic words).
 
-Data (:func:`load_classification_splits`): JSON-lines corpora with ``text`` and ``label`` (e.g. those of ``$TOPIC_LM_DATA``).
+Data (:func:`load_classification_splits`): JSON-lines corpora with ``text`` and ``label`` (e.g. those of
+``$TOPIC_LM_DATA``).
 Their test splits are held back, so the training file is split with ``Dataset.train_test_split``
 (stratified by label, fixed seed). 20 Newsgroups posts are cleaned with scikit-learn's own functions for
 ``fetch_20newsgroups(remove=("headers", "footers", "quotes"))`` (``clean="newsgroups"``): the header block

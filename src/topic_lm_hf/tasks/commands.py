@@ -5,9 +5,10 @@ and ``topic-lm wsd evaluate``.
         --topic_model out/nclm/leta/model --output_dir out/wsd-nclm --num_train_epochs 5
     topic-lm wsd evaluate --model_name_or_path out/wsd-nclm --dataset $TOPIC_LM_DATA/wsd/senseval2
 
-``classify`` and ``retrieve`` read a JSON-lines corpus with ``text`` and ``label`` (e.g. ``$TOPIC_LM_DATA/20ng/train.jsonl.gz``), split it
-with :func:`~topic_lm_hf.tasks.load_classification_splits` (stratified, seeded; the held-out part is the test
-split), and use a saved model folder (a ``*ForCausalLM`` of any family, with its tokenizers).
+``classify`` and ``retrieve`` read a JSON-lines corpus with ``text`` and ``label`` (e.g.
+``$TOPIC_LM_DATA/20ng/train.jsonl.gz``), split it with :func:`~topic_lm_hf.tasks.load_classification_splits`
+(stratified, seeded; the held-out part is the test split), and use a saved model folder (a ``*ForCausalLM`` of any
+family, with its tokenizers).
 """
 
 from __future__ import annotations
