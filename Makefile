@@ -1,12 +1,13 @@
 # Two commands set up everything on a fresh machine (Python >= 3.10 and the local torch wheel):
 #   make demo   - create .venv, install, train + evaluate + save/reload + generate on the default corpus
 #   make test   - create .venv, install, run the whole test suite (.ci/run calls this)
+#   make test-fresh-clone - a representative part of the suite with no corpus folder at all (.ci/run calls it too)
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: install demo test benchmark clean
+.PHONY: install demo test test-fresh-clone benchmark clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +22,14 @@ demo: install
 
 test: install
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests
+
+# As a fresh clone runs: TOPIC_LM_DATA names an empty folder (so no corpus beside the checkout is used either), and
+# the package's own stop list and wikipedia-sample carry the demo, the command line, the contract and the data tests.
+FRESH_CLONE_TESTS := tests/test_data.py tests/test_text.py tests/test_packaging.py tests/test_model_contract.py \
+	tests/test_cli.py
+test-fresh-clone: install
+	rm -rf out/no-corpora && mkdir -p out/no-corpora
+	TOPIC_LM_DATA=$(CURDIR)/out/no-corpora $(BIN)/python -m pytest -q -p no:cacheprovider $(FRESH_CLONE_TESTS)
 
 benchmark: install
 	$(BIN)/python scripts/benchmark_speed.py

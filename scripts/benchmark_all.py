@@ -390,7 +390,7 @@ def run(args) -> dict:
     check_settings(out, settings, before={"schedule": "linear", "lr_decay": args.lr_decay})
 
     tok, topic_tok = build_vocabularies(train_docs, min_freq=args.min_freq,
-                                        stopwords=DATA / "stopwords" / "mallet_en.txt")
+                                        stopwords="mallet")
     corpus = CORPORA[args.corpus]
     print(f"\n==== {time.strftime('%Y-%m-%d %H:%M:%S')} {corpus}: train {len(train_docs)} docs, dev {len(dev_docs)} "
           f"docs ({args.dev_fraction:.0%} of train, seed {args.dev_seed}), valid {len(valid_docs)} docs; V = "

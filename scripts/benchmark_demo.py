@@ -35,12 +35,12 @@ from transformers import set_seed
 from topic_lm_hf import data as data_lib
 from topic_lm_hf.collator import TopicContextCollator
 from topic_lm_hf.demo import (DEMO_MIN_FREQ, SIZES, TOPIC_FAMILIES, TOPIC_PRETRAINING_STEPS, build_topic_model,
-                              locate_corpus, pretrain, rows_per_step, speed_settings, train_for)
+                              pretrain, rows_per_step, speed_settings, train_for)
 from topic_lm_hf.evaluation import evaluate_perplexity
 from topic_lm_hf.fast_path import FastPathArguments
 from topic_lm_hf.models import LSTMLMConfig, LSTMLMForCausalLM
 
-from benchmarking import check_settings, code_version, fmt, read_json, write_json
+from benchmarking import DATA, check_settings, code_version, fmt, read_json, write_json
 
 MODELS = ("lstm", *TOPIC_FAMILIES)
 LABELS = {"lstm": "LSTM", **{family: label for family, (label, _) in TOPIC_FAMILIES.items()}}
@@ -142,16 +142,17 @@ def main(argv=None) -> None:
     import datasets
 
     datasets.disable_progress_bars()
-    if data_lib.shared_data_dir() is None:
-        sys.exit("scripts/benchmark_demo.py measures on APNEWS: ../shared/data/apnews was not found "
-                 "(set TOPIC_LM_DATA to the shared data folder)")
+    if not (DATA / "apnews" / "train.txt").exists():
+        sys.exit(f"scripts/benchmark_demo.py measures on APNEWS: {DATA / 'apnews'} was not found "
+                 "(set TOPIC_LM_DATA to the folder of the corpora)")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     check_settings(out, dict(seconds=args.seconds, eval_documents=args.eval_documents,
                              pretrain_steps=args.pretrain_steps, threads=args.threads))
-    train_docs, valid_docs, source, stopwords = locate_corpus(None)
-    valid_docs = valid_docs.select(range(min(args.eval_documents, len(valid_docs))))
-    tok, topic_tok = data_lib.build_vocabularies(train_docs, min_freq=DEMO_MIN_FREQ, stopwords=stopwords)
+    train_docs = data_lib.load_documents(DATA / "apnews" / "train.txt")
+    valid_docs = data_lib.load_documents(DATA / "apnews" / "valid.txt", max_documents=args.eval_documents)
+    tok, topic_tok = data_lib.build_vocabularies(train_docs, min_freq=DEMO_MIN_FREQ, stopwords="mallet")
+    source = f"APNEWS {DATA / 'apnews'}: train.txt ({len(train_docs)} docs) / valid.txt (the first {len(valid_docs)})"
     runs = []
     for seed in args.seeds:
         for name in args.families:

@@ -267,7 +267,7 @@ def main() -> None:
 
     train_docs = load_documents(DATA / "apnews" / "train.txt", max_documents=args.max_train_docs)
     valid_docs = load_documents(DATA / "apnews" / "valid.txt", max_documents=args.max_valid_docs)
-    tok, topic_tok = build_vocabularies(train_docs, min_freq=args.min_freq, stopwords=DATA / "stopwords" / "mallet_en.txt")
+    tok, topic_tok = build_vocabularies(train_docs, min_freq=args.min_freq, stopwords="mallet")
     documents = TopicContextCollator.for_model(RGBNRNNForCausalLM, tok, topic_tok)  # whole documents, "preceding"
     rows = documents.prepare(train_docs)
     chunks = sum(len(x) for x in rows["input_ids"])

@@ -162,10 +162,10 @@ def main(argv=None) -> dict:
     datasets.disable_progress_bars()
     train_file = DATA / "apnews" / "train.txt"
     if not train_file.exists():
-        raise SystemExit(f"APNEWS is absent ({train_file}): set TOPIC_LM_DATA to the folder of the shared corpora")
+        raise SystemExit(f"APNEWS is absent ({train_file}): set TOPIC_LM_DATA to the folder of the corpora")
     train_docs = load_documents(train_file, max_documents=args.max_train_docs)
     tok, topic_tok = build_vocabularies(train_docs, min_freq=args.min_freq,
-                                        stopwords=DATA / "stopwords" / "mallet_en.txt")
+                                        stopwords="mallet")
     cpu = platform.processor() or platform.machine()
     bf16_flags = ", ".join(cpu_bf16_flags()) or "no native bf16"
     print(f"APNEWS train.txt ({len(train_docs)} documents), V = {len(tok):,}, V_c = {len(topic_tok):,}; E = "

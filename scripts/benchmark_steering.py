@@ -224,7 +224,7 @@ def main() -> None:
     dev_docs = all_docs.select(sorted(order[:n_dev].tolist()))
     train_docs = all_docs.select(sorted(order[n_dev:].tolist()))
     tok, topic_tok = build_vocabularies(train_docs, min_freq=args.min_freq,
-                                        stopwords=DATA / "stopwords" / "mallet_en.txt")
+                                        stopwords="mallet")
     print(f"APNEWS train {len(train_docs)} docs (+ {len(dev_docs)} development), valid {len(valid_docs)}; "
           f"V = {len(tok)}, V_c = {len(topic_tok)}; E = {args.embedding_size}, H = {args.hidden_size}, "
           f"T = {args.num_topics}; until the dev perplexity (causal) has not improved for {args.patience} "

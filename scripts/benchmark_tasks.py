@@ -60,6 +60,7 @@ from transformers.utils import logging as hf_logging
 
 from topic_lm_hf import (LSTMLMConfig, NCLMConfig, TCNLMConfig, TopicContextCollator, TopicLMTrainer, TopicRNNConfig,
                          build_vocabularies, save_vocabularies)
+from topic_lm_hf.data import MALLET_STOPWORDS
 from topic_lm_hf.tasks import (FeatureCollator, bow_logistic_regression, classification_accuracy, document_collator,
                                extract_document_features, lda_retrieval, load_classification_splits,
                                majority_accuracy, normalize_blocks, retrieval_precision, tfidf_retrieval,
@@ -228,7 +229,7 @@ def main() -> None:
     for dataset in args.datasets:
         path, clean = DATASETS[dataset]
         if not (DATA / path).exists():
-            raise SystemExit(f"{DATA / path} is absent: set TOPIC_LM_DATA to the shared data folder")
+            raise SystemExit(f"{DATA / path} is absent: set TOPIC_LM_DATA to the folder of the corpora")
         train_docs, test_docs = load_classification_splits(DATA / path, test_fraction=0.2, seed=args.seed, clean=clean,
                                                            max_train_documents=args.max_train_docs,
                                                            max_test_documents=args.max_test_docs)
@@ -238,8 +239,8 @@ def main() -> None:
         log(f"{dataset}: {len(train_docs)} train / {len(test_docs)} test documents, {n_labels} labels")
         dout = args.out / dataset
         dout.mkdir(exist_ok=True)
-        tok, topic_tok = build_vocabularies(train_docs, min_freq=args.min_freq, stopwords=DATA / "stopwords" /
-                                            "mallet_en.txt", max_vocab_size=args.max_vocab_size)
+        tok, topic_tok = build_vocabularies(train_docs, min_freq=args.min_freq, stopwords="mallet",
+                                            max_vocab_size=args.max_vocab_size)
         log(f"  vocabularies: LM {len(tok)}, topic {len(topic_tok)}")
         base = read_json(dout / "baselines.json")
         if base is None:
@@ -248,8 +249,7 @@ def main() -> None:
                     "tfidf_lr": bow_logistic_regression(train_docs, test_docs),
                     "tfidf_retrieval": tfidf_retrieval(test_docs, train_docs),
                     "lda_retrieval": lda_retrieval(test_docs, train_docs, num_topics=args.num_topics, seed=args.seed,
-                                                   stop_words=[w.strip() for w in open(DATA / "stopwords" /
-                                                                                       "mallet_en.txt")])}
+                                                   stop_words=[w.strip() for w in open(MALLET_STOPWORDS)])}
             base["seconds"] = time.perf_counter() - start
             write_json(dout / "baselines.json", base)
         log(f"  baselines: majority {base['majority']:.4f}, tf-idf LR {base['tfidf_lr']['accuracy']:.4f}, "

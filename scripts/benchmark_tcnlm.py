@@ -84,7 +84,7 @@ def main() -> None:
 
     train_docs = load_documents(DATA / "apnews" / "train.txt", max_documents=args.max_train_docs)
     valid_docs = load_documents(DATA / "apnews" / "valid.txt", max_documents=args.max_valid_docs)
-    tok, topic_tok = build_vocabularies(train_docs, min_freq=args.min_freq, stopwords=DATA / "stopwords" / "mallet_en.txt")
+    tok, topic_tok = build_vocabularies(train_docs, min_freq=args.min_freq, stopwords="mallet")
     print(f"APNEWS train {len(train_docs)} docs, valid {len(valid_docs)} docs; V = {len(tok)}, "
           f"V_c = {len(topic_tok)} (incl. <unk>)", flush=True)
 

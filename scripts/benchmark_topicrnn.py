@@ -289,7 +289,7 @@ def main(argv=None) -> None:
     p.add_argument("--task", choices=["lm", "imdb", "all"], default="all")
     p.add_argument("--output_dir", type=Path, default=Path("out/benchmark_topicrnn"))
     add_common_arguments(p, *TRAINING_FLAGS, "--threads", "--seed")
-    p.add_argument("--stopwords", default=str(DATA / "stopwords" / "mallet_en.txt"))
+    p.add_argument("--stopwords", default="mallet")
     g = p.add_argument_group("(a) language modelling")
     g.add_argument("--apnews", type=Path, default=DATA / "apnews")
     g.add_argument("--train_docs", type=int, default=None, help="first N training documents (default all 1,800)")

@@ -85,7 +85,7 @@ def topic_tokenizer_for(path: Path):
         return load_topic_tokenizer(path)
     config = AutoConfig.from_pretrained(path)
     tok, topic_tok = build_vocabularies(load_documents(DATA / "apnews" / "train.txt"), min_freq=10,
-                                        stopwords=DATA / "stopwords" / "mallet_en.txt")
+                                        stopwords="mallet")
     if len(topic_tok) != config.topic_vocab_size or \
             topic_word_ids_from_tokenizers(tok, topic_tok) != list(config.topic_word_ids):
         raise ValueError(f"{path} has no topic_tokenizer/ and the rebuilt APNEWS vocabulary does not match it")

@@ -38,7 +38,6 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from topic_lm_hf import (LSTMLMConfig, LSTMLMForCausalLM, NCLMConfig, NCLMForCausalLM, RGBNRNNConfig,
                          RGBNRNNForCausalLM, TCNLMConfig, TCNLMForCausalLM, TopicContextCollator, TopicRNNConfig,
                          TopicRNNForCausalLM, evaluate_perplexity, evaluate_steering, fit_lda_judge)
-from topic_lm_hf.data import shared_data_dir
 from topic_lm_hf.families import FAMILIES
 from topic_lm_hf.devices import synchronize
 from topic_lm_hf.models.configuration_common import config_kwargs_from_tokenizers
@@ -47,8 +46,9 @@ from topic_lm_hf.evaluation import PROTOCOLS as PROTOCOL_CONTEXTS, LDAJudge
 from topic_lm_hf.trainer import carried_state_loss
 
 ROOT = Path(__file__).resolve().parents[1]  # the checkout: scripts/benchmarking.py
-# $TOPIC_LM_DATA or ../shared/data (data.shared_data_dir); where it is absent, the path the error messages name
-DATA = shared_data_dir() or ROOT.parent / "shared" / "data"
+# The corpora (README: Corpora): $TOPIC_LM_DATA, else, in this project's development setup, the folder beside the
+# checkout (as tests/conftest.py finds them); where they are absent, the path the error messages name
+DATA = Path(os.environ.get("TOPIC_LM_DATA") or ROOT.parent / "shared" / "data")
 PROTOCOLS = tuple(PROTOCOL_CONTEXTS)  # paper, causal, causal-carry
 
 # ----------------------------------------------------------------------------------------------

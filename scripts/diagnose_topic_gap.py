@@ -167,11 +167,11 @@ def main(argv=None):
     hf_logging.set_verbosity_error()
     train_file = DATA / "apnews" / "train.txt"
     if not train_file.exists():
-        raise SystemExit(f"APNEWS is absent ({train_file}): set TOPIC_LM_DATA to the folder of the shared corpora")
+        raise SystemExit(f"APNEWS is absent ({train_file}): set TOPIC_LM_DATA to the folder of the corpora")
     train_docs = load_documents(train_file)
     valid_docs = load_documents(DATA / "apnews" / "valid.txt", max_documents=args.valid_docs)
     tok, topic_tok = build_vocabularies(train_docs, min_freq=args.min_freq,
-                                        stopwords=DATA / "stopwords" / "mallet_en.txt")
+                                        stopwords="mallet")
     start = time.perf_counter()
     results = {name: run(name, spec, args, tok, topic_tok, train_docs, valid_docs)
                for name, spec in args.variants.items()}

@@ -82,7 +82,7 @@ def _setup(args):
 
     train_docs = load_documents(DATA / "apnews" / "train.txt", max_documents=args.max_train_docs)
     tok, topic_tok = build_vocabularies(train_docs, min_freq=3 if args.tiny else 10,
-                                        stopwords=DATA / "stopwords" / "mallet_en.txt")
+                                        stopwords="mallet")
     return torch, train_docs, tok, topic_tok
 
 
@@ -399,7 +399,7 @@ def main(argv=None) -> dict:
     from benchmarking import DATA, write_json
 
     if not (DATA / "apnews" / "train.txt").exists():
-        raise SystemExit(f"APNEWS is absent ({DATA / 'apnews'}): set TOPIC_LM_DATA to the folder of the shared corpora")
+        raise SystemExit(f"APNEWS is absent ({DATA / 'apnews'}): set TOPIC_LM_DATA to the folder of the corpora")
     start = time.perf_counter()
     deadline = start + args.budget
     unknown = sorted(set(args.parts or ()) - {p for p, *_ in PARTS})

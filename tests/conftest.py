@@ -1,4 +1,5 @@
-"""Shared fixtures: the real corpora of ../shared/data (skipped with a reason when absent)."""
+"""Shared fixtures: the package's own real corpus (``wikipedia-sample``, always there), and the full corpora of
+``$TOPIC_LM_DATA`` for the tests that need them (skipped with a reason when absent)."""
 
 import os
 import sys
@@ -8,16 +9,20 @@ from typing import Optional
 import pytest
 import torch
 
+from topic_lm_hf.data import MALLET_STOPWORDS
+
 # The benchmark harness (scripts/benchmarking.py, scripts/benchmark_training.py) is not part of the package: the
 # scripts import it as plain modules from their own folder, and the tests from there too.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 
+# The full corpora (README: Corpora): $TOPIC_LM_DATA, else, in this project's development setup, the folder beside the
+# checkout (TOPIC_LM_DATA set to an empty folder turns that off: the suite as a fresh clone runs it).
 DATA = Path(os.environ.get("TOPIC_LM_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
-MALLET = DATA / "stopwords" / "mallet_en.txt"
+MALLET = MALLET_STOPWORDS  # the package's copy of MALLET's stop list, the papers' (and build_vocabularies' default)
 
 
 def requires_data(*parts: str):
-    """Skip unless ../shared/data/<parts> exists (the real corpora live only beside this checkout)."""
+    """Skip unless $TOPIC_LM_DATA/<parts> exists: the full corpora are not part of the repository."""
     path = DATA.joinpath(*parts)
     return pytest.mark.skipif(not path.exists(), reason=f"real corpus {path} is absent; set TOPIC_LM_DATA to its folder")
 
@@ -38,16 +43,14 @@ def one_thread():
 
 
 @pytest.fixture(scope="session")
-def apnews():
-    """A small real APNEWS setup: 300 training documents, 40 validation documents and their
-    vocabularies (min_freq=3, MALLET stop list)."""
-    if not (DATA / "apnews" / "train.txt").exists():
-        pytest.skip(f"real corpus {DATA / 'apnews'} is absent; set TOPIC_LM_DATA to its folder")
+def wiki():
+    """A small real setup from the corpus that ships with the package (``wikipedia-sample``): 300 training
+    documents, 40 validation documents and their vocabularies (min_freq=3, MALLET stop list)."""
     from topic_lm_hf import build_vocabularies, load_documents
 
-    train = load_documents(DATA / "apnews" / "train.txt", max_documents=300)
-    valid = load_documents(DATA / "apnews" / "valid.txt", max_documents=40)
-    tok, topic_tok = build_vocabularies(train, min_freq=3, stopwords=MALLET)
+    train = load_documents("wikipedia-sample", max_documents=300)
+    valid = load_documents("wikipedia-sample/validation", max_documents=40)
+    tok, topic_tok = build_vocabularies(train, min_freq=3, stopwords="mallet")
     return {"train": train, "valid": valid, "tok": tok, "topic_tok": topic_tok}
 
 

@@ -123,7 +123,7 @@ def all_figures(data: Path) -> dict:
     torch.set_num_threads(1)
     train = load_documents(data / "apnews" / "train.txt", max_documents=40)
     valid = load_documents(data / "apnews" / "valid.txt", max_documents=6)
-    tok, topic_tok = build_vocabularies(train, min_freq=3, stopwords=data / "stopwords" / "mallet_en.txt")
+    tok, topic_tok = build_vocabularies(train, min_freq=3, stopwords="mallet")
     return {family: figures(family, train, valid, tok, topic_tok) for family in FAMILIES}
 
 

@@ -433,7 +433,7 @@ def test_train_names_the_package_families_for_an_unknown_model_type_and_the_form
     (tmp_path / "train.csv").write_text("text\nthe court ruled\n")
     message = one_line_error(capsys, ["train", "--train_file", str(tmp_path / "train.csv"), "--output_dir",
                                       str(tmp_path / "o")])
-    assert "Cannot tell the format of" in message and "a corpus is a Lau .txt, JSON lines" in message
+    assert "Cannot tell the format of" in message and "a corpus is a Lau .txt[.gz], JSON lines" in message
     assert "pass format=" not in message
 
 

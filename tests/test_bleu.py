@@ -10,7 +10,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import DATA, requires_data
 from topic_lm_hf.evaluation import BleuResult, texygen_bleu, texygen_self_bleu
 from topic_lm_hf.evaluation.bleu import TEXYGEN_SAMPLE_SIZE
 
@@ -194,13 +193,17 @@ def test_clear_errors(call, message):
 
 
 # ----------------------------------------------------------------------------------------------
-# real data: APNEWS sentences
+# real data: Wikipedia sentences (wikipedia-sample, shipped with the package)
 # ----------------------------------------------------------------------------------------------
 
 
-def _sentences(path, count: int) -> list[list[str]]:
+def _sentences(name, count: int) -> list[list[str]]:
+    import gzip
+
+    from topic_lm_hf.data import EMBEDDED_CORPORA
+
     out = []
-    with open(path, encoding="utf-8") as f:
+    with gzip.open(EMBEDDED_CORPORA[name], "rt", encoding="utf-8") as f:
         for line in f:                                   # one document per line, sentences tab-separated
             out += [s.split() for s in line.rstrip("\n").split("\t") if s.strip()]
             if len(out) >= count:
@@ -209,10 +212,9 @@ def _sentences(path, count: int) -> list[list[str]]:
 
 
 @pytest.mark.slow
-@requires_data("apnews", "valid.txt")
-def test_real_apnews_sentences_match_nltk():
-    hyps = _sentences(DATA / "apnews" / "train.txt", 300)
-    refs = _sentences(DATA / "apnews" / "valid.txt", 800)
+def test_real_wikipedia_sentences_match_nltk():
+    hyps = _sentences("wikipedia-sample", 300)
+    refs = _sentences("wikipedia-sample/validation", 800)
     assert len(hyps) == 300 and len(refs) == 800
 
     start = time.perf_counter()

@@ -1,5 +1,6 @@
 """The carried-state loop shared by causal-carry evaluation, the sliding window and carried training
-(``run_carried_chunks``), driven directly on real APNEWS documents against each document run alone."""
+(``run_carried_chunks``), driven directly on real Wikipedia documents (wikipedia-sample) against each document run
+alone."""
 
 import pytest
 import torch
@@ -10,20 +11,20 @@ from topic_lm_hf.carried_state import run_carried_chunks
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-# Sentences kept of the first APNEWS training documents: not sorted by length, so the loop must reorder the rows,
-# and of different lengths, so the batch has padding chunks (and, at max_sentence_length=8, sentences of
+# Sentences kept of the first wikipedia-sample training documents: not sorted by length, so the loop must reorder the
+# rows, and of different lengths, so the batch has padding chunks (and, at max_sentence_length=8, sentences of
 # several chunks).
 SENTENCES = (2, 5, 1, 3, 5)
 
 
-def documents_batch(apnews, family):
+def documents_batch(wiki, family):
     """A documents batch of the cut documents, with the inputs ``family`` reads, and ``doc_index`` (b,): a tensor
     with one entry per document, which the loop cuts to each chunk's rows like any other."""
     context = "none" if family == "lstm_lm" else "preceding"
-    collator = TopicContextCollator(apnews["tok"], apnews["topic_tok"] if context != "none" else None,
+    collator = TopicContextCollator(wiki["tok"], wiki["topic_tok"] if context != "none" else None,
                                     context=context, layout="documents", max_sentence_length=8,
                                     sentence_prefix=family.startswith("nclm"))
-    docs = apnews["train"]["sentences"][:len(SENTENCES)]
+    docs = wiki["train"]["sentences"][:len(SENTENCES)]
     batch = collator([{"sentences": doc[:n]} for doc, n in zip(docs, SENTENCES)])
     batch["doc_index"] = torch.arange(len(SENTENCES))
     return {k: v.double() if v.is_floating_point() else v for k, v in batch.items()}
@@ -53,9 +54,9 @@ def naive_document_nll(model, batch, i):
 
 
 @pytest.mark.parametrize("family", ["lstm_lm", "tcnlm", "nclm-leta-sdt"])
-def test_the_loop_equals_each_document_run_alone(apnews, family):
-    batch = documents_batch(apnews, family)
-    model = tiny_model(family, apnews["tok"], apnews["topic_tok"]).double().eval()
+def test_the_loop_equals_each_document_run_alone(wiki, family):
+    batch = documents_batch(wiki, family)
+    model = tiny_model(family, wiki["tok"], wiki["topic_tok"]).double().eval()
     nll = torch.zeros(len(SENTENCES), dtype=torch.float64)
     tokens = torch.zeros(len(SENTENCES), dtype=torch.long)
     visits = []
@@ -82,7 +83,7 @@ def test_the_loop_equals_each_document_run_alone(apnews, family):
         assert nll[i].item() == pytest.approx(want, rel=1e-9), i
 
 
-def test_a_tokens_only_model_reads_each_document_as_one_sequence(apnews):
+def test_a_tokens_only_model_reads_each_document_as_one_sequence(wiki):
     """``carried_state_loss`` gives a model that reads nothing but its tokens (the LSTM) each document as one
     sequence (``document_sequences``): the same loss and gradients as the chunk loop (forced by a chunk callback),
     on documents of several chunks and sentences, with padding chunks; and the sequence is the document's tokens,
@@ -90,14 +91,14 @@ def test_a_tokens_only_model_reads_each_document_as_one_sequence(apnews):
     from topic_lm_hf.carried_state import document_sequences
     from topic_lm_hf.trainer import carried_state_loss
 
-    batch = documents_batch(apnews, "lstm_lm")
+    batch = documents_batch(wiki, "lstm_lm")
     batch.pop("doc_index")
     sequences = document_sequences(batch)
     # the document's sequence: <bos> w .. per sentence (a sentence's <eos> is a target, never an input, as in the
     # loop), then the last <eos>; and every chunk's targets once
-    tok = apnews["tok"]
+    tok = wiki["tok"]
     for i, n in enumerate(SENTENCES):
-        doc = apnews["train"]["sentences"][i][:n]
+        doc = wiki["train"]["sentences"][i][:n]
         expected = [t for sentence in doc for t in
                     [tok.bos_token_id, *tok(sentence, is_split_into_words=True, add_special_tokens=False)["input_ids"]]]
         expected.append(tok.eos_token_id)
@@ -110,7 +111,7 @@ def test_a_tokens_only_model_reads_each_document_as_one_sequence(apnews):
         assert (sequences["labels"][i, length:] == -100).all() and sequences["labels"][i, 0] == -100
 
     torch.manual_seed(0)
-    model = tiny_model("lstm_lm", apnews["tok"], apnews["topic_tok"], dropout=0.0).double().train()
+    model = tiny_model("lstm_lm", wiki["tok"], wiki["topic_tok"], dropout=0.0).double().train()
     grads = []
     for callback in (None, lambda labels, out: None):
         model.zero_grad()
@@ -124,7 +125,7 @@ def test_a_tokens_only_model_reads_each_document_as_one_sequence(apnews):
 
 
 @pytest.mark.parametrize("family", ["topic_rnn-lstm", "nclm-leta", "nclm-eta"])
-def test_a_topic_model_whose_recurrence_reads_only_tokens_runs_a_documents_batch_in_one_call(apnews, family):
+def test_a_topic_model_whose_recurrence_reads_only_tokens_runs_a_documents_batch_in_one_call(wiki, family):
     """TopicRNN and NCLM without sentence topics (``carries_documents_in_one_call``): the recurrence over each
     document's sequence and the rest on the batch of the documents' chunks, each with its own preceding-text context
     (``chunk_rows``), give the loss, every loss term and the gradients of the chunk loop (forced by a chunk
@@ -132,7 +133,7 @@ def test_a_topic_model_whose_recurrence_reads_only_tokens_runs_a_documents_batch
     from topic_lm_hf.carried_state import chunk_rows
     from topic_lm_hf.trainer import carried_state_loss
 
-    batch = documents_batch(apnews, family)
+    batch = documents_batch(wiki, family)
     batch.pop("doc_index")
     rows, document_tokens = chunk_rows(batch)
     real_chunks = int(batch["chunk_mask"].sum())
@@ -143,7 +144,7 @@ def test_a_topic_model_whose_recurrence_reads_only_tokens_runs_a_documents_batch
     fed = rows["attention_mask"].bool()  # as the loop feeds them: the chunk's tokens but its last
     assert torch.equal(sequence[document_tokens["positions"][fed]], rows["input_ids"][fed])
 
-    model = tiny_model(family, apnews["tok"], apnews["topic_tok"]).double().eval()
+    model = tiny_model(family, wiki["tok"], wiki["topic_tok"]).double().eval()
     assert model.carries_documents_in_one_call()
     results = []
     for callback in (None, lambda labels, out: None):
@@ -166,16 +167,16 @@ def test_a_topic_model_whose_recurrence_reads_only_tokens_runs_a_documents_batch
         assert not model.carries_documents_in_one_call()
 
 
-def test_topicrnns_batch_terms_in_one_call_are_taken_over_the_batch_of_chunks(apnews):
+def test_topicrnns_batch_terms_in_one_call_are_taken_over_the_batch_of_chunks(wiki):
     """With free bits and the bag-of-words term, TopicRNN's one-call carried loss takes them over the batch of all
     the documents' chunks, as chunk training over its batch: the reported bag-of-words loss is the rows' summed NLL
     per context word (the loop took it per batch of the documents' k-th chunks)."""
     from topic_lm_hf.carried_state import chunk_rows
     from topic_lm_hf.trainer import carried_state_loss
 
-    batch = documents_batch(apnews, "topic_rnn-lstm")
+    batch = documents_batch(wiki, "topic_rnn-lstm")
     batch.pop("doc_index")
-    model = tiny_model("topic_rnn-lstm", apnews["tok"], apnews["topic_tok"], bow_loss_weight=1.0,
+    model = tiny_model("topic_rnn-lstm", wiki["tok"], wiki["topic_tok"], bow_loss_weight=1.0,
                        kl_free_bits=0.5).double().eval()
     out = carried_state_loss(model, batch)
     rows, _ = chunk_rows(batch)
@@ -186,14 +187,14 @@ def test_topicrnns_batch_terms_in_one_call_are_taken_over_the_batch_of_chunks(ap
                                atol=1e-7)
 
 
-def test_a_model_asked_for_its_hidden_states_runs_the_chunk_loop(apnews):
+def test_a_model_asked_for_its_hidden_states_runs_the_chunk_loop(wiki):
     """With ``config.output_hidden_states`` the per-layer states are the chunks', so carried training keeps the loop
     (the one-call path refuses them) and trains as before."""
     from topic_lm_hf.trainer import carried_state_loss
 
-    batch = documents_batch(apnews, "topic_rnn-lstm")
+    batch = documents_batch(wiki, "topic_rnn-lstm")
     batch.pop("doc_index")
-    model = tiny_model("topic_rnn-lstm", apnews["tok"], apnews["topic_tok"]).double().eval()
+    model = tiny_model("topic_rnn-lstm", wiki["tok"], wiki["topic_tok"]).double().eval()
     expected = carried_state_loss(model, batch).loss
     model.config.output_hidden_states = True
     torch.testing.assert_close(carried_state_loss(model, batch).loss, expected, rtol=1e-6, atol=1e-9)

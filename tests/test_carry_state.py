@@ -1,5 +1,5 @@
 """Training with the recurrent state carried across a document (TopicLMTrainer(carry_state=True)): the
-vectorised loss and gradients against a per-document loop, the state really carries, a short APNEWS run
+vectorised loss and gradients against a per-document loop, the state really carries, a short wikipedia-sample run
 improves the causal-carry perplexity, and bad inputs get clear errors."""
 
 import math
@@ -21,17 +21,17 @@ LOOP_OVERRIDES = {"tcnlm": {"topic_loss_normalization": "lm_tokens", "kl_anneali
 LOOP_FAMILIES = {name: LOOP_OVERRIDES.get(name, {}) for name in variants(representative=True, reads_documents=False)}
 
 
-def short_documents(apnews, sentences=(2, 5, 3)):
-    """Real APNEWS documents cut to different numbers of sentences (the batch then has padding chunks)."""
-    docs = apnews["train"]["sentences"][:len(sentences)]
+def short_documents(wiki, sentences=(2, 5, 3)):
+    """Real wikipedia-sample documents cut to different numbers of sentences (the batch then has padding chunks)."""
+    docs = wiki["train"]["sentences"][:len(sentences)]
     return documents_from_lists([doc[:n] for doc, n in zip(docs, sentences)])
 
 
-def documents_batch(apnews, context="preceding", max_sentence_length=8, sentence_prefix=False):
-    collator = TopicContextCollator(apnews["tok"], apnews["topic_tok"] if context != "none" else None,
+def documents_batch(wiki, context="preceding", max_sentence_length=8, sentence_prefix=False):
+    collator = TopicContextCollator(wiki["tok"], wiki["topic_tok"] if context != "none" else None,
                                     context=context, layout="documents", max_sentence_length=max_sentence_length,
                                     sentence_prefix=sentence_prefix)
-    return collator([{"sentences": s} for s in short_documents(apnews)["sentences"]])
+    return collator([{"sentences": s} for s in short_documents(wiki)["sentences"]])
 
 
 def naive_loss(model, batch, bptt_chunks=None):
@@ -64,13 +64,13 @@ def gradients(model, loss):
 
 @pytest.mark.parametrize("family", list(LOOP_FAMILIES))
 @pytest.mark.parametrize("bptt_chunks", [None, 1, 2])
-def test_carried_loss_and_gradients_equal_a_per_document_loop(apnews, family, bptt_chunks):
+def test_carried_loss_and_gradients_equal_a_per_document_loop(wiki, family, bptt_chunks):
     context = "none" if family == "lstm_lm" else "preceding"
     # NCLM's sentence topics: each chunk also gets the topic words of its sentence before it (as in evaluation).
-    batch = documents_batch(apnews, context, sentence_prefix=family.startswith("nclm"))
+    batch = documents_batch(wiki, context, sentence_prefix=family.startswith("nclm"))
     assert batch["chunk_mask"].sum(1).unique().numel() == 3  # documents of different lengths: padding chunks
     # Evaluation mode (no dropout, no sampled topics: both computations see the same function); gradients still flow.
-    model = tiny_model(family, apnews["tok"], apnews["topic_tok"], **LOOP_FAMILIES[family]).double().eval()
+    model = tiny_model(family, wiki["tok"], wiki["topic_tok"], **LOOP_FAMILIES[family]).double().eval()
     double = {k: v.double() if v.is_floating_point() else v for k, v in batch.items()}
     out = carried_state_loss(model, double, bptt_chunks=bptt_chunks)
     expected = naive_loss(model, batch, bptt_chunks)
@@ -82,38 +82,38 @@ def test_carried_loss_and_gradients_equal_a_per_document_loop(apnews, family, bp
         torch.testing.assert_close(got[name], want[name], rtol=1e-5, atol=1e-8, msg=name)
 
 
-def test_bptt_truncation_changes_the_gradient_not_the_loss(apnews):
-    batch = documents_batch(apnews, "none")
-    model = tiny_model("lstm_lm", apnews["tok"], None).eval()
+def test_bptt_truncation_changes_the_gradient_not_the_loss(wiki):
+    batch = documents_batch(wiki, "none")
+    model = tiny_model("lstm_lm", wiki["tok"], None).eval()
     full, cut = carried_state_loss(model, batch), carried_state_loss(model, batch, bptt_chunks=1)
     assert full.loss.item() == pytest.approx(cut.loss.item(), rel=1e-6)
     g_full, g_cut = gradients(model, full.loss), gradients(model, cut.loss)
     assert not torch.allclose(g_full["model.lstm.weight_hh_l0"], g_cut["model.lstm.weight_hh_l0"])
 
 
-def test_training_lm_loss_equals_the_causal_carry_nll(apnews):
+def test_training_lm_loss_equals_the_causal_carry_nll(wiki):
     """In evaluation mode the carried lm_loss times the predicted tokens is evaluate_perplexity's causal-carry
     NLL of the same documents: training optimises what that protocol measures."""
-    docs = short_documents(apnews)
-    model = tiny_model("tcnlm", apnews["tok"], apnews["topic_tok"]).eval()
-    batch = documents_batch(apnews, "preceding", max_sentence_length=30)
+    docs = short_documents(wiki)
+    model = tiny_model("tcnlm", wiki["tok"], wiki["topic_tok"]).eval()
+    batch = documents_batch(wiki, "preceding", max_sentence_length=30)
     with torch.no_grad():
         out = carried_state_loss(model, batch)
     tokens = int((batch["labels"][..., 1:] != -100).sum())
-    result = evaluate_perplexity(model, docs, "causal-carry", tokenizer=apnews["tok"],
-                                 topic_tokenizer=apnews["topic_tok"], batch_size=2)
+    result = evaluate_perplexity(model, docs, "causal-carry", tokenizer=wiki["tok"],
+                                 topic_tokenizer=wiki["topic_tok"], batch_size=2)
     assert result["tokens"] == tokens
     assert out.lm_loss.item() * tokens == pytest.approx(result["nll"], rel=1e-5)
 
 
 @pytest.mark.parametrize("family", ["lstm_lm", "tcnlm"])
-def test_the_carried_state_carries(apnews, family):
+def test_the_carried_state_carries(wiki, family):
     """Perturbing the words of chunk 0 changes the loss of chunk 1 under carry, and not without it (the
     context bag of words is left as it was)."""
     context = "none" if family == "lstm_lm" else "preceding"
-    batch = documents_batch(apnews, context)
+    batch = documents_batch(wiki, context)
     # A larger initialisation than the default (0.1), so that the state after chunk 0 visibly matters.
-    model = tiny_model(family, apnews["tok"], apnews["topic_tok"], initializer_range=0.5).eval()
+    model = tiny_model(family, wiki["tok"], wiki["topic_tok"], initializer_range=0.5).eval()
 
     def chunk1_losses(batch):
         seen = []
@@ -126,7 +126,7 @@ def test_the_carried_state_carries(apnews, family):
     perturbed = {k: v.clone() for k, v in batch.items()}
     real = batch["attention_mask"][:, 0].bool()
     real[:, 0] = False  # keep <bos>
-    words = torch.randint(10, len(apnews["tok"]), real.shape)
+    words = torch.randint(10, len(wiki["tok"]), real.shape)
     perturbed["input_ids"][:, 0] = torch.where(real, words, batch["input_ids"][:, 0])
     perturbed["labels"][:, 0] = torch.where(real, words, batch["labels"][:, 0])
     with torch.no_grad():
@@ -139,16 +139,16 @@ def first_sentences(documents, n):
     return documents_from_lists([doc[:n] for doc in documents["sentences"]])
 
 
-def make_trainer(apnews, tmp_path, family="lstm_lm", context="preceding", layout="documents", sentences=None,
+def make_trainer(wiki, tmp_path, family="lstm_lm", context="preceding", layout="documents", sentences=None,
                  **kwargs):
-    model = tiny_model(family, apnews["tok"], apnews["topic_tok"])
-    collator = TopicContextCollator(apnews["tok"], apnews["topic_tok"] if context != "none" else None,
+    model = tiny_model(family, wiki["tok"], wiki["topic_tok"])
+    collator = TopicContextCollator(wiki["tok"], wiki["topic_tok"] if context != "none" else None,
                                     context=context, layout=layout)
     trainer_args = {k: kwargs.pop(k) for k in ("carry_state", "bptt_chunks") if k in kwargs}
     args = dict(output_dir=str(tmp_path), per_device_train_batch_size=4, learning_rate=1e-2, logging_steps=5,
                 report_to=[], use_cpu=True, disable_tqdm=True, save_strategy="no", seed=0, max_steps=1)
     args.update(kwargs)
-    train = apnews["train"].select(range(40))
+    train = wiki["train"].select(range(40))
     train = first_sentences(train, sentences) if sentences else train
     return TopicLMTrainer(model=model, args=TrainingArguments(**args), data_collator=collator,
                           train_dataset=collator.prepare(train), **trainer_args)
@@ -157,17 +157,17 @@ def make_trainer(apnews, tmp_path, family="lstm_lm", context="preceding", layout
 # (family, steps, sentences kept per document): TCNLM's LSTM steps through time in Python, so its documents are
 # cut to keep the test to seconds.
 @pytest.mark.parametrize("family, steps, sentences", [("lstm_lm", 30, None), ("tcnlm", 20, 6)])
-def test_apnews_training_with_carried_state_improves_causal_carry_perplexity(apnews, tmp_path, family, steps,
+def test_apnews_training_with_carried_state_improves_causal_carry_perplexity(wiki, tmp_path, family, steps,
                                                                              sentences):
     context = "none" if family == "lstm_lm" else "preceding"
-    trainer = make_trainer(apnews, tmp_path, family, context, sentences=sentences, carry_state=True, max_steps=steps,
+    trainer = make_trainer(wiki, tmp_path, family, context, sentences=sentences, carry_state=True, max_steps=steps,
                            gradient_accumulation_steps=2, per_device_train_batch_size=2)
-    valid = apnews["valid"].select(range(10))
+    valid = wiki["valid"].select(range(10))
     valid = first_sentences(valid, sentences) if sentences else valid
 
     def perplexity():
-        return evaluate_perplexity(trainer.model, valid, "causal-carry", tokenizer=apnews["tok"],
-                                   topic_tokenizer=apnews["topic_tok"])["perplexity"]
+        return evaluate_perplexity(trainer.model, valid, "causal-carry", tokenizer=wiki["tok"],
+                                   topic_tokenizer=wiki["topic_tok"])["perplexity"]
 
     before = perplexity()
     trainer.train()
@@ -175,7 +175,7 @@ def test_apnews_training_with_carried_state_improves_causal_carry_perplexity(apn
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     lm_losses = [h["lm_loss"] for h in trainer.state.log_history if "lm_loss" in h]
     assert losses[-1] < losses[0] - 0.5, losses
-    assert abs(lm_losses[0] - math.log(len(apnews["tok"]))) < 0.5  # per token, about ln V at initialisation
+    assert abs(lm_losses[0] - math.log(len(wiki["tok"]))) < 0.5  # per token, about ln V at initialisation
     assert math.isfinite(after) and after < before, (before, after)
     # Trainer.evaluate on documents batches: the carried state's perplexity, as evaluate_perplexity computes it.
     collator = trainer.data_collator
@@ -183,56 +183,56 @@ def test_apnews_training_with_carried_state_improves_causal_carry_perplexity(apn
     assert metrics["eval_perplexity"] == pytest.approx(after, rel=1e-4)
 
 
-def test_bad_inputs_get_clear_errors(apnews, tmp_path):
+def test_bad_inputs_get_clear_errors(wiki, tmp_path):
     with pytest.raises(ValueError, match="layout='documents'"):
-        make_trainer(apnews, tmp_path, layout="sentences", carry_state=True)
+        make_trainer(wiki, tmp_path, layout="sentences", carry_state=True)
     with pytest.raises(ValueError, match="context='preceding'"):
-        make_trainer(apnews, tmp_path, context="others", carry_state=True)
+        make_trainer(wiki, tmp_path, context="others", carry_state=True)
     with pytest.raises(ValueError, match="bptt_chunks must be"):
-        make_trainer(apnews, tmp_path, carry_state=True, bptt_chunks=0)
+        make_trainer(wiki, tmp_path, carry_state=True, bptt_chunks=0)
     with pytest.raises(ValueError, match="option of carry_state"):
-        make_trainer(apnews, tmp_path, bptt_chunks=2)
+        make_trainer(wiki, tmp_path, bptt_chunks=2)
     with pytest.raises(ValueError, match="label smoothing"):
-        make_trainer(apnews, tmp_path, carry_state=True, label_smoothing_factor=0.1)
+        make_trainer(wiki, tmp_path, carry_state=True, label_smoothing_factor=0.1)
     # a sentences batch given to the carried loss
-    model = tiny_model("lstm_lm", apnews["tok"], None)
-    sentences = TopicContextCollator(apnews["tok"], None, context="none")
-    batch = sentences([{"sentences": s} for s in short_documents(apnews)["sentences"]])
+    model = tiny_model("lstm_lm", wiki["tok"], None)
+    sentences = TopicContextCollator(wiki["tok"], None, context="none")
+    batch = sentences([{"sentences": s} for s in short_documents(wiki)["sentences"]])
     with pytest.raises(ValueError, match=r"documents batches .* without chunk_mask"):
         carried_state_loss(model, batch)
     # a documents batch given to a sentence model without carry_state
-    trainer = make_trainer(apnews, tmp_path, context="none")
+    trainer = make_trainer(wiki, tmp_path, context="none")
     with pytest.raises(ValueError, match="carry_state=True"):
         trainer.train()
     # models that cannot carry: no state; rGBN-RNN (documents natively); a leaky option
     from topic_lm_hf import LSTMLMForSequenceClassification, RGBNRNNConfig, RGBNRNNForCausalLM
 
     with pytest.raises(ValueError, match="takes no recurrent state"):
-        carried_state_loss(LSTMLMForSequenceClassification(model.config), documents_batch(apnews, "none"))
-    rgbn = RGBNRNNForCausalLM(RGBNRNNConfig.from_tokenizers(apnews["tok"], apnews["topic_tok"], topic_sizes=(4,),
+        carried_state_loss(LSTMLMForSequenceClassification(model.config), documents_batch(wiki, "none"))
+    rgbn = RGBNRNNForCausalLM(RGBNRNNConfig.from_tokenizers(wiki["tok"], wiki["topic_tok"], topic_sizes=(4,),
                                                             hidden_sizes=(8,), embedding_size=8))
     with pytest.raises(ValueError, match="reads whole documents"):
-        carried_state_loss(rgbn, documents_batch(apnews))
-    leaky = tiny_model("nclm-leta-sdt", apnews["tok"], apnews["topic_tok"], sdt_mode="minus_target")
+        carried_state_loss(rgbn, documents_batch(wiki))
+    leaky = tiny_model("nclm-leta-sdt", wiki["tok"], wiki["topic_tok"], sdt_mode="minus_target")
     with pytest.raises(ValueError, match="reads words it predicts"):
-        carried_state_loss(leaky, documents_batch(apnews))
+        carried_state_loss(leaky, documents_batch(wiki))
 
 
 @pytest.mark.parametrize("family", ["tcnlm", "topic_rnn-lstm"])
-def test_a_documents_batch_counts_once_for_kl_annealing(apnews, family):
-    model = tiny_model(family, apnews["tok"], apnews["topic_tok"], kl_annealing_steps=100).train()
-    batch = documents_batch(apnews)
+def test_a_documents_batch_counts_once_for_kl_annealing(wiki, family):
+    model = tiny_model(family, wiki["tok"], wiki["topic_tok"], kl_annealing_steps=100).train()
+    batch = documents_batch(wiki)
     assert batch["chunk_mask"].shape[1] > 1
     carried_state_loss(model, batch)
     assert int(model.kl_annealing_step) == 1  # as one sentences batch, not once per chunk
 
 
-def test_resumed_carried_training_equals_the_uninterrupted_run(apnews, tmp_path):
+def test_resumed_carried_training_equals_the_uninterrupted_run(wiki, tmp_path):
     kwargs = dict(context="none", sentences=4, carry_state=True, bptt_chunks=3, max_steps=4, save_strategy="steps",
                   save_steps=2, per_device_train_batch_size=2, gradient_accumulation_steps=2)
-    whole = make_trainer(apnews, tmp_path / "whole", **kwargs)
+    whole = make_trainer(wiki, tmp_path / "whole", **kwargs)
     whole.train()
-    resumed = make_trainer(apnews, tmp_path / "resumed", **kwargs)
+    resumed = make_trainer(wiki, tmp_path / "resumed", **kwargs)
     resumed.train(resume_from_checkpoint=str(tmp_path / "whole" / "checkpoint-2"))
     for (name, a), b in zip(whole.model.named_parameters(), resumed.model.parameters()):
         torch.testing.assert_close(a, b, msg=name)

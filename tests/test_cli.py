@@ -56,6 +56,23 @@ def test_demo_on_the_synthetic_corpus_says_so(tmp_path, capsys):
         assert (tmp_path / name / "topic_tokenizer" / "tokenizer.json").exists()
 
 
+def test_demo_trains_on_the_wikipedia_sample_by_default(tmp_path, capsys, monkeypatch):
+    """A fresh clone, nothing beside it: the demo reads the corpus and the NPMI reference that ship with the package."""
+    monkeypatch.delenv("TOPIC_LM_DATA", raising=False)
+    monkeypatch.chdir(tmp_path)  # no corpus folder near the working directory either
+    main(["demo", "--train_seconds", "1", "--eval_documents", "4", "--npmi_documents", "100",
+          "--output_dir", str(tmp_path / "demo")])
+    out = capsys.readouterr().out
+    assert "SYNTHETIC" not in out
+    assert "wikipedia-sample (900 docs) / wikipedia-sample/validation (100 docs)" in out
+    npmi = re.search(r"mean NPMI (-?[\d.]+) \(lau2014 preset, npmi_reference\.txt\.gz .*?100 documents", out)
+    assert npmi and -1 <= float(npmi.group(1)) <= 1, out
+    topics = re.findall(r"^ +topic +\d+ +NPMI [+-][\d.]+ +(.+)$", out, re.M)
+    assert len(topics) == 8 and all(len(words.split()) == 10 for words in topics)  # real words of the sample
+    label = demo.TOPIC_FAMILIES[demo.DEMO_FAMILY][0]
+    assert re.search(rf"\| {label} \| causal \| sentences before j \| [\d.]+ \|", out)
+
+
 @pytest.mark.parametrize("family", [f for f in demo.TOPIC_FAMILIES if f != demo.DEMO_FAMILY])
 def test_demo_trains_any_topic_family_when_asked(family, tmp_path, capsys):
     main(["demo", "--synthetic", "--family", family, "--train_seconds", "1", "--eval_documents", "4",
@@ -102,38 +119,38 @@ def test_demo_progress_is_a_line_per_ten_seconds_however_fast_the_steps(monkeypa
                for line in lines)
 
 
-@requires_data("apnews", "train.txt")
-def test_train_evaluate_generate_commands_on_apnews(tmp_path, capsys, caplog):
+def test_train_evaluate_generate_commands_on_the_wikipedia_sample(tmp_path, capsys, caplog):
     out_dir = tmp_path / "lstm"
     with caplog.at_level(logging.INFO, logger="topic_lm_hf.fast_path"):
-        main(["train", "--train_file", str(DATA / "apnews" / "train.txt"), "--max_train_documents", "150",
-              "--validation_file", str(DATA / "apnews" / "valid.txt"), "--max_eval_documents", "20",
+        main(["train", "--train_file", "wikipedia-sample", "--max_train_documents", "150",
+              "--validation_file", "wikipedia-sample/validation", "--max_eval_documents", "20",
               "--config_overrides", "embedding_size=32,hidden_size=32", "--min_freq", "3",
               "--output_dir", str(out_dir), "--max_steps", "20", "--per_device_train_batch_size", "16",
               "--report_to", "none", "--use_cpu", "--eval_strategy", "steps", "--eval_steps", "20"])
     # one line says which training path the run took, and why
     assert len([r for r in caplog.records if r.getMessage().startswith("Training in ")]) == 1
     assert (out_dir / "model.safetensors").exists()
-    main(["evaluate", "--model_name_or_path", str(out_dir), "--validation_file", str(DATA / "apnews" / "valid.txt"),
+    main(["evaluate", "--model_name_or_path", str(out_dir), "--validation_file", "wikipedia-sample/validation",
           "--max_eval_documents", "10"])
     out = capsys.readouterr().out
     rows = re.findall(r"\| (paper|causal|causal-carry) \| .*? \| ([\d.]+) \| (\d+) \|", out)
     assert [r[0] for r in rows] == ["paper", "causal", "causal-carry"]
     assert all(1 < float(r[1]) < 5000 for r in rows)
     # export: an upload-ready folder whose card carries the rows evaluate wrote next to the model
-    main(["export", "--model_name_or_path", str(out_dir), "--repo_id", "me/lstm-apnews",
+    main(["export", "--model_name_or_path", str(out_dir), "--repo_id", "me/lstm-wiki",
           "--output_dir", str(tmp_path / "export")])
-    assert "upload it with `hf upload me/lstm-apnews" in capsys.readouterr().out
+    assert "upload it with `hf upload me/lstm-wiki" in capsys.readouterr().out
     from huggingface_hub import ModelCard
 
     card = ModelCard.load(tmp_path / "export" / "README.md")
     measured = {r.metric_config: r.metric_value for r in card.data.eval_results}
     assert measured == {protocol: round(float(value), 2) for protocol, value, _ in rows}
-    assert card.data.eval_results[0].dataset_name == "apnews/valid.txt" and 'repo = "me/lstm-apnews"' in card.text
+    assert card.data.eval_results[0].dataset_name == "wikipedia-sample/validation"
+    assert 'repo = "me/lstm-wiki"' in card.text
     assert {"modeling_lstm_lm.py", "tokenizer.json", "model.safetensors"} <= {p.name for p in (tmp_path / "export").iterdir()}
-    main(["generate", "--model_name_or_path", str(out_dir), "--prompt", "The Senate voted", "--max_new_tokens", "5",
+    main(["generate", "--model_name_or_path", str(out_dir), "--prompt", "The city was", "--max_new_tokens", "5",
           "--num_beams", "2", "--num_return_sequences", "2"])
-    lines = [l for l in capsys.readouterr().out.splitlines() if l.startswith("the senate ")]
+    lines = [l for l in capsys.readouterr().out.splitlines() if l.startswith("the city was ")]
     assert len(lines) == 2 and all(3 < len(l.split()) <= 3 + 5 for l in lines)  # prompt + up to 5 new tokens
     with pytest.raises(SystemExit) as exit_:
         main(["topics", "--model_name_or_path", str(out_dir)])
@@ -158,33 +175,31 @@ def test_build_model_sizes_a_topic_rnn_to_the_vocabularies():
         assert config.topic_word_ids[index] == (-1 if word == "<unk>" else lm_vocab[word])
 
 
-@requires_data("apnews", "train.txt")
-def test_evaluate_refuses_a_folder_whose_weights_belong_to_another_model(apnews, tmp_path, capsys):
+def test_evaluate_refuses_a_folder_whose_weights_belong_to_another_model(wiki, tmp_path, capsys):
     """config.json of a TCNLM next to an LSTM's weights (a folder two runs wrote into): evaluate
     used to print a perplexity of a random model and exit 0."""
     from conftest import tiny_model
     from topic_lm_hf import save_vocabularies
 
     folder = tmp_path / "mixed"
-    tiny_model("lstm_lm", apnews["tok"], apnews["topic_tok"]).save_pretrained(folder)
-    save_vocabularies(apnews["tok"], apnews["topic_tok"], folder)
-    tiny_model("tcnlm", apnews["tok"], apnews["topic_tok"]).config.save_pretrained(folder)
+    tiny_model("lstm_lm", wiki["tok"], wiki["topic_tok"]).save_pretrained(folder)
+    save_vocabularies(wiki["tok"], wiki["topic_tok"], folder)
+    tiny_model("tcnlm", wiki["tok"], wiki["topic_tok"]).config.save_pretrained(folder)
     with pytest.raises(SystemExit) as exit_:
         main(["evaluate", "--model_name_or_path", str(folder), "--validation_file",
-              str(DATA / "apnews" / "valid.txt"), "--max_eval_documents", "5", "--protocols", "causal"])
+              "wikipedia-sample/validation", "--max_eval_documents", "5", "--protocols", "causal"])
     assert exit_.value.code == 2
     assert re.match(r"topic-lm evaluate: error: .*lacks \d+ weight\(s\) of TCNLMForCausalLM", capsys.readouterr().err)
 
 
-@requires_data("apnews", "train.txt")
 def test_a_checkpoint_holds_both_tokenizers_and_is_evaluated_and_its_topics_printed(tmp_path, capsys):
     """checkpoint-* folders lacked topic_tokenizer/, and `topics` / `evaluate` on them failed with
     an error asking for sentencepiece or tiktoken."""
     import shutil
 
     out_dir = tmp_path / "tcnlm"
-    main(["train", "--train_file", str(DATA / "apnews" / "train.txt"), "--max_train_documents", "60",
-          "--validation_file", str(DATA / "apnews" / "valid.txt"), "--max_eval_documents", "5",
+    main(["train", "--train_file", "wikipedia-sample", "--max_train_documents", "60",
+          "--validation_file", "wikipedia-sample/validation", "--max_eval_documents", "5",
           "--model_type", "tcnlm", "--config_overrides", "embedding_size=16,hidden_size=16,num_topics=3",
           "--recipe", "paper", "--min_freq", "3", "--output_dir", str(out_dir), "--max_steps", "2", "--save_steps", "2",
           "--per_device_train_batch_size", "8", "--report_to", "none", "--use_cpu", "--eval_strategy", "no"])
@@ -194,7 +209,7 @@ def test_a_checkpoint_holds_both_tokenizers_and_is_evaluated_and_its_topics_prin
     main(["topics", "--model_name_or_path", str(checkpoint), "--top_n", "5"])
     topics = [l for l in capsys.readouterr().out.splitlines() if l.startswith("topic ")]
     assert len(topics) == 3 and all(len(l.split(":")[1].split()) == 5 for l in topics)
-    main(["evaluate", "--model_name_or_path", str(checkpoint), "--validation_file", str(DATA / "apnews" / "valid.txt"),
+    main(["evaluate", "--model_name_or_path", str(checkpoint), "--validation_file", "wikipedia-sample/validation",
           "--max_eval_documents", "3", "--protocols", "paper"])
     assert re.search(r"\| paper \| .*? \| [\d.]+ \| \d+ \|", capsys.readouterr().out)
 
@@ -202,7 +217,7 @@ def test_a_checkpoint_holds_both_tokenizers_and_is_evaluated_and_its_topics_prin
     assert re.search(r"checkpoint-2 has no topic tokenizer \(no topic_tokenizer/tokenizer\.json",
                      user_error(capsys, ["topics", "--model_name_or_path", str(checkpoint)]))
     assert "has no topic tokenizer" in user_error(capsys, [
-        "evaluate", "--model_name_or_path", str(checkpoint), "--validation_file", str(DATA / "apnews" / "valid.txt"),
+        "evaluate", "--model_name_or_path", str(checkpoint), "--validation_file", "wikipedia-sample/validation",
         "--max_eval_documents", "3", "--protocols", "paper"])
 # ----------------------------------------------------------------------------------------------
 # the command line itself: help, unknown flags, configuration overrides, progress, no noise
@@ -246,7 +261,7 @@ def test_evaluate_help_lists_only_the_flags_evaluate_uses():
 
 def test_stopwords_help_documents_mallet():
     (action,) = [a for a in command_parser("train")._actions if a.dest == "stopwords"]
-    assert "'mallet'" in action.help and "mallet_en.txt" in action.help
+    assert action.default == "mallet" and "'mallet'" in action.help and "shipped with the package" in action.help
 
 
 def test_top_level_help_lists_every_subcommand(capsys):
@@ -336,16 +351,15 @@ def test_train_and_evaluate_show_progress_without_pin_memory_noise(synthetic_fil
     assert re.search(r"\| causal \| .* \| [\d.]+ \| \d+ \|", capsys.readouterr().out)
 
 
-@requires_data("apnews", "train.txt")
 def test_train_an_nclm_with_a_topic_model_phase_then_evaluate_and_generate_from_topics(tmp_path, capsys):
     out_dir = tmp_path / "nclm"
-    main(["train", "--train_file", str(DATA / "apnews" / "train.txt"), "--max_train_documents", "80",
+    main(["train", "--train_file", "wikipedia-sample", "--max_train_documents", "80",
           "--model_type", "nclm", "--recipe", "paper", "--context", "preceding", "--min_freq", "3",
           "--pretraining_phases", "topic_model:4",
           "--config_overrides", "variant=leta,sentence_topics=true,num_topics=6,embedding_size=16,hidden_size=16",
           "--output_dir", str(out_dir), "--max_steps", "8", "--per_device_train_batch_size", "16",
           "--report_to", "none", "--use_cpu"])
-    main(["evaluate", "--model_name_or_path", str(out_dir), "--validation_file", str(DATA / "apnews" / "valid.txt"),
+    main(["evaluate", "--model_name_or_path", str(out_dir), "--validation_file", "wikipedia-sample/validation",
           "--max_eval_documents", "5"])
     rows = re.findall(r"\| (paper|causal|causal-carry) \| .*? \| ([\d.]+) \| (\d+) \|", capsys.readouterr().out)
     assert [r[0] for r in rows] == ["paper", "causal", "causal-carry"] and len({r[2] for r in rows}) == 1
@@ -374,8 +388,8 @@ def test_train_uses_the_steering_recipe_by_default_and_the_papers_training_one_f
 
     from topic_lm_hf import STEERING_RECIPE, steering_recipe
 
-    common = ["--train_file", str(DATA / "apnews" / "train.txt"), "--max_train_documents", "60",
-              "--validation_file", str(DATA / "apnews" / "valid.txt"), "--max_eval_documents", "8",
+    common = ["--train_file", "wikipedia-sample", "--max_train_documents", "60",
+              "--validation_file", "wikipedia-sample/validation", "--max_eval_documents", "8",
               "--min_freq", "3", "--max_steps", "3", "--per_device_train_batch_size", "16", "--report_to", "none",
               "--use_cpu"]
     out_dir = tmp_path / "topic_rnn"
@@ -430,7 +444,7 @@ def test_train_uses_the_steering_recipe_by_default_and_the_papers_training_one_f
     again = build_model(saved, *load_vocabularies(tmp_path / "p"))
     assert again.config.theta_transform is None and pretraining_steps(saved, again) == 0
     # a model without topics: no recipe, no pre-training; asking for pre-training is a user error
-    lstm = ["train", "--train_file", str(DATA / "apnews" / "train.txt"), "--max_train_documents", "20",
+    lstm = ["train", "--train_file", "wikipedia-sample", "--max_train_documents", "20",
             "--min_freq", "3", "--model_type", "lstm_lm", "--output_dir", str(tmp_path / "lstm"), "--max_steps", "1",
             "--use_cpu", "--report_to", "none"]
     main(lstm)

@@ -137,24 +137,26 @@ def test_make_bow_counts_raw_text(vocabs):
     assert bow[1].sum() == 1 and bow[:, 0].sum() == 0
 
 
-def test_training_from_a_stream_that_is_never_fully_loaded(apnews, tmp_path):
+def test_training_from_a_stream_that_is_never_fully_loaded(wiki, tmp_path):
     """TopicLMTrainer trains (max_steps) on rows made from a corpus read line by line as training goes."""
     import datasets
     from transformers import TrainingArguments
 
-    from conftest import DATA
+    import gzip
+
     from topic_lm_hf import TCNLMConfig, TCNLMForCausalLM, TopicLMTrainer, load_documents
+    from topic_lm_hf.data import EMBEDDED_CORPORA
 
     read = []
 
     def lines():
-        with open(DATA / "apnews" / "train.txt", encoding="utf-8") as f:
+        with gzip.open(EMBEDDED_CORPORA["wikipedia-sample"], "rt", encoding="utf-8") as f:
             for line in f:
                 read.append(1)
                 yield {"text": line}
 
     documents = load_documents(datasets.IterableDataset.from_generator(lines), format="lau")
-    tok, topic_tok = apnews["tok"], apnews["topic_tok"]
+    tok, topic_tok = wiki["tok"], wiki["topic_tok"]
     collator = TopicContextCollator(tok, topic_tok, context="others")
     rows = collator.prepare(documents)
     assert isinstance(rows, datasets.IterableDataset)
@@ -170,7 +172,7 @@ def test_training_from_a_stream_that_is_never_fully_loaded(apnews, tmp_path):
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     assert len(losses) == 4 and all(torch.isfinite(torch.tensor(losses)))
     assert all(h["bow_loss"] > 1 for h in trainer.state.log_history if "loss" in h)  # the contexts were used
-    assert 0 < len(read) < 400  # of 1,800 documents: the corpus was read only as far as training needed
+    assert 0 < len(read) < 400  # of 900 documents: the corpus was read only as far as training needed
 
 
 def test_a_plain_trainer_that_dropped_the_collators_columns_gets_told_what_to_do(tmp_path):

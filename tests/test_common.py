@@ -116,14 +116,14 @@ def _left_aligned(input_ids, attention_mask):
 
 
 @pytest.mark.parametrize("family", variants(reads_documents=False))  # rGBN-RNN: a chunk is not its input
-def test_a_fully_padded_row_in_eval_and_generate(apnews, family):
+def test_a_fully_padded_row_in_eval_and_generate(wiki, family):
     """Chunk j of a documents-layout batch is all padding for a document with fewer chunks; every
     family runs it (it used to raise TypeError in run_rnn), the padded row keeps the initial
     state and the real rows are unaffected."""
-    tok, topic_tok = apnews["tok"], apnews["topic_tok"]
+    tok, topic_tok = wiki["tok"], wiki["topic_tok"]
     model = tiny_model(family, tok, topic_tok).eval()
     collator = TopicContextCollator(tok, topic_tok, context="preceding", layout="documents")
-    prepared = collator.prepare(apnews["valid"])
+    prepared = collator.prepare(wiki["valid"])
     n_chunks = [len(ids) for ids in prepared["input_ids"]]
     short, long = n_chunks.index(min(n_chunks)), n_chunks.index(max(n_chunks))
     batch = collator([prepared[short], prepared[long]])
@@ -165,22 +165,22 @@ def test_numpy_topic_ids_are_read_as_ids():
     (torch.tensor([True]), "dtype torch.bool"), ("37", "got the string '37'"), (2.0, r"got 2\.0 \(float\)"),
     ([[[1]]], r"got \[1\] \(list\) in row 0"), ([[1], 2], "mixes single ids and lists"),
     ([["3"]], r"got '3' \(str\)"), (torch.zeros(1, 1, 1, dtype=torch.long), "1 or 2 dimensions")])
-def test_topic_ids_that_are_not_integer_ids_are_clear_errors(apnews, bad, message):
+def test_topic_ids_that_are_not_integer_ids_are_clear_errors(wiki, bad, message):
     """Given to generate() as a user would: int() used to turn 1.7 and True into topic 1 and "37"
     into the topics 3 and 7, and [1.7] was a bare TypeError."""
-    model = tiny_model("tcnlm", apnews["tok"], apnews["topic_tok"]).eval()
+    model = tiny_model("tcnlm", wiki["tok"], wiki["topic_tok"]).eval()
     with pytest.raises(ValueError, match=message):
         model.generate(topic_ids=bad, max_new_tokens=2, do_sample=False)
 
 
 @pytest.mark.parametrize("family", ["tcnlm", "topic_rnn-gru"])
-def test_a_documents_layout_context_bow_is_a_clear_error(apnews, family):
+def test_a_documents_layout_context_bow_is_a_clear_error(wiki, family):
     """(b, chunks, V_c) bags from a documents-layout batch: one bag per row is needed (this used to
     crash inside the model, or blame topic_mixture at the second generation step)."""
-    tok, topic_tok = apnews["tok"], apnews["topic_tok"]
+    tok, topic_tok = wiki["tok"], wiki["topic_tok"]
     model = tiny_model(family, tok, topic_tok).eval()
     collator = TopicContextCollator(tok, topic_tok, context="preceding", layout="documents")
-    batch = collator(collator.prepare(apnews["valid"].select(range(2))).to_list())
+    batch = collator(collator.prepare(wiki["valid"].select(range(2))).to_list())
     ids, mask, bow = batch["input_ids"][:, 0], batch["attention_mask"][:, 0], batch["context_bow"]
     assert bow.dim() == 3
     with pytest.raises(ValueError, match=r"context_bow must have shape \(b, \d+\).*got shape \(2, \d+, \d+\)"):
@@ -191,14 +191,14 @@ def test_a_documents_layout_context_bow_is_a_clear_error(apnews, family):
         model(input_ids=ids, attention_mask=mask, context_bow=[["a"] * bow.shape[-1]] * 2)
 
 
-def test_a_checkpoint_that_lacks_weights_of_the_model_is_an_error(apnews, tmp_path):
+def test_a_checkpoint_that_lacks_weights_of_the_model_is_an_error(wiki, tmp_path):
     """transformers only warns and leaves missing weights random; a checkpoint of another family
     then evaluated and generated as if trained."""
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
     from topic_lm_hf import TCNLMForCausalLM
 
-    tok, topic_tok = apnews["tok"], apnews["topic_tok"]
+    tok, topic_tok = wiki["tok"], wiki["topic_tok"]
     tiny_model("lstm_lm", tok, topic_tok).save_pretrained(tmp_path / "lstm")
     with pytest.raises(OSError, match=r"lacks \d+ weight\(s\) of TCNLMForCausalLM .*model\.layers.*another model"):
         TCNLMForCausalLM.from_pretrained(tmp_path / "lstm")

@@ -8,28 +8,35 @@ import pytest
 
 from conftest import DATA, MALLET, requires_data
 from topic_lm_hf import build_vocabularies, check_vocabularies, documents_from_lists, load_documents
-from topic_lm_hf.data import SPECIAL_TOKENS, load_vocabularies, read_stopwords, save_vocabularies, tokenize_text
+from topic_lm_hf.data import (EMBEDDED_CORPORA, SPECIAL_TOKENS, load_vocabularies, read_stopwords, save_vocabularies,
+                              tokenize_text)
+
+VALIDATION = EMBEDDED_CORPORA["wikipedia-sample/validation"]  # a Lau-format .txt.gz that ships with the package
 
 
-@requires_data("apnews", "valid.txt")
-def test_lau_format_matches_the_raw_file():
-    docs = load_documents(DATA / "apnews" / "valid.txt")
-    lines = (DATA / "apnews" / "valid.txt").read_text(encoding="utf-8").splitlines()
-    assert isinstance(docs, datasets.Dataset) and len(docs) == len([l for l in lines if l.strip()])
+def raw_lines(path):
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        return f.read().splitlines()
+
+
+@pytest.mark.parametrize("source", ["wikipedia-sample/validation", VALIDATION], ids=["name", "path"])
+def test_lau_format_matches_the_raw_file(source):
+    docs = load_documents(source)
+    lines = raw_lines(VALIDATION)
+    assert isinstance(docs, datasets.Dataset) and len(docs) == len([l for l in lines if l.strip()]) == 100
     first = lines[0].split("\t")
     assert docs[0]["sentences"][0] == first[0].split()
     assert len(docs[0]["sentences"]) == len([s for s in first if s.strip()])
 
 
-@requires_data("apnews", "valid.txt")
 @pytest.mark.parametrize("streaming", [False, True])
 def test_a_byte_order_mark_is_not_part_of_the_first_word(tmp_path, streaming):
     """A Lau-format file saved by a Windows editor starts with a UTF-8 byte-order mark."""
-    lines = (DATA / "apnews" / "valid.txt").read_text(encoding="utf-8").splitlines()[:20]
+    lines = raw_lines(VALIDATION)[:20]
     (tmp_path / "bom.txt").write_bytes(b"\xef\xbb\xbf" + "\n".join(lines).encode("utf-8") + b"\n")
     docs = list(load_documents(tmp_path / "bom.txt", streaming=streaming))
     assert docs[0]["sentences"][0] == lines[0].split("\t")[0].split()
-    tok, _ = build_vocabularies(docs, min_freq=1)
+    tok, _ = build_vocabularies([doc["sentences"] for doc in docs], min_freq=1)  # rows: their sentences
     assert not any(w.startswith("\ufeff") for w in tok.get_vocab())
 
 
@@ -78,10 +85,9 @@ def test_empty_documents_are_skipped_or_rejected(tmp_path):
         load_documents(tmp_path / "missing.txt")
 
 
-@requires_data("apnews", "train.txt")
-def test_vocabulary_statistics_on_apnews_train():
-    docs = load_documents(DATA / "apnews" / "train.txt")
-    tok, topic_tok = build_vocabularies(docs, min_freq=10, stopwords=MALLET)
+def test_vocabulary_statistics_on_the_wikipedia_sample():
+    docs = load_documents("wikipedia-sample")
+    tok, topic_tok = build_vocabularies(docs, min_freq=10)  # MALLET's stop list by default
     vocab, topic_vocab = tok.get_vocab(), topic_tok.get_vocab()
     assert [vocab[t] for t in SPECIAL_TOKENS] == [0, 1, 2, 3]
     counts = {}
@@ -107,7 +113,12 @@ def test_vocabulary_statistics_on_apnews_train():
 def test_default_stop_list_and_min_doc_freq():
     docs = documents_from_lists([[["the", "cat", "sat", "on", "mat"]], [["the", "cat", "ran", "42"]]])
     tok, topic_tok = build_vocabularies(docs, min_freq=1, top_fraction=0)
-    assert "the" in tok.get_vocab() and "the" not in topic_tok.get_vocab()  # scikit-learn's English list
+    assert "the" in tok.get_vocab() and "the" not in topic_tok.get_vocab()  # MALLET's English list, the default
+    mallet = read_stopwords()
+    # 524 lines, "would" twice
+    assert len(mallet) == 523 and {"the", "would", "whereupon"} <= mallet and "cat" not in mallet
+    assert read_stopwords("mallet") == read_stopwords(MALLET) == mallet  # by name or by the package's file
+    assert read_stopwords("none") == read_stopwords(None) == frozenset()
     assert "42" in tok.get_vocab() and "42" not in topic_tok.get_vocab()
     _, topic_tok2 = build_vocabularies(docs, min_freq=1, top_fraction=0, min_doc_freq=2, stopwords=None)
     assert set(topic_tok2.get_vocab()) == {"<unk>", "cat", "the"}
@@ -146,21 +157,21 @@ def _train_briefly(model, tok, topic_tok, docs, folder, context):
 
 
 @requires_data("brown", "train.txt")
-def test_a_same_size_tokenizer_of_another_corpus_is_refused(apnews, tmp_path):
-    """A Brown tokenizer as large as the APNEWS one used to be accepted, and gave a perplexity."""
+def test_a_same_size_tokenizer_of_another_corpus_is_refused(wiki, tmp_path):
+    """A Brown tokenizer as large as the model's own used to be accepted, and gave a perplexity."""
     from transformers import AutoModelForCausalLM
 
     from conftest import tiny_model
     from topic_lm_hf import evaluate_perplexity
 
-    tok, topic_tok = apnews["tok"], apnews["topic_tok"]
+    tok, topic_tok = wiki["tok"], wiki["topic_tok"]
     other, _ = build_vocabularies(load_documents(DATA / "brown" / "train.txt"), min_freq=1, stopwords=MALLET,
                                   max_vocab_size=len(tok) - len(SPECIAL_TOKENS))
     assert len(other) == len(tok)
-    _train_briefly(tiny_model("lstm_lm", tok, topic_tok), tok, topic_tok, apnews["train"].select(range(20)),
+    _train_briefly(tiny_model("lstm_lm", tok, topic_tok), tok, topic_tok, wiki["train"].select(range(20)),
                    tmp_path, context="none")
     model = AutoModelForCausalLM.from_pretrained(tmp_path)
-    valid = apnews["valid"].select(range(3))
+    valid = wiki["valid"].select(range(3))
     assert evaluate_perplexity(model, valid, "causal")["perplexity"] > 1  # with the tokenizers saved beside it
     with pytest.raises(ValueError, match="LM tokenizer is not the one the model was trained with"):
         evaluate_perplexity(model, valid, "causal", tokenizer=other)
@@ -169,10 +180,10 @@ def test_a_same_size_tokenizer_of_another_corpus_is_refused(apnews, tmp_path):
     del old.config.vocab_hash
     assert evaluate_perplexity(old, valid, "causal", tokenizer=tok)["perplexity"] > 1
     with pytest.raises(ValueError, match="vocab_size"):
-        check_vocabularies(build_vocabularies(apnews["valid"], min_freq=1)[0], config=old.config)
+        check_vocabularies(build_vocabularies(wiki["valid"], min_freq=1)[0], config=old.config)
 
 
-def test_a_topic_tokenizer_with_the_same_words_in_another_order_is_refused(apnews, tmp_path):
+def test_a_topic_tokenizer_with_the_same_words_in_another_order_is_refused(wiki, tmp_path):
     """Same size, same words, other ids: every bag of words would be scrambled."""
     from transformers import AutoModelForCausalLM
 
@@ -180,21 +191,20 @@ def test_a_topic_tokenizer_with_the_same_words_in_another_order_is_refused(apnew
     from topic_lm_hf import evaluate_perplexity
     from topic_lm_hf.data import UNK, _word_level_tokenizer
 
-    tok, topic_tok = apnews["tok"], apnews["topic_tok"]
+    tok, topic_tok = wiki["tok"], wiki["topic_tok"]
     words = [w for w, _ in sorted(topic_tok.get_vocab().items(), key=lambda item: item[1]) if w != UNK]
     reordered = _word_level_tokenizer([UNK] + words[::-1], add_bos=False)
-    _train_briefly(tiny_model("tcnlm", tok, topic_tok), tok, topic_tok, apnews["train"].select(range(20)), tmp_path,
+    _train_briefly(tiny_model("tcnlm", tok, topic_tok), tok, topic_tok, wiki["train"].select(range(20)), tmp_path,
                    context="others")
     model = AutoModelForCausalLM.from_pretrained(tmp_path)
     assert model.config.topic_vocab_hash != model.config.vocab_hash
-    valid = apnews["valid"].select(range(3))
+    valid = wiki["valid"].select(range(3))
     with pytest.raises(ValueError, match="topic tokenizer is not the one the model was trained with"):
         evaluate_perplexity(model, valid, "paper", topic_tokenizer=reordered)
-@requires_data("apnews", "valid.txt")
 def test_streaming_gives_the_same_documents_and_vocabularies(caplog):
     import itertools
 
-    path = DATA / "apnews" / "valid.txt"
+    path = VALIDATION
     docs = load_documents(path)
     stream = load_documents(path, streaming=True)
     assert isinstance(stream, datasets.IterableDataset) and stream.column_names == ["sentences"]
@@ -254,3 +264,60 @@ def test_a_text_column_without_text_is_named():
 def test_a_folder_for_a_corpus_says_to_give_a_file_in_it(tmp_path):
     with pytest.raises(IsADirectoryError, match="is a folder: give one corpus file in it"):
         load_documents(tmp_path)
+
+
+# ----------------------------------------------------------------------------------------------
+# the corpora that ship with the package, and the full ones of $TOPIC_LM_DATA
+# ----------------------------------------------------------------------------------------------
+
+
+def _attribution_ids() -> dict[str, list[str]]:
+    """The Wikipedia ids ATTRIBUTION.md lists for each file of wikipedia-sample."""
+    import re
+
+    text = (VALIDATION.parent / "ATTRIBUTION.md").read_text(encoding="utf-8")
+    sections = re.split(r"^## (\S+)\.txt\.gz:.*$", text, flags=re.M)[1:]
+    return {name: re.findall(r"\(id (\d+)\)$", body, re.M) for name, body in zip(sections[::2], sections[1::2])}
+
+
+def test_the_npmi_reference_holds_none_of_the_sample_and_every_article_is_attributed():
+    ids = _attribution_ids()
+    assert {name: len(v) for name, v in ids.items()} == {"train": 900, "validation": 100, "npmi_reference": 600}
+    for name, listed in ids.items():  # one line per article listed, in the files the package reads
+        assert len(raw_lines(VALIDATION.parent / f"{name}.txt.gz")) == len(listed) == len(set(listed))
+    assert not set(ids["npmi_reference"]) & (set(ids["train"]) | set(ids["validation"]))
+    assert not set(ids["train"]) & set(ids["validation"])
+    reference = set(raw_lines(EMBEDDED_CORPORA["wikipedia-sample/npmi-reference"]))
+    assert not reference & set(raw_lines(EMBEDDED_CORPORA["wikipedia-sample"]) + raw_lines(VALIDATION))
+
+
+@requires_data("wiki", "articles.jsonl.gz")
+def test_the_sample_script_rebuilds_the_shipped_files_byte_for_byte(tmp_path):
+    """scripts/make_wikipedia_sample.py is what made wikipedia-sample: the same dump gives the same bytes."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, str(root / "scripts" / "make_wikipedia_sample.py"), "--articles",
+                           str(DATA / "wiki" / "articles.jsonl.gz"), "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for shipped in VALIDATION.parent.iterdir():
+        assert (tmp_path / shipped.name).read_bytes() == shipped.read_bytes(), shipped.name
+
+
+def test_the_full_corpora_are_found_through_topic_lm_data(tmp_path, monkeypatch):
+    from topic_lm_hf.data import data_dir
+
+    monkeypatch.delenv("TOPIC_LM_DATA", raising=False)
+    with pytest.raises(FileNotFoundError, match="set TOPIC_LM_DATA to the folder where you put the corpora") as error:
+        data_dir("apnews", "train.txt")
+    assert "\n" not in str(error.value)
+    assert data_dir("apnews", required=False) is None
+    monkeypatch.setenv("TOPIC_LM_DATA", str(tmp_path))
+    with pytest.raises(FileNotFoundError, match=f"{tmp_path}/apnews does not exist: TOPIC_LM_DATA="):
+        data_dir("apnews")
+    assert data_dir("apnews", required=False) is None
+    (tmp_path / "apnews").mkdir()
+    assert data_dir("apnews") == data_dir("apnews", required=False) == tmp_path / "apnews"

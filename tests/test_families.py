@@ -1,6 +1,6 @@
 """What every transformers model supports, checked on every variant of every family of the package that reads
 sentence batches (the registry's, ``conftest.variants``: the LSTM LM, TCNLM and its naive MoE, TopicRNN with each
-cell, NCLM's variants; not rGBN-RNN, which reads whole documents) on real APNEWS batches: loading in bfloat16,
+cell, NCLM's variants; not rGBN-RNN, which reads whole documents) on real wikipedia-sample batches: loading in bfloat16,
 per-layer hidden states, gradient checkpointing, resizing the token embeddings, stop strings."""
 
 import copy
@@ -34,11 +34,11 @@ def make(family, tok, topic_tok, layers=2, dropout=0.0, **kw):
 
 
 @pytest.fixture(scope="module")
-def batch(apnews):
+def batch(wiki):
     """Left- and right-padded real sentence chunks with their context bags of words."""
-    collator = TopicContextCollator(apnews["tok"], apnews["topic_tok"], context="others", max_sentence_length=12,
+    collator = TopicContextCollator(wiki["tok"], wiki["topic_tok"], context="others", max_sentence_length=12,
                                     sentence_prefix=True)
-    rows = collator.prepare(apnews["train"].select(range(2)))
+    rows = collator.prepare(wiki["train"].select(range(2)))
     return collator([rows[i] for i in range(6)])
 
 
@@ -53,8 +53,8 @@ def lm_inputs(family, batch, labels=True):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_bfloat16_forward_loss_and_generate(family, apnews, batch, tmp_path):
-    tok, topic_tok = apnews["tok"], apnews["topic_tok"]
+def test_bfloat16_forward_loss_and_generate(family, wiki, batch, tmp_path):
+    tok, topic_tok = wiki["tok"], wiki["topic_tok"]
     model = make(family, tok, topic_tok).eval()
     model.save_pretrained(tmp_path)
     half = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.bfloat16).eval()
@@ -90,8 +90,8 @@ def base_forward(model, family, batch, **kwargs):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_output_hidden_states_has_the_embeddings_and_every_layer(family, apnews, batch, tmp_path):
-    tok, topic_tok = apnews["tok"], apnews["topic_tok"]
+def test_output_hidden_states_has_the_embeddings_and_every_layer(family, wiki, batch, tmp_path):
+    tok, topic_tok = wiki["tok"], wiki["topic_tok"]
     model = make(family, tok, topic_tok, layers=2).eval()
     inputs = lm_inputs(family, batch, labels=False)
     plain = model(**inputs)
@@ -123,9 +123,9 @@ def test_output_hidden_states_has_the_embeddings_and_every_layer(family, apnews,
     assert isinstance(model(**inputs, return_dict=False), tuple)
 
 
-def test_generate_returns_hidden_states_of_every_step(apnews):
-    model = make("lstm_lm", apnews["tok"], apnews["topic_tok"]).eval()
-    prompt = apnews["tok"](["the senate said"], return_tensors="pt")
+def test_generate_returns_hidden_states_of_every_step(wiki):
+    model = make("lstm_lm", wiki["tok"], wiki["topic_tok"]).eval()
+    prompt = wiki["tok"](["the senate said"], return_tensors="pt")
     out = model.generate(**prompt, max_new_tokens=3, min_new_tokens=3, do_sample=False, output_hidden_states=True,
                          return_dict_in_generate=True)
     assert len(out.hidden_states) == 3 and all(len(step) == 3 for step in out.hidden_states)
@@ -135,10 +135,10 @@ def test_generate_returns_hidden_states_of_every_step(apnews):
 
 @pytest.mark.parametrize("layers, dropout", [(2, 0.0), (1, 0.3)])
 @pytest.mark.parametrize("family", FAMILIES)
-def test_gradient_checkpointing_gives_the_same_gradients(family, layers, dropout, apnews, batch, monkeypatch):
+def test_gradient_checkpointing_gives_the_same_gradients(family, layers, dropout, wiki, batch, monkeypatch):
     from topic_lm_hf.models import modeling_recurrent, modeling_tcnlm
 
-    tok, topic_tok = apnews["tok"], apnews["topic_tok"]
+    tok, topic_tok = wiki["tok"], wiki["topic_tok"]
     model = make(family, tok, topic_tok, layers=layers, dropout=dropout).train()
     assert model.supports_gradient_checkpointing
 
@@ -169,8 +169,8 @@ def test_gradient_checkpointing_gives_the_same_gradients(family, layers, dropout
 
 
 @pytest.mark.parametrize("family", ["lstm_lm", "tcnlm"])
-def test_reentrant_checkpointing_gives_the_same_gradients(family, apnews, batch):
-    model = make(family, apnews["tok"], apnews["topic_tok"]).train()
+def test_reentrant_checkpointing_gives_the_same_gradients(family, wiki, batch):
+    model = make(family, wiki["tok"], wiki["topic_tok"]).train()
 
     def grads():
         model.zero_grad()
@@ -185,14 +185,14 @@ def test_reentrant_checkpointing_gives_the_same_gradients(family, apnews, batch)
 
 
 @pytest.mark.parametrize("family", ["tcnlm", "topic_rnn-lstm"])
-def test_trainer_with_gradient_checkpointing_trains_the_same_weights(family, apnews, tmp_path):
+def test_trainer_with_gradient_checkpointing_trains_the_same_weights(family, wiki, tmp_path):
     from transformers import TrainingArguments
 
     from topic_lm_hf import TopicLMTrainer
 
-    tok, topic_tok = apnews["tok"], apnews["topic_tok"]
+    tok, topic_tok = wiki["tok"], wiki["topic_tok"]
     collator = TopicContextCollator(tok, topic_tok, context="others")
-    rows = collator.prepare(apnews["train"].select(range(8)))
+    rows = collator.prepare(wiki["train"].select(range(8)))
     trained = {}
     for checkpointing in (False, True):
         model = make(family, tok, topic_tok)
@@ -208,19 +208,19 @@ def test_trainer_with_gradient_checkpointing_trains_the_same_weights(family, apn
 
 
 @pytest.mark.parametrize("config_class", [f.config_class for f in topic_families()])
-def test_topic_word_ids_of_another_topic_vocabulary_are_refused(config_class, apnews):
+def test_topic_word_ids_of_another_topic_vocabulary_are_refused(config_class, wiki):
     """Every topic config checks topic_word_ids against its topic vocabulary (TopicConfigMixin)."""
-    good = config_class.from_tokenizers(apnews["tok"], apnews["topic_tok"])
+    good = config_class.from_tokenizers(wiki["tok"], wiki["topic_tok"])
     assert good.topic_word_ids == [int(i) for i in good.topic_word_ids] and \
         len(good.topic_word_ids) == good.topic_vocab_size
     with pytest.raises(ValueError, match="topic_word_ids has .* entries but topic_vocab_size is .*mismatched"):
-        config_class.from_tokenizers(apnews["tok"], apnews["topic_tok"], topic_word_ids=good.topic_word_ids[:-1])
+        config_class.from_tokenizers(wiki["tok"], wiki["topic_tok"], topic_word_ids=good.topic_word_ids[:-1])
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_embedding_accessors_reach_the_modules_the_model_uses(family, apnews):
+def test_embedding_accessors_reach_the_modules_the_model_uses(family, wiki):
     """transformers' own accessors (``embed_tokens`` / ``lm_head``) serve every family: the LM, its body."""
-    model = make(family, apnews["tok"], apnews["topic_tok"])
+    model = make(family, wiki["tok"], wiki["topic_tok"])
     assert model.get_input_embeddings() is model.model.embed_tokens is model.model.get_input_embeddings()
     assert model.get_output_embeddings() is model.lm_head
     replacement = torch.nn.Embedding(*model.model.embed_tokens.weight.shape)
@@ -232,8 +232,8 @@ def test_embedding_accessors_reach_the_modules_the_model_uses(family, apnews):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_resize_token_embeddings_after_adding_words(family, apnews, batch, tmp_path):
-    tok, topic_tok = apnews["tok"], apnews["topic_tok"]
+def test_resize_token_embeddings_after_adding_words(family, wiki, batch, tmp_path):
+    tok, topic_tok = wiki["tok"], wiki["topic_tok"]
     tok = copy.deepcopy(tok)  # words are added to it
     model = make(family, tok, topic_tok).eval()
     inputs = lm_inputs(family, batch, labels=False)
@@ -264,9 +264,9 @@ def test_resize_token_embeddings_after_adding_words(family, apnews, batch, tmp_p
 
 
 @pytest.mark.parametrize("family", TOPIC_FAMILIES)
-def test_stop_strings_with_topic_conditioning(family, apnews, batch):
-    tok = apnews["tok"]
-    model = make(family, tok, apnews["topic_tok"]).eval()
+def test_stop_strings_with_topic_conditioning(family, wiki, batch):
+    tok = wiki["tok"]
+    model = make(family, tok, wiki["topic_tok"]).eval()
     prompt = tok(["police said"], return_tensors="pt")
     bow = batch["context_bow"][:1]
     free = model.generate(**prompt, context_bow=bow, max_new_tokens=8, min_new_tokens=8, do_sample=False)

@@ -50,8 +50,8 @@ EXPECTED = {"train": ("others", "sentences"), "train-carry": ("preceding", "docu
             "document": ("document", "sequence")}
 
 
-def _models(apnews):
-    tok, topic_tok = apnews["tok"], apnews["topic_tok"]
+def _models(wiki):
+    tok, topic_tok = wiki["tok"], wiki["topic_tok"]
     small = dict(embedding_size=8, hidden_size=8)
     return {
         "lstm": LSTMLMForCausalLM(LSTMLMConfig(vocab_size=len(tok), **small)),
@@ -64,9 +64,9 @@ def _models(apnews):
 
 
 @pytest.mark.parametrize("protocol", list(EXPECTED))
-def test_for_model_builds_each_protocols_batches_from_the_declarations(apnews, protocol):
-    tok, topic_tok = apnews["tok"], apnews["topic_tok"]
-    models = _models(apnews)
+def test_for_model_builds_each_protocols_batches_from_the_declarations(wiki, protocol):
+    tok, topic_tok = wiki["tok"], wiki["topic_tok"]
+    models = _models(wiki)
     context, layout = EXPECTED[protocol]
     tcnlm = TopicContextCollator.for_model(models["tcnlm"], tok, topic_tok, protocol=protocol)
     assert (tcnlm.context, tcnlm.layout, tcnlm.sentence_prefix) == (context, layout, False)
@@ -79,15 +79,15 @@ def test_for_model_builds_each_protocols_batches_from_the_declarations(apnews, p
     expected_rgbn = {"train": "preceding"}.get(protocol, context)
     assert rgbn.context == expected_rgbn and rgbn.layout == ("sequence" if protocol == "document" else "documents")
     # A batch of the real corpus has what the model reads.
-    rows = nclm.prepare(apnews["valid"].select(range(2)))
+    rows = nclm.prepare(wiki["valid"].select(range(2)))
     batch = nclm([rows[i] for i in range(min(3, len(rows)))])
     assert ("context_bow" in batch) == (context != "none")
     assert ("sentence_prefix_bow" in batch) == (protocol != "document")
 
 
-def test_for_model_takes_a_training_context_and_refuses_one_elsewhere(apnews):
-    tok, topic_tok = apnews["tok"], apnews["topic_tok"]
-    tcnlm = _models(apnews)["tcnlm"]
+def test_for_model_takes_a_training_context_and_refuses_one_elsewhere(wiki):
+    tok, topic_tok = wiki["tok"], wiki["topic_tok"]
+    tcnlm = _models(wiki)["tcnlm"]
     assert TopicContextCollator.for_model(tcnlm, tok, topic_tok, context="preceding").context == "preceding"
     assert TopicContextCollator.for_model(tcnlm, tok, topic_tok, max_sentence_length=7).max_sentence_length == 7
     with pytest.raises(ValueError, match="protocol must be one of"):
@@ -97,9 +97,9 @@ def test_for_model_takes_a_training_context_and_refuses_one_elsewhere(apnews):
 
 
 @pytest.mark.parametrize("family", ["tcnlm", "nclm", "rgbn"])
-def test_generation_resolves_the_conditioning_once_and_carries_it_in_one_cache(apnews, family):
-    tok = apnews["tok"]
-    model = _models(apnews)[family].eval()
+def test_generation_resolves_the_conditioning_once_and_carries_it_in_one_cache(wiki, family):
+    tok = wiki["tok"]
+    model = _models(wiki)[family].eval()
     seen = []
     original = model.forward
 
@@ -130,11 +130,11 @@ def test_generation_resolves_the_conditioning_once_and_carries_it_in_one_cache(a
 
 
 @pytest.mark.parametrize("family", ["lstm", "tcnlm", "nclm", "rgbn"])
-def test_config_output_hidden_states_is_the_default_of_forward(apnews, family):
-    tok, topic_tok = apnews["tok"], apnews["topic_tok"]
-    model = _models(apnews)[family].eval()
+def test_config_output_hidden_states_is_the_default_of_forward(wiki, family):
+    tok, topic_tok = wiki["tok"], wiki["topic_tok"]
+    model = _models(wiki)[family].eval()
     collator = TopicContextCollator.for_model(model, tok, topic_tok, protocol="paper")
-    batch = collator(collator.prepare(apnews["valid"].select(range(2))).to_list())
+    batch = collator(collator.prepare(wiki["valid"].select(range(2))).to_list())
     with torch.no_grad():
         assert model(**batch).hidden_states is None
         model.config.output_hidden_states = True
@@ -143,9 +143,9 @@ def test_config_output_hidden_states_is_the_default_of_forward(apnews, family):
         assert model(**batch, output_hidden_states=False).hidden_states is None  # the keyword wins
 
 
-def test_a_family_refuses_conditioning_it_does_not_declare(apnews):
-    tok = apnews["tok"]
-    rgbn = _models(apnews)["rgbn"].eval()
+def test_a_family_refuses_conditioning_it_does_not_declare(wiki):
+    tok = wiki["tok"]
+    rgbn = _models(wiki)["rgbn"].eval()
     with pytest.raises(ValueError, match="does not take topic_mixture"):
         rgbn.generate(**tok(["the"], return_tensors="pt"), topic_mixture=[1.0, 0.0, 0.0], max_new_tokens=2)
 

@@ -151,10 +151,10 @@ def test_fast_training_arguments_refuses_contradictions(tmp_path):
 
 
 @pytest.mark.parametrize("family", variants(representative=True, reads_documents=False))
-def test_trainer_trains_every_family_in_bf16_on_a_cpu_with_the_compiled_output_layer(apnews, tmp_path, family):
+def test_trainer_trains_every_family_in_bf16_on_a_cpu_with_the_compiled_output_layer(wiki, tmp_path, family):
     """TrainingArguments(bf16=True, use_cpu=True): the Trainer's own autocast runs the models in bf16,
     the weights stay float32 (and are saved so), the loss terms are finite and float32."""
-    tok, topic_tok = apnews["tok"], apnews["topic_tok"]
+    tok, topic_tok = wiki["tok"], wiki["topic_tok"]
     model = tiny_model(family, tok, topic_tok)
     autocast = []  # what the recurrent body runs under
     model.get_input_embeddings().register_forward_hook(lambda m, i, o: autocast.append(
@@ -162,7 +162,7 @@ def test_trainer_trains_every_family_in_bf16_on_a_cpu_with_the_compiled_output_l
     collator = TopicContextCollator.for_model(model, tok, topic_tok)
     args = TrainingArguments(output_dir=str(tmp_path), max_steps=3, per_device_train_batch_size=8, logging_steps=1,
                              report_to=[], use_cpu=True, bf16=True, save_strategy="no", disable_tqdm=True)
-    trainer = TopicLMTrainer(model=model, args=args, train_dataset=collator.prepare(apnews["train"].select(range(20))),
+    trainer = TopicLMTrainer(model=model, args=args, train_dataset=collator.prepare(wiki["train"].select(range(20))),
                              data_collator=collator, compile_output_layer=True)
     trainer.train()
     assert model.output_layer_compiled or compiled_linear_cross_entropy() is None
@@ -175,7 +175,7 @@ def test_trainer_trains_every_family_in_bf16_on_a_cpu_with_the_compiled_output_l
     autocast.clear()
     trainer.save_model(str(tmp_path / "saved"))
     loaded = type(model).from_pretrained(tmp_path / "saved").eval()
-    batch = collator([collator.prepare(apnews["valid"].select(range(2)))[i] for i in range(4)])
+    batch = collator([collator.prepare(wiki["valid"].select(range(2)))[i] for i in range(4)])
     inputs = {k: v for k, v in batch.items() if k != "labels"}
     with torch.no_grad():
         torch.testing.assert_close(model.eval()(**inputs).logits, loaded(**inputs).logits)

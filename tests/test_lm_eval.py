@@ -10,7 +10,6 @@ import torch
 
 from topic_lm_hf import LSTMLMConfig, LSTMLMForCausalLM, build_vocabularies, evaluate_perplexity, load_documents
 
-from conftest import DATA, requires_data
 
 pytest.importorskip("lm_eval", reason="lm_eval is not installed (pip install -e .[test])")
 
@@ -32,9 +31,8 @@ metric_list:
 """
 
 
-@requires_data("apnews", "valid.txt")
 def test_lm_eval_word_perplexity_equals_evaluate_perplexity(tmp_path, monkeypatch):
-    docs = load_documents(DATA / "apnews" / "valid.txt", max_documents=2)
+    docs = load_documents("wikipedia-sample/validation", max_documents=2)
     tok, _ = build_vocabularies(docs, min_freq=2)
     torch.manual_seed(0)
     model = LSTMLMForCausalLM(LSTMLMConfig(vocab_size=len(tok), embedding_size=16, hidden_size=16)).eval()

@@ -22,11 +22,11 @@ IDS = [f"{v}{'+sdt' if s else ''}" for v, s in VARIANTS]
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def make(apnews, variant="leta", sentence_topics=False, seed=0, **kw):
+def make(wiki, variant="leta", sentence_topics=False, seed=0, **kw):
     torch.manual_seed(seed)
     kw = {"num_topics": 5, "embedding_size": 12, "hidden_size": 16, "encoder_hidden_size": 10, "dropout": 0.0,
           "etr_top_n": 4, "num_topic_samples": 3, "initializer_range": 0.3, **kw}
-    config = NCLMConfig.from_tokenizers(apnews["tok"], apnews["topic_tok"], variant=variant,
+    config = NCLMConfig.from_tokenizers(wiki["tok"], wiki["topic_tok"], variant=variant,
                                         sentence_topics=sentence_topics, **kw)
     model = NCLMForCausalLM(config)
     with torch.no_grad():  # sharper NVDM weights than Glorot's, so that topics and sentences matter
@@ -35,10 +35,10 @@ def make(apnews, variant="leta", sentence_topics=False, seed=0, **kw):
     return model.eval()
 
 
-def chunk_batch(apnews, context="preceding", max_sentence_length=6, docs=(0, 1), rows=None):
-    collator = TopicContextCollator(apnews["tok"], apnews["topic_tok"], context=context,
+def chunk_batch(wiki, context="preceding", max_sentence_length=6, docs=(0, 1), rows=None):
+    collator = TopicContextCollator(wiki["tok"], wiki["topic_tok"], context=context,
                                     max_sentence_length=max_sentence_length, sentence_prefix=True)
-    prepared = collator.prepare(apnews["valid"].select(list(docs)))
+    prepared = collator.prepare(wiki["valid"].select(list(docs)))
     chosen = prepared.select(rows) if rows is not None else prepared
     return collator, collator(list(chosen))
 
@@ -84,11 +84,11 @@ def test_config_defaults_sizes_and_leaky_modes():
 
 
 @pytest.mark.parametrize("variant, sdt", VARIANTS, ids=IDS)
-def test_logits_equal_the_per_position_reference(apnews, variant, sdt):
+def test_logits_equal_the_per_position_reference(wiki, variant, sdt):
     """Every variant, on real chunks (some continue a long sentence, so their sentence prefix matters),
     in a padded batch, equals the literal reference row by row."""
-    model = make(apnews, variant, sdt)
-    collator, batch = chunk_batch(apnews, max_sentence_length=6)
+    model = make(wiki, variant, sdt)
+    collator, batch = chunk_batch(wiki, max_sentence_length=6)
     assert (batch["sentence_prefix_bow"].sum(-1) > 0).any() and (batch["context_bow"].sum(-1) > 0).any()
     take = list(range(min(12, batch["input_ids"].shape[0])))
     with torch.no_grad():
@@ -102,11 +102,11 @@ def test_logits_equal_the_per_position_reference(apnews, variant, sdt):
         torch.testing.assert_close(out.logits[r, :n].double(), expected, rtol=1e-4, atol=1e-4)
 
 
-def test_minus_target_replication_mode_equals_the_reference_row_map(apnews):
+def test_minus_target_replication_mode_equals_the_reference_row_map(wiki):
     """The official code's SDT row map: at input i, the chunk's words minus the word at i + 1 (the
     target); at the last input, all of them (evaluation feeds the chunk without its last token)."""
-    model = make(apnews, "leta", True, sdt_mode="minus_target")
-    _, batch = chunk_batch(apnews, context="others", max_sentence_length=8)
+    model = make(wiki, "leta", True, sdt_mode="minus_target")
+    _, batch = chunk_batch(wiki, context="others", max_sentence_length=8)
     for r in range(4):
         n = int(batch["attention_mask"][r].sum())
         ids = batch["input_ids"][r, :n]
@@ -121,10 +121,10 @@ def test_minus_target_replication_mode_equals_the_reference_row_map(apnews):
 # ----------------------------------------------------------------------------------------------
 
 
-def _document_logits(model, apnews, sentences, context, max_sentence_length=5):
+def _document_logits(model, wiki, sentences, context, max_sentence_length=5):
     """{(sentence j, input position q in <bos> w_1 .. w_n): logits} of one document, as evaluate_perplexity
     feeds it (each chunk without its last token; contexts and sentence prefixes from the collator)."""
-    collator = TopicContextCollator(apnews["tok"], apnews["topic_tok"], context=context,
+    collator = TopicContextCollator(wiki["tok"], wiki["topic_tok"], context=context,
                                     max_sentence_length=max_sentence_length, sentence_prefix=True)
     rows = collator.encode_document(sentences)
     features = [{k: rows[k][i] for k in rows} for i in range(len(rows["input_ids"]))]
@@ -139,9 +139,9 @@ def _document_logits(model, apnews, sentences, context, max_sentence_length=5):
     return result
 
 
-def _perturb(apnews, sentences, rng):
+def _perturb(wiki, sentences, rng):
     """Change word t' >= t of sentence j and a word of every later sentence; return (j, t, new sentences)."""
-    vocab = apnews["topic_tok"].get_vocab()  # sorted by id: a seeded rng then picks the same words in every process
+    vocab = wiki["topic_tok"].get_vocab()  # sorted by id: a seeded rng then picks the same words in every process
     vocab_words = [w for w in sorted(vocab, key=vocab.get) if w != "<unk>"]
     j = rng.randrange(len(sentences) - 1)
     t = rng.randrange(len(sentences[j]))
@@ -155,17 +155,17 @@ def _perturb(apnews, sentences, rng):
 
 
 @pytest.mark.parametrize("variant, sdt", VARIANTS, ids=IDS)
-def test_causal_mode_predictions_never_depend_on_later_words(apnews, variant, sdt):
+def test_causal_mode_predictions_never_depend_on_later_words(wiki, variant, sdt):
     """Changing any word at position >= t of sentence j, and words of later sentences, leaves every
     prediction made before reading word t of sentence j bit-identical (causal context + prefix SDT)."""
-    model = make(apnews, variant, sdt)
+    model = make(wiki, variant, sdt)
     rng = random.Random(0)
     for doc in range(3):
-        sentences = [s for s in apnews["valid"][doc]["sentences"] if s][:4]
-        base = _document_logits(model, apnews, sentences, "preceding")
+        sentences = [s for s in wiki["valid"][doc]["sentences"] if s][:4]
+        base = _document_logits(model, wiki, sentences, "preceding")
         for _ in range(3):
-            j, t, new = _perturb(apnews, sentences, rng)
-            changed = _document_logits(model, apnews, new, "preceding")
+            j, t, new = _perturb(wiki, sentences, rng)
+            changed = _document_logits(model, wiki, new, "preceding")
             # input position q reads <bos> w_1 .. w_q; word t (0-based) is at position t + 1
             for (jj, q), logits in base.items():
                 if jj < j or (jj == j and q <= t):
@@ -173,15 +173,16 @@ def test_causal_mode_predictions_never_depend_on_later_words(apnews, variant, sd
 
 
 @pytest.mark.parametrize("leak", ["sdt", "etr_mask", "paper_context"])
-def test_the_leaky_replication_modes_do_read_later_words(apnews, leak):
+def test_the_leaky_replication_modes_do_read_later_words(wiki, leak):
     """The same property fails for the paper's modes, so the test above can fail."""
     kw = {"sdt": dict(variant="lta", sentence_topics=True, sdt_mode="minus_target"),
           "etr_mask": dict(variant="eta", etr_mask_includes_current_sentence=True),
           "paper_context": dict(variant="lta")}[leak]
-    model = make(apnews, **kw)
+    model = make(wiki, **kw)
     context = "others" if leak == "paper_context" else "preceding"
-    sentences = [s for s in apnews["valid"][0]["sentences"] if s][:4]
-    base = _document_logits(model, apnews, sentences, context, max_sentence_length=30)
+    # sentences of one chunk each (at most 30 predicted tokens): the leaks are within a sentence's chunk
+    sentences = [s[:20] for s in wiki["valid"][0]["sentences"] if s][:4]
+    base = _document_logits(model, wiki, sentences, context, max_sentence_length=30)
     new = [list(s) for s in sentences]
     j, t = 1, 1
     if leak == "paper_context":
@@ -189,49 +190,49 @@ def test_the_leaky_replication_modes_do_read_later_words(apnews, leak):
     else:
         new[j][len(new[j]) - 1] = "police" if new[j][-1] != "police" else "court"  # the sentence's last word
         new[j][len(new[j]) - 2] = "election"
-    changed = _document_logits(model, apnews, new, context, max_sentence_length=30)
+    changed = _document_logits(model, wiki, new, context, max_sentence_length=30)
     assert not torch.equal(base[(j, t)], changed[(j, t)])
 
 
-def test_a_single_sentence_document_is_scored_with_an_empty_causal_context(apnews):
-    model = make(apnews, "leta", True)
-    collator = TopicContextCollator(apnews["tok"], apnews["topic_tok"], context="preceding", sentence_prefix=True)
+def test_a_single_sentence_document_is_scored_with_an_empty_causal_context(wiki):
+    model = make(wiki, "leta", True)
+    collator = TopicContextCollator(wiki["tok"], wiki["topic_tok"], context="preceding", sentence_prefix=True)
     rows = collator.encode_document([["the", "court", "said", "the", "police", "arrested", "him"]])
     assert all(len(c) == 0 for c in rows["context_ids"])
-    paper = TopicContextCollator(apnews["tok"], apnews["topic_tok"], context="others").encode_document(
+    paper = TopicContextCollator(wiki["tok"], wiki["topic_tok"], context="others").encode_document(
         [["the", "court", "said"]])
     assert paper["context_ids"] == [[]]  # the package's "others" has no words either: nothing is dropped
     result = evaluate_perplexity(model, [[["the", "court", "said", "the", "police", "arrested", "him"]]], "causal",
-                                 tokenizer=apnews["tok"], topic_tokenizer=apnews["topic_tok"])
+                                 tokenizer=wiki["tok"], topic_tokenizer=wiki["topic_tok"])
     assert result["tokens"] == 8 and math.isfinite(result["perplexity"])
 
 
-def test_evaluate_perplexity_refuses_to_call_a_leaky_model_causal(apnews):
-    model = make(apnews, "leta", True, sdt_mode="minus_target")
-    docs = apnews["valid"].select(range(2))
-    kw = dict(tokenizer=apnews["tok"], topic_tokenizer=apnews["topic_tok"])
+def test_evaluate_perplexity_refuses_to_call_a_leaky_model_causal(wiki):
+    model = make(wiki, "leta", True, sdt_mode="minus_target")
+    docs = wiki["valid"].select(range(2))
+    kw = dict(tokenizer=wiki["tok"], topic_tokenizer=wiki["topic_tok"])
     for protocol in ("causal", "causal-carry"):
         with pytest.raises(ValueError, match=f"sdt_mode=minus_target.*not '{protocol}'"):
             evaluate_perplexity(model, docs, protocol, **kw)
     result = evaluate_perplexity(model, docs, "paper", **kw)
     assert result["protocol"] == "paper+sdt_mode=minus_target" and result["leaky_modes"] == ["sdt_mode=minus_target"]
-    assert evaluate_perplexity(make(apnews, "leta", True), docs, "causal", **kw)["leaky_modes"] == []
+    assert evaluate_perplexity(make(wiki, "leta", True), docs, "causal", **kw)["leaky_modes"] == []
 
 
-def test_the_sentence_prefix_bag_stands_for_the_carried_state(apnews):
+def test_the_sentence_prefix_bag_stands_for_the_carried_state(wiki):
     """SDT's sentence prefix reaches a chunk either from sentence_prefix_bow (causal, state reset) or through
     the carried state (causal-carry): the sentence topics agree. (That the carried state continues a sentence
     exactly, chunk after chunk, is the state equivalence of test_model_contract.py.)"""
-    model = make(apnews, "leta", True)
-    ids = apnews["tok"](["the court said the police arrested the man in the city after the election of the "
+    model = make(wiki, "leta", True)
+    ids = wiki["tok"](["the court said the police arrested the man in the city after the election of the "
                          "president and the senate"], return_tensors="pt")["input_ids"]
-    bow = torch.zeros(1, len(apnews["topic_tok"]))
+    bow = torch.zeros(1, len(wiki["topic_tok"]))
     bow[0, 5:40] = 1
     k = 7
     with torch.no_grad():
         first = model(input_ids=ids[:, :k], context_bow=bow, use_cache=True)
     # the prefix bag of words instead of the state (the LSTM state aside): the sentence part agrees
-    prefix = torch.zeros(1, len(apnews["topic_tok"]))
+    prefix = torch.zeros(1, len(wiki["topic_tok"]))
     lm_to_topic = {lm: t for t, lm in enumerate(model.config.topic_word_ids) if lm >= 0}
     for token in ids[0, :k].tolist():
         if token in lm_to_topic:
@@ -241,9 +242,9 @@ def test_the_sentence_prefix_bag_stands_for_the_carried_state(apnews):
     torch.testing.assert_close(pre_state, pre_bag, rtol=1e-5, atol=1e-5)
 
 
-def test_bos_restarts_the_sentence_topics(apnews):
-    model = make(apnews, "lta", True)
-    tok = apnews["tok"]
+def test_bos_restarts_the_sentence_topics(wiki):
+    model = make(wiki, "lta", True)
+    tok = wiki["tok"]
     one = tok(["the police arrested the man"], return_tensors="pt")["input_ids"]
     two = tok(["the court said", "the police arrested the man"], return_tensors="pt", padding=True)
     stream = torch.cat([two["input_ids"][0][two["attention_mask"][0].bool()], one[0]])[None]  # sentence 1, then 2
@@ -257,8 +258,8 @@ def test_bos_restarts_the_sentence_topics(apnews):
 # ----------------------------------------------------------------------------------------------
 
 
-def test_nvdm_kl_matches_monte_carlo_and_proportions_are_on_the_simplex(apnews):
-    model = make(apnews, "lta").train()
+def test_nvdm_kl_matches_monte_carlo_and_proportions_are_on_the_simplex(wiki):
+    model = make(wiki, "lta").train()
     tm = model.model.topic_model
     mean, log_sigma = torch.randn(1, 5), torch.randn(1, 5) * 0.3
     eps = torch.randn(200000, 5)
@@ -274,8 +275,8 @@ def test_nvdm_kl_matches_monte_carlo_and_proportions_are_on_the_simplex(apnews):
     assert none is None and torch.allclose(h_eval, torch.softmax(mean, -1))
 
 
-def test_etr_selects_only_present_words_and_averages_fewer_when_fewer_are_present(apnews):
-    model = make(apnews, "eta", etr_top_n=3)
+def test_etr_selects_only_present_words_and_averages_fewer_when_fewer_are_present(wiki):
+    model = make(wiki, "eta", etr_top_n=3)
     V_c = model.config.topic_vocab_size
     W = model.model.topic_model.topic_word_weights().detach()
     vectors = model.model.topic_word_vectors()
@@ -290,8 +291,8 @@ def test_etr_selects_only_present_words_and_averages_fewer_when_fewer_are_presen
     assert z[2].abs().sum() == 0  # nothing present: z_k = 0
 
 
-def test_official_multiply_mask_selects_absent_words_when_few_present_ones_are_positive(apnews):
-    model = make(apnews, "eta", etr_top_n=3, etr_selection="multiply_mask")
+def test_official_multiply_mask_selects_absent_words_when_few_present_ones_are_positive(wiki):
+    model = make(wiki, "eta", etr_top_n=3, etr_selection="multiply_mask")
     W = model.model.topic_model.topic_word_weights().detach()
     k = 0
     negative = [w for w in range(1, W.shape[1]) if W[k, w] < 0][:2]
@@ -306,15 +307,15 @@ def test_official_multiply_mask_selects_absent_words_when_few_present_ones_are_p
     torch.testing.assert_close(z[0, k], vectors[chosen].mean(0))
 
 
-def test_softmax_of_proportions_weights_differ_by_at_most_e(apnews):
-    model = make(apnews, "eta", etr_weighting="softmax_of_proportions")
+def test_softmax_of_proportions_weights_differ_by_at_most_e(wiki):
+    model = make(wiki, "eta", etr_weighting="softmax_of_proportions")
     h = torch.softmax(torch.randn(6, 5) * 5, -1)
     w = model.model.etr_weights(h)
     assert bool(((w.max(-1).values / w.min(-1).values) <= math.e + 1e-6).all())
 
 
-def test_etr_gives_the_decoder_no_gradient_and_the_encoder_some(apnews):
-    model = make(apnews, "eta").train()
+def test_etr_gives_the_decoder_no_gradient_and_the_encoder_some(wiki):
+    model = make(wiki, "eta").train()
     bow = torch.zeros(2, model.config.topic_vocab_size)
     bow[:, 10:60] = 1
     c, h, z_k, _ = model.model.document_topics(2, "cpu", context_bow=bow, sample=True)
@@ -325,9 +326,9 @@ def test_etr_gives_the_decoder_no_gradient_and_the_encoder_some(apnews):
     assert model.model.embed_tokens.weight.grad is None  # the LM's embeddings are read without gradient
 
 
-def test_frozen_etr_vectors_are_required_checked_and_saved(apnews, tmp_path):
-    model = make(apnews, "leta", etr_embedding="frozen", etr_embedding_size=7)
-    _, batch = chunk_batch(apnews, rows=[0, 1])
+def test_frozen_etr_vectors_are_required_checked_and_saved(wiki, tmp_path):
+    model = make(wiki, "leta", etr_embedding="frozen", etr_embedding_size=7)
+    _, batch = chunk_batch(wiki, rows=[0, 1])
     with pytest.raises(ValueError, match="call model.set_etr_embeddings"):
         model(input_ids=batch["input_ids"], context_bow=batch["context_bow"])
     with pytest.raises(ValueError, match=r"must have shape \(\d+, 7\)"):
@@ -347,10 +348,10 @@ def test_frozen_etr_vectors_are_required_checked_and_saved(apnews, tmp_path):
 # ----------------------------------------------------------------------------------------------
 
 
-def test_loss_is_alpha_weighted_sum_per_chunk_over_tokens(apnews):
-    model = make(apnews, "leta", True, alpha=0.2, num_topic_samples=0)  # deterministic h in training too
+def test_loss_is_alpha_weighted_sum_per_chunk_over_tokens(wiki):
+    model = make(wiki, "leta", True, alpha=0.2, num_topic_samples=0)  # deterministic h in training too
     model.train()
-    _, batch = chunk_batch(apnews)
+    _, batch = chunk_batch(wiki)
     out = model(**{k: batch[k] for k in ("input_ids", "attention_mask", "labels", "context_bow",
                                           "sentence_prefix_bow")})
     tokens = (batch["labels"][:, 1:] != -100).sum()
@@ -370,10 +371,10 @@ def test_loss_is_alpha_weighted_sum_per_chunk_over_tokens(apnews):
     assert all(p.grad is not None for n, p in model.named_parameters()), "every parameter is trained"
 
 
-def test_a_continuation_chunk_without_its_sentence_prefix_is_a_clear_error_in_training(apnews):
-    model = make(apnews, "lta", True).train()
-    collator = TopicContextCollator(apnews["tok"], apnews["topic_tok"], context="preceding", max_sentence_length=5)
-    rows = collator.prepare(apnews["valid"].select([0]))
+def test_a_continuation_chunk_without_its_sentence_prefix_is_a_clear_error_in_training(wiki):
+    model = make(wiki, "lta", True).train()
+    collator = TopicContextCollator(wiki["tok"], wiki["topic_tok"], context="preceding", max_sentence_length=5)
+    rows = collator.prepare(wiki["valid"].select([0]))
     batch = collator([r for r in rows if r["chunk_index"] > 0][:2])
     with pytest.raises(ValueError, match=r"sentence_prefix=True"):
         model(**batch)
@@ -384,24 +385,24 @@ def test_a_continuation_chunk_without_its_sentence_prefix_is_a_clear_error_in_tr
 # ----------------------------------------------------------------------------------------------
 
 
-def test_context_is_encoded_once_and_topic_ids_are_the_equal_mixture(apnews, monkeypatch):
-    model = make(apnews, "leta", True)
+def test_context_is_encoded_once_and_topic_ids_are_the_equal_mixture(wiki, monkeypatch):
+    model = make(wiki, "leta", True)
     calls = []
     original = model.model.document_topics
     monkeypatch.setattr(model.model, "document_topics", lambda *a, **k: calls.append(1) or original(*a, **k))
     V_c = model.config.topic_vocab_size
     bow = torch.cat([torch.zeros(1, 5), torch.ones(1, V_c - 5)], 1) * (torch.rand(1, V_c) < 0.02)
-    model.generate(**apnews["tok"](["the court"], return_tensors="pt"), context_bow=bow, max_new_tokens=5,
+    model.generate(**wiki["tok"](["the court"], return_tensors="pt"), context_bow=bow, max_new_tokens=5,
                    num_beams=2)
     assert calls == [1]
     a = model.generate(topic_ids=[1, 3], max_new_tokens=5, min_new_tokens=5)
     b = model.generate(topic_mixture=[0, 0.5, 0, 0.5, 0], max_new_tokens=5, min_new_tokens=5)
-    assert torch.equal(a, b) and a[0, 0].item() == apnews["tok"].bos_token_id
+    assert torch.equal(a, b) and a[0, 0].item() == wiki["tok"].bos_token_id
 
 
-def test_bad_conditioning_is_a_clear_error(apnews):
-    model = make(apnews, "leta", True)
-    prompt = apnews["tok"](["the senate"], return_tensors="pt")
+def test_bad_conditioning_is_a_clear_error(wiki):
+    model = make(wiki, "leta", True)
+    prompt = wiki["tok"](["the senate"], return_tensors="pt")
     cases = [(dict(topic_ids=[5]), r"topic_ids must be in \[0, 5\), got 5"),
              (dict(topic_ids=["3"]), r"got '3' \(str\)"),
              (dict(topic_mixture=torch.ones(5)), "each topic_mixture row must sum to 1"),
@@ -415,7 +416,7 @@ def test_bad_conditioning_is_a_clear_error(apnews):
     with pytest.raises(ValueError, match=r"topic_representation must have shape \(b, \d+\)"):
         model(**prompt, topic_representation=torch.zeros(1, 3))
     with pytest.raises(ValueError, match="input_ids must be in"):
-        model(input_ids=torch.tensor([[2, len(apnews["tok"]) + 5]]))
+        model(input_ids=torch.tensor([[2, len(wiki["tok"]) + 5]]))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -423,11 +424,11 @@ def test_bad_conditioning_is_a_clear_error(apnews):
 # ----------------------------------------------------------------------------------------------
 
 
-def test_document_representation_is_last_output_and_document_topics(apnews):
-    model = make(apnews, "leta")
-    collator = TopicContextCollator(apnews["tok"], apnews["topic_tok"], context="document", layout="sequence",
+def test_document_representation_is_last_output_and_document_topics(wiki):
+    model = make(wiki, "leta")
+    collator = TopicContextCollator(wiki["tok"], wiki["topic_tok"], context="document", layout="sequence",
                                     label_column="label")  # unlabelled documents too
-    batch = collator(list(collator.prepare(apnews["valid"].select([0, 1]))))
+    batch = collator(list(collator.prepare(wiki["valid"].select([0, 1]))))
     assert "labels" not in batch
     reps = model.document_representation(batch)
     assert reps.shape == (2, model.config.hidden_size + model.config.document_topic_size)
@@ -441,9 +442,9 @@ def test_document_representation_is_last_output_and_document_topics(apnews):
     c, _, _, _ = model.model.document_topics(1, "cpu", context_bow=batch["context_bow"][1:])
     torch.testing.assert_close(one[:, model.config.hidden_size:], c)
     torch.testing.assert_close(model.document_topic_representation(batch["context_bow"][1:]), c)
-    documents_layout = TopicContextCollator(apnews["tok"], apnews["topic_tok"], context="document", layout="documents")
+    documents_layout = TopicContextCollator(wiki["tok"], wiki["topic_tok"], context="document", layout="documents")
     with pytest.raises(ValueError, match=r"one sequence per document.*layout='sequence'"):
-        model.document_representation(documents_layout(list(documents_layout.prepare(apnews["valid"].select([0])))))
+        model.document_representation(documents_layout(list(documents_layout.prepare(wiki["valid"].select([0])))))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -451,9 +452,9 @@ def test_document_representation_is_last_output_and_document_topics(apnews):
 # ----------------------------------------------------------------------------------------------
 
 
-def _trainer(model, apnews, out, steps, phases=None, context="preceding"):
-    collator = TopicContextCollator(apnews["tok"], apnews["topic_tok"], context=context, sentence_prefix=True)
-    rows = collator.prepare(apnews["train"].select(range(100)))
+def _trainer(model, wiki, out, steps, phases=None, context="preceding"):
+    collator = TopicContextCollator(wiki["tok"], wiki["topic_tok"], context=context, sentence_prefix=True)
+    rows = collator.prepare(wiki["train"].select(range(100)))
     args = TrainingArguments(output_dir=str(out), max_steps=steps, per_device_train_batch_size=32, learning_rate=1e-2,
                              max_grad_norm=1.0, logging_steps=5, save_strategy="no", report_to=[], use_cpu=True,
                              disable_tqdm=True, seed=0)
@@ -461,36 +462,36 @@ def _trainer(model, apnews, out, steps, phases=None, context="preceding"):
                           pretraining_phases=phases)
 
 
-def test_pretraining_phases_train_only_their_part_then_everything(apnews, tmp_path):
-    model = make(apnews, "leta", True, num_topics=6).train()
+def test_pretraining_phases_train_only_their_part_then_everything(wiki, tmp_path):
+    model = make(wiki, "leta", True, num_topics=6).train()
     lm = {n: p.detach().clone() for n, p in model.named_parameters() if not n.startswith("model.topic_model")}
     ntm = {n: p.detach().clone() for n, p in model.named_parameters() if n.startswith("model.topic_model")}
-    trainer = _trainer(model, apnews, tmp_path, 3, phases=[("topic_model", 3)])
+    trainer = _trainer(model, wiki, tmp_path, 3, phases=[("topic_model", 3)])
     assert [trainer.training_phase(s) for s in range(5)] == ["topic_model"] * 3 + ["joint"] * 2
     trainer.train()
     assert all(torch.equal(p, lm[n]) for n, p in model.named_parameters() if n in lm)
     assert any(not torch.equal(p, ntm[n]) for n, p in model.named_parameters() if n in ntm)
-    model = make(apnews, "leta", True, num_topics=6).train()
+    model = make(wiki, "leta", True, num_topics=6).train()
     ntm = {n: p.detach().clone() for n, p in model.named_parameters() if n.startswith("model.topic_model")}
-    _trainer(model, apnews, tmp_path, 3, phases=[("lm", 3)]).train()
+    _trainer(model, wiki, tmp_path, 3, phases=[("lm", 3)]).train()
     assert all(torch.equal(p, ntm[n]) for n, p in model.named_parameters() if n in ntm)
     assert model.training_phase == "joint"
     with pytest.raises(ValueError, match="pretraining_phases must be"):
-        _trainer(model, apnews, tmp_path, 3, phases=[("warmup", 3)])
+        _trainer(model, wiki, tmp_path, 3, phases=[("warmup", 3)])
     from topic_lm_hf import LSTMLMConfig, LSTMLMForCausalLM
     with pytest.raises(ValueError, match="has no training phases"):
-        _trainer(LSTMLMForCausalLM(LSTMLMConfig(vocab_size=len(apnews["tok"]))), apnews, tmp_path, 3,
+        _trainer(LSTMLMForCausalLM(LSTMLMConfig(vocab_size=len(wiki["tok"]))), wiki, tmp_path, 3,
                  phases=[("lm", 3)])
 
 
 @pytest.fixture(scope="module")
-def trained(apnews, tmp_path_factory):
+def trained(wiki, tmp_path_factory):
     """A tiny LETA+SDT NCLM trained for 40 steps (after 10 topic-model steps) on 100 APNEWS documents."""
     torch.manual_seed(0)
-    model = make(apnews, "leta", True, num_topics=8, embedding_size=32, hidden_size=32, encoder_hidden_size=32,
+    model = make(wiki, "leta", True, num_topics=8, embedding_size=32, hidden_size=32, encoder_hidden_size=32,
                  alpha=0.1).train()
-    collator = TopicContextCollator(apnews["tok"], apnews["topic_tok"], context="preceding", sentence_prefix=True)
-    held_out = collator(list(collator.prepare(apnews["valid"].select(range(4)))))
+    collator = TopicContextCollator(wiki["tok"], wiki["topic_tok"], context="preceding", sentence_prefix=True)
+    held_out = collator(list(collator.prepare(wiki["valid"].select(range(4)))))
 
     def held_out_losses():
         model.eval()
@@ -500,10 +501,10 @@ def trained(apnews, tmp_path_factory):
 
     before = held_out_losses()
     out = tmp_path_factory.mktemp("nclm-apnews")
-    trainer = _trainer(model.train(), apnews, out, 50, phases=[("topic_model", 10)])
+    trainer = _trainer(model.train(), wiki, out, 50, phases=[("topic_model", 10)])
     trainer.train()
     trainer.save_model(str(out))
-    save_vocabularies(apnews["tok"], apnews["topic_tok"], out)
+    save_vocabularies(wiki["tok"], wiki["topic_tok"], out)
     return {"model": trainer.model.eval(), "logs": trainer.state.log_history, "path": out, "before": before,
             "after": held_out_losses()}
 
@@ -523,21 +524,21 @@ def test_trainer_run_on_apnews_logs_every_loss_term_and_the_loss_falls(trained):
 
 
 @pytest.mark.slow
-def test_perplexity_protocols_topics_and_steering_interface(trained, apnews):
+def test_perplexity_protocols_topics_and_steering_interface(trained, wiki):
     model = AutoModelForCausalLM.from_pretrained(trained["path"]).eval()
-    docs = apnews["valid"].select(range(6))
+    docs = wiki["valid"].select(range(6))
     results = {p: evaluate_perplexity(model, docs, p) for p in ("paper", "causal", "causal-carry")}
     for protocol, result in results.items():
-        assert result["protocol"] == protocol and 1 < result["perplexity"] < len(apnews["tok"])
+        assert result["protocol"] == protocol and 1 < result["perplexity"] < len(wiki["tok"])
     assert results["paper"]["tokens"] == results["causal"]["tokens"] == results["causal-carry"]["tokens"]
     mismatched = evaluate_perplexity(model, docs, "causal", mismatched_context=True)
     assert mismatched["tokens"] == results["causal"]["tokens"] and "mismatched" in mismatched["context"]
     topics = model.get_topics(top_n=10)  # the topic tokenizer saved next to the model
     assert len(topics) == 8 and all(len(t) == 10 and "<unk>" not in t for t in topics)
     dist = model.topic_word_distributions()
-    assert dist.shape == (8, len(apnews["topic_tok"])) and torch.allclose(dist.sum(-1), torch.ones(8))
+    assert dist.shape == (8, len(wiki["topic_tok"])) and torch.allclose(dist.sum(-1), torch.ones(8))
     assert dist[:, 0].abs().sum() == 0
-    h = model.infer_topics(torch.ones(2, len(apnews["topic_tok"])))
+    h = model.infer_topics(torch.ones(2, len(wiki["topic_tok"])))
     assert h.shape == (2, 8) and torch.allclose(h.sum(-1), torch.ones(2))
     out = model.generate(topic_ids=[3], max_new_tokens=8, min_new_tokens=8, do_sample=True)
     assert out.shape == (1, 9)
@@ -556,22 +557,22 @@ def test_hub_configs_are_the_papers_sizes_and_build(size, hidden, layers):
     assert config.topic_representation_size == 2 * (300 + 150)  # LETA + SDT, E = 300
 
 
-def test_a_leaky_model_is_labelled_by_the_trainer_and_the_command_line(apnews, tmp_path, capsys):
+def test_a_leaky_model_is_labelled_by_the_trainer_and_the_command_line(wiki, tmp_path, capsys):
     """Trainer.evaluate names a leaky model's perplexity eval_perplexity_leaky; `topic-lm evaluate` with its default
     protocols reports it under paper (labelled) and says which protocols it skipped, instead of failing."""
     from topic_lm_hf.cli import main
 
-    model = make(apnews, "lta", True, sdt_mode="minus_target")
-    collator = TopicContextCollator.for_model(model, apnews["tok"], apnews["topic_tok"])
+    model = make(wiki, "lta", True, sdt_mode="minus_target")
+    collator = TopicContextCollator.for_model(model, wiki["tok"], wiki["topic_tok"])
     args = TrainingArguments(str(tmp_path / "out"), per_device_eval_batch_size=16, report_to=[], use_cpu=True)
-    trainer = TopicLMTrainer(model=model, args=args, eval_dataset=collator.prepare(apnews["valid"].select(range(5))),
+    trainer = TopicLMTrainer(model=model, args=args, eval_dataset=collator.prepare(wiki["valid"].select(range(5))),
                              data_collator=collator)
     metrics = trainer.evaluate()
     assert "eval_perplexity_leaky" in metrics and "eval_perplexity" not in metrics
     model.save_pretrained(tmp_path / "m")
-    save_vocabularies(apnews["tok"], apnews["topic_tok"], tmp_path / "m")
+    save_vocabularies(wiki["tok"], wiki["topic_tok"], tmp_path / "m")
     valid = tmp_path / "valid.txt"
-    valid.write_text("\n".join("\t".join(" ".join(s) for s in d["sentences"]) for d in apnews["valid"].select(range(3))))
+    valid.write_text("\n".join("\t".join(" ".join(s) for s in d["sentences"]) for d in wiki["valid"].select(range(3))))
     main(["evaluate", "--model_name_or_path", str(tmp_path / "m"), "--validation_file", str(valid)])
     out = capsys.readouterr().out
     assert "reads words it predicts (sdt_mode=minus_target" in out and "skipped: causal, causal-carry" in out

@@ -63,3 +63,63 @@ def test_the_package_needs_no_checkout():
             assert not [m for m in modules if m.split(".")[-1] in harness], f"{path} imports the benchmark harness"
         assert '"git"' not in text and "ROOT" not in text, f"{path} needs a checkout"
         assert not re.search(r"Path\(__file__\)[^\n]*\.parents\[", text), f"{path} looks for a checkout folder"
+
+
+# ----------------------------------------------------------------------------------------------
+# package data: what a fresh clone or an installed wheel has, with nothing beside it
+# ----------------------------------------------------------------------------------------------
+
+RESOURCES = ROOT / "src" / "topic_lm_hf" / "resources"
+
+
+def _package_data_files() -> list[str]:
+    """The files of ``resources/``, relative to the package folder (as setuptools' package-data globs see them)."""
+    return sorted(str(p.relative_to(RESOURCES.parent)) for p in RESOURCES.rglob("*") if p.is_file())
+
+
+def test_every_package_data_file_is_declared_in_pyproject():
+    import fnmatch
+
+    globs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["topic_lm_hf"]
+    files = _package_data_files()
+    assert {"resources/mallet_en.txt", "resources/NOTICE.md", "resources/wikipedia_sample/train.txt.gz",
+            "resources/wikipedia_sample/validation.txt.gz", "resources/wikipedia_sample/npmi_reference.txt.gz",
+            "resources/wikipedia_sample/ATTRIBUTION.md"} <= set(files)
+    undeclared = [f for f in files if not any(fnmatch.fnmatch(f, g) for g in globs)]
+    assert undeclared == [], f"in resources/ but not in [tool.setuptools.package-data]: {undeclared}"
+
+
+def test_the_embedded_corpus_is_small_and_its_files_are_those_the_package_reads():
+    from topic_lm_hf.data import EMBEDDED_CORPORA, MALLET_STOPWORDS
+
+    sample = RESOURCES / "wikipedia_sample"
+    assert sum(p.stat().st_size for p in sample.glob("*.gz")) <= 3_000_000  # compressed, all splits together
+    assert {p.resolve() for p in EMBEDDED_CORPORA.values()} == {p.resolve() for p in sample.glob("*.txt.gz")}
+    assert MALLET_STOPWORDS.resolve() == (RESOURCES / "mallet_en.txt").resolve()
+
+
+def test_no_development_setup_path_in_the_package():
+    """Help texts, docstrings and defaults name $TOPIC_LM_DATA or the package's own data, never the development
+    setup's folder beside the checkout."""
+    for path in (ROOT / "src" / "topic_lm_hf").rglob("*.py"):
+        assert "shared/data" not in path.read_text(), path
+
+
+@pytest.mark.slow
+def test_a_built_wheel_holds_the_stop_list_and_the_corpus(tmp_path):
+    """`pip wheel .` (here without build isolation or dependencies: offline) packs every file of resources/."""
+    import shutil
+    import subprocess
+    import zipfile
+
+    pytest.importorskip("setuptools", reason="building the wheel offline needs setuptools in this environment")
+    source = tmp_path / "src-copy"  # a copy, so that the build leaves nothing in the checkout
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(".git", ".venv", "out", "build", "*.egg-info",
+                                                                "__pycache__", "results", "tests"))
+    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                           "-w", str(tmp_path / "dist"), str(source)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (wheel,) = (tmp_path / "dist").glob("topic_lm_hf-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    missing = [f for f in _package_data_files() if f"topic_lm_hf/{f}" not in names]
+    assert missing == [], f"not in {wheel.name}: {missing}"

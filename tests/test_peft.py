@@ -4,9 +4,9 @@ trains with ``transformers.Trainer`` in every family, and saves, reloads and mer
 import pytest
 import torch
 
-from topic_lm_hf import TopicContextCollator, build_vocabularies, load_documents, synthetic_documents
+from topic_lm_hf import TopicContextCollator, build_vocabularies, load_documents
 
-from conftest import DATA, MALLET, tiny_model, variants
+from conftest import tiny_model, variants
 
 peft = pytest.importorskip("peft", reason="peft is not installed (pip install -e .[test])")
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -14,10 +14,9 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 @pytest.fixture(scope="module")
 def corpus():
-    """A handful of real APNEWS documents (synthetic ones where the corpus is absent) and their vocabularies."""
-    path = DATA / "apnews" / "train.txt"
-    docs = load_documents(path, max_documents=12) if path.exists() else synthetic_documents(12, seed=0)
-    tok, topic_tok = build_vocabularies(docs, min_freq=1, stopwords=MALLET if MALLET.exists() else "none")
+    """A handful of real documents (wikipedia-sample, shipped with the package) and their vocabularies."""
+    docs = load_documents("wikipedia-sample", max_documents=12)
+    tok, topic_tok = build_vocabularies(docs, min_freq=1, stopwords="mallet")
     return docs, tok, topic_tok
 
 

@@ -26,18 +26,18 @@ def _model(family, tok, topic_tok, **overrides):
     return tiny_model(family, tok, topic_tok, **sizes, **overrides)
 
 
-def _rows(model, apnews):
-    collator = TopicContextCollator.for_model(model, apnews["tok"], apnews["topic_tok"], protocol="pretraining")
-    return collator.prepare(apnews["train"]), collator.prepare(apnews["valid"]), collator
+def _rows(model, wiki):
+    collator = TopicContextCollator.for_model(model, wiki["tok"], wiki["topic_tok"], protocol="pretraining")
+    return collator.prepare(wiki["train"]), collator.prepare(wiki["valid"]), collator
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_the_pretraining_batches_are_the_training_batches_or_whole_documents_bags(apnews, family):
+def test_the_pretraining_batches_are_the_training_batches_or_whole_documents_bags(wiki, family):
     """rGBN-RNN declares whole documents' bags (one row per document, its whole bag of words); every other family
     is pre-trained on its training batches, under the training context a caller chooses."""
-    tok, topic_tok = apnews["tok"], apnews["topic_tok"]
+    tok, topic_tok = wiki["tok"], wiki["topic_tok"]
     model = _model(family, tok, topic_tok)
-    docs = apnews["valid"].select(range(5))
+    docs = wiki["valid"].select(range(5))
     pretraining = TopicContextCollator.for_model(model, tok, topic_tok, protocol="pretraining")
     if family == "rgbn":
         document = TopicContextCollator.for_model(model, tok, topic_tok, protocol="document")
@@ -66,9 +66,9 @@ def _topic_part(model):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_pretraining_lowers_the_topic_objective_and_leaves_the_lm_alone(apnews, family):
-    model = _model(family, apnews["tok"], apnews["topic_tok"])
-    train, valid, collator = _rows(model, apnews)
+def test_pretraining_lowers_the_topic_objective_and_leaves_the_lm_alone(wiki, family):
+    model = _model(family, wiki["tok"], wiki["topic_tok"])
+    train, valid, collator = _rows(model, wiki)
     topic_part = _topic_part(model)
     before = {n: t.detach().clone() for n, t in model.state_dict().items()}
     start = topic_model_objective(model, valid, collator)
@@ -84,9 +84,9 @@ def test_pretraining_lowers_the_topic_objective_and_leaves_the_lm_alone(apnews, 
 
 
 @pytest.mark.parametrize("family", ["tcnlm", "rgbn"])
-def test_early_stopping_keeps_the_best_topic_model(apnews, family):
-    model = _model(family, apnews["tok"], apnews["topic_tok"])
-    train, valid, collator = _rows(model, apnews)
+def test_early_stopping_keeps_the_best_topic_model(wiki, family):
+    model = _model(family, wiki["tok"], wiki["topic_tok"])
+    train, valid, collator = _rows(model, wiki)
     # A high learning rate on 300 documents: the development objective stops improving within 200 steps.
     result = pretrain_topic_model(model, train, collator, steps=200, batch_size=16, learning_rate=0.05,
                                   eval_dataset=valid, eval_every=5, patience=2)
@@ -98,9 +98,9 @@ def test_early_stopping_keeps_the_best_topic_model(apnews, family):
                                                                                           rel=1e-6)
 
 
-def test_pretraining_refuses_what_it_cannot_do(apnews):
-    model = _model("tcnlm", apnews["tok"], apnews["topic_tok"])
-    train, _, collator = _rows(model, apnews)
+def test_pretraining_refuses_what_it_cannot_do(wiki):
+    model = _model("tcnlm", wiki["tok"], wiki["topic_tok"])
+    train, _, collator = _rows(model, wiki)
     with pytest.raises(ValueError, match="eval_dataset is empty"):
         pretrain_topic_model(model, train, collator, steps=1, eval_dataset=[])
     with pytest.raises(ValueError, match="steps must be an integer"):
@@ -108,16 +108,17 @@ def test_pretraining_refuses_what_it_cannot_do(apnews):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_a_pretrained_topic_model_with_the_prior_steers_and_an_untrained_one_is_at_chance(apnews, family):
+def test_a_pretrained_topic_model_with_the_prior_steers_and_an_untrained_one_is_at_chance(wiki, family):
     """The LM is untrained in both: what steers is the topic model, through the shared topic output prior."""
-    tok, topic_tok = apnews["tok"], apnews["topic_tok"]
+    tok, topic_tok = wiki["tok"], wiki["topic_tok"]
     settings = dict(topics=list(range(TOPICS)), num_samples=4, max_new_tokens=12, tokenizer=tok,
                     topic_tokenizer=topic_tok, seed=0)
     untrained = _model(family, tok, topic_tok).eval()
     chance = evaluate_steering(untrained, **settings)
     model = _model(family, tok, topic_tok, topic_output_bias="beta", topic_prior_weight_init=4.0)
-    train, _, collator = _rows(model, apnews)
-    pretrain_topic_model(model, train, collator, steps=150, batch_size=32, learning_rate=1e-2)
+    train, _, collator = _rows(model, wiki)
+    # 300 steps: on these 300 Wikipedia articles (more subjects than news) NCLM's NVDM steered 0.275 after 150
+    pretrain_topic_model(model, train, collator, steps=300, batch_size=32, learning_rate=1e-2)
     steered = evaluate_steering(model.eval(), **settings)
     # accuracy_own_topics: a text's topic is the most likely one under the model's topic-word distributions;
     # share: the share of generated words among the steered topic's top 50.
@@ -126,12 +127,12 @@ def test_a_pretrained_topic_model_with_the_prior_steers_and_an_untrained_one_is_
     assert steered["share_steered"] >= 0.25 and steered["share_steered"] > 5 * chance["share_steered"], steered
 
 
-def test_topic_rnn_bag_of_words_term_is_the_naive_likelihood_per_context_word(apnews):
-    tok, topic_tok = apnews["tok"], apnews["topic_tok"]
+def test_topic_rnn_bag_of_words_term_is_the_naive_likelihood_per_context_word(wiki):
+    tok, topic_tok = wiki["tok"], wiki["topic_tok"]
     plain = _model("topic_rnn-lstm", tok, topic_tok).eval()
     model = _model("topic_rnn-lstm", tok, topic_tok, bow_loss_weight=2.0).eval()
     model.load_state_dict(plain.state_dict())
-    _, valid, collator = _rows(model, apnews)
+    _, valid, collator = _rows(model, wiki)
     batch = collator([valid[i] for i in range(4)])
     with torch.no_grad():
         base, out = plain(**batch), model(**batch)

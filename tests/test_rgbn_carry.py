@@ -1,47 +1,46 @@
 """rGBN-RNN trained with its LSTM state carried across the chunks of each document (``carry_token_state``), on real
-APNEWS documents: a documents batch gives the per-token log-probabilities of ``causal-carry`` evaluation (chunk after
-chunk with ``state``), the default gives those of zero-state chunks as before, gradients reach earlier chunks, and the
-option survives save / load."""
+Wikipedia documents (wikipedia-sample): a documents batch gives the per-token log-probabilities of ``causal-carry``
+evaluation (chunk after chunk with ``state``), the default gives those of zero-state chunks as before, gradients reach
+earlier chunks, and the option survives save / load."""
 
 import pytest
 import torch
-from conftest import requires_data
 from transformers import AutoModelForCausalLM
 
 from topic_lm_hf import RGBNRNNConfig, RGBNRNNForCausalLM, TopicContextCollator, evaluate_perplexity
 from topic_lm_hf.carried_state import run_carried_chunks
 from topic_lm_hf.data import documents_from_lists
 
-pytestmark = [pytest.mark.usefixtures("one_thread"), requires_data("apnews", "train.txt")]
+pytestmark = pytest.mark.usefixtures("one_thread")
 
-# Sentences kept of the first APNEWS training documents: unsorted and of different lengths (padding chunks), and at
-# MAX_LENGTH tokens a chunk most sentences span several chunks.
+# Sentences kept of the first wikipedia-sample training documents: unsorted and of different lengths (padding chunks),
+# and at MAX_LENGTH tokens a chunk most sentences span several chunks.
 SENTENCES = (2, 5, 1, 4)
 MAX_LENGTH = 6
 KEYS = ("input_ids", "attention_mask", "context_bow", "chunk_mask", "sentence_index")
 
 
-def make(apnews, layers, **kw):
+def make(wiki, layers, **kw):
     torch.manual_seed(0)
     kw = {"topic_sizes": [8, 6][:layers], "hidden_sizes": [16, 12][:layers], "embedding_size": 12, "dropout": 0.0,
           "initializer_range": 0.3, **kw}
-    return RGBNRNNForCausalLM(RGBNRNNConfig.from_tokenizers(apnews["tok"], apnews["topic_tok"], **kw)).double().eval()
+    return RGBNRNNForCausalLM(RGBNRNNConfig.from_tokenizers(wiki["tok"], wiki["topic_tok"], **kw)).double().eval()
 
 
-def documents(apnews):
-    return [doc[:n] for doc, n in zip(apnews["train"]["sentences"], SENTENCES)]
+def documents(wiki):
+    return [doc[:n] for doc, n in zip(wiki["train"]["sentences"], SENTENCES)]
 
 
-def documents_batch(model, apnews):
+def documents_batch(model, wiki):
     """The documents batch ``causal-carry`` evaluation collates (the same collator), in the documents' order."""
-    collator = TopicContextCollator.for_model(model, apnews["tok"], apnews["topic_tok"], protocol="causal-carry",
+    collator = TopicContextCollator.for_model(model, wiki["tok"], wiki["topic_tok"], protocol="causal-carry",
                                               max_sentence_length=MAX_LENGTH, max_context_tokens=300)
-    rows = collator.prepare(_dataset(apnews))
+    rows = collator.prepare(_dataset(wiki))
     return collator([rows[i] for i in range(len(rows))])
 
 
-def _dataset(apnews):
-    return documents_from_lists(documents(apnews))
+def _dataset(wiki):
+    return documents_from_lists(documents(wiki))
 
 
 def document_log_probs(model, batch, **kw):
@@ -78,9 +77,9 @@ def chunk_log_probs(model, batch, carry_lstm: bool):
 
 
 @pytest.mark.parametrize("layers, coupling", [(1, "same"), (2, "same"), (2, "reversed")])
-def test_a_documents_batch_with_carried_token_state_is_causal_carry_evaluation(apnews, layers, coupling):
-    model = make(apnews, layers, coupling=coupling, carry_token_state=True)
-    batch = documents_batch(model, apnews)
+def test_a_documents_batch_with_carried_token_state_is_causal_carry_evaluation(wiki, layers, coupling):
+    model = make(wiki, layers, coupling=coupling, carry_token_state=True)
+    batch = documents_batch(model, wiki)
     c = batch["chunk_mask"].sum(1)
     assert len(set(c.tolist())) > 1 and bool((~batch["chunk_mask"].bool()).any())  # padding chunks
     continued = (batch["input_ids"][..., 0] != model.config.bos_token_id) & batch["chunk_mask"].bool()
@@ -97,8 +96,8 @@ def test_a_documents_batch_with_carried_token_state_is_causal_carry_evaluation(a
         out = model(**{k: batch[k] for k in KEYS}, labels=batch["labels"])
     nll = -want[mask].sum()
     assert out.lm_loss.item() == pytest.approx((nll / mask.sum()).item(), rel=1e-6)
-    result = evaluate_perplexity(model, _dataset(apnews), "causal-carry", tokenizer=apnews["tok"],
-                                 topic_tokenizer=apnews["topic_tok"], max_sentence_length=MAX_LENGTH)
+    result = evaluate_perplexity(model, _dataset(wiki), "causal-carry", tokenizer=wiki["tok"],
+                                 topic_tokenizer=wiki["topic_tok"], max_sentence_length=MAX_LENGTH)
     assert result["tokens"] == int(mask.sum()) and result["nll"] == pytest.approx(nll.item(), rel=1e-9)
     # per-layer hidden states come back per chunk, as without the option
     with torch.no_grad():
@@ -107,26 +106,26 @@ def test_a_documents_batch_with_carried_token_state_is_causal_carry_evaluation(a
 
 
 @pytest.mark.parametrize("layers", [1, 2])
-def test_the_default_runs_every_chunk_from_a_zero_state_as_before(apnews, layers):
-    model = make(apnews, layers)
+def test_the_default_runs_every_chunk_from_a_zero_state_as_before(wiki, layers):
+    model = make(wiki, layers)
     assert model.config.carry_token_state is False
-    batch = documents_batch(model, apnews)
+    batch = documents_batch(model, wiki)
     lp, mask = document_log_probs(model, batch)
     torch.testing.assert_close(lp[mask], chunk_log_probs(model, batch, carry_lstm=False)[mask], rtol=0, atol=1e-6)
     # the same weights with the option: forward(carry_token_state=False) is the default, and paper / causal
     # evaluation (every chunk from a zero state by definition) does not change
-    carried = make(apnews, layers, carry_token_state=True)
+    carried = make(wiki, layers, carry_token_state=True)
     carried.load_state_dict(model.state_dict())
     assert torch.equal(document_log_probs(carried, batch, carry_token_state=False)[0], lp)
     assert not torch.allclose(document_log_probs(carried, batch)[0][mask], lp[mask])
-    kw = dict(tokenizer=apnews["tok"], topic_tokenizer=apnews["topic_tok"], max_sentence_length=MAX_LENGTH)
-    assert evaluate_perplexity(carried, _dataset(apnews), "causal", **kw)["nll"] == \
-        pytest.approx(evaluate_perplexity(model, _dataset(apnews), "causal", **kw)["nll"], rel=1e-12)
+    kw = dict(tokenizer=wiki["tok"], topic_tokenizer=wiki["topic_tok"], max_sentence_length=MAX_LENGTH)
+    assert evaluate_perplexity(carried, _dataset(wiki), "causal", **kw)["nll"] == \
+        pytest.approx(evaluate_perplexity(model, _dataset(wiki), "causal", **kw)["nll"], rel=1e-12)
 
 
-def test_gradients_flow_through_the_carried_state_and_the_option_saves(apnews, tmp_path):
-    model = make(apnews, 2, carry_token_state=True, dropout=0.2).train()
-    batch = documents_batch(model, apnews)
+def test_gradients_flow_through_the_carried_state_and_the_option_saves(wiki, tmp_path):
+    model = make(wiki, 2, carry_token_state=True, dropout=0.2).train()
+    batch = documents_batch(model, wiki)
     out = model(**batch)
     out.loss.backward()
     for lstm in model.model.lstms:

@@ -21,17 +21,17 @@ from topic_lm_hf.models.modeling_rgbn_sampler import backward_walk, poisson_nll
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def make(apnews, seed=0, **kw):
+def make(wiki, seed=0, **kw):
     torch.manual_seed(seed)
     kw = {"topic_sizes": [8, 6, 4], "hidden_sizes": [16, 12, 8], "embedding_size": 12, "dropout": 0.0,
           "initializer_range": 0.3, **kw}
-    return RGBNRNNForCausalLM(RGBNRNNConfig.from_tokenizers(apnews["tok"], apnews["topic_tok"], **kw)).eval()
+    return RGBNRNNForCausalLM(RGBNRNNConfig.from_tokenizers(wiki["tok"], wiki["topic_tok"], **kw)).eval()
 
 
-def documents_batch(apnews, docs=(0, 1, 2), context="preceding", max_sentence_length=10, split="valid"):
-    collator = TopicContextCollator(apnews["tok"], apnews["topic_tok"], context=context, layout="documents",
+def documents_batch(wiki, docs=(0, 1, 2), context="preceding", max_sentence_length=10, split="valid"):
+    collator = TopicContextCollator(wiki["tok"], wiki["topic_tok"], context=context, layout="documents",
                                     max_sentence_length=max_sentence_length)
-    rows = collator.prepare(apnews[split].select(list(docs)))
+    rows = collator.prepare(wiki[split].select(list(docs)))
     return collator, collator([rows[i] for i in range(len(rows))])
 
 
@@ -227,11 +227,11 @@ def test_the_fused_sentence_encoder_equals_one_sentence_at_a_time(recurrent):
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
 
 
-def test_document_thetas_draw_the_uniforms_sentence_by_sentence(apnews):
+def test_document_thetas_draw_the_uniforms_sentence_by_sentence(wiki):
     """The samples of all sentences come from one draw of uniforms taken in the order the sentence-by-sentence
     encoder drew them (sentence, then layer): the same random numbers give the same theta."""
-    model = make(apnews).train()
-    _, batch = documents_batch(apnews)
+    model = make(wiki).train()
+    _, batch = documents_batch(wiki)
     b, c = batch["chunk_mask"].shape
     slots = model.model.sentence_slots(batch["input_ids"], batch["chunk_mask"].bool(), batch["sentence_index"],
                                        batch["context_bow"], b, c)
@@ -405,8 +405,8 @@ def test_tlasgr_recovers_a_known_phi_and_pi():
     assert error(pi, true_pi) < 0.2  # a transposed Pi (index order) or a sign error stays near the start
 
 
-def test_pi_is_not_initialised_to_the_identity(apnews):
-    model = make(apnews)
+def test_pi_is_not_initialised_to_the_identity(wiki):
+    model = make(wiki)
     pi = model.model.pi(1)
     assert torch.allclose(pi.sum(0), torch.ones(pi.shape[0], dtype=pi.dtype))
     assert (pi.diagonal() < 0.99).all() and pi.dtype == torch.float64
@@ -417,14 +417,14 @@ def test_pi_is_not_initialised_to_the_identity(apnews):
 # ----------------------------------------------------------------------------------------------
 
 
-def test_documents_forward_loss_terms_and_shapes(apnews):
-    model = make(apnews).train()
-    _, batch = documents_batch(apnews)
+def test_documents_forward_loss_terms_and_shapes(wiki):
+    model = make(wiki).train()
+    _, batch = documents_batch(wiki)
     out = model(**batch)
     b, c, s = batch["input_ids"].shape
     assert out.logits is None  # training with labels: the output layer only at the predicted positions
     with torch.no_grad():
-        assert model.eval()(**batch).logits.shape == (b, c, s, len(apnews["tok"]))
+        assert model.eval()(**batch).logits.shape == (b, c, s, len(wiki["tok"]))
     model.train()
     assert out.theta.shape[:2] == (b, int(batch["sentence_index"].max()) + 1) and out.theta.shape[2] == 18
     tokens = (batch["labels"][..., 1:] != -100).sum()
@@ -432,17 +432,17 @@ def test_documents_forward_loss_terms_and_shapes(apnews):
     assert out.kl_loss > 0 and out.bow_loss > 0 and tokens > 0
     out.loss.backward()
     assert all(p.grad is not None for n, p in model.named_parameters() if "embed" not in n)
-    official = make(apnews, loss_preset="official").train()
+    official = make(wiki, loss_preset="official").train()
     torch.manual_seed(3)
     o = official(**batch)
     assert o.loss < o.lm_loss + 0.01 * (o.bow_loss + o.kl_loss)
 
 
-def test_the_sentence_recurrence_equals_running_sentence_by_sentence(apnews):
+def test_the_sentence_recurrence_equals_running_sentence_by_sentence(wiki):
     """A documents batch (the recurrence inside one call) gives the logits of feeding the chunks one at a time with
     the carried state (encoder hidden and theta), the LSTM part of the state reset at every chunk."""
-    model = make(apnews)
-    _, batch = documents_batch(apnews, docs=(0, 1), max_sentence_length=8)
+    model = make(wiki)
+    _, batch = documents_batch(wiki, docs=(0, 1), max_sentence_length=8)
     with torch.no_grad():
         full = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                      context_bow=batch["context_bow"], chunk_mask=batch["chunk_mask"],
@@ -472,14 +472,14 @@ def test_the_sentence_recurrence_equals_running_sentence_by_sentence(apnews):
     assert (alone - in_document).abs().max() > 1e-3 * in_document.abs().max()
 
 
-def test_causal_documents_never_read_later_sentences(apnews):
+def test_causal_documents_never_read_later_sentences(wiki):
     """Under the causal context, changing sentence j + 1 onwards leaves the logits of sentences <= j unchanged
     (the encoder's recurrence runs forward only), and changes later ones."""
-    model = make(apnews)
-    collator = TopicContextCollator(apnews["tok"], apnews["topic_tok"], context="preceding", layout="documents",
+    model = make(wiki)
+    collator = TopicContextCollator(wiki["tok"], wiki["topic_tok"], context="preceding", layout="documents",
                                     max_sentence_length=10)
-    sentences = [s for s in apnews["valid"][0]["sentences"] if s][:5]
-    vocab = apnews["topic_tok"].get_vocab()  # a dict whose order changes from process to process: sort by id
+    sentences = [s for s in wiki["valid"][0]["sentences"] if s][:5]
+    vocab = wiki["topic_tok"].get_vocab()  # a dict whose order changes from process to process: sort by id
     topic_words = [w for w in sorted(vocab, key=vocab.get) if w != "<unk>"][:40]
     changed = sentences[:2] + [topic_words[i:i + 8] for i in (0, 8, 16)]
 
@@ -499,9 +499,9 @@ def test_causal_documents_never_read_later_sentences(apnews):
     assert (first(new, new_index) - first(base, index)).abs().max() > 1e-3
 
 
-def test_gbn_without_recurrence_reads_each_sentence_alone(apnews):
-    model = make(apnews, recurrent=False)
-    _, batch = documents_batch(apnews, docs=(0,), context="others")
+def test_gbn_without_recurrence_reads_each_sentence_alone(wiki):
+    model = make(wiki, recurrent=False)
+    _, batch = documents_batch(wiki, docs=(0,), context="others")
     with torch.no_grad():
         full = model(**{k: batch[k] for k in ("input_ids", "attention_mask", "context_bow", "chunk_mask",
                                               "sentence_index")}).logits
@@ -513,8 +513,8 @@ def test_gbn_without_recurrence_reads_each_sentence_alone(apnews):
 
 
 @pytest.mark.parametrize("coupling, gate", [("same", "paper"), ("reversed", "official")])
-def test_coupling_pairs_layers_and_the_gate_reads_max_normalised_theta(apnews, coupling, gate):
-    model = make(apnews, coupling=coupling, gate=gate)
+def test_coupling_pairs_layers_and_the_gate_reads_max_normalised_theta(wiki, coupling, gate):
+    model = make(wiki, coupling=coupling, gate=gate)
     K = model.config.topic_sizes
     expected = K if coupling == "same" else K[::-1]
     assert [g.theta_proj.in_features for g in model.model.gates] == expected
@@ -537,9 +537,9 @@ def test_coupling_pairs_layers_and_the_gate_reads_max_normalised_theta(apnews, c
         assert torch.isfinite(model(input_ids=bos, theta=torch.zeros(1, sum(K))).logits).all()
 
 
-def test_bad_inputs_are_clear_errors(apnews):
-    model = make(apnews)
-    _, batch = documents_batch(apnews, docs=(0,))
+def test_bad_inputs_are_clear_errors(wiki):
+    model = make(wiki)
+    _, batch = documents_batch(wiki, docs=(0,))
     bad = batch["context_bow"].clone()
     bad[0, 0, 3] = float("nan")
     with pytest.raises(ValueError, match="finite, non-negative"):
@@ -559,7 +559,7 @@ def test_bad_inputs_are_clear_errors(apnews):
         with pytest.raises(ValueError, match=match):
             model.generate(max_new_tokens=2, **kwargs)
     with pytest.raises(ValueError, match="Document 0 is empty"):
-        TopicContextCollator(apnews["tok"], apnews["topic_tok"], layout="documents")([{"sentences": [[]]}])
+        TopicContextCollator(wiki["tok"], wiki["topic_tok"], layout="documents")([{"sentences": [[]]}])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -567,8 +567,8 @@ def test_bad_inputs_are_clear_errors(apnews):
 # ----------------------------------------------------------------------------------------------
 
 
-def test_topics_of_any_layer_steer_the_next_word(apnews):
-    model = make(apnews)
+def test_topics_of_any_layer_steer_the_next_word(wiki):
+    model = make(wiki)
     bos = torch.tensor([[model.config.bos_token_id]])
     for layer, K in zip((1, 2, 3), model.config.topic_sizes):
         with torch.no_grad():
@@ -584,13 +584,13 @@ def test_topics_of_any_layer_steer_the_next_word(apnews):
     assert [int(x.sum()) for x in model.model.split_theta(chain)] == [1, 1, 1]
 
 
-def test_generate_paragraph_links_sentences_by_the_recurrence(apnews):
-    model = make(apnews)
+def test_generate_paragraph_links_sentences_by_the_recurrence(wiki):
+    model = make(wiki)
     torch.manual_seed(12)
     sentences = model.generate_paragraph(3, topic_ids=[1], topic_layer=3, max_new_tokens=5)
     assert len(sentences) == 3 and all(s.shape[0] == 1 for s in sentences)
     torch.manual_seed(12)
-    text = model.generate_paragraph(2, num_paragraphs=2, tokenizer=apnews["tok"], max_new_tokens=5)
+    text = model.generate_paragraph(2, num_paragraphs=2, tokenizer=wiki["tok"], max_new_tokens=5)
     assert len(text) == 2 and all(len(p) == 2 and all(isinstance(s, str) for s in p) for p in text)
     # the next sentence's theta follows eq. 2: its mean given theta_j is Pi theta_j at the top
     previous = model.model.theta_from_topics([1], 3)
@@ -601,7 +601,7 @@ def test_generate_paragraph_links_sentences_by_the_recurrence(apnews):
     with pytest.raises(ValueError, match="num_sentences must be a positive integer"):
         model.generate_paragraph(0)
     # conditioned on a given paragraph: sentence j is decoded from the encoder's theta_j
-    bows = documents_batch(apnews, docs=(0,))[1]["context_bow"][0, :2]
+    bows = documents_batch(wiki, docs=(0,))[1]["context_bow"][0, :2]
     calls = []
     original = model.generate
     model.generate = lambda **kw: calls.append(kw["theta"]) or original(**kw)
@@ -613,23 +613,23 @@ def test_generate_paragraph_links_sentences_by_the_recurrence(apnews):
     assert len(calls) == 3 and calls[2].shape == (1, 18)
 
 
-def test_get_topics_of_every_layer_and_the_topic_tree(apnews):
-    model = make(apnews)
+def test_get_topics_of_every_layer_and_the_topic_tree(wiki):
+    model = make(wiki)
     for layer, K in zip((1, 2, 3), model.config.topic_sizes):
-        topics = model.get_topics(layer=layer, top_n=5, topic_tokenizer=apnews["topic_tok"])
+        topics = model.get_topics(layer=layer, top_n=5, topic_tokenizer=wiki["topic_tok"])
         assert len(topics) == K and all(len(t) == 5 and "<unk>" not in t for t in topics)
     dist = model.topic_word_distributions(layer=3)
     assert torch.allclose(dist.sum(1), torch.ones(4), atol=1e-5)
     manual = (model.model.phi(1) @ model.model.phi(2) @ model.model.phi(3)).T.float()
     assert torch.allclose(dist, manual, atol=1e-6)
-    tree = model.topic_tree(top_n=3, num_children=2, topic_tokenizer=apnews["topic_tok"])
+    tree = model.topic_tree(top_n=3, num_children=2, topic_tokenizer=wiki["topic_tok"])
     assert len(tree) == 4 and all(len(n["children"]) == 2 and n["layer"] == 3 for n in tree)
     child = tree[0]["children"][0]
     assert child["layer"] == 2 and child["weight"] == pytest.approx(float(model.model.phi(3)[:, 0].max()))
     assert len(child["children"][0]["words"]) == 3 and child["children"][0]["children"] == []
     assert format_topic_tree(tree).count("\n") == 4 * (1 + 2 + 4) - 1
     with pytest.raises(ValueError, match="topic_layer must be"):
-        model.get_topics(layer=4, topic_tokenizer=apnews["topic_tok"])
+        model.get_topics(layer=4, topic_tokenizer=wiki["topic_tok"])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -637,9 +637,9 @@ def test_get_topics_of_every_layer_and_the_topic_tree(apnews):
 # ----------------------------------------------------------------------------------------------
 
 
-def test_tlasgr_runs_once_per_optimizer_step_with_accumulated_statistics(apnews):
-    model = make(apnews).train()
-    _, batch = documents_batch(apnews, split="train")
+def test_tlasgr_runs_once_per_optimizer_step_with_accumulated_statistics(wiki):
+    model = make(wiki).train()
+    _, batch = documents_batch(wiki, split="train")
     optimizer = torch.optim.Adam(model.parameters(), 1e-3)
     phi_before = model.model.phi(1).clone()
     for _ in range(2):  # two micro-batches, one optimizer step
@@ -660,10 +660,10 @@ def test_tlasgr_runs_once_per_optimizer_step_with_accumulated_statistics(apnews)
         model.eval()(**batch)
 
 
-def test_gradient_alternative_learns_softmax_columns(apnews):
-    model = make(apnews, topic_learning="gradient").train()
+def test_gradient_alternative_learns_softmax_columns(wiki):
+    model = make(wiki, topic_learning="gradient").train()
     assert not any("phi_" in n and "logits" not in n for n, _ in model.named_buffers())
-    _, batch = documents_batch(apnews, split="train")
+    _, batch = documents_batch(wiki, split="train")
     model(**batch).loss.backward()
     assert model.model.phi_logits_1.grad.abs().sum() > 0 and model.model.pi_logits_2.grad.abs().sum() > 0
     assert torch.allclose(model.model.phi(2).sum(0), torch.ones(6))
@@ -678,8 +678,8 @@ class _StopAfter(TrainerCallback):
             control.should_training_stop = True
 
 
-def _trainer(model, apnews, out, steps, rows, **kw):
-    collator = TopicContextCollator(apnews["tok"], apnews["topic_tok"], context="preceding", layout="documents",
+def _trainer(model, wiki, out, steps, rows, **kw):
+    collator = TopicContextCollator(wiki["tok"], wiki["topic_tok"], context="preceding", layout="documents",
                                     max_sentence_length=15)
     args = TrainingArguments(output_dir=str(out), per_device_train_batch_size=4, max_steps=steps, learning_rate=3e-3,
                              logging_steps=1, save_steps=2, report_to=[], use_cpu=True, seed=0, disable_tqdm=True,
@@ -688,32 +688,32 @@ def _trainer(model, apnews, out, steps, rows, **kw):
 
 
 @pytest.fixture(scope="module")
-def train_rows(apnews):
-    collator = TopicContextCollator(apnews["tok"], apnews["topic_tok"], context="preceding", layout="documents",
+def train_rows(wiki):
+    collator = TopicContextCollator(wiki["tok"], wiki["topic_tok"], context="preceding", layout="documents",
                                     max_sentence_length=15)
-    return collator.prepare(apnews["train"].select(range(24)))
+    return collator.prepare(wiki["train"].select(range(24)))
 
 
-def test_a_resumed_run_continues_the_sampler_exactly(apnews, train_rows, tmp_path):
-    full = make(apnews)
-    _trainer(full, apnews, tmp_path / "full", 4, train_rows).train()
+def test_a_resumed_run_continues_the_sampler_exactly(wiki, train_rows, tmp_path):
+    full = make(wiki)
+    _trainer(full, wiki, tmp_path / "full", 4, train_rows).train()
     assert int(full.model.tlasgr_step_count) == 4 and full.config.tlasgr_corpus_size == 24
-    part = make(apnews)
-    interrupted = _trainer(part, apnews, tmp_path / "part", 4, train_rows)
+    part = make(wiki)
+    interrupted = _trainer(part, wiki, tmp_path / "part", 4, train_rows)
     interrupted.add_callback(_StopAfter(2))  # as if the run were killed after its step-2 checkpoint
     interrupted.train()
     assert int(part.model.tlasgr_step_count) == 2
-    resumed = make(apnews, seed=5)  # other weights: everything must come from the checkpoint
-    _trainer(resumed, apnews, tmp_path / "part", 4, train_rows).train(
+    resumed = make(wiki, seed=5)  # other weights: everything must come from the checkpoint
+    _trainer(resumed, wiki, tmp_path / "part", 4, train_rows).train(
         resume_from_checkpoint=str(tmp_path / "part" / "checkpoint-2"))
     assert int(resumed.model.tlasgr_step_count) == 4
     for name in ("phi_1", "phi_3", "pi_2", "phi_fisher_2", "pi_fisher_3"):
         assert torch.allclose(getattr(resumed.model, name), getattr(full.model, name), atol=1e-10), name
 
 
-def test_trainer_on_real_apnews_lowers_the_loss_and_evaluates_under_every_protocol(apnews, train_rows, tmp_path):
-    model = make(apnews, topic_sizes=[10, 6], hidden_sizes=[24, 16])
-    trainer = _trainer(model, apnews, tmp_path, 12, train_rows, gradient_accumulation_steps=2)
+def test_trainer_on_real_apnews_lowers_the_loss_and_evaluates_under_every_protocol(wiki, train_rows, tmp_path):
+    model = make(wiki, topic_sizes=[10, 6], hidden_sizes=[24, 16])
+    trainer = _trainer(model, wiki, tmp_path, 12, train_rows, gradient_accumulation_steps=2)
     trainer.args.save_strategy = "no"
     history = trainer.train()
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
@@ -721,24 +721,24 @@ def test_trainer_on_real_apnews_lowers_the_loss_and_evaluates_under_every_protoc
     assert int(model.model.tlasgr_step_count) == 12  # one TLASGR update per optimizer step, not per micro-batch
     assert all(k in trainer.state.log_history[0] for k in ("lm_loss", "kl_loss", "bow_loss"))
     assert history.training_loss > 0
-    docs = apnews["valid"].select(range(4))
-    kw = dict(tokenizer=apnews["tok"], topic_tokenizer=apnews["topic_tok"], batch_size=16)
+    docs = wiki["valid"].select(range(4))
+    kw = dict(tokenizer=wiki["tok"], topic_tokenizer=wiki["topic_tok"], batch_size=16)
     results = {p: evaluate_perplexity(model, docs, p, **kw) for p in ("paper", "causal", "causal-carry")}
     tokens = {r["tokens"] for r in results.values()}
     expected = sum(len(sentence) + 1 for doc in docs["sentences"] for sentence in doc if sentence)  # words + <eos>
     assert tokens == {expected} and all(math.isfinite(r["perplexity"]) for r in results.values())
-    assert results["causal"]["perplexity"] < len(apnews["tok"])
+    assert results["causal"]["perplexity"] < len(wiki["tok"])
     # the documents path equals the chunk-by-chunk path without a carried LSTM state, by construction above;
     # here: the whole-document evaluation is deterministic (posterior mean)
     again = evaluate_perplexity(model, docs, "causal", **kw)
     assert again["nll"] == pytest.approx(results["causal"]["nll"], rel=1e-9)
 
 
-def test_gradient_checkpointing_gives_the_same_gradients(apnews, monkeypatch):
+def test_gradient_checkpointing_gives_the_same_gradients(wiki, monkeypatch):
     from topic_lm_hf.models import modeling_rgbn_rnn
 
-    model = make(apnews, dropout=0.2).train()
-    _, batch = documents_batch(apnews, split="train", docs=(0, 1))
+    model = make(wiki, dropout=0.2).train()
+    _, batch = documents_batch(wiki, split="train", docs=(0, 1))
 
     def loss_and_grads():
         model.zero_grad()
@@ -773,16 +773,16 @@ def test_hub_configs_build_with_the_cli(size, topics, hidden):
     assert (config.topic_sizes, config.hidden_sizes) == (topics, hidden)
 
 
-def test_the_steering_evaluation_runs_on_first_layer_topics(apnews):
+def test_the_steering_evaluation_runs_on_first_layer_topics(wiki):
     from topic_lm_hf import evaluate_steering
 
-    model = make(apnews)
-    bows = documents_batch(apnews, docs=(0, 1))[1]["context_bow"][:, 1]
+    model = make(wiki)
+    bows = documents_batch(wiki, docs=(0, 1))[1]["context_bow"][:, 1]
     proportions = model.infer_topics(bows)
     assert proportions.shape == (2, 8) and torch.allclose(proportions.sum(-1), torch.ones(2))
     assert model.infer_topics(bows, layer=3).shape == (2, 4)
-    result = evaluate_steering(model, topics=[0, 3], num_samples=2, max_new_tokens=4, tokenizer=apnews["tok"],
-                               topic_tokenizer=apnews["topic_tok"])
+    result = evaluate_steering(model, topics=[0, 3], num_samples=2, max_new_tokens=4, tokenizer=wiki["tok"],
+                               topic_tokenizer=wiki["topic_tok"])
     assert 0.0 <= result["accuracy_own"] <= 1.0 and len(result["per_topic"]) == 2
 
 
@@ -803,21 +803,21 @@ def test_two_process_ddp_training_keeps_the_same_phi_and_pi_on_every_process(tmp
     assert ranks[0]["buffers"] == ranks[1]["buffers"]  # statistics summed over processes, the same noise
 
 
-def test_bfloat16_loading_keeps_the_sampler_in_float64_and_resizing_the_vocabulary(apnews, tmp_path):
+def test_bfloat16_loading_keeps_the_sampler_in_float64_and_resizing_the_vocabulary(wiki, tmp_path):
     import copy
 
-    model = make(apnews)
+    model = make(wiki)
     model.save_pretrained(tmp_path / "m")
     half = AutoModelForCausalLM.from_pretrained(tmp_path / "m", dtype=torch.bfloat16).eval()
     assert all(p.dtype == torch.bfloat16 for p in half.parameters()) and half.model.phi_1.dtype == torch.float64
-    _, batch = documents_batch(apnews, docs=(0,))
+    _, batch = documents_batch(wiki, docs=(0,))
     inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "context_bow", "chunk_mask", "sentence_index")}
     with torch.no_grad():
         ref, got = (torch.log_softmax(m(**inputs).logits.float(), -1) for m in (model, half))
     real = batch["attention_mask"].bool()
     assert (got - ref)[real].abs().max() < 0.15
     assert half.generate(topic_ids=[0], topic_layer=3, max_new_tokens=3, min_new_tokens=3).shape == (1, 4)
-    tok = copy.deepcopy(apnews["tok"])
+    tok = copy.deepcopy(wiki["tok"])
     old = len(tok)
     with torch.no_grad():
         before = model(**inputs).logits

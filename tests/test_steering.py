@@ -6,7 +6,6 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import requires_data
 
 from topic_lm_hf import (LSTMLMConfig, LSTMLMForCausalLM, TCNLMConfig, TCNLMForCausalLM, TopicContextCollator,
                          TopicRNNConfig, TopicRNNForCausalLM, build_vocabularies, save_vocabularies,
@@ -35,7 +34,7 @@ def synthetic():
 
 
 def topic_words(topic_tok, name):
-    """Synthetic topic ``name``'s words that are in the topic vocabulary (the stop list removes e.g. "bill")."""
+    """Synthetic topic ``name``'s words that are in the topic vocabulary (a stop list may remove some)."""
     return [w for w in _SYNTHETIC_TOPICS[name] if w in topic_tok.get_vocab()]
 
 
@@ -80,11 +79,14 @@ def test_bag_of_words_matrix_counts_every_topic_word(synthetic):
 
 
 JUDGE_TOPICS = len(TOPIC_NAMES)
+# With MALLET's stop list every synthetic topic keeps its ten words; on these documents the first three restarts of LDA
+# all stop in an optimum that merges two topics (cosine to the truth 0.85), the fourth finds the six (0.996).
+JUDGE_RESTARTS = 5
 
 
 def test_lda_judge_recovers_the_synthetic_topics(synthetic):
     docs, _, topic_tok = synthetic
-    judge = fit_lda_judge(docs, topic_tok, num_topics=JUDGE_TOPICS, seed=0)
+    judge = fit_lda_judge(docs, topic_tok, num_topics=JUDGE_TOPICS, seed=0, restarts=JUDGE_RESTARTS)
     vocab = topic_tok.get_vocab()
     truth = np.zeros((len(TOPIC_NAMES), len(topic_tok)))
     for k, name in enumerate(TOPIC_NAMES):
@@ -145,7 +147,7 @@ def test_a_saved_judge_loads_as_the_same_judge(synthetic, tmp_path):
 
 def test_a_model_known_to_steer_scores_high_and_an_untrained_one_near_chance(synthetic):
     docs, tok, topic_tok = synthetic
-    judge = fit_lda_judge(docs, topic_tok, num_topics=JUDGE_TOPICS, seed=0)
+    judge = fit_lda_judge(docs, topic_tok, num_topics=JUDGE_TOPICS, seed=0, restarts=JUDGE_RESTARTS)
     fluency = LSTMLMForCausalLM(LSTMLMConfig(vocab_size=len(tok), embedding_size=8, hidden_size=8)).eval()
     steering = steering_topic_rnn(tok, topic_tok)
     good = evaluate_steering(steering, num_samples=12, max_new_tokens=10, tokenizer=tok, topic_tokenizer=topic_tok, top_words=10,
@@ -186,8 +188,7 @@ def test_steering_rejects_what_it_cannot_measure(synthetic):
         evaluate_steering(model, tokenizer=tok, topic_tokenizer=topic_tok, fluency_model=wrong)
 
 
-@requires_data("apnews", "train.txt")
-def test_steering_evaluation_on_apnews_from_a_saved_folder(apnews, tmp_path, capsys):
+def test_steering_evaluation_from_a_saved_folder(wiki, tmp_path, capsys):
     """The way a user runs it: a trained TCNLM saved to a folder, reloaded with the Auto classes,
     judged by an LDA fitted on the training corpus, fluency under a separately trained LSTM."""
     from transformers import AutoModelForCausalLM
@@ -195,7 +196,7 @@ def test_steering_evaluation_on_apnews_from_a_saved_folder(apnews, tmp_path, cap
     from topic_lm_hf import TopicLMTrainer
     from transformers import TrainingArguments
 
-    tok, topic_tok, train = apnews["tok"], apnews["topic_tok"], apnews["train"]
+    tok, topic_tok, train = wiki["tok"], wiki["topic_tok"], wiki["train"]
     models = {}
     for name, model in (("lstm", LSTMLMForCausalLM(LSTMLMConfig(vocab_size=len(tok), embedding_size=32,
                                                                 hidden_size=32, dropout=0.0))),
@@ -223,11 +224,10 @@ def test_steering_evaluation_on_apnews_from_a_saved_folder(apnews, tmp_path, cap
     # The same from the command line: topic-lm steer, with the LDA judge fitted on the corpus file.
     import json
 
-    from conftest import DATA
     from topic_lm_hf.cli import main
 
     main(["steer", "--model_name_or_path", str(tmp_path / "tcnlm"), "--fluency_model", str(tmp_path / "lstm"),
-          "--judge_corpus", str(DATA / "apnews" / "train.txt"), "--judge_documents", "100", "--topics", "0,5",
+          "--judge_corpus", "wikipedia-sample", "--judge_documents", "100", "--topics", "0,5",
           "--num_samples", "3", "--max_new_tokens", "6", "--json", str(tmp_path / "steer.json")])
     out = capsys.readouterr().out
     assert "| topic acc. (own encoder) |" in out and "topic 5 (" in out
@@ -243,14 +243,15 @@ def test_steering_evaluation_on_apnews_from_a_saved_folder(apnews, tmp_path, cap
     assert guided["unconditioned_texts"] == saved["unconditioned_texts"]
 
 
-def test_guided_steering_is_measured_with_the_scale_it_names(apnews):
+def test_guided_steering_is_measured_with_the_scale_it_names(wiki):
     """evaluate_steering(topic_guidance_scale=s) generates the steered texts with guidance s (the unconditioned ones
     without), and records s in its protocol."""
-    tok, topic_tok = apnews["tok"], apnews["topic_tok"]
+    tok, topic_tok = wiki["tok"], wiki["topic_tok"]
     torch.manual_seed(0)
     model = TCNLMForCausalLM(TCNLMConfig.from_tokenizers(tok, topic_tok, num_topics=4, embedding_size=16,
                                                          hidden_size=16, encoder_hidden_size=16,
-                                                         topic_embedding_size=8)).eval()
+                                                         topic_embedding_size=8,
+                                                         initializer_range=0.5)).eval()  # topics that matter
     settings = dict(topics=[1, 2], num_samples=2, max_new_tokens=6, tokenizer=tok, topic_tokenizer=topic_tok)
     plain = evaluate_steering(model, **settings)
     same = evaluate_steering(model, **settings, topic_guidance_scale=1.0)
@@ -261,10 +262,10 @@ def test_guided_steering_is_measured_with_the_scale_it_names(apnews):
     assert guided["protocol"]["topic_guidance_scale"] == 8.0 and plain["protocol"]["topic_guidance_scale"] is None
 
 
-def test_generation_options_reach_every_text(apnews):
+def test_generation_options_reach_every_text(wiki):
     """evaluate_steering(generation_options=...) decodes every text, steered and unconditioned, with them: with
     no_repeat_ngram_size=1 no text repeats a word, where the same model repeats words without it."""
-    tok, topic_tok = apnews["tok"], apnews["topic_tok"]
+    tok, topic_tok = wiki["tok"], wiki["topic_tok"]
     torch.manual_seed(0)
     model = TCNLMForCausalLM(TCNLMConfig.from_tokenizers(tok, topic_tok, num_topics=4, embedding_size=16,
                                                          hidden_size=16, encoder_hidden_size=16,

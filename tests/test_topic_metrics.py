@@ -22,8 +22,10 @@ from topic_lm_hf.evaluation.topics import (
     topic_diversity,
 )
 
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-WIKI = SHARED_DATA / "wiki" / "articles.jsonl.gz"
+from conftest import DATA, requires_data
+from topic_lm_hf.data import corpus_path
+
+WIKI = DATA / "wiki" / "articles.jsonl.gz"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -342,16 +344,18 @@ def test_bad_input():
 # ----------------------------------------------------------------------------------------------
 
 
-@pytest.mark.skipif(not WIKI.exists(), reason=f"shared Wikipedia reference corpus not found at {WIKI}")
-def test_wikipedia_coherent_topic_beats_random_words():
-    corpus = load_reference_corpus(WIKI, max_documents=300)
+@pytest.mark.parametrize("reference", ["wikipedia-sample/npmi-reference",
+                                       pytest.param(WIKI, marks=requires_data("wiki", "articles.jsonl.gz"))],
+                         ids=["shipped", "full"])
+def test_wikipedia_coherent_topic_beats_random_words(reference):
+    corpus = load_reference_corpus(reference, max_documents=300)
     assert corpus.n_documents == 300 and corpus.n_tokens > 100_000
     coherent = ["war", "army", "military", "soldiers", "battle"]
     random_words = ["banana", "theorem", "saxophone", "parliament", "glacier"]
     result = topic_coherence([coherent, random_words], corpus, preset="lau2014")
     assert result.per_topic[0] > 0.1
     assert result.per_topic[0] > result.per_topic[1] + 0.1
-    assert "articles.jsonl.gz" in result.reference and "first 300 documents" in result.reference
+    assert corpus_path(reference).name in result.reference and "first 300 documents" in result.reference
 
 
 # ----------------------------------------------------------------------------------------------

@@ -447,17 +447,16 @@ def test_sliding_window_context_is_the_previous_window(toy):
 # ----------------------------------------------------------------------------------------------
 
 
-@requires_data("apnews", "train.txt")
 @param("cell", CELLS)
-def test_cells_train_on_apnews(apnews, tmp_path, cell):
+def test_cells_train_on_the_wikipedia_sample(wiki, tmp_path, cell):
     torch.set_num_threads(1)
-    tok, topic_tok = apnews["tok"], apnews["topic_tok"]
+    tok, topic_tok = wiki["tok"], wiki["topic_tok"]
     config = TopicRNNConfig.from_tokenizers(tok, topic_tok, cell=cell, embedding_size=32, hidden_size=32,
                                             num_topics=8, inference_hidden_size=32)
     model = TopicRNNForCausalLM(config)
     collator = TopicContextCollator(tok, topic_tok, context="others")
-    rows = collator.prepare(apnews["train"].select(range(60)))
-    held_out = collator([collator.prepare(apnews["valid"].select(range(4)))[i] for i in range(48)])
+    rows = collator.prepare(wiki["train"].select(range(60)))
+    held_out = collator([collator.prepare(wiki["valid"].select(range(4)))[i] for i in range(48)])
 
     def held_out_loss():
         model.eval()
@@ -483,7 +482,7 @@ def test_classifier_learns_imdb_above_majority(tmp_path):
     train, test = load_imdb_splits(DATA / "imdb" / "train.jsonl.gz", max_train_documents=500,
                                    max_test_documents=200)
     assert train.features["label"].names == ["0", "1"] and set(test["label"]) == {0, 1}  # the shared label rules
-    tok, topic_tok = build_vocabularies(train, min_freq=5, stopwords=DATA / "stopwords" / "mallet_en.txt")
+    tok, topic_tok = build_vocabularies(train, min_freq=5, stopwords="mallet")
     config = TopicRNNConfig.from_tokenizers(tok, topic_tok, cell="gru", embedding_size=16, hidden_size=16,
                                             num_topics=16, inference_hidden_size=32, inference_input="log1p",
                                             freeze_backbone=False, num_labels=2)

@@ -12,12 +12,12 @@ from topic_lm_hf.cli import DataArguments, ModelArguments, train
 from topic_lm_hf.trainer import NonFiniteGradientError, NonFiniteLossError
 
 
-def make_trainer(apnews, tmp_path, dropout=0.0, **args):
-    tok = apnews["tok"]
+def make_trainer(wiki, tmp_path, dropout=0.0, **args):
+    tok = wiki["tok"]
     torch.manual_seed(0)
     model = LSTMLMForCausalLM(LSTMLMConfig(vocab_size=len(tok), embedding_size=32, hidden_size=48, dropout=dropout))
     collator = TopicContextCollator(tok, None, context="none")
-    rows = collator.prepare(apnews["train"].select(range(60)))
+    rows = collator.prepare(wiki["train"].select(range(60)))
     defaults = dict(output_dir=str(tmp_path), per_device_train_batch_size=8, learning_rate=3e-3, logging_steps=1,
                     report_to=[], use_cpu=True, disable_tqdm=True, save_strategy="no", seed=0)
     defaults.update(args)
@@ -28,8 +28,8 @@ def logged(trainer, key="loss"):
     return [h[key] for h in trainer.state.log_history if key in h]
 
 
-def test_loss_falls_on_apnews_and_every_term_is_logged(apnews, tmp_path):
-    trainer = make_trainer(apnews, tmp_path, max_steps=40, logging_steps=10)
+def test_loss_falls_on_apnews_and_every_term_is_logged(wiki, tmp_path):
+    trainer = make_trainer(wiki, tmp_path, max_steps=40, logging_steps=10)
     trainer.train()
     losses = logged(trainer)
     assert losses[0] == pytest.approx(logged(trainer, "lm_loss")[0], rel=1e-3)
@@ -37,14 +37,14 @@ def test_loss_falls_on_apnews_and_every_term_is_logged(apnews, tmp_path):
     assert trainer.args.remove_unused_columns is False and trainer.args.label_names == ["labels"]
 
 
-def test_gradient_accumulation_keeps_the_logged_loss_scale(apnews, tmp_path):
-    one = make_trainer(apnews, tmp_path / "ga1", max_steps=1, per_device_train_batch_size=8, learning_rate=0.0)
-    two = make_trainer(apnews, tmp_path / "ga2", max_steps=1, per_device_train_batch_size=4,
+def test_gradient_accumulation_keeps_the_logged_loss_scale(wiki, tmp_path):
+    one = make_trainer(wiki, tmp_path / "ga1", max_steps=1, per_device_train_batch_size=8, learning_rate=0.0)
+    two = make_trainer(wiki, tmp_path / "ga2", max_steps=1, per_device_train_batch_size=4,
                        gradient_accumulation_steps=2, learning_rate=0.0)
     one.train()
     two.train()
     loss1, loss2 = logged(one)[0], logged(two)[0]
-    assert abs(loss1 - math.log(len(apnews["tok"]))) < 0.1  # at initialisation: about ln V
+    assert abs(loss1 - math.log(len(wiki["tok"]))) < 0.1  # at initialisation: about ln V
     assert loss2 == pytest.approx(loss1, rel=0.02)  # not twice as large (hf-notes: accepts_loss_kwargs)
 
 
@@ -73,10 +73,10 @@ class StopAt(TrainerCallback):
             control.should_training_stop = True
 
 
-def test_interrupted_training_resumes_from_its_last_checkpoint(apnews, tmp_path):
+def test_interrupted_training_resumes_from_its_last_checkpoint(wiki, tmp_path):
     data_args = DataArguments(min_freq=3, stopwords="none")
     model_args = ModelArguments(model_type="lstm_lm", config_overrides="embedding_size=16,hidden_size=24,dropout=0.3")
-    docs = apnews["train"].select(range(40))
+    docs = wiki["train"].select(range(40))
 
     def args(out):
         return TrainingArguments(output_dir=str(out), max_steps=6, save_steps=2, per_device_train_batch_size=8,
@@ -93,11 +93,11 @@ def test_interrupted_training_resumes_from_its_last_checkpoint(apnews, tmp_path)
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
 
 
-def test_resuming_a_differently_configured_run_and_a_second_live_run_are_refused(apnews, tmp_path):
+def test_resuming_a_differently_configured_run_and_a_second_live_run_are_refused(wiki, tmp_path):
     from topic_lm_hf.trainer import OutputDirInUseError, OutputDirLock
 
     data_args = DataArguments(min_freq=3, stopwords="none")
-    docs = apnews["train"].select(range(16))
+    docs = wiki["train"].select(range(16))
     args = TrainingArguments(output_dir=str(tmp_path / "run"), max_steps=2, save_steps=2,
                              per_device_train_batch_size=8, report_to=[], use_cpu=True, disable_tqdm=True,
                              eval_strategy="no")
@@ -120,14 +120,14 @@ def test_resuming_a_differently_configured_run_and_a_second_live_run_are_refused
     train(data_args, small, busy, docs, None)  # free again
 
 
-def test_a_second_run_on_a_folder_is_refused_before_its_topic_model_is_pre_trained(apnews, tmp_path):
+def test_a_second_run_on_a_folder_is_refused_before_its_topic_model_is_pre_trained(wiki, tmp_path):
     """The lock covered the Trainer only: a second topic-lm train on a live run's folder pre-trained (resuming the
     first run's pre-training checkpoint under its own settings) before it was refused, or replaced the first run's
     model. The whole command holds it now."""
     from topic_lm_hf.trainer import OutputDirInUseError, OutputDirLock
 
     data_args = DataArguments(min_freq=3, stopwords="none")
-    docs = apnews["train"].select(range(16))
+    docs = wiki["train"].select(range(16))
     recipe = ModelArguments(model_type="tcnlm", pretrain_topic_model_steps=4,
                             config_overrides="embedding_size=16,hidden_size=16,num_topics=3")
     busy = TrainingArguments(output_dir=str(tmp_path / "busy"), max_steps=1, report_to=[], use_cpu=True,
@@ -144,8 +144,8 @@ def test_a_second_run_on_a_folder_is_refused_before_its_topic_model_is_pre_train
     assert (tmp_path / "busy" / "config.json").exists() and not (tmp_path / "busy" / ".training.lock").exists()
 
 
-def test_a_nan_loss_stops_training_and_keeps_the_weights(apnews, tmp_path):
-    trainer = make_trainer(apnews, tmp_path, max_steps=5)
+def test_a_nan_loss_stops_training_and_keeps_the_weights(wiki, tmp_path):
+    trainer = make_trainer(wiki, tmp_path, max_steps=5)
     with torch.no_grad():
         trainer.model.lm_head.bias[5] = float("nan")
     with pytest.raises(NonFiniteLossError, match="nonfinite-step-0"):
@@ -153,12 +153,12 @@ def test_a_nan_loss_stops_training_and_keeps_the_weights(apnews, tmp_path):
     assert (tmp_path / "nonfinite-step-0" / "model.safetensors").exists()
 
 
-def test_resuming_a_checkpoint_of_another_model_is_an_error(apnews, tmp_path):
+def test_resuming_a_checkpoint_of_another_model_is_an_error(wiki, tmp_path):
     """`topic-lm train` of a TCNLM into a folder that holds an LSTM run's checkpoints: resuming
     used to load the LSTM weights it could into the TCNLM (strict=False) and fail later on the
     optimizer state with a puzzling message."""
     data_args = DataArguments(min_freq=3, stopwords="none")
-    docs = apnews["train"].select(range(30))
+    docs = wiki["train"].select(range(30))
     args = TrainingArguments(output_dir=str(tmp_path), max_steps=2, save_steps=2, per_device_train_batch_size=8,
                              report_to=[], use_cpu=True, disable_tqdm=True, eval_strategy="no")
     train(data_args, ModelArguments(model_type="lstm_lm", config_overrides="embedding_size=16,hidden_size=16"),
@@ -189,12 +189,12 @@ def all_finite(folder):
     return all(bool(torch.isfinite(t.float()).all()) for t in load_file(folder / "model.safetensors").values())
 
 
-def test_a_nonfinite_gradient_is_not_applied_and_the_advised_recovery_works(apnews, tmp_path):
+def test_a_nonfinite_gradient_is_not_applied_and_the_advised_recovery_works(wiki, tmp_path):
     """Used to: apply the step, save NaN weights as checkpoint-4 and as nonfinite-step-4, so that
     resuming from the last checkpoint, as the error advised, failed again."""
     data_args = DataArguments(min_freq=3, stopwords="none")
     model_args = ModelArguments(model_type="lstm_lm", config_overrides="embedding_size=16,hidden_size=16")
-    docs = apnews["train"].select(range(40))
+    docs = wiki["train"].select(range(40))
 
     def args(learning_rate):
         return TrainingArguments(output_dir=str(tmp_path), max_steps=6, save_steps=2, per_device_train_batch_size=8,
@@ -211,7 +211,7 @@ def test_a_nonfinite_gradient_is_not_applied_and_the_advised_recovery_works(apne
     assert all(bool(torch.isfinite(p).all()) for p in model.parameters())
 
 
-def test_a_run_killed_while_writing_a_checkpoint_resumes_from_the_last_complete_one(apnews, tmp_path, monkeypatch):
+def test_a_run_killed_while_writing_a_checkpoint_resumes_from_the_last_complete_one(wiki, tmp_path, monkeypatch):
     """The kill leaves checkpoint-4 without trainer_state.json (Trainer writes it last); resuming
     used to pick checkpoint-4 and fail with FileNotFoundError."""
     from topic_lm_hf import TopicLMTrainer
@@ -219,7 +219,7 @@ def test_a_run_killed_while_writing_a_checkpoint_resumes_from_the_last_complete_
 
     data_args = DataArguments(min_freq=3, stopwords="none")
     model_args = ModelArguments(model_type="lstm_lm", config_overrides="embedding_size=16,hidden_size=24,dropout=0.3")
-    docs = apnews["train"].select(range(40))
+    docs = wiki["train"].select(range(40))
 
     def args(out):
         return TrainingArguments(output_dir=str(out), max_steps=6, save_steps=2, per_device_train_batch_size=8,
@@ -252,12 +252,12 @@ def test_a_run_killed_while_writing_a_checkpoint_resumes_from_the_last_complete_
 
 
 @pytest.mark.parametrize("model_type", ["tcnlm", "topic_rnn", "lstm_lm"])
-def test_evaluation_during_training_logs_the_lm_perplexity_and_each_loss_term(apnews, tmp_path, model_type):
+def test_evaluation_during_training_logs_the_lm_perplexity_and_each_loss_term(wiki, tmp_path, model_type):
     """eval_loss of a topic model is its whole objective; eval_perplexity is the LM's alone and
     equals evaluate_perplexity under the protocol of the evaluation batches (paper)."""
     from topic_lm_hf import evaluate_perplexity
 
-    valid = apnews["valid"].select(range(6))
+    valid = wiki["valid"].select(range(6))
     args = TrainingArguments(output_dir=str(tmp_path), max_steps=4, eval_strategy="steps", eval_steps=4,
                              save_strategy="no", per_device_train_batch_size=8, per_device_eval_batch_size=16,
                              report_to=[], use_cpu=True, disable_tqdm=True, seed=0)
@@ -266,7 +266,7 @@ def test_evaluation_during_training_logs_the_lm_perplexity_and_each_loss_term(ap
     model, tok, topic_tok = train(DataArguments(min_freq=3, stopwords="none"),
                                   ModelArguments(model_type=model_type, config_overrides=overrides, recipe="paper"),
                                   args,
-                                  apnews["train"].select(range(40)), valid, callbacks=[record])
+                                  wiki["train"].select(range(40)), valid, callbacks=[record])
     logs = [h for h in record.logs if "eval_loss" in h][-1]
     terms = {"tcnlm": ["lm_loss", "kl_loss", "bow_loss", "aux_loss"], "topic_rnn": ["lm_loss", "kl_loss", "aux_loss"],
              "lstm_lm": ["lm_loss"]}[model_type]
@@ -303,7 +303,7 @@ def test_no_pin_memory_warning_when_training_on_cpu(tmp_path, recwarn):
 
 
 @pytest.mark.parametrize("family", ["lstm", "nclm"])
-def test_gradient_accumulation_equals_the_big_batch(family, apnews, tmp_path):
+def test_gradient_accumulation_equals_the_big_batch(family, wiki, tmp_path):
     """Two micro-batches of 6 documents' chunks accumulated make the same SGD update as one batch of both: each
     micro-batch's token mean is weighted by its share of the step's predicted tokens (rows differ in length)."""
     from transformers import TrainingArguments
@@ -314,9 +314,9 @@ def test_gradient_accumulation_equals_the_big_batch(family, apnews, tmp_path):
     def make():
         torch.manual_seed(0)
         if family == "lstm":
-            return LSTMLMForCausalLM(LSTMLMConfig(vocab_size=len(apnews["tok"]), embedding_size=16, hidden_size=16,
+            return LSTMLMForCausalLM(LSTMLMConfig(vocab_size=len(wiki["tok"]), embedding_size=16, hidden_size=16,
                                                   dropout=0.0))
-        return NCLMForCausalLM(NCLMConfig.from_tokenizers(apnews["tok"], apnews["topic_tok"], variant="leta",
+        return NCLMForCausalLM(NCLMConfig.from_tokenizers(wiki["tok"], wiki["topic_tok"], variant="leta",
                                                           num_topics=5, embedding_size=12, hidden_size=16,
                                                           encoder_hidden_size=10, dropout=0.0, etr_top_n=4,
                                                           num_topic_samples=0))  # no sampling: deterministic
@@ -325,13 +325,13 @@ def test_gradient_accumulation_equals_the_big_batch(family, apnews, tmp_path):
     for batch, accumulation in ((16, 1), (8, 2), (4, 4)):
         model = make()
         before = {k: v.detach().clone() for k, v in model.named_parameters()}
-        collator = TopicContextCollator.for_model(model, apnews["tok"], apnews["topic_tok"])
+        collator = TopicContextCollator.for_model(model, wiki["tok"], wiki["topic_tok"])
         args = TrainingArguments(str(tmp_path / f"{batch}"), max_steps=1, per_device_train_batch_size=batch,
                                  gradient_accumulation_steps=accumulation, learning_rate=0.5, optim="sgd",
                                  lr_scheduler_type="constant", max_grad_norm=0.0, report_to=[], use_cpu=True,
                                  save_strategy="no", seed=0, disable_tqdm=True)
         trainer = TopicLMTrainer(model=model, args=args, data_collator=collator,
-                                 train_dataset=collator.prepare(apnews["train"].select(range(12))))
+                                 train_dataset=collator.prepare(wiki["train"].select(range(12))))
         trainer.train()
         updates[accumulation] = torch.cat([(p.detach() - before[k]).flatten() for k, p in model.named_parameters()])
     for accumulation in (2, 4):

@@ -166,7 +166,7 @@ def test_a_corpus_without_gold_senses_is_refused(tmp_path):
 def data():
     for path in (WSD / "semcor", WSD / "semeval2007", SENSES):
         if not path.exists():
-            pytest.skip(f"{path} is absent; set TOPIC_LM_DATA to the shared data folder")
+            pytest.skip(f"{path} is absent; set TOPIC_LM_DATA to the folder of the corpora")
     semcor = load_wsd_corpus(WSD / "semcor")
     documents = list(dict.fromkeys(semcor["document_id"]))[:SLICE_DOCUMENTS]
     train = semcor.filter(lambda d: d in set(documents), input_columns="document_id")
@@ -290,13 +290,13 @@ def test_the_candidates_objective_trains_on_the_lemmas_own_senses(data, trained,
     assert f1["model"] > f1["untrained"] + 0.05, f1
 
 
-def test_a_real_topic_model_gives_each_document_its_own_c(data, apnews, tmp_path):
+def test_a_real_topic_model_gives_each_document_its_own_c(data, wiki, tmp_path):
     from topic_lm_hf import save_vocabularies
 
     topic_folder = tmp_path / "tcnlm"
-    topic_model = tiny_model("tcnlm", apnews["tok"], apnews["topic_tok"])
+    topic_model = tiny_model("tcnlm", wiki["tok"], wiki["topic_tok"])
     topic_model.save_pretrained(topic_folder)
-    save_vocabularies(apnews["tok"], apnews["topic_tok"], topic_folder)
+    save_vocabularies(wiki["tok"], wiki["topic_tok"], topic_folder)
     train = data["train"].select(range(400))  # 4 documents
     model = train_sense_tagger(train, tmp_path / "tagger", topic_model=str(topic_folder),
                                training_args=training_args(tmp_path, max_steps=3), sense_inventory=SENSES,
@@ -304,7 +304,7 @@ def test_a_real_topic_model_gives_each_document_its_own_c(data, apnews, tmp_path
     config = model.config
     assert config.topic_model_name_or_path == str(topic_folder) and config.topic_model_type == "tcnlm"
     assert config.topic_representation_size == topic_model.document_topic_size == topic_model.config.num_topics
-    c = document_topic_representations(data["se07"], load_frozen_topic_model(topic_folder), apnews["topic_tok"])
+    c = document_topic_representations(data["se07"], load_frozen_topic_model(topic_folder), wiki["topic_tok"])
     assert len(c) == 3 and not torch.allclose(c["d000"], c["d001"])
     # the same sentences with another document's c get other sense scores
     rows = encode_corpus(data["se07"].select(range(5)), config, c, labels=False)
@@ -325,7 +325,7 @@ def test_a_real_topic_model_gives_each_document_its_own_c(data, apnews, tmp_path
                                                                                  topic_representations=c)
     # a topic tokenizer of another vocabulary is refused
     with pytest.raises(ValueError, match="mismatched vocabularies"):
-        document_topic_representations(data["se07"], topic_model, apnews["tok"])
+        document_topic_representations(data["se07"], topic_model, wiki["tok"])
 
 
 # ----------------------------------------------------------------------------------------------

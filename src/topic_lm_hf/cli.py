@@ -4,10 +4,12 @@ Arguments are dataclasses parsed by `HfArgumentParser`, as in transformers' `run
 `TrainingArguments` flag works with `topic-lm train`. Each subcommand is one entry of `COMMANDS`
 (its argument dataclasses and its handler), so a new subcommand is one more entry. Examples:
 
-    topic-lm train --train_file ../shared/data/apnews/train.txt --validation_file ../shared/data/apnews/valid.txt \\
+    topic-lm train --train_file wikipedia-sample --model_type lstm_lm \\
+        --config_overrides "embedding_size=128,hidden_size=128" --output_dir out/lstm-wiki --max_steps 400
+    topic-lm train --train_file $TOPIC_LM_DATA/apnews/train.txt --validation_file $TOPIC_LM_DATA/apnews/valid.txt \\
         --model_type lstm_lm --config_overrides "embedding_size=300,hidden_size=600" \\
         --output_dir out/lstm-apnews --max_steps 2000 --per_device_train_batch_size 64
-    topic-lm evaluate --model_name_or_path out/lstm-apnews --validation_file ../shared/data/apnews/valid.txt
+    topic-lm evaluate --model_name_or_path out/lstm-apnews --validation_file $TOPIC_LM_DATA/apnews/valid.txt
     topic-lm generate --model_name_or_path out/lstm-apnews --prompt "the senate" --max_new_tokens 20
     topic-lm demo     # the README's main job: train, evaluate, save, reload, generate
 """
@@ -31,7 +33,7 @@ from transformers import (AutoConfig, AutoModelForCausalLM, HfArgumentParser, Pr
 
 from . import data as data_lib
 from .data import HELP as _HELP
-from .data import DataArguments, load_corpora, resolve_stopwords, shared_data_dir  # noqa: F401 (cli names)
+from .data import DataArguments, load_corpora  # noqa: F401 (cli names)
 from .collator import TopicContextCollator, make_bow
 from .models.configuration_common import config_kwargs_from_tokenizers
 from .evaluation import evaluate_perplexity
@@ -97,7 +99,8 @@ def parse_phases(text: Optional[str]) -> list[tuple[str, int]]:
 class EvaluateArguments:
     model_name_or_path: str = field(metadata={"help": "A saved model folder or Hub id (with its tokenizers)."})
     validation_file: Optional[str] = field(default=None, metadata={
-        "help": _HELP["validation_file"] + " Default: ../shared/data/apnews/valid.txt when it exists."})
+        "help": _HELP["validation_file"] + " Default: wikipedia-sample/validation (the validation split of the "
+                "Wikipedia sample that ships with the package, topic-lm train's default corpus)."})
     text_column: Optional[str] = field(default=None, metadata={"help": _HELP["text_column"]})
     max_eval_documents: Optional[int] = field(default=None, metadata={"help": _HELP["max_eval_documents"]})
     protocols: str = field(default="paper,causal,causal-carry", metadata={"help": _HELP["protocols"]})
@@ -353,7 +356,7 @@ def train(data_args: DataArguments, model_args: ModelArguments, training_args: T
         tok, topic_tok = data_lib.load_vocabularies(model_args.model_name_or_path)
     else:
         tok, topic_tok = data_lib.build_vocabularies(train_docs, min_freq=data_args.min_freq,
-                                                     stopwords=resolve_stopwords(data_args.stopwords),
+                                                     stopwords=data_args.stopwords,
                                                      min_doc_freq=data_args.min_doc_freq)
     model = build_model(model_args, tok, topic_tok).to(training_args.device)  # where the Trainer will train it
     recipe = steering_recipe(model.config.model_type, variant=getattr(model.config, "variant", None),
@@ -517,9 +520,7 @@ def run_evaluate(args: EvaluateArguments, device: DeviceArguments | None = None)
                                   max_sentence_length=args.max_sentence_length)
     protocols = parse_protocols(args.protocols)  # before the model and the data are loaded
     model = load_pretrained(AutoModelForCausalLM, args.model_name_or_path).to((device or DeviceArguments()).torch_device)
-    if args.validation_file is None and shared_data_dir() is None:
-        raise ValueError("give --validation_file (../shared/data is absent)")
-    valid_file = args.validation_file or str(shared_data_dir() / "apnews" / "valid.txt")
+    valid_file = args.validation_file or "wikipedia-sample/validation"
     docs = data_lib.load_documents(valid_file, text_column=args.text_column, max_documents=args.max_eval_documents)
     leaky = leaky_modes_of(model)
     if leaky and protocols != ["paper"]:
@@ -821,8 +822,8 @@ COMMANDS: dict[str, Command] = {
     "demo": Command(
         "The first thing to run: train a TCNLM and the same-size LSTM, show topics, steered text and perplexity.",
         (DemoArguments, FastPathArguments, DeviceArguments), run_demo,
-        help="Uses ../shared/data/apnews when it exists, --train_file when given, else a synthetic corpus (the "
-             "output says SYNTHETIC). About 3 minutes on 2 CPU cores."),
+        help="Trains on wikipedia-sample (English Wikipedia articles that ship with the package), or on "
+             "--train_file. About 4 minutes on 2 CPU cores."),
     # two-word commands: "topic-lm wsd train ..." (main joins the words)
     "wsd train": Command(
         "Train a BiLSTM word sense tagger (optionally with a frozen topic model's document topics) and save it.",

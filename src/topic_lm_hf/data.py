@@ -18,6 +18,11 @@ the rule of :func:`tokenize_text` (:data:`WORD_PATTERN`, kept in their ``tokeniz
 tokenized like the corpora splits exactly at its spaces.
 
 Streams (``datasets.IterableDataset``, or ``load_documents(path, streaming=True)``) are read lazily.
+
+The package ships its data (``resources/``, see its ``NOTICE.md``): MALLET's English stop list, the default of
+:func:`build_vocabularies`, and ``wikipedia-sample``, a small corpus of English Wikipedia articles that
+:func:`load_documents` reads by name (:data:`EMBEDDED_CORPORA`). The full corpora of the benchmarks are wherever the
+user put them: :func:`data_dir` is ``$TOPIC_LM_DATA``.
 """
 
 from __future__ import annotations
@@ -47,6 +52,42 @@ logger = logging.getLogger(__name__)
 
 PAD, UNK, BOS, EOS = "<pad>", "<unk>", "<bos>", "<eos>"
 SPECIAL_TOKENS = (PAD, UNK, BOS, EOS)  # ids 0, 1, 2, 3 in every LM vocabulary built here
+
+RESOURCES = Path(__file__).resolve().parent / "resources"  # the package data (NOTICE.md: sources and licences)
+MALLET_STOPWORDS = RESOURCES / "mallet_en.txt"
+# The corpora that ship with the package, by name (scripts/make_wikipedia_sample.py wrote them; CC BY-SA 3.0,
+# resources/wikipedia_sample/ATTRIBUTION.md): 1,000 English Wikipedia articles cut at about 500 tokens, 900 for
+# training and 100 for validation, and an NPMI reference of 600 other articles. "wikipedia-sample" is its train split.
+EMBEDDED_CORPORA = {
+    "wikipedia-sample": RESOURCES / "wikipedia_sample" / "train.txt.gz",
+    "wikipedia-sample/validation": RESOURCES / "wikipedia_sample" / "validation.txt.gz",
+    "wikipedia-sample/npmi-reference": RESOURCES / "wikipedia_sample" / "npmi_reference.txt.gz",
+}
+
+
+def corpus_path(source: str | os.PathLike) -> Path:
+    """The file of a corpus: an embedded corpus's (a name of :data:`EMBEDDED_CORPORA`), else ``source`` as a path."""
+    if isinstance(source, str) and source in EMBEDDED_CORPORA:
+        return EMBEDDED_CORPORA[source]
+    return Path(source)
+
+
+def data_dir(*parts: str, required: bool = True) -> Optional[Path]:
+    """``$TOPIC_LM_DATA/<parts>``: the full corpora (APNEWS, Wikipedia, WSD sets, ...), where the user put them (the
+    README lists them). When ``TOPIC_LM_DATA`` is unset or lacks them: a one-line ``FileNotFoundError`` naming it, or
+    ``None`` with ``required=False``."""
+    root = os.environ.get("TOPIC_LM_DATA")
+    if not required:
+        path = Path(root).joinpath(*parts) if root else None
+        return path if path is not None and path.exists() else None
+    if not root:
+        raise FileNotFoundError(f"{'/'.join(parts) or 'the corpora'} not found: set TOPIC_LM_DATA to the folder "
+                                f"where you put the corpora (README: Corpora)")
+    path = Path(root).joinpath(*parts)
+    if not path.exists():
+        raise FileNotFoundError(f"{path} does not exist: TOPIC_LM_DATA={root} should be the folder where you put the "
+                                f"corpora (README: Corpora)")
+    return path
 
 
 # ----------------------------------------------------------------------------------------------
@@ -317,8 +358,10 @@ def load_documents(
     """Load a corpus as a ``datasets.Dataset`` of documents (column ``sentences``).
 
     Args:
-        source: a path, a ``datasets.Dataset`` or a ``datasets.IterableDataset``. Paths ending in
-            ``.txt`` are read in the Lau et al. format (one document per line, sentences separated
+        source: a path, the name of a corpus that ships with the package (:data:`EMBEDDED_CORPORA`:
+            ``"wikipedia-sample"``, its train split, and ``"wikipedia-sample/validation"``), a
+            ``datasets.Dataset`` or a ``datasets.IterableDataset``. Paths ending in ``.txt`` (or
+            ``.txt.gz``) are read in the Lau et al. format (one document per line, sentences separated
             by TAB, tokens by spaces, already tokenized and lower-cased). ``.json``/``.jsonl``
             (optionally ``.gz``) and ``.parquet`` files, and datasets, need ``text_column``: raw
             text that is sentence-split and tokenized with :func:`tokenize_text`.
@@ -347,7 +390,7 @@ def load_documents(
         if format == "lau" and "text" not in dataset_columns(ds):
             raise ValueError(f"format='lau' reads the 'text' column, which {name} lacks (columns: {dataset_columns(ds)})")
     else:
-        path = Path(source)
+        path = corpus_path(source)
         if not path.exists():
             raise FileNotFoundError(f"No corpus at {path}")
         if path.is_dir():
@@ -356,11 +399,11 @@ def load_documents(
         name = str(path)
         suffixes = "".join(path.suffixes[-2:]) if path.suffix == ".gz" else path.suffix
         if format is None:
-            format = {".txt": "lau", ".json": "json", ".jsonl": "json", ".json.gz": "json",
+            format = {".txt": "lau", ".txt.gz": "lau", ".json": "json", ".jsonl": "json", ".json.gz": "json",
                       ".jsonl.gz": "json", ".parquet": "parquet"}.get(suffixes)
             if format is None:
                 raise ValueError(f"Cannot tell the format of {path} from its suffix {suffixes or '(none)'}: a corpus "
-                                 f"is a Lau .txt, JSON lines (.jsonl[.gz], .json[.gz], with --text_column) or "
+                                 f"is a Lau .txt[.gz], JSON lines (.jsonl[.gz], .json[.gz], with --text_column) or "
                                  f".parquet file (in Python, load_documents(..., format='lau'|'json'|'parquet') "
                                  f"reads another name)")
         if format not in ("lau", "json", "parquet"):
@@ -433,26 +476,14 @@ def documents_from_lists(documents: Sequence[Sequence[Sequence[str]]], **columns
 # ----------------------------------------------------------------------------------------------
 
 
-def default_stopwords() -> frozenset[str]:
-    """The default stop list: scikit-learn's ``ENGLISH_STOP_WORDS`` (318 words).
-
-    It is the Glasgow Information Retrieval group's list (Fox 1989 / van Rijsbergen), a published,
-    widely used list that ships with a maintained dependency. The papers use MALLET's 524-word
-    list instead; pass its path (``stopwords="../shared/data/stopwords/mallet_en.txt"``) to
-    reproduce them.
-    """
-    from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
-
-    return frozenset(ENGLISH_STOP_WORDS)
-
-
-def read_stopwords(stopwords: str | os.PathLike | Iterable[str] | None = "default") -> frozenset[str]:
-    """``"default"`` (see :func:`default_stopwords`), ``None`` (no stop list), a path to a file with
-    one word per line, or an iterable of words."""
-    if stopwords is None:
+def read_stopwords(stopwords: str | os.PathLike | Iterable[str] | None = "mallet") -> frozenset[str]:
+    """``"mallet"``: MALLET's English stop list (523 words, shipped with the package: :data:`MALLET_STOPWORDS`),
+    the list Lau et al. 2017 and every later paper build the topic vocabulary with; ``None`` or ``"none"``: no stop
+    list; a path to a file with one word per line; or an iterable of words."""
+    if stopwords is None or (isinstance(stopwords, str) and stopwords == "none"):
         return frozenset()
-    if isinstance(stopwords, str) and stopwords == "default":
-        return default_stopwords()
+    if isinstance(stopwords, str) and stopwords == "mallet":
+        stopwords = MALLET_STOPWORDS
     if isinstance(stopwords, (str, os.PathLike)):
         path = Path(stopwords)
         if not path.exists():
@@ -498,7 +529,7 @@ def _word_level_tokenizer(words: Sequence[str], add_bos: bool) -> PreTrainedToke
 def build_vocabularies(
     documents: datasets.Dataset | datasets.IterableDataset | Sequence[Sequence[Sequence[str]]],
     min_freq: int = 10,
-    stopwords: str | os.PathLike | Iterable[str] | None = "default",
+    stopwords: str | os.PathLike | Iterable[str] | None = "mallet",
     top_fraction: float = 0.001,
     min_doc_freq: int = 0,
     max_vocab_size: int | None = None,
@@ -511,6 +542,7 @@ def build_vocabularies(
     Topic vocabulary: ``<unk>`` at id 0 (never counted in a bag of words, so ``len(topic_tok)``
     is the bag-of-words width), then the LM words that are alphabetic, not in the stop list, not
     among the ``top_fraction`` most frequent LM words and in at least ``min_doc_freq`` documents.
+    ``stopwords``: see :func:`read_stopwords` (default: MALLET's list, as in the papers).
     """
     if min_freq < 1:
         raise ValueError(f"min_freq must be >= 1, got {min_freq}")
@@ -686,17 +718,17 @@ HELP = {
 @dataclass
 class DataArguments:
     train_file: Optional[str] = field(default=None, metadata={
-        "help": "Training corpus: a Lau et al. .txt file, or .jsonl / .jsonl.gz / .parquet raw text (with "
-                "--text_column). Default: ../shared/data/apnews/train.txt when it exists, else the synthetic corpus."})
+        "help": "Training corpus: a Lau et al. .txt[.gz] file, .jsonl / .jsonl.gz / .parquet raw text (with "
+                "--text_column), or wikipedia-sample (the English Wikipedia sample that ships with the package). "
+                "Default: wikipedia-sample."})
     validation_file: Optional[str] = field(default=None, metadata={
-        "help": HELP["validation_file"] + " Default: ../shared/data/apnews/valid.txt with the default training "
+        "help": HELP["validation_file"] + " Default: wikipedia-sample/validation with the default training "
                 "corpus, else 10%% of the training documents."})
     text_column: Optional[str] = field(default=None, metadata={"help": HELP["text_column"]})
     min_freq: int = field(default=10, metadata={"help": "LM vocabulary: minimum word frequency."})
-    stopwords: str = field(default="default", metadata={
-        "help": "Stop list removed from the topic vocabulary: 'default' (scikit-learn's English list, 318 words), "
-                "'mallet' (MALLET's 524-word list that the papers use, read from "
-                "../shared/data/stopwords/mallet_en.txt), 'none', or a file with one word per line."})
+    stopwords: str = field(default="mallet", metadata={
+        "help": "Stop list removed from the topic vocabulary: 'mallet' (MALLET's 523-word English list that the "
+                "papers use, shipped with the package), 'none', or a file with one word per line."})
     min_doc_freq: int = field(default=0, metadata={"help": "Topic vocabulary: minimum document frequency."})
     max_sentence_length: int = field(default=30, metadata={"help": HELP["max_sentence_length"]})
     max_context_tokens: int = field(default=300, metadata={"help": HELP["max_context_tokens"]})
@@ -706,15 +738,6 @@ class DataArguments:
     max_train_documents: Optional[int] = field(default=None, metadata={"help": "Use only the first N training documents."})
     max_eval_documents: Optional[int] = field(default=None, metadata={"help": HELP["max_eval_documents"]})
     synthetic: bool = field(default=False, metadata={"help": "Use the package's synthetic corpus (not real text)."})
-
-
-def shared_data_dir() -> Optional[Path]:
-    """``$TOPIC_LM_DATA``, else ``../shared/data`` next to the current directory, if present (the package assumes no
-    checkout: installed from a wheel it finds the corpora the same way)."""
-    candidates = [Path.cwd().parent / "shared" / "data"]
-    if os.environ.get("TOPIC_LM_DATA"):
-        candidates.insert(0, Path(os.environ["TOPIC_LM_DATA"]))
-    return next((c for c in candidates if (c / "apnews" / "train.txt").exists()), None)
 
 
 def check_positive_flags(**flags) -> None:
@@ -729,14 +752,14 @@ def load_corpora(data_args: DataArguments):
     """(train documents, validation documents, a label naming their source)."""
     check_positive_flags(max_train_documents=data_args.max_train_documents,
                          max_eval_documents=data_args.max_eval_documents)
-    if data_args.synthetic or (data_args.train_file is None and shared_data_dir() is None):
+    if data_args.synthetic:
         docs = synthetic_documents(600, seed=0)
         split = docs.train_test_split(test_size=0.15, seed=0)
         return split["train"], split["test"], "SYNTHETIC corpus generated by topic_lm_hf (not real text)"
-    train_file = data_args.train_file or str(shared_data_dir() / "apnews" / "train.txt")
+    train_file = data_args.train_file or "wikipedia-sample"
     valid_file = data_args.validation_file
     if valid_file is None and data_args.train_file is None:
-        valid_file = str(shared_data_dir() / "apnews" / "valid.txt")
+        valid_file = "wikipedia-sample/validation"
     kw = {"text_column": data_args.text_column}
     train = load_documents(train_file, max_documents=data_args.max_train_documents, **kw)
     if valid_file:
@@ -745,14 +768,3 @@ def load_corpora(data_args: DataArguments):
         split = train.train_test_split(test_size=0.1, seed=0)
         train, valid = split["train"], split["test"]
     return train, valid, f"{train_file} ({len(train)} docs) / {valid_file or '10% of train'} ({len(valid)} docs)"
-
-
-def resolve_stopwords(value: str):
-    if value == "none":
-        return None
-    if value == "mallet":
-        root = shared_data_dir()
-        if root is None:
-            raise FileNotFoundError("stopwords='mallet' needs ../shared/data/stopwords/mallet_en.txt")
-        return str(root / "stopwords" / "mallet_en.txt")
-    return value

@@ -1,8 +1,9 @@
 """``topic-lm demo``: the first thing a newcomer runs. A few minutes on 2 CPU cores.
 
 It trains a topic model (``--family``; by default the family that did best under ``causal`` at the demo's budget,
-measured by ``scripts/benchmark_demo.py``) and the same-size LSTM on APNEWS (``../shared/data``; a labelled synthetic
-corpus when the data is absent) under a wall-clock budget, then shows what the topics do: their words and NPMI, text
+measured by ``scripts/benchmark_demo.py``) and the same-size LSTM on ``wikipedia-sample`` (English Wikipedia articles
+that ship with the package; ``--train_file`` names another corpus) under a wall-clock budget, then shows what the
+topics do: their words and NPMI (against the shipped reference of other Wikipedia articles), text
 generated from two different topics, a document-conditioned continuation, and perplexity under the three protocols
 next to the mismatched-context ablation. It saves both models and reloads them with ``AutoModelForCausalLM``. One
 line per phase, with timings.
@@ -54,18 +55,19 @@ CHUNKS_PER_STEP = 64
 @dataclass
 class DemoArguments:
     train_file: Optional[str] = field(default=None, metadata={
-        "help": "Your own corpus instead of APNEWS (Lau .txt, .jsonl[.gz], .parquet with a 'sentences' column); "
-                "a tenth is held out."})
+        "help": "Your own corpus instead of wikipedia-sample (Lau .txt[.gz], .jsonl[.gz], .parquet with a "
+                "'sentences' column); a tenth is held out."})
     synthetic: bool = field(default=False, metadata={
-        "help": "Use the package's synthetic corpus (labelled SYNTHETIC) even when APNEWS is there."})
+        "help": "Use the package's synthetic corpus (labelled SYNTHETIC) instead of real text."})
     family: str = field(default=DEMO_FAMILY, metadata={
         "help": f"The topic family trained beside the LSTM: one of {', '.join(TOPIC_FAMILIES)}. The default did best "
                 "under causal at the demo's budget (scripts/benchmark_demo.py)."})
     output_dir: str = field(default="out/demo", metadata={"help": "Where both models are saved."})
     train_seconds: float = field(default=60.0, metadata={"help": "Wall-clock training budget of each model."})
     eval_documents: int = field(default=60, metadata={"help": "Validation documents evaluated."})
-    npmi_documents: int = field(default=2000, metadata={
-        "help": "Wikipedia articles for NPMI (../shared/data/wiki; 0 skips NPMI)."})
+    npmi_documents: int = field(default=600, metadata={
+        "help": "Articles of the NPMI reference that ships with the package (wikipedia-sample/npmi-reference: 600 "
+                "Wikipedia articles that the sample does not hold; 0 skips NPMI)."})
     threads: int = field(default=1, metadata={
         "help": "torch threads. 1 by default: on a busy 2-core machine two threads ran these small recurrent models "
                 "3.3x slower than one."})
@@ -114,13 +116,12 @@ def done(start: float) -> str:
 
 def locate_corpus(train_file: Optional[str], synthetic: bool = False):
     """(train, valid, label, stop list): ``topic-lm train``'s corpora (``--train_file`` with a tenth held
-    out, else APNEWS from ../shared/data, else the labelled synthetic corpus) and the papers' MALLET stop
-    list with APNEWS."""
-    from .data import DataArguments, load_corpora, resolve_stopwords, shared_data_dir
+    out, else ``wikipedia-sample`` and its validation split, or the labelled synthetic corpus when asked for) and
+    the papers' MALLET stop list."""
+    from .data import DataArguments, load_corpora
 
     train, valid, source = load_corpora(DataArguments(train_file=train_file, synthetic=synthetic))
-    on_apnews = not synthetic and train_file is None and shared_data_dir() is not None
-    return train, valid, source, resolve_stopwords("mallet" if on_apnews else "default")
+    return train, valid, source, "mallet"
 
 
 def check_family(family: str) -> str:
@@ -305,8 +306,9 @@ def _run_demo(args: DemoArguments, fast: FastPathArguments, device: torch.device
     valid_docs = valid_docs.select(range(min(args.eval_documents, len(valid_docs))))
     source = f"{source}; the first {len(valid_docs)} validation documents evaluated"
     synthetic = "SYNTHETIC" in source
-    # Words seen at least 25 times (APNEWS: 2,360 instead of 4,926 at the papers' 10): half the softmax cost
-    # per step, so twice the steps in the budget. Perplexities are therefore not comparable with results/README.md.
+    # Words seen at least 25 times (wikipedia-sample: 1,952 instead of 4,825 at the papers' 10; APNEWS: 2,360 instead
+    # of 4,926): half the softmax cost per step, so twice the steps in the budget. Perplexities are therefore not
+    # comparable with results/README.md.
     tok, topic_tok = data_lib.build_vocabularies(train_docs, min_freq=1 if synthetic else DEMO_MIN_FREQ,
                                                  stopwords=stopwords)
     print(f"       {source}; LM vocabulary "
@@ -359,16 +361,14 @@ def _run_demo(args: DemoArguments, fast: FastPathArguments, device: torch.device
     start = phase(5, total, "the topics (top words from beta" + (", NPMI on Wikipedia)" if args.npmi_documents else ")"))
     topics = topic_model.get_topics(top_n=10)
     npmi = None
-    from .data import shared_data_dir
-
-    root = None if synthetic else shared_data_dir()
-    if args.npmi_documents and root is not None and (root / "wiki" / "articles.jsonl.gz").exists():
+    if args.npmi_documents and not synthetic:
         from .evaluation.topic_eval import evaluate_topics
 
-        result = evaluate_topics(topic_model, root / "wiki" / "articles.jsonl.gz", max_documents=args.npmi_documents)
+        # Other articles than the training ones: the shipped reference holds none of wikipedia-sample's
+        result = evaluate_topics(topic_model, "wikipedia-sample/npmi-reference", max_documents=args.npmi_documents)
         npmi = result["npmi_per_topic"]
         print(f"       mean NPMI {result['npmi']:.3f} ({result['coherence']['preset']} preset, "
-              f"first {args.npmi_documents} Wikipedia articles); diversity {result['diversity']:.2f}", flush=True)
+              f"{result['coherence']['reference']}); diversity {result['diversity']:.2f}", flush=True)
     order = sorted(range(len(topics)), key=lambda k: -(npmi[k] if npmi else 0.0))
     for k in order[:8]:
         score = f"NPMI {npmi[k]:+.3f}  " if npmi else ""

@@ -23,8 +23,9 @@ def evaluate_topics(model, reference: Any, top_n: Optional[int | Sequence[int]] 
     Args:
         model: a topic family's causal LM, or an :class:`~topic_lm_hf.evaluation.steering.LDAJudge` (the same
             ``get_topics`` signature), which gives one word list per topic.
-        reference: the reference corpus for NPMI: a path (e.g. ``../shared/data/wiki/articles.jsonl.gz``),
-            documents, or a :class:`~topic_lm_hf.evaluation.topics.ReferenceCorpus` built once with
+        reference: the reference corpus for NPMI: a path (e.g. ``$TOPIC_LM_DATA/wiki/articles.jsonl.gz``), the
+            name of the shipped reference (``"wikipedia-sample/npmi-reference"``), documents, or a
+            :class:`~topic_lm_hf.evaluation.topics.ReferenceCorpus` built once with
             ``load_reference_corpus`` (much faster when several models are scored).
         top_n: the N of "NPMI of the top-N words"; default: the preset's (5, 10, 15, 20 for
             ``lau2014``, averaged per topic as in Lau et al. 2014).

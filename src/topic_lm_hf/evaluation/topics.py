@@ -242,6 +242,8 @@ def load_reference_corpus(path_or_docs: Any, max_documents: int | None = None, l
     Args:
         path_or_docs: one of
 
+            * ``"wikipedia-sample/npmi-reference"``: the reference that ships with the package, 600 English
+              Wikipedia articles (Lau format) that ``wikipedia-sample`` does not hold;
             * a path to JSON lines (``.jsonl``/``.json``, optionally ``.gz``) with a raw-text column
               ``text_column``; raw text is lower-cased (if ``lowercase``) and split into runs of
               letters (``[^\\W\\d_]+``: "don't" -> "don", "t"; digits and punctuation dropped);
@@ -267,7 +269,9 @@ def load_reference_corpus(path_or_docs: Any, max_documents: int | None = None, l
     subset = f", first {max_documents:,} documents" if max_documents is not None else ""
 
     if isinstance(path_or_docs, (str, os.PathLike)):
-        path = Path(path_or_docs)
+        from ..data import corpus_path
+
+        path = corpus_path(path_or_docs)
         if not path.exists():
             raise FileNotFoundError(f"No reference corpus at {path}")
         if path.is_dir():

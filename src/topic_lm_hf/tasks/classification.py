@@ -17,7 +17,8 @@ layout="sequence", label_column="label")``: each document as ONE sequence (its s
 ``<bos> .. <eos>`` one after the other, cut at ``max_document_length`` tokens) with the bag of words of the
 whole document (the first ``max_context_tokens`` topic words).
 
-Data (:func:`load_classification_splits`): the JSON-lines corpora of ``../shared/data`` (``text``, ``label``).
+Data (:func:`load_classification_splits`): JSON-lines corpora with ``text`` and ``label`` (e.g. those of
+``$TOPIC_LM_DATA``).
 Their test splits are held back, so the training file is split with ``Dataset.train_test_split``
 (stratified by label, fixed seed). 20 Newsgroups posts are cleaned with scikit-learn's own functions for
 ``fetch_20newsgroups(remove=("headers", "footers", "quotes"))`` (``clean="newsgroups"``): the header block
@@ -79,7 +80,7 @@ def labelled_file_format(path: str | os.PathLike) -> str:
         if name.endswith(suffix):
             return builder
     raise ValueError(f"{path}: a labelled corpus is JSON lines (.jsonl[.gz], .json), CSV (.csv[.gz]) or Parquet "
-                     f"(.parquet) with 'text' and 'label' columns, e.g. ../shared/data/20ng/train.jsonl.gz")
+                     f"(.parquet) with 'text' and 'label' columns, e.g. $TOPIC_LM_DATA/20ng/train.jsonl.gz")
 
 
 def load_classification_splits(path: str | os.PathLike, test_fraction: float = 0.2, seed: int = 0,

@@ -1,13 +1,14 @@
 """The downstream tasks from the command line: ``topic-lm classify``, ``topic-lm retrieve``, ``topic-lm wsd train``
 and ``topic-lm wsd evaluate``.
 
-    topic-lm wsd train --train ../shared/data/wsd/semcor --dev ../shared/data/wsd/semeval2007 \\
+    topic-lm wsd train --train $TOPIC_LM_DATA/wsd/semcor --dev $TOPIC_LM_DATA/wsd/semeval2007 \\
         --topic_model out/nclm/leta/model --output_dir out/wsd-nclm --num_train_epochs 5
-    topic-lm wsd evaluate --model_name_or_path out/wsd-nclm --dataset ../shared/data/wsd/senseval2
+    topic-lm wsd evaluate --model_name_or_path out/wsd-nclm --dataset $TOPIC_LM_DATA/wsd/senseval2
 
-``classify`` and ``retrieve`` read a JSON-lines corpus with ``text`` and ``label`` (e.g. ``../shared/data/20ng/train.jsonl.gz``), split it
-with :func:`~topic_lm_hf.tasks.load_classification_splits` (stratified, seeded; the held-out part is the test
-split), and use a saved model folder (a ``*ForCausalLM`` of any family, with its tokenizers).
+``classify`` and ``retrieve`` read a JSON-lines corpus with ``text`` and ``label`` (e.g.
+``$TOPIC_LM_DATA/20ng/train.jsonl.gz``), split it with :func:`~topic_lm_hf.tasks.load_classification_splits`
+(stratified, seeded; the held-out part is the test split), and use a saved model folder (a ``*ForCausalLM`` of any
+family, with its tokenizers).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ class TaskDataArguments:
     model_name_or_path: str = field(metadata={"help": "A saved model folder (or Hub id) with its tokenizers: a "
                                                       "*ForCausalLM of any family, or a saved classifier."})
     dataset: str = field(metadata={"help": "JSON lines, CSV or Parquet with 'text' and 'label' columns, e.g. "
-                                           "../shared/data/20ng/train.jsonl.gz or ../shared/data/r8/train.jsonl.gz."})
+                                           "$TOPIC_LM_DATA/20ng/train.jsonl.gz or $TOPIC_LM_DATA/r8/train.jsonl.gz."})
     clean: Optional[str] = field(default=None, metadata={
         "help": "'newsgroups': strip 20 Newsgroups headers, signatures and quoted lines (scikit-learn's "
                 "fetch_20newsgroups(remove=('headers', 'footers', 'quotes')) functions). Default: none."})
@@ -175,17 +176,17 @@ def run_retrieve(data_args: TaskDataArguments, args: RetrieveArguments, device: 
 @dataclass
 class WSDTrainArguments:
     train: str = field(metadata={"help": "Training set in the Raganato format (a folder with *.data.xml[.gz] and "
-                                         "*.gold.key.txt[.gz]), e.g. ../shared/data/wsd/semcor."})
+                                         "*.gold.key.txt[.gz]), e.g. $TOPIC_LM_DATA/wsd/semcor."})
     topic_model: Optional[str] = field(default=None, metadata={
         "help": "Folder of a trained topic model of the package (NCLM, TCNLM, TopicRNN), frozen, that gives each "
                 "document its topic representation c. Without it: the BiLSTM baseline without topics."})
     topic_tokenizer: Optional[str] = field(default=None, metadata={
         "help": "Folder holding the topic model's topic_tokenizer/ when the topic model folder lacks one."})
     dev: Optional[str] = field(default=None, metadata={
-        "help": "Development set (e.g. ../shared/data/wsd/semeval2007): scored after every epoch; the best epoch "
+        "help": "Development set (e.g. $TOPIC_LM_DATA/wsd/semeval2007): scored after every epoch; the best epoch "
                 "(F1 in --output_mode) is kept. Never select on the test sets."})
     sense_inventory: Optional[str] = field(default=None, metadata={
-        "help": "senses.tsv.gz of WordNet (default: ../shared/data/wordnet/senses.tsv.gz or $TOPIC_LM_DATA's)."})
+        "help": "senses.tsv.gz of WordNet (default: $TOPIC_LM_DATA/wordnet/senses.tsv.gz)."})
     output_mode: str = field(default="candidates", metadata={
         "help": f"Default prediction mode recorded in the model, one of {OUTPUT_MODES}: 'candidates' (argmax among "
                 "the lemma's trained candidate senses, WordNet first sense for unseen lemmas) or 'all_senses' (the "
@@ -209,7 +210,7 @@ class WSDTrainArguments:
 class WSDEvaluateArguments:
     model_name_or_path: str = field(metadata={"help": "A trained sense tagger folder (topic-lm wsd train)."})
     dataset: str = field(metadata={"help": "A Raganato-format set with gold keys, e.g. "
-                                           "../shared/data/wsd/senseval2."})
+                                           "$TOPIC_LM_DATA/wsd/senseval2."})
     modes: str = field(default="candidates,all_senses", metadata={
         "help": f"Comma-separated output modes to score, of {OUTPUT_MODES}."})
     key_file: Optional[str] = field(default=None, metadata={

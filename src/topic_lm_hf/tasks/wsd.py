@@ -56,7 +56,7 @@ adjective satellites (``s``) join ``a``; universal tags map NOUN→n, VERB→v, 
   P = R = 0, as in Java.
 
 **Baselines.** :func:`first_sense_baseline` (WN-1st) and :func:`most_frequent_sense_baseline`
-(SemCor-MFS, WN-1st back-off for unseen (lemma, pos)) reproduce, on the data of ``shared/data``:
+(SemCor-MFS, WN-1st back-off for unseen (lemma, pos)) reproduce, on the WSD sets of ``$TOPIC_LM_DATA/wsd``:
 WN-1st 66.8 / 66.0 / 55.2 and SemCor-MFS 66.0 / 64.7 / 55.4 (SE2 / SE3 / SE07). The published
 SemCor-MFS (65.6 / 66.0 / 54.5) comes from Raganato's SemCor conversion (226,036 instances; the
 one here has 234,136), so report ours beside it.

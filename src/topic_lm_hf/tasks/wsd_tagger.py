@@ -21,12 +21,12 @@ The NCLM paper's WSD protocol (``docs/nclm.md`` §5), with the decisions it leav
 
 Usage::
 
-    train = load_wsd_corpus("../shared/data/wsd/semcor")
+    train = load_wsd_corpus(data_dir("wsd", "semcor"))                 # $TOPIC_LM_DATA/wsd/semcor
     model = train_sense_tagger(train, "out/wsd-nclm", topic_model="out/nclm/leta/model",
-                               dev=load_wsd_corpus("../shared/data/wsd/semeval2007"))
+                               dev=load_wsd_corpus(data_dir("wsd", "semeval2007")))
     model = AutoModelForTokenClassification.from_pretrained("out/wsd-nclm")
-    predictions = disambiguate(model, load_wsd_corpus("../shared/data/wsd/senseval2"))  # id -> key
-    score_wsd(predictions, "../shared/data/wsd/senseval2/senseval2.gold.key.txt")
+    predictions = disambiguate(model, load_wsd_corpus(data_dir("wsd", "senseval2")))  # id -> key
+    score_wsd(predictions, data_dir("wsd", "senseval2", "senseval2.gold.key.txt"))
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ import datasets
 import torch
 from transformers import AutoModelForCausalLM, Trainer, TrainerCallback, TrainingArguments, set_seed
 
+from ..data import data_dir
 from ..models.configuration_sense_tagger import OUTPUT_MODES, SenseTaggerConfig
 from ..models.modeling_conditioning import TOPIC_TOKENIZER_SUBFOLDER, load_topic_tokenizer
 from ..models.modeling_sense_tagger import SenseTaggerForTokenClassification
@@ -61,7 +62,6 @@ __all__ = [
     "build_sense_vocabulary",
     "build_word_vocabulary",
     "candidate_label_ids",
-    "default_sense_inventory_path",
     "disambiguate",
     "document_bags_of_words",
     "document_topic_representation",
@@ -316,17 +316,6 @@ class SenseTaggingCollator:
 # ----------------------------------------------------------------------------------------------
 
 
-def default_sense_inventory_path() -> Optional[Path]:
-    """``$TOPIC_LM_DATA/wordnet/senses.tsv.gz`` or ``../shared/data/wordnet/senses.tsv.gz`` when present."""
-    candidates = [Path.cwd().parent / "shared" / "data"]
-    if os.environ.get("TOPIC_LM_DATA"):
-        candidates.insert(0, Path(os.environ["TOPIC_LM_DATA"]))
-    for root in candidates:
-        if (root / "wordnet" / "senses.tsv.gz").exists():
-            return root / "wordnet" / "senses.tsv.gz"
-    return None
-
-
 @lru_cache(maxsize=4)
 def _cached_inventory(senses: str, training: Optional[str]) -> SenseInventory:
     return load_sense_inventory(senses, training=training)
@@ -335,7 +324,7 @@ def _cached_inventory(senses: str, training: Optional[str]) -> SenseInventory:
 def _inventory_for(model, inventory: Optional[SenseInventory]) -> SenseInventory:
     if inventory is not None:
         return inventory
-    senses = model.config.sense_inventory or default_sense_inventory_path()
+    senses = model.config.sense_inventory or data_dir("wordnet", "senses.tsv.gz", required=False)
     if senses is None or not os.path.exists(str(senses)):
         raise FileNotFoundError(f"candidate restriction needs the sense inventory (senses.tsv.gz); the tagger records "
                                 f"{model.config.sense_inventory!r}, which is absent: pass inventory=")
@@ -492,7 +481,7 @@ def train_sense_tagger(train: Union[datasets.Dataset, PathLike], output_dir: Pat
             too), or ``None`` for the tagger without topics.
         topic_tokenizer: its topic tokenizer (default: ``<topic_model>/topic_tokenizer``).
         dev: a development set (SemEval-2007): scored after every epoch, the best epoch is kept.
-        sense_inventory: ``senses.tsv.gz`` (recorded in the config; default: the shared data's).
+        sense_inventory: ``senses.tsv.gz`` (recorded in the config; default: ``$TOPIC_LM_DATA/wordnet``'s).
         training_args: ``TrainingArguments`` (default: lr 1e-3, batch 32, 1 epoch, as the paper's lr/batch).
         config_kwargs: :class:`SenseTaggerConfig` arguments (``hidden_size``, ``output_mode``, ...).
     """
@@ -500,7 +489,7 @@ def train_sense_tagger(train: Union[datasets.Dataset, PathLike], output_dir: Pat
         train_corpus_path = train
     train = _as_corpus(train)
     dev = _as_corpus(dev) if dev is not None else None
-    sense_inventory = sense_inventory or default_sense_inventory_path()
+    sense_inventory = sense_inventory or data_dir("wordnet", "senses.tsv.gz", required=False)
     topic_path = config_kwargs.pop("topic_model_name_or_path", None)
     if isinstance(topic_model, (str, os.PathLike)):
         topic_path = str(topic_model)
