@@ -77,7 +77,7 @@ def test_a_config_file_that_is_not_a_json_object_is_one_line(tmp_path, capsys):
 
 
 def test_the_demo_refuses_zero_threads(capsys, tmp_path):
-    assert "--threads must be at least 1, got 0" in one_line_error(
+    assert "--threads must be in 1.." in one_line_error(
         capsys, ["demo", "--threads", "0", "--output_dir", str(tmp_path)])
 
 
@@ -704,3 +704,21 @@ def test_steer_refuses_more_sampled_topics_than_the_model_has(saved_model, capsy
     line = one_line_error(capsys, ["steer", "--model_name_or_path", str(folder), "--num_topics_sampled", "12",
                                    "--num_samples", "1", "--max_new_tokens", "2"])
     assert "num_topics_sampled (--num_topics_sampled) is 12, but the model has 3 topics: give at most 3" in line
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--eval_documents", "0"], "--eval_documents must be a positive integer, got 0"),
+    (["--npmi_documents", "-1"], "--npmi_documents must be >= 0 (0 skips NPMI), got -1"),
+    (["--threads", "1000"], "--threads must be in 1.."),
+    (["--synthetic", "true", "--train_file", "corpus.txt"], "give one of --synthetic and --train_file"),
+])
+def test_demo_refuses_its_bad_flags_before_it_reads_or_trains(capsys, flags, message):
+    """--eval_documents 0, --npmi_documents -1 and --output_dir naming a file failed after training; --threads 1000
+    was accepted on 2 cores; --synthetic ignored --train_file."""
+    assert message in one_line_error(capsys, ["demo", *flags])
+
+
+def test_demo_refuses_an_output_dir_that_is_a_file(capsys, tmp_path):
+    a_file = tmp_path / "out"
+    a_file.write_text("")
+    assert f"--output_dir {a_file} is a file" in one_line_error(capsys, ["demo", "--output_dir", str(a_file)])

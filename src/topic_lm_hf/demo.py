@@ -285,6 +285,23 @@ def run_demo(args: DemoArguments, fast: FastPathArguments | None = None, device:
         package_logger.setLevel(previous)
 
 
+def check_demo_arguments(args: DemoArguments) -> None:
+    """Every flag of the demo checked before anything is read or trained (each used to fail, or be ignored, minutes
+    later): one ``ValueError`` naming the flag."""
+    cores = os.cpu_count() or 1
+    if not 1 <= args.threads <= cores:
+        raise ValueError(f"--threads must be in 1..{cores} (this machine's cores), got {args.threads}")
+    if not (math.isfinite(args.train_seconds) and args.train_seconds > 0):  # NaN or inf would never stop
+        raise ValueError(f"--train_seconds must be a positive number of seconds, got {args.train_seconds}")
+    data_lib.check_positive_flags(eval_documents=args.eval_documents)
+    if args.npmi_documents < 0:
+        raise ValueError(f"--npmi_documents must be >= 0 (0 skips NPMI), got {args.npmi_documents}")
+    if args.synthetic and args.train_file is not None:
+        raise ValueError("give one of --synthetic and --train_file: the synthetic corpus would replace the file")
+    if os.path.exists(args.output_dir) and not os.path.isdir(args.output_dir):
+        raise ValueError(f"--output_dir {args.output_dir} is a file: give a folder (it is created if missing)")
+
+
 def _run_demo(args: DemoArguments, fast: FastPathArguments, device: torch.device) -> None:
     import datasets
     import transformers
@@ -292,10 +309,7 @@ def _run_demo(args: DemoArguments, fast: FastPathArguments, device: torch.device
     datasets.disable_progress_bars()
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
-    if args.threads < 1:
-        raise ValueError(f"--threads must be at least 1, got {args.threads}")
-    if not (math.isfinite(args.train_seconds) and args.train_seconds > 0):  # NaN or inf would never stop
-        raise ValueError(f"--train_seconds must be a positive number of seconds, got {args.train_seconds}")
+    check_demo_arguments(args)
     check_family(args.family)  # before the data is read
     torch.set_num_threads(args.threads)
     set_seed(args.seed)
