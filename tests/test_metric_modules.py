@@ -162,3 +162,14 @@ def test_a_missing_reference_or_an_order_that_is_not_a_whole_number_is_one_line(
     n=[] an empty result."""
     with pytest.raises(ValueError, match=message):
         modules[name].compute(**kwargs)
+
+
+def test_a_binary_npmi_reference_is_one_clear_line(modules, tmp_path):
+    """A binary file under a text suffix was a bare UnicodeDecodeError from the middle of the reader."""
+    import gzip
+
+    for path, write in [(tmp_path / "ref.txt", lambda p, b: p.write_bytes(b)),
+                        (tmp_path / "ref.txt.gz", lambda p, b: p.write_bytes(gzip.compress(b)))]:
+        write(path, bytes(range(256)) * 8)
+        with pytest.raises(ValueError, match=r"is not UTF-8 text \(byte \d+ of a line\): give a text corpus"):
+            modules["npmi"].compute(predictions=[["a", "b"]], reference=str(path))

@@ -310,7 +310,11 @@ def load_reference_corpus(path_or_docs: Any, max_documents: int | None = None, l
     else:
         raise ValueError(f"Cannot use {type(path_or_docs).__name__} as a reference corpus: pass a path, "
                          "a datasets.Dataset, a list of documents or a ReferenceCorpus")
-    return ReferenceCorpus.from_documents(islice(docs, max_documents), lowercase=lowercase, source=source)
+    try:
+        return ReferenceCorpus.from_documents(islice(docs, max_documents), lowercase=lowercase, source=source)
+    except UnicodeDecodeError as error:  # a binary file under a text suffix
+        raise ValueError(f"The reference corpus {path_or_docs} is not UTF-8 text (byte {error.start} of a line): "
+                         "give a text corpus (Lau-format .txt[.gz] or JSON lines)") from None
 
 
 # ----------------------------------------------------------------------------------------------
