@@ -18,6 +18,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 # The full corpora (README: Corpora): $TOPIC_LM_DATA, else, in this project's development setup, the folder beside the
 # checkout (TOPIC_LM_DATA set to an empty folder turns that off: the suite as a fresh clone runs it).
 DATA = Path(os.environ.get("TOPIC_LM_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+if DATA.is_dir():  # the package (and the commands the tests run) find the corpora where the tests do
+    os.environ.setdefault("TOPIC_LM_DATA", str(DATA))
 MALLET = MALLET_STOPWORDS  # the package's copy of MALLET's stop list, the papers' (and build_vocabularies' default)
 
 
