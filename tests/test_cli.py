@@ -1,6 +1,7 @@
 """The `topic-lm` command as a user runs it: the README's main job, and train / evaluate / generate."""
 
 import logging
+import json
 import re
 from types import SimpleNamespace
 
@@ -527,3 +528,46 @@ def test_rgbn_topics_per_layer_and_generation_from_an_upper_layer(tmp_path, caps
     assert capsys.readouterr().out.strip()
     assert "topic_layer must be an integer in [1, 2]" in user_error(capsys, [
         "generate", "--model_name_or_path", str(tmp_path / "m"), "--topic_ids", "1", "--topic_layer", "3"])
+
+
+@pytest.mark.parametrize("model_type, overrides", [
+    ("lstm_lm", "embedding_size=16,hidden_size=16"),
+    ("rgbn_rnn", "topic_sizes=[3],hidden_sizes=[16],embedding_size=16"),
+])
+def test_train_carry_state_trains_the_carried_lstm_and_the_carried_rgbn_rnn(tmp_path, capsys, model_type, overrides,
+                                                                          monkeypatch):
+    """`topic-lm train --carry_state true` trains with the state carried across each document's sentences: whole
+    documents per batch with the preceding context; the LSTM through TopicLMTrainer(carry_state=True), rGBN-RNN on its
+    documents batches with carry_token_state (recorded in the saved config). The model then evaluates under
+    causal-carry. --bptt_chunks without --carry_state is refused."""
+    import topic_lm_hf.cli as cli
+    from topic_lm_hf import TopicLMTrainer
+
+    seen = {}
+    original = TopicLMTrainer.__init__
+
+    def recording(self, *args, **kwargs):
+        seen.update(carry_state=kwargs.get("carry_state"), collator=kwargs.get("data_collator"))
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(cli.TopicLMTrainer, "__init__", recording)
+    out_dir = tmp_path / model_type
+    main(["train", "--train_file", "wikipedia-sample", "--max_train_documents", "24",
+          "--validation_file", "wikipedia-sample/validation", "--max_eval_documents", "4", "--model_type", model_type,
+          "--config_overrides", overrides, "--recipe", "paper", "--min_freq", "3", "--output_dir", str(out_dir),
+          "--max_steps", "2", "--per_device_train_batch_size", "2", "--report_to", "none", "--use_cpu",
+          "--eval_strategy", "no", "--carry_state", "true"])
+    collator = seen["collator"]
+    assert collator.layout == "documents"
+    assert collator.context == ("none" if model_type == "lstm_lm" else "preceding")
+    config = json.loads((out_dir / "config.json").read_text())
+    if model_type == "rgbn_rnn":
+        assert seen["carry_state"] is False and config["carry_token_state"] is True
+    else:
+        assert seen["carry_state"] is True
+    main(["evaluate", "--model_name_or_path", str(out_dir), "--validation_file", "wikipedia-sample/validation",
+          "--max_eval_documents", "3", "--protocols", "causal-carry"])
+    assert re.search(r"\| causal-carry \| .*? \| [\d.]+ \| \d+ \|", capsys.readouterr().out)
+    with pytest.raises(SystemExit) as exit_:
+        main(["train", "--output_dir", str(tmp_path / "x"), "--bptt_chunks", "2"])
+    assert exit_.value.code == 2 and "--bptt_chunks is an option of --carry_state true" in capsys.readouterr().err

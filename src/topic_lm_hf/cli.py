@@ -64,6 +64,14 @@ class ModelArguments:
     config_overrides: Optional[str] = field(default=None, metadata={
         "help": "Comma-separated key=value pairs applied to the configuration with transformers' "
                 "PretrainedConfig.update_from_string, e.g. 'hidden_size=256,dropout=0.2' (booleans: true / false)."})
+    carry_state: bool = field(default=False, metadata={
+        "help": "Train with the recurrent state carried across each document's sentences (the causal-carry protocol "
+                "that the package's best models are trained for): whole documents per batch, each sentence's context "
+                "the sentences before it. rGBN-RNN carries its LSTM state inside its documents batches; every other "
+                "family trains through TopicLMTrainer(carry_state=True)."})
+    bptt_chunks: Optional[int] = field(default=None, metadata={
+        "help": "With --carry_state: the chunks between two detachments of the carried state (default: the whole "
+                "document)."})
     pretraining_phases: Optional[str] = field(default=None, metadata={
         "help": "Training phases before the joint objective, as phase:steps pairs in order, e.g. "
                 "'lm:2000,topic_model:500' for NCLM (TopicLMTrainer's pretraining_phases)."})
@@ -364,7 +372,9 @@ def train(data_args: DataArguments, model_args: ModelArguments, training_args: T
     if recipe_of(model_args) == "steering" and not model_args.model_name_or_path and recipe:
         logger.info("Recipe: steering (%s, the topic model pre-trained first; --recipe paper trains the paper's "
                     "model exactly)", ", ".join(f"{k}={getattr(model.config, k)}" for k in recipe))
-    collator = TopicContextCollator.for_model(model, tok, topic_tok, context=data_args.context,
+    carried = carried_training(model_args, data_args, model)
+    collator = TopicContextCollator.for_model(model, tok, topic_tok, protocol="train-carry" if carried else "train",
+                                              context=None if carried else data_args.context,
                                               max_sentence_length=data_args.max_sentence_length,
                                               max_context_tokens=data_args.max_context_tokens)
     train_rows = collator.prepare(train_docs)
@@ -372,7 +382,9 @@ def train(data_args: DataArguments, model_args: ModelArguments, training_args: T
     trainer = TopicLMTrainer(model=model, args=training_args, train_dataset=train_rows, eval_dataset=eval_rows,
                              data_collator=collator, processing_class=tok, callbacks=callbacks,
                              pretraining_phases=parse_phases(model_args.pretraining_phases),
-                             compile_output_layer=compile_output_layer)
+                             compile_output_layer=compile_output_layer,
+                             carry_state=carried and not model.reads_documents,
+                             bptt_chunks=model_args.bptt_chunks if carried and not model.reads_documents else None)
     from .trainer import OutputDirLock
 
     # the whole run holds output_dir, pre-training included: a second run on the same folder is refused at once
@@ -423,6 +435,26 @@ def pretraining_steps(model_args: ModelArguments, model) -> int:
         return model_args.pretrain_topic_model_steps
     new_topic_model = not model_args.model_name_or_path and isinstance(model, TopicFamilyForCausalLM)
     return RECIPE_PRETRAINING["steps"] if recipe_of(model_args) == "steering" and new_topic_model else 0
+
+
+def carried_training(model_args: ModelArguments, data_args: DataArguments, model) -> bool:
+    """``--carry_state``: checks its flags against each other and the model, and switches a model that reads whole
+    documents (rGBN-RNN) to carrying its LSTM state across their chunks (``carry_token_state``, saved in its config).
+    Returns whether the run trains with the state carried."""
+    if not model_args.carry_state:
+        if model_args.bptt_chunks is not None:
+            raise UsageError("--bptt_chunks is an option of --carry_state true")
+        return False
+    if data_args.context != "preceding" and "context_bow" in getattr(model, "conditioning_inputs", ()):
+        logger.info("--carry_state: each sentence's context is the sentences before it (--context %s is not used)",
+                    data_args.context)
+    if model_args.bptt_chunks is not None:
+        data_lib.check_positive_flags(bptt_chunks=model_args.bptt_chunks)
+    if model.reads_documents:
+        if model_args.bptt_chunks is not None:
+            raise UsageError(f"--bptt_chunks: {type(model).__name__} carries its state through each whole document")
+        model.config.carry_token_state = True
+    return True
 
 
 def recipe_of(model_args: ModelArguments) -> str:
