@@ -718,8 +718,10 @@ def check_conditioning_flags(model, args) -> None:
             if flag == "--topic_layer" and takes:
                 raise UsageError(f"--topic_layer: {name} has one layer of topics (the flag picks a layer of "
                                  "rGBN-RNN's hierarchy); leave it out")
+            from .families import topic_families
+
             raise UsageError(f"{flag}: {name} has no topics; leave the flag out (topic conditioning is for the "
-                             "topic families: tcnlm, topic_rnn, nclm, rgbn_rnn)")
+                             f"topic families: {', '.join(f.model_type for f in topic_families())})")
 
 
 def parse_ids(text: str, flag: str, what: str = "topic id") -> list[int]:
