@@ -141,3 +141,24 @@ def test_rgbn_under_a_lora_trains_with_topic_lm_trainer_keeps_its_topics_and_rel
     loaded = peft.PeftModel.from_pretrained(tiny_model("rgbn", tok, topic_tok), tmp_path / "adapter").eval()
     with torch.no_grad():
         torch.testing.assert_close(loaded(**batch).loss, expected)
+
+
+def test_an_adapter_trained_on_one_family_is_refused_by_another(tmp_path, corpus):
+    """A LoRA on ``lm_head`` of a saved LSTM, loaded into a TCNLM of the same sizes: PEFT matches weights by module
+    name and shape only, and it used to load silently (the TCNLM then ran the LSTM's adapter). Both ways of loading
+    refuse it, naming the adapter's family; the LSTM itself still takes it."""
+    docs, tok, topic_tok = corpus
+    tiny_model("lstm_lm", tok, topic_tok).save_pretrained(tmp_path / "lstm")
+    from transformers import AutoModelForCausalLM
+
+    lstm = AutoModelForCausalLM.from_pretrained(tmp_path / "lstm")
+    lora = peft.get_peft_model(lstm, peft.LoraConfig(r=2, lora_alpha=4, target_modules=["lm_head"]))
+    lora.save_pretrained(tmp_path / "adapter")
+    tcnlm = tiny_model("tcnlm", tok, topic_tok)
+    assert tcnlm.lm_head.weight.shape == lstm.lm_head.base_layer.weight.shape  # PEFT alone would load it
+    with pytest.raises(ValueError, match=r"a lstm_lm model; this model is a tcnlm: load the adapter into a lstm_lm"):
+        peft.PeftModel.from_pretrained(tcnlm, tmp_path / "adapter")
+    with pytest.raises(ValueError, match="a lstm_lm model; this model is a tcnlm"):
+        tiny_model("tcnlm", tok, topic_tok).load_adapter(str(tmp_path / "adapter"))
+    peft.PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tmp_path / "lstm"), tmp_path / "adapter")
+    AutoModelForCausalLM.from_pretrained(tmp_path / "lstm").load_adapter(str(tmp_path / "adapter"))

@@ -582,6 +582,50 @@ def leaky_modes_of(model) -> list[str]:
     return list(model.leaky_modes()) if isinstance(model, RecurrentPreTrainedModel) else []
 
 
+def saved_model_type(name_or_path: Optional[str]) -> Optional[str]:
+    """The ``model_type`` in the ``config.json`` of a local folder or of a Hub repository already in the local
+    cache (no download); None where there is none to read."""
+    import json
+    import os
+
+    if not name_or_path:
+        return None
+    path = os.path.join(name_or_path, "config.json")
+    if not os.path.isfile(path):
+        from huggingface_hub import try_to_load_from_cache
+
+        try:
+            path = try_to_load_from_cache(name_or_path, "config.json")
+        except ValueError:  # not a repository id either
+            return None
+        if not isinstance(path, str):
+            return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def adapter_base_model(adapter: str) -> Optional[str]:
+    """The ``base_model_name_or_path`` recorded in a local adapter folder's ``adapter_config.json`` (None where it
+    has none, or the adapter is not a local folder)."""
+    import json
+    import os
+
+    try:
+        with open(os.path.join(adapter, "adapter_config.json"), encoding="utf-8") as f:
+            return json.load(f).get("base_model_name_or_path")
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None
+
+
+def _check_loaded_adapters(module, state_dict, *args) -> None:
+    """``load_state_dict`` pre-hook: every PEFT adapter config on ``module`` names a model of its family."""
+    for config in (getattr(module, "peft_config", None) or {}).values():
+        module.check_adapter_family(getattr(config, "base_model_name_or_path", None))
+
+
 class RecurrentPreTrainedModel(PreTrainedModel):
     """Flags every recurrent LM of the package needs under transformers 5.x (hf-notes §0)."""
 
@@ -668,6 +712,25 @@ class RecurrentPreTrainedModel(PreTrainedModel):
     def post_init(self):
         super().post_init()
         self._suppress_unk_in_generation()
+        # PeftModel.from_pretrained loads an adapter's weights through load_state_dict, by module name and shape
+        # only: the hook refuses an adapter trained on another family (see check_adapter_family).
+        self.register_load_state_dict_pre_hook(_check_loaded_adapters)
+
+    def load_adapter(self, peft_model_id=None, *args, **kwargs):
+        """transformers' ``load_adapter``, refusing an adapter trained on another family (``check_adapter_family``)."""
+        if peft_model_id is not None:
+            self.check_adapter_family(adapter_base_model(peft_model_id))
+        return super().load_adapter(peft_model_id, *args, **kwargs)
+
+    def check_adapter_family(self, base_model: Optional[str]) -> None:
+        """Refuse an adapter saved from a model of another ``model_type`` (a LoRA of an LSTM loaded into a TCNLM):
+        PEFT matches an adapter's weights by module name and shape, which families share (``lm_head``,
+        ``embed_tokens``). ``base_model`` is the adapter's ``base_model_name_or_path``; where that folder (or its
+        cached Hub copy) holds no ``config.json`` there is nothing to check against."""
+        model_type = saved_model_type(base_model)
+        if model_type is not None and model_type != self.config.model_type:
+            raise ValueError(f"This adapter was trained on {base_model}, a {model_type} model; this model is a "
+                             f"{self.config.model_type}: load the adapter into a {model_type} model")
 
     def _suppress_unk_in_generation(self) -> None:
         """``<unk>`` is never generated unless asked for: the default generation config suppresses
