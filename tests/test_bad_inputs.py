@@ -722,3 +722,71 @@ def test_demo_refuses_an_output_dir_that_is_a_file(capsys, tmp_path):
     a_file = tmp_path / "out"
     a_file.write_text("")
     assert f"--output_dir {a_file} is a file" in one_line_error(capsys, ["demo", "--output_dir", str(a_file)])
+
+
+def test_the_demo_refuses_a_corpus_too_small_for_its_topics_before_it_trains(capsys, tmp_path):
+    """27 Wikipedia articles: a topic vocabulary of 2 words at the demo's frequency cut. The demo used to train both
+    models and then stop on an NPMI error ("fewer than 2 distinct words among its top-1"), or, on a slightly larger
+    corpus, show 20 identical topics; it now says in one line, before training, what to give."""
+    import gzip
+    from importlib import resources
+
+    sample = resources.files("topic_lm_hf") / "resources" / "wikipedia_sample" / "train.txt.gz"
+    with gzip.open(sample.open("rb"), "rt", encoding="utf-8") as f:
+        lines = [next(f) for _ in range(27)]
+    tiny = tmp_path / "tiny27.txt"
+    tiny.write_text("".join(lines), encoding="utf-8")
+    message = one_line_error(capsys, ["demo", "--train_file", str(tiny), "--output_dir", str(tmp_path / "out")])
+    assert "too few for 20 topics" in message and "--train_file" in message
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_demos_verdict_compares_no_models_that_took_a_handful_of_steps():
+    """A 5-second budget: the topic model took 1 step. The verdict used to call it "at least as good as the LSTM"."""
+    from topic_lm_hf.demo import verdict
+
+    text = verdict(30.0, 31.0, 32.0, {"NCLM": 1, "LSTM": 98}, 5, "NCLM")
+    assert "at least as good" not in text and "fewer than 50 training steps" in text
+    assert "at least as good" in verdict(30.0, 31.0, 32.0, {"NCLM": 400, "LSTM": 900}, 60, "NCLM")
+
+
+def test_the_demo_says_when_no_decoding_met_its_rule_and_warns_of_identical_topics():
+    """The demo used to print "chosen: X (the most fluent with a lift of at least 2 ...)" when no decoding had
+    that lift, and showed 20 identical topics without a word."""
+    from topic_lm_hf.demo import chosen_line, distinct_topics_warning
+
+    measured = {"a": {"lift": 1.1, "distinct_2": 0.9}, "b": {"lift": 2.5, "distinct_2": 0.95}}
+    assert "no decoding met the rule" in chosen_line("a", measured)
+    assert "no decoding met the rule" not in chosen_line("b", measured)
+    same = [["color", "red", "blue"]] * 20
+    assert "share most of their top words (5% of them distinct)" in distinct_topics_warning(same)
+    assert distinct_topics_warning([[f"w{k}{i}" for i in range(3)] for k in range(20)]) is None
+
+
+def _labelled_file(path, labels):
+    """A tiny labelled JSON-lines corpus: one short real-looking text per label in ``labels``."""
+    texts = ["shares of the company rose after the merger was announced", "oil prices fell as crude stocks grew",
+             "the bank raised its interest rate again", "wheat exports to the region were cut"]
+    path.write_text("".join(json.dumps({"text": texts[i % len(texts)], "label": label}) + "\n"
+                            for i, label in enumerate(labels)), encoding="utf-8")
+    return str(path)
+
+
+def test_the_tasks_messages_for_a_tiny_corpus_name_what_to_change(capsys, saved_model, tmp_path):
+    """A corpus too small for the stratified split used to get scikit-learn's words ("the minimum number of groups
+    for any class"), retrieve's cut-offs did not name --k, and an empty vocabulary named min_freq= to a user of
+    topic-lm train."""
+    folder = str(saved_model[0])
+    lonely = _labelled_file(tmp_path / "lonely.jsonl", ["acq", "earn", "earn", "earn"])
+    assert "needs at least 2 documents of every label" in one_line_error(
+        capsys, ["classify", "--model_name_or_path", folder, "--dataset", lonely])
+    eight = _labelled_file(tmp_path / "eight.jsonl", ["acq", "earn"] * 4)
+    assert "(test_fraction; --test_fraction on the command line) splits 8 documents into 7 and 1" in one_line_error(
+        capsys, ["classify", "--model_name_or_path", folder, "--dataset", eight, "--test_fraction", "0.1"])
+    assert "--k and --fractions" in one_line_error(
+        capsys, ["retrieve", "--model_name_or_path", folder, "--dataset", eight, "--no_baselines"])
+    corpus = tmp_path / "three.txt"
+    corpus.write_text("the senate said .\tpolice said .\nthe senate voted .\n", encoding="utf-8")
+    assert "(--min_freq of topic-lm train)" in one_line_error(
+        capsys, ["train", "--train_file", str(corpus), "--min_freq", "1000", "--output_dir", str(tmp_path / "o"),
+                 "--report_to", "none"])

@@ -44,12 +44,15 @@ def test_demo_on_the_synthetic_corpus_says_so(tmp_path, capsys):
     assert steps and int(steps.group(1)) > 0 and int(steps.group(2)) > 0
     verdict = next(line for line in out.splitlines() if "Under causal (what generation sees" in line)
     assert "The document's own topics are worth" in verdict
-    assert ("at least as good as the LSTM" in verdict) != ("not as good as the LSTM" in verdict)
+    # one of three verdicts: too few steps to compare (this 2-second budget, usually), or which model is ahead
+    assert sum(words in verdict for words in ("at least as good as the LSTM", "not as good as the LSTM",
+                                              "fewer than 50 training steps")) == 1
     assert "the family that did best of the package's topic families at this budget" in verdict
     # the steered samples' decoding: every candidate measured, one chosen by the stated rule
     measured = re.findall(r"^ +(.+?): fluency (\d+) \(perplexity of the steered texts under the LSTM\)", out, re.M)
     assert [name for name, _ in measured] == list(DECODINGS)
-    assert re.search(r"chosen: (.+?) \(the most fluent with a topic-word lift", out).group(1) in DECODINGS
+    assert re.search(r"chosen: (.+?)(, the most fluent; no decoding met the rule)? \(the most fluent with a "
+                     r"topic-word lift", out).group(1) in DECODINGS
     assert "<unk>" not in "\n".join(line for line in out.splitlines() if line.strip().startswith("- "))
     assert re.search(r"\[demo\] finished in \d+ s", out)
     for name in ("lstm", demo.DEMO_FAMILY):

@@ -42,7 +42,7 @@ from .hub import load_pretrained, resolve_model_source
 from .pretraining import RECIPE_PRETRAINING, pretrain_topic_model, steering_recipe
 from .models.modeling_recurrent import leaky_modes_of
 from .models.modeling_topic_family import TopicFamilyForCausalLM
-from .demo import DemoArguments, run_demo
+from .demo import DEMO_FAMILY, TOPIC_FAMILIES, DemoArguments, run_demo
 from .devices import DeviceArguments
 from .tasks.commands import (ClassifyArguments, RetrieveArguments, TaskDataArguments, WSDEvaluateArguments,
                              WSDTrainArguments, run_classify, run_retrieve, run_wsd_evaluate, run_wsd_train)
@@ -854,7 +854,8 @@ COMMANDS: dict[str, Command] = {
         help="Queries = the held-out documents of --dataset, corpus = the rest; prints precision next to tf-idf "
              "and LDA cosine retrieval."),
     "demo": Command(
-        "The first thing to run: train a TCNLM and the same-size LSTM, show topics, steered text and perplexity.",
+        f"The first thing to run: train a topic model ({TOPIC_FAMILIES[DEMO_FAMILY][0]} unless --family says) and the "
+        "same-size LSTM, show topics, steered text and perplexity.",
         (DemoArguments, FastPathArguments, DeviceArguments), run_demo,
         help="Trains on wikipedia-sample (English Wikipedia articles that ship with the package), or on "
              "--train_file. About 4 minutes on 2 CPU cores."),

@@ -568,7 +568,8 @@ def build_vocabularies(
     if max_vocab_size is not None:
         lm_words = lm_words[:max_vocab_size]
     if not lm_words:
-        raise ValueError(f"No word occurs at least min_freq={min_freq} times")
+        raise ValueError(f"No word occurs at least min_freq={min_freq} times (--min_freq of topic-lm train): "
+                         "lower it, or give more text")
     n_top = int(math.ceil(top_fraction * len(lm_words))) if top_fraction > 0 else 0
     top = set(lm_words[:n_top])
     topic_words = [w for w in lm_words

@@ -50,6 +50,8 @@ DEMO_FAMILY = "nclm"
 TOPIC_PRETRAINING_STEPS = 300
 DEMO_MIN_FREQ = 25
 CHUNKS_PER_STEP = 64
+MIN_COMPARED_STEPS = 50  # the verdict compares the two models only when each took at least this many steps
+MIN_TOPIC_WORDS_PER_TOPIC = 3  # a smaller topic vocabulary per topic is refused (the synthetic corpus has 69 words)
 
 
 @dataclass
@@ -218,11 +220,23 @@ def choose_decoding(model, fluency_model, topics, tok, topic_tok, seed: int) -> 
     measured = {name: evaluate_steering(model, topics=topics, num_samples=6, max_new_tokens=20, tokenizer=tok,
                                         topic_tokenizer=topic_tok, fluency_model=fluency_model, seed=seed, **decoding)
                 for name, decoding in DECODINGS.items()}
-    qualified = [n for n, r in measured.items()
-                 if (r["lift"] or 0) >= MIN_LIFT and _or(r["distinct_2"], 0) >= MIN_DISTINCT_2]
+    qualified = [n for n, r in measured.items() if qualifies(r)]
     # No fluency where every steered text came out empty (a small or short-trained model): such a decoding is last.
     name = min(qualified or measured, key=lambda n: _or(measured[n]["fluency_ppl_steered"], math.inf))
     return name, DECODINGS[name], measured
+
+
+def qualifies(measured: dict) -> bool:
+    """Whether one measured decoding meets ``DECODING_RULE``'s lift and distinct-bigram thresholds."""
+    return (measured["lift"] or 0) >= MIN_LIFT and _or(measured["distinct_2"], 0) >= MIN_DISTINCT_2
+
+
+def chosen_line(name: str, measured: dict) -> str:
+    """The demo's line for the decoding :func:`choose_decoding` picked, saying whether it met the rule."""
+    if qualifies(measured[name]):
+        return f"       chosen: {name} ({DECODING_RULE})"
+    return (f"       chosen: {name}, the most fluent; no decoding met the rule ({DECODING_RULE}): the model is too "
+            "small or too briefly trained for its topics to steer")
 
 
 def _or(value, default):
@@ -250,7 +264,10 @@ def verdict(topic: float, lstm: float, ablation: float, steps: dict, seconds: fl
             f"training each ({label} {steps[label]} steps, the LSTM {steps['LSTM']}): {label} {topic:.2f}, the LSTM "
             f"{lstm:.2f} ({100 * (topic - lstm) / lstm:+.1f} %). The document's own topics are worth {own:.2f} "
             f"perplexity points to {label} (with another document's topics it scores {ablation:.2f}).")
-    if topic <= lstm:
+    if min(steps.values()) < MIN_COMPARED_STEPS:
+        body = (f" With fewer than {MIN_COMPARED_STEPS} training steps, neither model has learned enough for this "
+                "comparison to say which is better: give more --train_seconds.")
+    elif topic <= lstm:
         body = " The topic model is at least as good as the LSTM" + (
             ", through its document's own topics." if own >= lstm - topic else
             ", but more by its architecture than by its document's own topics.")
@@ -302,6 +319,28 @@ def check_demo_arguments(args: DemoArguments) -> None:
         raise ValueError(f"--output_dir {args.output_dir} is a file: give a folder (it is created if missing)")
 
 
+def check_topic_vocabulary(size: int, documents: int, min_freq: int) -> None:
+    """Refuse, in one line, a corpus whose topic vocabulary is too small for the demo's topics (a few dozen
+    documents: topics of one or two words, which NPMI cannot even score)."""
+    needed = MIN_TOPIC_WORDS_PER_TOPIC * DEMO_TOPICS
+    if size < needed:
+        raise ValueError(
+            f"the {documents} training documents give a topic vocabulary of {size} words (seen >= {min_freq} times, "
+            f"stop words left out), too few for {DEMO_TOPICS} topics (at least {needed}): give a larger --train_file "
+            "(wikipedia-sample, the default, has 900 articles)")
+
+
+def distinct_topics_warning(topics: list[list[str]], least: float = 0.5) -> Optional[str]:
+    """A warning line when the topics share most of their top words (fewer than ``least`` of them distinct): a
+    corpus too small or a training too short for distinct topics. None otherwise."""
+    words = [w for topic in topics for w in topic]
+    distinct = len(set(words)) / max(len(words), 1)
+    if distinct >= least:
+        return None
+    return (f"       warning: the {len(topics)} topics share most of their top words ({distinct:.0%} of them distinct): "
+            "the corpus is too small, or training too short, for distinct topics")
+
+
 def _run_demo(args: DemoArguments, fast: FastPathArguments, device: torch.device) -> None:
     import datasets
     import transformers
@@ -329,6 +368,7 @@ def _run_demo(args: DemoArguments, fast: FastPathArguments, device: torch.device
           f"{len(tok):,} words (frequency >= {1 if synthetic else DEMO_MIN_FREQ}), topic vocabulary {len(topic_tok):,} "
           f"({done(start)})", flush=True)
 
+    check_topic_vocabulary(len(topic_tok), len(train_docs), 1 if synthetic else DEMO_MIN_FREQ)
     label = TOPIC_FAMILIES[args.family][0]
     lstm = LSTMLMForCausalLM(LSTMLMConfig(vocab_size=len(tok), **SIZES)).to(device)
     topic_model = build_topic_model(args.family, tok, topic_tok).to(device)
@@ -383,6 +423,9 @@ def _run_demo(args: DemoArguments, fast: FastPathArguments, device: torch.device
         npmi = result["npmi_per_topic"]
         print(f"       mean NPMI {result['npmi']:.3f} ({result['coherence']['preset']} preset, "
               f"{result['coherence']['reference']}); diversity {result['diversity']:.2f}", flush=True)
+    warning = distinct_topics_warning(topics)
+    if warning:
+        print(warning, flush=True)
     order = sorted(range(len(topics)), key=lambda k: -(npmi[k] if npmi else 0.0))
     for k in order[:8]:
         score = f"NPMI {npmi[k]:+.3f}  " if npmi else ""
@@ -393,7 +436,7 @@ def _run_demo(args: DemoArguments, fast: FastPathArguments, device: torch.device
     name, decoding, measured = choose_decoding(topic_model, lstm, order[:4], tok, topic_tok, args.seed)
     for candidate, r in measured.items():
         print(decoding_line(candidate, r), flush=True)
-    print(f"       chosen: {name} ({DECODING_RULE})", flush=True)
+    print(chosen_line(name, measured), flush=True)
     for row in measured[name]["per_topic"][:2]:
         print(f"       topic {row['topic']} ({' '.join(topics[row['topic']][:6])}):", flush=True)
         for text in row["texts"]:

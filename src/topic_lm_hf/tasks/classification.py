@@ -34,7 +34,9 @@ logistic regression). ``topic_lm_hf.load_metric("classification")`` is the same 
 
 from __future__ import annotations
 
+import collections
 import logging
+import math
 import os
 from typing import Any, Optional, Sequence
 
@@ -83,6 +85,23 @@ def labelled_file_format(path: str | os.PathLike) -> str:
                      f"(.parquet) with 'text' and 'label' columns, e.g. $TOPIC_LM_DATA/20ng/train.jsonl.gz")
 
 
+def check_stratified_split(labels: Sequence[int], names: Sequence[str], test_fraction: float, path) -> None:
+    """One ``ValueError`` naming what to change where the stratified split cannot be made (scikit-learn's own
+    message speaks of "groups" and "n_classes"): a label with a single document, or a held-out or training part
+    with fewer documents than there are labels."""
+    counts = collections.Counter(labels)
+    lonely = [names[label] for label, n in sorted(counts.items()) if n < 2]
+    if lonely:
+        raise ValueError(f"{path}: the stratified split needs at least 2 documents of every label; {len(lonely)} "
+                         f"label(s) have one ({', '.join(map(str, lonely[:5]))}): give more of them, or leave them out")
+    n = len(labels)
+    test = math.ceil(test_fraction * n)
+    if min(test, n - test) < len(counts):
+        raise ValueError(f"{path}: a held-out share of {test_fraction:g} (test_fraction; --test_fraction on the command "
+                         f"line) splits {n} documents into {n - test} and {test}, and each part needs at least one "
+                         f"document of each of the {len(counts)} labels: change the share or give more documents")
+
+
 def load_classification_splits(path: str | os.PathLike, test_fraction: float = 0.2, seed: int = 0,
                                clean: Optional[str] = None, max_train_documents: Optional[int] = None,
                                max_test_documents: Optional[int] = None, num_proc: Optional[int] = None
@@ -106,6 +125,7 @@ def load_classification_splits(path: str | os.PathLike, test_fraction: float = 0
     raw = _with_class_labels(raw, path)
     class_label = raw.features["label"]
     raw = raw.select_columns(["id", "text", "label"])
+    check_stratified_split(raw["label"], class_label.names, test_fraction, path)
     split = raw.train_test_split(test_size=test_fraction, seed=seed, stratify_by_column="label")
     train, test = split["train"], split["test"]
     if max_train_documents is not None:

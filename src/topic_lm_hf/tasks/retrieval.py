@@ -77,7 +77,8 @@ def retrieval_precision(query_vectors, query_labels, corpus_vectors, corpus_labe
         cutoffs[f"precision@fraction={r:g}"] = fraction_cutoff(n_c, r, rounding)
     bad = [name for name, x in cutoffs.items() if not 1 <= x <= n_c]
     if bad:
-        raise ValueError(f"Cut-offs must be in [1, corpus size = {n_c}]: {bad}")
+        raise ValueError(f"Cut-offs must be in [1, corpus size = {n_c}] (k and fractions; --k and --fractions of "
+                         f"topic-lm retrieve): {bad}")
     deepest = max(cutoffs.values())
 
     import scipy.sparse as sp
