@@ -46,8 +46,8 @@ def _conditionings(model):
     bow = torch.zeros(2, V_c)
     bow[:, 1:4] = 1.0
     kinds = {"context_bow": dict(context_bow=bow), "topic_ids": dict(topic_ids=[[1], [0, 2]])}
-    if "theta" in model.conditioning_inputs:  # rGBN-RNN: raw topic weights of every layer
-        kinds["theta"] = dict(theta=torch.rand(2, sum(model.config.topic_sizes)))
+    if model.config.model_type == "rgbn_rnn":  # rGBN-RNN: raw topic weights of every layer
+        kinds["topic_mixture"] = dict(topic_mixture=torch.rand(2, sum(model.config.topic_sizes)))
     else:
         K = model.config.num_topics
         kinds["topic_mixture"] = dict(topic_mixture=torch.full((K,), 1.0 / K))  # on the simplex, for every family
@@ -73,8 +73,10 @@ def test_forward_validates_each_conditioning_once(tiny_vocabularies, validations
             with torch.set_grad_enabled(training):
                 out = model(**batch, **conditioning, labels=labels if training else None)
             assert len(validations) == 1, (kind, training, validations)
-            # rGBN-RNN checks its own theta beside the call (which then validates that no other keyword is given)
-            assert validations[0] == ([] if kind == "theta" else [kind]), (kind, training, validations)
+            # rGBN-RNN checks its own topic weights beside the call (which then validates that no other keyword is
+            # given)
+            own = model.config.model_type == "rgbn_rnn" and kind == "topic_mixture"
+            assert validations[0] == ([] if own else [kind]), (kind, training, validations)
             if training:
                 assert out.loss is not None and torch.isfinite(out.loss)
     model.eval()

@@ -25,7 +25,7 @@ DECLARED = [
     (TCNLMForCausalLM, ("context_bow", "topic_ids", "topic_mixture"), "others", False, False),
     (TopicRNNForCausalLM, ("context_bow", "topic_mixture", "topic_ids"), "others", False, False),
     (NCLMForCausalLM, ("context_bow", "topic_ids", "topic_mixture"), "others", True, False),
-    (RGBNRNNForCausalLM, ("context_bow", "theta", "topic_ids"), "preceding", False, True),
+    (RGBNRNNForCausalLM, ("context_bow", "topic_mixture", "topic_ids"), "preceding", False, True),
     (LSTMLMForSequenceClassification, (), "none", False, False),
     (TCNLMForSequenceClassification, ("context_bow",), "document", False, False),
 ]
@@ -104,8 +104,9 @@ def test_generation_resolves_the_conditioning_once_and_carries_it_in_one_cache(w
     original = model.forward
 
     def recording_forward(*args, **kwargs):
-        seen.append(sorted(k for k in ("topic_ids", "context_bow", "theta", "topic_representation")
-                           if kwargs.get(k) is not None))
+        given = dict(kwargs, **(kwargs.get("topic_conditioning") or {}))  # the first step's, validated by generate
+        seen.append(sorted(k for k in ("topic_ids", "context_bow", "topic_mixture", "topic_representation")
+                           if given.get(k) is not None))
         assert not isinstance(kwargs.get("state"), TopicLMCache)  # forward gets the plain recurrent state
         return original(*args, **kwargs)
 
@@ -113,7 +114,7 @@ def test_generation_resolves_the_conditioning_once_and_carries_it_in_one_cache(w
     prompt = tok(["the senate said"], return_tensors="pt")
     out = model.generate(**prompt, topic_ids=[1], max_new_tokens=4, min_new_tokens=4, do_sample=False,
                          return_dict_in_generate=True)
-    first = ["theta"] if family == "rgbn" else ["topic_ids"]  # rGBN-RNN resolves topic_ids to theta in generate
+    first = ["topic_mixture"] if family == "rgbn" else ["topic_ids"]  # rGBN-RNN resolves topic_ids to theta
     assert seen[0] == first and all(s == ["topic_representation"] for s in seen[1:])
     cache = out.past_key_values
     assert isinstance(cache, TopicLMCache) and "topic_representation" in cache.conditioning
@@ -145,9 +146,9 @@ def test_config_output_hidden_states_is_the_default_of_forward(wiki, family):
 
 def test_a_family_refuses_conditioning_it_does_not_declare(wiki):
     tok = wiki["tok"]
-    rgbn = _models(wiki)["rgbn"].eval()
-    with pytest.raises(ValueError, match="does not take topic_mixture"):
-        rgbn.generate(**tok(["the"], return_tensors="pt"), topic_mixture=[1.0, 0.0, 0.0], max_new_tokens=2)
+    tcnlm = _models(wiki)["tcnlm"].eval()
+    with pytest.raises(ValueError, match="does not take theta"):  # rGBN-RNN's deprecated name of topic_mixture
+        tcnlm.generate(**tok(["the"], return_tensors="pt"), theta=[1.0, 0.0, 0.0], max_new_tokens=2)
 
 
 # the modules the benchmark scripts share (scripts/benchmarking.py, scripts/benchmark_training.py)

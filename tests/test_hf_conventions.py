@@ -133,9 +133,9 @@ def test_rgbn_greedy_decoding_without_topics_is_deterministic(vocabularies, fami
                                    return_dict_in_generate=True, output_scores=True))
     assert torch.equal(runs[0].sequences, runs[1].sequences)
     assert all(torch.equal(a, b) for a, b in zip(runs[0].scores, runs[1].scores))
-    greedy = [model.prepare_generation_conditioning(2, do_sample=False)["theta"] for _ in range(2)]
+    greedy = [model.prepare_generation_conditioning(2, do_sample=False)["topic_mixture"] for _ in range(2)]
     assert torch.equal(*greedy) and torch.equal(greedy[0][0], greedy[0][1])
-    drawn = [model.prepare_generation_conditioning(2, do_sample=True)["theta"] for _ in range(2)]
+    drawn = [model.prepare_generation_conditioning(2, do_sample=True)["topic_mixture"] for _ in range(2)]
     assert not torch.equal(*drawn)
 
 

@@ -534,7 +534,7 @@ def test_coupling_pairs_layers_and_the_gate_reads_max_normalised_theta(wiki, cou
     assert (lstm.bias_ih_l0[H:2 * H] == 1).all() and (lstm.bias_ih_l0[:H] == 0).all()  # forget-gate bias 1
     bos = torch.tensor([[model.config.bos_token_id]])
     with torch.no_grad():
-        assert torch.isfinite(model(input_ids=bos, theta=torch.zeros(1, sum(K))).logits).all()
+        assert torch.isfinite(model(input_ids=bos, topic_mixture=torch.zeros(1, sum(K))).logits).all()
 
 
 def test_bad_inputs_are_clear_errors(wiki):
@@ -552,10 +552,10 @@ def test_bad_inputs_are_clear_errors(wiki):
                           (dict(topic_ids=[1], topic_layer=4), r"topic_layer must be an integer in \[1, 3\]"),
                           (dict(topic_ids=[1], topic_layer=0), r"topic_layer must be an integer in \[1, 3\]"),
                           (dict(topic_ids=[1.5]), "integer topic ids"), (dict(topic_layer=2), "goes with topic_ids"),
-                          (dict(topic_ids=[1], theta=torch.ones(18)), "at most one"),
-                          (dict(theta=torch.ones(5)), r"theta must have shape \(b, 18\)"),
-                          (dict(theta=-torch.ones(18)), "finite and non-negative"),
-                          (dict(topic_mixture=[0.5, 0.5]), "does not take topic_mixture")]:
+                          (dict(topic_ids=[1], topic_mixture=torch.ones(18)), "at most one"),
+                          (dict(topic_mixture=torch.ones(5)), r"topic_mixture must have shape \(b, 18\)"),
+                          (dict(topic_mixture=-torch.ones(18)), "finite and non-negative"),
+                          (dict(topic_mixture=[0.5, 0.5]), r"topic_mixture must have shape \(b, 18\)")]:
         with pytest.raises(ValueError, match=match):
             model.generate(max_new_tokens=2, **kwargs)
     with pytest.raises(ValueError, match="Document 0 is empty"):
@@ -584,6 +584,27 @@ def test_topics_of_any_layer_steer_the_next_word(wiki):
     assert [int(x.sum()) for x in model.model.split_theta(chain)] == [1, 1, 1]
 
 
+def test_topic_mixture_is_rgbns_keyword_and_theta_a_deprecated_alias(wiki):
+    """rGBN-RNN takes its raw topic weights as ``topic_mixture`` (b, sum K), like every family; ``theta=`` still
+    works, with a FutureWarning, and gives the same scores in forward and generate."""
+    model = make(wiki).eval()
+    mixture = torch.rand(1, sum(model.config.topic_sizes))
+    bos = torch.tensor([[model.config.bos_token_id]])
+    assert "topic_mixture" in model.conditioning_inputs and "theta" not in model.conditioning_inputs
+    with torch.no_grad():
+        expected = model(input_ids=bos, topic_mixture=mixture).logits
+        with pytest.warns(FutureWarning, match="theta= is deprecated: give topic_mixture="):
+            torch.testing.assert_close(model(input_ids=bos, theta=mixture).logits, expected)
+    kw = dict(max_new_tokens=4, do_sample=False, output_scores=True, return_dict_in_generate=True)
+    new = model.generate(topic_mixture=mixture, **kw)
+    with pytest.warns(FutureWarning):
+        old = model.generate(theta=mixture, **kw)
+    assert torch.equal(new.sequences, old.sequences)
+    torch.testing.assert_close(torch.stack(new.scores), torch.stack(old.scores))
+    with pytest.raises(ValueError, match="at most one"), pytest.warns(FutureWarning):
+        model(input_ids=bos, theta=mixture, topic_mixture=mixture)
+
+
 def test_generate_paragraph_links_sentences_by_the_recurrence(wiki):
     model = make(wiki)
     torch.manual_seed(12)
@@ -604,7 +625,7 @@ def test_generate_paragraph_links_sentences_by_the_recurrence(wiki):
     bows = documents_batch(wiki, docs=(0,))[1]["context_bow"][0, :2]
     calls = []
     original = model.generate
-    model.generate = lambda **kw: calls.append(kw["theta"]) or original(**kw)
+    model.generate = lambda **kw: calls.append(kw["topic_mixture"]) or original(**kw)
     model.generate_paragraph(3, context_bow=bows, max_new_tokens=2)
     del model.generate
     thetas = model.model.encode_documents(bows.unsqueeze(0), torch.ones(1, 2, dtype=torch.bool), sample=False).thetas

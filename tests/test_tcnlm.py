@@ -315,8 +315,8 @@ def test_context_bow_is_inferred_once_and_reused(vocab, monkeypatch):
     original = model.model.topic_model.posterior
     monkeypatch.setattr(model.model.topic_model, "posterior", lambda bow: calls.append(bow.shape) or original(bow))
     model.register_forward_pre_hook(
-        lambda module, args, kwargs: sources.append("bow" if kwargs.get("context_bow") is not None else "mixture"),
-        with_kwargs=True)
+        lambda module, args, kwargs: sources.append(  # generate's first step gets the validated conditioning
+            "bow" if "context_bow" in (kwargs.get("topic_conditioning") or kwargs) else "mixture"), with_kwargs=True)
     bow = random_bow(1, len(topic_tok))
     out = model.generate(**tok(["the senate"], return_tensors="pt"), context_bow=bow, max_new_tokens=4,
                          min_new_tokens=4, num_beams=2, num_return_sequences=2)
@@ -353,7 +353,9 @@ def test_num_return_sequences_with_list_and_tensor_topic_ids(vocab, topic_ids):
     tok, topic_tok = vocab
     model = small_model(len(tok), len(topic_tok))
     seen = []
-    model.register_forward_pre_hook(lambda module, args, kwargs: seen.append(kwargs.get("topic_ids")), with_kwargs=True)
+    model.register_forward_pre_hook(  # the first step gets the conditioning generate validated, as topic_conditioning
+        lambda module, args, kwargs: seen.append((kwargs.get("topic_conditioning") or kwargs).get("topic_ids")),
+        with_kwargs=True)
     batch = tok(["the senate said", "police"], return_tensors="pt", padding=True)
     out = model.generate(**batch, topic_ids=topic_ids, max_new_tokens=3, num_return_sequences=2, do_sample=True)
     assert out.shape[0] == 4

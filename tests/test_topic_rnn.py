@@ -342,7 +342,8 @@ def test_generation_conditioning(toy):
     original = model.forward
 
     def recording_forward(*args, **kwargs):
-        calls.append(("bow" if kwargs.get("context_bow") is not None else
+        given = kwargs.get("topic_conditioning") or kwargs  # the first step's: validated by generate
+        calls.append(("bow" if given.get("context_bow") is not None else
                       "theta" if kwargs.get("topic_representation") is not None else "none"))
         return original(*args, **kwargs)
 

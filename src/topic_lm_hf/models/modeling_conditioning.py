@@ -10,6 +10,7 @@ Notation: b batch, k topics asked for per row, T topics, V LM vocabulary, V_c to
 from __future__ import annotations
 
 import numbers
+from collections.abc import Mapping
 from typing import Optional
 
 import torch
@@ -152,10 +153,64 @@ def check_counts(bow: torch.Tensor) -> None:
         raise ValueError("context_bow must hold finite, non-negative counts")
 
 
-def given_keywords(**named) -> dict:
-    """The keywords that were given (not None), as they are: a ``forward``'s conditioning when it is already
-    resolved (``conditioning_resolved=True``: ``generate`` validated it before its first step)."""
-    return {name: value for name, value in named.items() if value is not None}
+class TopicConditioning(Mapping):
+    """The topic conditioning of one call, validated: at most one batch-first tensor under the name of the keyword
+    that takes it (``topic_ids`` (b, k), ``topic_mixture`` (b, K), ``context_bow`` (b, V_c)), or nothing.
+
+    ``resolve_conditioning`` makes it from the raw keywords of ``forward`` / ``generate``, the one place they are
+    checked; every method that receives one trusts it. ``generate`` resolves the raw keywords before its first step,
+    and that step's ``forward`` gets them as ``topic_conditioning=``. It reads as a mapping of its one keyword
+    (``conditioning.get("context_bow")``, ``**conditioning``)."""
+
+    __slots__ = ("kind", "value")
+
+    def __init__(self, kind: Optional[str] = None, value: Optional[torch.Tensor] = None):
+        if (kind is None) != (value is None):
+            raise ValueError("a TopicConditioning has both a kind and a value, or neither")
+        object.__setattr__(self, "kind", kind)
+        object.__setattr__(self, "value", value)
+
+    @classmethod
+    def of(cls, **named) -> "TopicConditioning":
+        """The conditioning of the given (not None) keywords, taken as already validated (at most one)."""
+        given = [(name, value) for name, value in named.items() if value is not None]
+        if len(given) > 1:
+            raise ValueError(f"Give at most one of {', '.join(named)} (got {[name for name, _ in given]})")
+        return cls(*given[0]) if given else cls()
+
+    def __setattr__(self, name, value):
+        raise AttributeError("a TopicConditioning is immutable")
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if name != self.kind or self.kind is None:
+            raise KeyError(name)
+        return self.value
+
+    def __iter__(self):
+        return iter(() if self.kind is None else (self.kind,))
+
+    def __len__(self) -> int:
+        return 0 if self.kind is None else 1
+
+    def __repr__(self) -> str:
+        if self.kind is None:
+            return "TopicConditioning()"
+        return f"TopicConditioning({self.kind}={tuple(self.value.shape)})"
+
+    def to(self, device) -> "TopicConditioning":
+        return self if self.kind is None else TopicConditioning(self.kind, self.value.to(device).contiguous())
+
+
+def check_resolved(conditioning, raw: dict) -> TopicConditioning:
+    """``conditioning`` given as ``topic_conditioning=``: a :class:`TopicConditioning`, and no raw topic keyword
+    beside it (``raw``: the raw keywords of the same call); a ``ValueError`` otherwise."""
+    if not isinstance(conditioning, TopicConditioning):
+        raise ValueError(f"topic_conditioning must be a TopicConditioning (what resolve_conditioning returns), got "
+                         f"{type(conditioning).__name__}; or give the raw keywords (topic_ids=, context_bow=, ...)")
+    given = [name for name, value in raw.items() if value is not None]
+    if given:
+        raise ValueError(f"Give the topic conditioning once: topic_conditioning or {given}, not both")
+    return conditioning
 
 
 def check_at_most_one(**named) -> list[str]:
@@ -177,16 +232,16 @@ def check_topic_layer(layer, num_layers: int) -> int:
 
 def normalize_topic_kwargs(num_topics: int, topic_vocab_size: int, batch_size: Optional[int] = None,
                            topic_ids=None, topic_mixture=None, context_bow=None,
-                           mixture_on_simplex: bool = True) -> dict:
+                           mixture_on_simplex: bool = True) -> TopicConditioning:
     """Validate the topic conditioning of ``generate()`` / ``forward()``; at most one may be given.
 
-    Returns a dict with the one given input as a batch-first float/long tensor of ``batch_size``
-    rows. ``mixture_on_simplex`` requires mixtures to be non-negative and sum to 1 (TCNLM's t);
+    Returns the :class:`TopicConditioning` of the one given input as a batch-first float/long tensor of
+    ``batch_size`` rows. ``mixture_on_simplex`` requires mixtures to be non-negative and sum to 1 (TCNLM's t);
     models with an unconstrained topic vector (TopicRNN's theta) pass False.
     """
     check_at_most_one(topic_ids=topic_ids, topic_mixture=topic_mixture, context_bow=context_bow)
     if topic_ids is not None:
-        return {"topic_ids": normalize_topic_ids(topic_ids, num_topics, batch_size)}
+        return TopicConditioning("topic_ids", normalize_topic_ids(topic_ids, num_topics, batch_size))
     if topic_mixture is not None:
         mix = _float_rows(topic_mixture, "topic_mixture", f"(b, {num_topics}) or ({num_topics},)")
         if mix.shape[-1] != num_topics:
@@ -199,17 +254,24 @@ def normalize_topic_kwargs(num_topics: int, topic_vocab_size: int, batch_size: O
             sums = mix.sum(-1)
             if not torch.allclose(sums, torch.ones_like(sums), atol=1e-3):
                 raise ValueError(f"each topic_mixture row must sum to 1, got sums {sums.tolist()}")
-        return {"topic_mixture": _broadcast_rows(mix, batch_size, "topic_mixture")}
+        return TopicConditioning("topic_mixture", _broadcast_rows(mix, batch_size, "topic_mixture"))
     if context_bow is not None:
-        bow = _float_rows(context_bow, "context_bow", f"(b, {topic_vocab_size}) or ({topic_vocab_size},), one bag "
-                          "of words over the topic vocabulary per row (flatten a documents-layout batch's "
-                          "(b, chunks, V_c) bags to one row per chunk)")
-        if bow.shape[-1] != topic_vocab_size:
-            raise ValueError(f"context_bow must have {topic_vocab_size} columns (the topic vocabulary), "
-                             f"got {bow.shape[-1]}: mismatched vocabularies?")
-        check_counts(bow)
-        return {"context_bow": _broadcast_rows(bow, batch_size, "context_bow")}
-    return {}
+        return TopicConditioning("context_bow", bags_of_words(context_bow, topic_vocab_size, batch_size))
+    return TopicConditioning()
+
+
+def bags_of_words(context_bow, topic_vocab_size: int, batch_size: Optional[int] = None) -> torch.Tensor:
+    """``context_bow`` validated as a (b, V_c) float tensor of counts over the topic vocabulary (a 1-D input is one
+    row; ``batch_size`` rows where given): what every method that reads documents as bags of words takes
+    (``infer_topics``, ``topic_model_loss``, the classifiers' document representation, the conditioning)."""
+    bow = _float_rows(context_bow, "context_bow", f"(b, {topic_vocab_size}) or ({topic_vocab_size},), one bag "
+                      "of words over the topic vocabulary per row (flatten a documents-layout batch's "
+                      "(b, chunks, V_c) bags to one row per chunk)")
+    if bow.shape[-1] != topic_vocab_size:
+        raise ValueError(f"context_bow must have {topic_vocab_size} columns (the topic vocabulary), "
+                         f"got {bow.shape[-1]}: mismatched vocabularies?")
+    check_counts(bow)
+    return _broadcast_rows(bow, batch_size, "context_bow")
 
 
 def lm_to_topic_index(module: nn.Module, config, device, validate=None) -> torch.Tensor:

@@ -12,10 +12,12 @@ from typing import Optional
 
 import torch
 
+from .modeling_conditioning import TopicConditioning
 from .modeling_recurrent import check_prompt, reorder_state, state_from_aliases
 
 
 # The raw conditioning keywords generate() may be given; a family accepts those it declares in conditioning_inputs.
+NO_TOPICS = TopicConditioning()  # the model under its prior (topic guidance's second run): no conditioning to check
 RAW_CONDITIONING = ("topic_ids", "topic_mixture", "context_bow", "theta")
 
 
@@ -110,7 +112,6 @@ class TopicGuidanceLogitsProcessor:
     def prior_scores(self, input_ids: torch.Tensor) -> torch.Tensor:
         """``l_prior`` (n, V) of the last position of ``input_ids`` (n, t)."""
         mask = self._mask(input_ids)
-        # The prior run is given no conditioning: there is nothing to validate (conditioning_resolved).
         if self.use_cache and self.sequences is not None and self.sequences.shape[1] == input_ids.shape[1] - 1:
             previous = self.sequences.to(input_ids.device)
             match = (input_ids[:, None, :-1] == previous[None]).all(-1)  # (n, n_previous): whose prefix it is
@@ -118,13 +119,13 @@ class TopicGuidanceLogitsProcessor:
                 raise RuntimeError("topic guidance lost track of the sequences (a row's prefix is no earlier row)")
             state = reorder_state(self.state, match.int().argmax(1))
             out = self.model(input_ids=input_ids[:, -1:], attention_mask=mask, state=state, use_cache=True,
-                             return_dict=True, conditioning_resolved=True)
+                             return_dict=True, topic_conditioning=NO_TOPICS)
         else:
             initial = None if self.initial_state is None else \
                 reorder_state(self.initial_state, self._rows(input_ids.shape[0], self.initial_state))
             out = self.model(input_ids=input_ids, attention_mask=mask, state=initial,
                              use_cache=self.use_cache or initial is not None, return_dict=True,
-                             conditioning_resolved=True)
+                             topic_conditioning=NO_TOPICS)
         if self.use_cache:
             self.state, self.sequences = out.state, input_ids
         return out.logits[:, -1].float()
@@ -165,7 +166,8 @@ class TopicGenerationMixin:
     * ``generate`` validates the raw conditioning (:meth:`prepare_generation_conditioning`, the model's
       ``resolve_conditioning``) and makes it batch-first tensors *before* transformers expands the batch for beams
       and ``num_return_sequences`` (a 1-D tensor would otherwise be repeat-interleaved, hf-notes §2); the first
-      forward gets them with ``conditioning_resolved=True`` and does not validate them again. Without a prompt,
+      forward gets them as one trusted ``topic_conditioning`` (:class:`TopicConditioning`) and does not validate them
+      again. Without a prompt,
       one ``<bos>`` row is generated per conditioning row.
     * The first forward resolves it into the model's topic representation and returns it (the outputs named
       by ``_cached_conditioning``); :meth:`_update_model_kwargs_for_generation` keeps that representation
@@ -180,7 +182,8 @@ class TopicGenerationMixin:
     conditioning_options: tuple[str, ...] = ()  # generate() keywords that only shape the conditioning
     _topic_guidance: Optional[TopicGuidanceLogitsProcessor] = None  # set by generate() while it runs
 
-    def prepare_generation_conditioning(self, batch_size: Optional[int], do_sample: bool = False, **given) -> dict:
+    def prepare_generation_conditioning(self, batch_size: Optional[int], do_sample: bool = False,
+                                        **given) -> TopicConditioning:
         """The raw conditioning of ``generate`` (at most one of ``conditioning_inputs``) validated as batch-first
         tensors of ``batch_size`` rows (the forward keywords that take them): the model's ``resolve_conditioning``.
         ``do_sample``: whether generation samples (a family that draws its conditioning when none is given draws it
@@ -247,7 +250,7 @@ class TopicGenerationMixin:
             return cache.prior_state
         with torch.no_grad():
             return self(input_ids=cache.tokens, attention_mask=cache.mask, use_cache=True, return_dict=True,
-                        conditioning_resolved=True).state
+                        topic_conditioning=NO_TOPICS).state
 
     def _after_generation(self, out, cache, read: int, mask, guidance=None):
         """``generate``'s result with what its cache has read recorded (tokens, mask, the guidance prior's state),
@@ -317,7 +320,8 @@ class TopicGenerationMixin:
             inputs["state"] = cache.state
             inputs.update(cache.conditioning)
         else:  # the first step: its conditioning is what generate() validated (prepare_generation_conditioning)
-            inputs["conditioning_resolved"] = True
+            inputs["topic_conditioning"] = TopicConditioning.of(
+                **{name: inputs.pop(name, None) for name in dict.fromkeys((*RAW_CONDITIONING, *self.conditioning_inputs))})
         return inputs
 
     def _update_model_kwargs_for_generation(self, outputs, model_kwargs, is_encoder_decoder=False, num_new_tokens=1):

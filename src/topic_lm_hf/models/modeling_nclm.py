@@ -63,8 +63,8 @@ from torch.nn import functional as F
 from transformers import GenerationMixin
 
 from .configuration_nclm import NCLMConfig
-from .modeling_conditioning import (_broadcast_rows, angular_diversity, lm_to_topic_index, normalize_topic_kwargs,
-                                    topic_ids_to_mixture, topic_vocabulary)
+from .modeling_conditioning import (TopicConditioning, _broadcast_rows, angular_diversity, bags_of_words,
+                                    lm_to_topic_index, topic_ids_to_mixture, topic_vocabulary)
 from .modeling_generation import TopicGenerationMixin
 from .modeling_document import DocumentClassifierMixin, DocumentRepresentationMixin
 from .modeling_recurrent import (RecurrentBodyMixin, RecurrentPreTrainedModel, TopicLMOutput, effective_weight,
@@ -404,15 +404,14 @@ class NCLMModel(DocumentRepresentationMixin, RecurrentBodyMixin, NCLMPreTrainedM
     def document_topic_representation(self, context_bow) -> torch.Tensor:
         """c (b, |c_doc|): the document topic representation of ``config.variant`` (h, z or [z; h]) from the
         NVDM's softmax(mu) (no sampling), ETR over the words present in ``context_bow``."""
-        bow = normalize_topic_kwargs(self.config.num_topics, self.config.topic_vocab_size,
-                                     context_bow=context_bow)["context_bow"]
+        bow = bags_of_words(context_bow, self.config.topic_vocab_size)
         c, _, _, _ = self.document_topics(bow.shape[0], self.device, context_bow=bow, sample=False)
         return c
 
     def infer_topics(self, context_bow) -> torch.Tensor:
         """Topic proportions h = softmax(mu) (b, K) of documents given as bags of words (b, V_c)."""
-        given = normalize_topic_kwargs(self.config.num_topics, self.config.topic_vocab_size, context_bow=context_bow)
-        mean, _ = self.topic_model.posterior(given["context_bow"].to(self.device, self.dtype))
+        bow = bags_of_words(context_bow, self.config.topic_vocab_size)
+        mean, _ = self.topic_model.posterior(bow.to(self.device, self.dtype))
         return torch.softmax(mean.float(), dim=-1)
 
     @torch.no_grad()
@@ -490,8 +489,7 @@ class NCLMForCausalLM(TopicFamilyForCausalLM, NCLMPreTrainedModel, TopicGenerati
     def topic_model_loss(self, context_bow: torch.Tensor, **inputs) -> torch.Tensor:
         """The NVDM's own objective on bags of words (b, V_c): (reconstruction + KL) per context word,
         over the rows that have words (samples in training mode, softmax(mu) otherwise)."""
-        bow = normalize_topic_kwargs(self.config.num_topics, self.config.topic_vocab_size,
-                                     context_bow=context_bow)["context_bow"].to(self.device)
+        bow = bags_of_words(context_bow, self.config.topic_vocab_size).to(self.device)
         topic_model = self.model.topic_model
         mean, log_sigma = topic_model.posterior(bow.to(topic_model.decoder.weight.dtype))
         h, samples = topic_model.proportions(mean, log_sigma, self.training)
@@ -540,7 +538,7 @@ class NCLMForCausalLM(TopicFamilyForCausalLM, NCLMPreTrainedModel, TopicGenerati
                 sentence_prefix_bow: Optional[torch.Tensor] = None,
                 topic_representation: Optional[torch.Tensor] = None, topic_embeddings: Optional[torch.Tensor] = None,
                 output_hidden_states: Optional[bool] = None, return_dict: Optional[bool] = None,
-                logits_to_keep: int = 0, conditioning_resolved: bool = False,
+                logits_to_keep: int = 0, topic_conditioning: Optional[TopicConditioning] = None,
                 document_tokens: Optional[dict] = None, **kwargs) -> NCLMOutput:
         r"""
         Args:
@@ -553,8 +551,8 @@ class NCLMForCausalLM(TopicFamilyForCausalLM, NCLMPreTrainedModel, TopicGenerati
             topic_representation, topic_embeddings: the document part c (b, |c_doc|) and the topic vectors
                 (b, K, D) that an earlier call returned (generation reuses them instead of re-encoding).
             logits_to_keep: compute logits for the last N positions only (0 = all).
-            conditioning_resolved: the topic keywords already are what :meth:`resolve_conditioning` returns
-                (``generate`` validates them before its first step and says so): they are not validated again.
+            topic_conditioning: the topic conditioning already validated (a :class:`TopicConditioning`, what
+                :meth:`resolve_conditioning` returns; ``generate``'s first step gets it), trusted as it is.
             document_tokens: the rows are the chunks of documents whose state is carried from chunk to chunk
                 (:func:`~topic_lm_hf.carried_state.chunk_rows`): the LSTM runs over the documents' sequences in one
                 call and each row's o_t is read at ``positions`` of them (no ``state``; not with sentence topics).
@@ -579,7 +577,7 @@ class NCLMForCausalLM(TopicFamilyForCausalLM, NCLMPreTrainedModel, TopicGenerati
         state = state_from_aliases(state, kwargs)  # past_key_values= is the state
         return super().forward(input_ids, attention_mask, inputs_embeds, state, labels, use_cache,
                                topic_representation, output_hidden_states, return_dict, logits_to_keep,
-                               conditioning_resolved, context_bow=context_bow, topic_ids=topic_ids,
+                               topic_conditioning, context_bow=context_bow, topic_ids=topic_ids,
                                topic_mixture=topic_mixture, sentence_prefix_bow=sentence_prefix_bow,
                                topic_embeddings=topic_embeddings, document_tokens=document_tokens)
 

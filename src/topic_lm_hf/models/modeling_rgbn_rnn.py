@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import logging
 import re
+import warnings
 import weakref
 from dataclasses import dataclass
 from typing import Optional
@@ -61,8 +62,8 @@ from torch.nn import functional as F
 from transformers import GenerationMixin
 
 from .configuration_rgbn_rnn import RGBNRNNConfig
-from .modeling_conditioning import (_broadcast_rows, check_at_most_one, check_counts, check_topic_layer,
-                                    given_keywords, normalize_topic_kwargs)
+from .modeling_conditioning import (TopicConditioning, _broadcast_rows, bags_of_words, check_at_most_one, check_counts,
+                                    check_resolved, check_topic_layer, normalize_topic_kwargs)
 from .modeling_generation import TopicGenerationMixin
 from .modeling_document import DocumentClassifierMixin, DocumentRepresentationMixin
 from .modeling_recurrent import (RecurrentModelOutput, RecurrentPreTrainedModel, TopicLMOutput,
@@ -249,7 +250,7 @@ _SAMPLER_STATE = re.compile(r"(^|\.)(phi|pi)(_fisher)?_\d+$")
 class RGBNRNNPreTrainedModel(RecurrentPreTrainedModel):
     config_class = RGBNRNNConfig
     _no_split_modules = ["RGBNRNNModel"]
-    conditioning_inputs = ("context_bow", "theta", "topic_ids")
+    conditioning_inputs = ("context_bow", "topic_mixture", "topic_ids")
     training_context = "preceding"  # the sentence recurrence reads the sentences before each one
     reads_documents = True
 
@@ -543,39 +544,47 @@ class RGBNRNNModel(DocumentRepresentationMixin, RGBNRNNPreTrainedModel):
         """(..., sum K) -> per layer (..., K_l)."""
         return list(theta.split(self.config.topic_sizes, dim=-1))
 
-    def check_theta(self, theta, batch_size: Optional[int]) -> torch.Tensor:
+    def check_topic_mixture(self, theta, batch_size: Optional[int]) -> torch.Tensor:
+        """``topic_mixture`` (b, sum K) checked: every layer's raw topic weights theta^1..theta^L side by side,
+        bottom first, finite and non-negative (not normalised: theta^l's scale is the model's)."""
         total = sum(self.config.topic_sizes)
         theta = torch.as_tensor(theta, dtype=torch.float32) if not isinstance(theta, torch.Tensor) else theta
         theta = theta.unsqueeze(0) if theta.dim() == 1 else theta
         if theta.dim() != 2 or theta.shape[-1] != total:
-            raise ValueError(f"theta must have shape (b, {total}) (every layer's topics, bottom first), got "
-                             f"{tuple(theta.shape)}")
+            raise ValueError(f"topic_mixture must have shape (b, {total}) (every layer's topic weights, bottom first, "
+                             f"sizes {list(self.config.topic_sizes)}), got {tuple(theta.shape)}")
         if not bool(torch.isfinite(theta).all()) or bool((theta < 0).any()):
-            raise ValueError("theta must be finite and non-negative")
-        return _broadcast_rows(theta, batch_size, "theta")
+            raise ValueError("topic_mixture must be finite and non-negative")
+        return _broadcast_rows(theta, batch_size, "topic_mixture")
 
-    def resolve_conditioning(self, batch_size: Optional[int], context_bow=None, theta=None, topic_ids=None,
-                             topic_layer=None, topic_mode: str = "propagate") -> dict:
+    def resolve_conditioning(self, batch_size: Optional[int], context_bow=None, topic_mixture=None, topic_ids=None,
+                             topic_layer=None, topic_mode: str = "propagate", theta=None) -> TopicConditioning:
         """The raw conditioning of a chunk batch (at most one) validated once, as the batch-first tensors of
-        ``batch_size`` rows that :meth:`_run` takes and trusts: ``context_bow`` (b, V_c), or ``theta`` (b, sum K),
-        given or made from the ``topic_ids`` of layer ``topic_layer`` (1 = bottom) by :meth:`theta_of_topics`."""
-        check_at_most_one(context_bow=context_bow, theta=theta, topic_ids=topic_ids)
+        ``batch_size`` rows that :meth:`_run` takes and trusts: ``context_bow`` (b, V_c), or ``topic_mixture``
+        (b, sum K: theta^1..theta^L, bottom first), given or made from the ``topic_ids`` of layer ``topic_layer``
+        (1 = bottom) by :meth:`theta_of_topics`. ``theta=`` is the deprecated name of ``topic_mixture``."""
+        if theta is not None:
+            warnings.warn("rGBN-RNN's theta= is deprecated: give topic_mixture= (the same (b, sum K) weights)",
+                          FutureWarning, stacklevel=3)
+            check_at_most_one(topic_mixture=topic_mixture, theta=theta)
+            topic_mixture = theta
+        check_at_most_one(context_bow=context_bow, topic_mixture=topic_mixture, topic_ids=topic_ids)
         if topic_layer is not None and topic_ids is None:
             raise ValueError("topic_layer goes with topic_ids")
         layer = check_topic_layer(topic_layer, self.config.num_layers)
         given = normalize_topic_kwargs(self.config.topic_sizes[layer - 1], self.config.topic_vocab_size, batch_size,
                                        topic_ids=topic_ids, context_bow=context_bow)
-        if theta is not None:
-            return {"theta": self.check_theta(theta, batch_size)}
+        if topic_mixture is not None:
+            return TopicConditioning("topic_mixture", self.check_topic_mixture(topic_mixture, batch_size))
         if topic_ids is not None:
-            return {"theta": self.theta_of_topics(given["topic_ids"], layer, topic_mode)}
+            return TopicConditioning("topic_mixture", self.theta_of_topics(given["topic_ids"], layer, topic_mode))
         return given
 
     def theta_from_topics(self, topic_ids, topic_layer: int = 1, mode: str = "propagate",
                           batch_size: Optional[int] = None) -> torch.Tensor:
         """theta (b, sum K) for raw ``topic_ids`` of layer ``topic_layer``, validated (:meth:`theta_of_topics`)."""
         return self.resolve_conditioning(batch_size, topic_ids=topic_ids, topic_layer=topic_layer,
-                                         topic_mode=mode)["theta"]
+                                         topic_mode=mode)["topic_mixture"]
 
     @torch.no_grad()
     def theta_of_topics(self, ids: torch.Tensor, layer: int, mode: str = "propagate") -> torch.Tensor:
@@ -634,11 +643,14 @@ class RGBNRNNModel(DocumentRepresentationMixin, RGBNRNNPreTrainedModel):
         return (input_ids is not None and input_ids.dim() == 3) or \
             (inputs_embeds is not None and inputs_embeds.dim() == 4)
 
-    def conditioning_of_batch(self, input_ids, inputs_embeds, resolved: bool = False, **raw) -> dict:
+    def conditioning_of_batch(self, input_ids, inputs_embeds, resolved: Optional[TopicConditioning] = None,
+                              **raw) -> TopicConditioning:
         """What :meth:`_run` takes: a chunk batch's raw keywords validated once by :meth:`resolve_conditioning`; the
-        keywords as they are when ``resolved`` already, or for a documents batch (sentence_slots checks its bags)."""
-        if resolved or self.is_documents_batch(input_ids, inputs_embeds):
-            return given_keywords(**raw)
+        ``resolved`` conditioning as it is; a documents batch's bags as they are (sentence_slots checks them)."""
+        if resolved is not None:
+            return check_resolved(resolved, raw)
+        if self.is_documents_batch(input_ids, inputs_embeds):
+            return TopicConditioning.of(**raw)
         tokens = input_ids if input_ids is not None else inputs_embeds
         return self.resolve_conditioning(None if tokens is None else tokens.shape[0], **raw)
 
@@ -674,8 +686,8 @@ class RGBNRNNModel(DocumentRepresentationMixin, RGBNRNNPreTrainedModel):
         tp = None
         if topic_representation is not None:  # theta resolved before (generation's cache): used as is
             thetas = self.split_theta(topic_representation.to(device))
-        elif "theta" in given:
-            thetas = self.split_theta(given["theta"].to(device))
+        elif "topic_mixture" in given:
+            thetas = self.split_theta(given["topic_mixture"].to(device))
         else:
             bow = given["context_bow"].to(device) if "context_bow" in given else \
                 torch.zeros(b, cfg.topic_vocab_size, device=device, dtype=torch.float32)  # counts, as the collator's
@@ -823,8 +835,7 @@ class RGBNRNNModel(DocumentRepresentationMixin, RGBNRNNPreTrainedModel):
     def document_topic_representation(self, context_bow) -> torch.Tensor:
         """c (b, sum K) = [theta^1; ...; theta^L], the encoder's posterior mean (lambda Gamma(1 + 1/k)) for the
         bag of words read as a document's first sentence (raw weights, not normalised)."""
-        bow = normalize_topic_kwargs(self.config.num_topics, self.config.topic_vocab_size,
-                                     context_bow=context_bow)["context_bow"].to(self.embed_tokens.weight.device)
+        bow = bags_of_words(context_bow, self.config.topic_vocab_size).to(self.embed_tokens.weight.device)
         shapes, scales, _ = self.encoder.step(bow, None)
         return torch.cat([weibull_mean(k, lam) for k, lam in zip(shapes, scales)], dim=-1)
 
@@ -837,13 +848,15 @@ class RGBNRNNModel(DocumentRepresentationMixin, RGBNRNNPreTrainedModel):
         return states, states[torch.arange(states.shape[0], device=states.device), last]
 
     def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, state=None, use_cache=None,
-                context_bow=None, theta=None, topic_ids=None, topic_layer=None, chunk_mask=None, sentence_index=None,
-                output_hidden_states=None, return_dict=None, carry_token_state=None, **kwargs) -> RecurrentModelOutput:
+                context_bow=None, topic_mixture=None, topic_ids=None, topic_layer=None, chunk_mask=None,
+                sentence_index=None, output_hidden_states=None, return_dict=None, carry_token_state=None, theta=None,
+                **kwargs) -> RecurrentModelOutput:
         """[a^1; ...; a^L] (b, s, sum H) for a chunk batch (the conditioning and the keywords of a documents batch as in
         :class:`RGBNRNNForCausalLM`)."""
         use_cache = use_cache if use_cache is not None else (self.config.use_cache and not self.training)
-        given = self.conditioning_of_batch(input_ids, inputs_embeds, context_bow=context_bow, theta=theta,
-                                           topic_ids=topic_ids, topic_layer=topic_layer)
+        given = self.conditioning_of_batch(input_ids, inputs_embeds, context_bow=context_bow,
+                                           topic_mixture=topic_mixture, topic_ids=topic_ids, topic_layer=topic_layer,
+                                           theta=theta)
         features, new_state, hidden, _, _, doc = self._run(input_ids, attention_mask, inputs_embeds, state, use_cache,
                                                            given, chunk_mask, sentence_index, output_hidden_states,
                                                            carry_token_state=carry_token_state)
@@ -858,13 +871,14 @@ class RGBNRNNForCausalLM(TopicFamilyForCausalLM, RGBNRNNPreTrainedModel, TopicGe
     """GBN-RNN / rGBN-RNN with the output softmax over [a^1; ...; a^L], the joint loss, TLASGR-MCMC and generation.
 
     Conditioning of a chunk batch (at most one): ``context_bow`` (b, V_c), encoded as the next sentence of the
-    ``state``'s document (as a first sentence without state); ``theta`` (b, sum K) raw topic weights of every
-    layer, bottom first; ``topic_ids`` with ``topic_layer`` (1 = bottom): :meth:`RGBNRNNModel.theta_from_topics`;
+    ``state``'s document (as a first sentence without state); ``topic_mixture`` (b, sum K): theta, the raw topic
+    weights of every layer side by side, bottom first (``theta=`` is its deprecated name); ``topic_ids`` with ``topic_layer`` (1 = bottom): :meth:`RGBNRNNModel.theta_from_topics`;
     nothing: an empty context. ``generate()`` without conditioning takes theta from the prior (drawn with
     ``do_sample``, else its mean).
     """
 
-    conditioning_options = ("topic_layer", "topic_mode")  # which layer topic_ids name, how theta is completed
+    # which layer topic_ids name, how theta is completed; theta: the deprecated name of topic_mixture
+    conditioning_options = ("topic_layer", "topic_mode", "theta")
     output_class = RGBNRNNOutput
     topic_pretraining_batches = "document"  # whole documents' bags: the causal context's first ones are near empty
 
@@ -915,8 +929,7 @@ class RGBNRNNForCausalLM(TopicFamilyForCausalLM, RGBNRNNPreTrainedModel, TopicGe
         ``sentence_index`` (or ``input_ids``): sentences in order. Training mode gathers TLASGR-MCMC statistics."""
         device = self.lm_head.weight.device
         if context_bow.dim() == 2:
-            bows = normalize_topic_kwargs(self.config.num_topics, self.config.topic_vocab_size,
-                                          context_bow=context_bow)["context_bow"].to(device).float().unsqueeze(1)
+            bows = bags_of_words(context_bow, self.config.topic_vocab_size).to(device).float().unsqueeze(1)
             slot_mask = torch.ones(bows.shape[:2], dtype=torch.bool, device=device)
         else:
             b, c = context_bow.shape[:2]
@@ -938,12 +951,13 @@ class RGBNRNNForCausalLM(TopicFamilyForCausalLM, RGBNRNNPreTrainedModel, TopicGe
     def forward(self, input_ids: Optional[torch.LongTensor] = None, attention_mask: Optional[torch.Tensor] = None,
                 inputs_embeds: Optional[torch.Tensor] = None, state: Optional[tuple] = None,
                 labels: Optional[torch.LongTensor] = None, use_cache: Optional[bool] = None,
-                context_bow: Optional[torch.Tensor] = None, theta: Optional[torch.Tensor] = None, topic_ids=None,
+                context_bow: Optional[torch.Tensor] = None, topic_mixture: Optional[torch.Tensor] = None, topic_ids=None,
                 topic_layer: Optional[int] = None, chunk_mask: Optional[torch.Tensor] = None,
                 sentence_index: Optional[torch.Tensor] = None, topic_representation: Optional[torch.Tensor] = None,
                 output_hidden_states: Optional[bool] = None, return_dict: Optional[bool] = None,
-                logits_to_keep: int = 0, conditioning_resolved: bool = False,
-                carry_token_state: Optional[bool] = None, **kwargs) -> RGBNRNNOutput:
+                logits_to_keep: int = 0, topic_conditioning: Optional[TopicConditioning] = None,
+                carry_token_state: Optional[bool] = None, theta: Optional[torch.Tensor] = None,
+                **kwargs) -> RGBNRNNOutput:
         r"""
         Args:
             input_ids: (b, s) chunks, or (b, c, s) documents (``TopicContextCollator(layout="documents")``).
@@ -951,11 +965,13 @@ class RGBNRNNForCausalLM(TopicFamilyForCausalLM, RGBNRNNPreTrainedModel, TopicGe
             state: the 4 L batch-first tensors of the module docstring (chunk batches).
             labels: ``input_ids`` with -100 at ignored positions (shifted inside).
             context_bow: (b, V_c) per chunk, or (b, c, V_c) per chunk of each document.
-            theta, topic_ids, topic_layer: explicit conditioning (chunk batches; see the class doc).
+            topic_mixture, topic_ids, topic_layer: explicit conditioning (chunk batches; see the class doc); theta:
+                the deprecated name of topic_mixture.
             chunk_mask, sentence_index: (b, c) of a documents batch (the collator gives them).
             topic_representation: (b, sum K) theta resolved by an earlier call (generation's cache), used as is.
             logits_to_keep: logits for the last N positions only (0 = all; chunk batches).
-            conditioning_resolved: the keywords are already :meth:`resolve_conditioning`'s (generate's first step).
+            topic_conditioning: the conditioning already validated (a :class:`TopicConditioning`, what
+                :meth:`resolve_conditioning` returns; ``generate``'s first step gets it), trusted as it is.
             carry_token_state: a documents batch's LSTM state carried across each document's chunks (the collator's
                 chunks, consecutive ones sharing a token), or every chunk from a zero state; None: the configuration's.
 
@@ -965,11 +981,13 @@ class RGBNRNNForCausalLM(TopicFamilyForCausalLM, RGBNRNNPreTrainedModel, TopicGe
         state = state_from_aliases(state, kwargs)  # past_key_values= is the state
         return super().forward(input_ids, attention_mask, inputs_embeds, state, labels, use_cache,
                                topic_representation, output_hidden_states, return_dict, logits_to_keep,
-                               conditioning_resolved, context_bow=context_bow, theta=theta, topic_ids=topic_ids,
+                               topic_conditioning, context_bow=context_bow, topic_mixture=topic_mixture, theta=theta,
+                               topic_ids=topic_ids,
                                topic_layer=topic_layer, chunk_mask=chunk_mask, sentence_index=sentence_index,
                                carry_token_state=carry_token_state)
 
-    def conditioning(self, input_ids, inputs_embeds, resolved: bool, **raw) -> dict:
+    def conditioning(self, input_ids, inputs_embeds, resolved: Optional[TopicConditioning],
+                     **raw) -> TopicConditioning:
         """The keywords as :meth:`RGBNRNNModel.conditioning_of_batch` takes them (a documents batch's as they are)."""
         return self.model.conditioning_of_batch(input_ids, inputs_embeds, resolved, **raw)
 
@@ -1019,29 +1037,31 @@ class RGBNRNNForCausalLM(TopicFamilyForCausalLM, RGBNRNNPreTrainedModel, TopicGe
 
     # -- generation --------------------------------------------------------------------------------
 
-    def resolve_conditioning(self, batch_size: Optional[int], **given) -> dict:
+    def resolve_conditioning(self, batch_size: Optional[int], **given) -> TopicConditioning:
         """A chunk batch's conditioning validated once: :meth:`RGBNRNNModel.resolve_conditioning`."""
         return self.model.resolve_conditioning(batch_size, **given)
 
-    def prepare_generation_conditioning(self, batch_size: Optional[int], do_sample: bool = False, **given) -> dict:
+    def prepare_generation_conditioning(self, batch_size: Optional[int], do_sample: bool = False,
+                                        **given) -> TopicConditioning:
         """rGBN conditioning of ``generate()`` (at most one), resolved once per row before transformers expands
         the batch for beams / return sequences:
 
         * ``topic_ids`` (an int, a list, a list of lists or a (b, k) tensor) of layer ``topic_layer`` (1 = bottom,
           default 1): theta by :meth:`RGBNRNNModel.theta_from_topics` (``topic_mode`` "propagate" or "chain");
         * ``context_bow`` (b, V_c): encoded as a first sentence (posterior mean in eval mode);
-        * ``theta`` (b, sum K): given directly;
+        * ``topic_mixture`` (b, sum K): theta given directly (``theta=``, its deprecated name, too);
         * nothing: theta from the prior, top-down (rgbn.md §8): drawn with ``do_sample``, else the prior mean (greedy
           and beam decoding are deterministic)."""
         resolved = self.resolve_conditioning(batch_size, **given)
-        return resolved or {"theta": self.model.sample_prior_theta(batch_size or 1, sample=do_sample)}
+        return resolved or TopicConditioning("topic_mixture",
+                                             self.model.sample_prior_theta(batch_size or 1, sample=do_sample))
 
     @torch.no_grad()
-    def generate_paragraph(self, num_sentences: int, topic_ids=None, topic_layer: Optional[int] = None, theta=None,
-                           context_bow=None, num_paragraphs: int = 1, tokenizer=None, topic_mode: str = "propagate",
-                           **generate_kwargs):
+    def generate_paragraph(self, num_sentences: int, topic_ids=None, topic_layer: Optional[int] = None,
+                           topic_mixture=None, context_bow=None, num_paragraphs: int = 1, tokenizer=None,
+                           topic_mode: str = "propagate", **generate_kwargs):
         """Sentences linked by the recurrence over sentences (rgbn.md §8): theta_1 from the topics of
-        ``topic_ids`` / ``theta`` / the prior, then theta_{j+1} ~ p(theta_{j+1} | theta_j) (eq. 2; GBN-RNN draws
+        ``topic_ids`` / ``topic_mixture`` / the prior, then theta_{j+1} ~ p(theta_{j+1} | theta_j) (eq. 2; GBN-RNN draws
         each sentence's theta from the prior); every sentence is decoded from ``<bos>`` and a zero LSTM state.
         ``context_bow`` (J, V_c) or (b, J, V_c), the bags of words of a given paragraph's sentences (the paper's
         conditioned paragraphs): theta_1..theta_J from the recurrent encoder (posterior mean), one sentence each;
@@ -1051,7 +1071,7 @@ class RGBNRNNForCausalLM(TopicFamilyForCausalLM, RGBNRNNPreTrainedModel, TopicGe
         ``num_paragraphs``), or with ``tokenizer`` a list of b paragraphs, each a list of sentences (strings)."""
         if isinstance(num_sentences, bool) or not isinstance(num_sentences, int) or num_sentences < 1:
             raise ValueError(f"num_sentences must be a positive integer, got {num_sentences!r}")
-        check_at_most_one(topic_ids=topic_ids, theta=theta, context_bow=context_bow)
+        check_at_most_one(topic_ids=topic_ids, topic_mixture=topic_mixture, context_bow=context_bow)
         encoded = None
         if context_bow is not None:
             bows = torch.as_tensor(context_bow, dtype=torch.float32).to(self.device)
@@ -1064,10 +1084,10 @@ class RGBNRNNForCausalLM(TopicFamilyForCausalLM, RGBNRNNPreTrainedModel, TopicGe
             encoded = torch.cat(self.model.encode_documents(bows, mask, sample=False).thetas, -1)  # (b, J, sum K)
             current = encoded[:, 0]
         else:  # as generate() resolves it; the prior's theta has num_paragraphs rows
-            rows = num_paragraphs if topic_ids is None and theta is None else None
+            rows = num_paragraphs if topic_ids is None and topic_mixture is None else None
             current = self.prepare_generation_conditioning(rows, do_sample=True, topic_ids=topic_ids,
-                                                           topic_layer=topic_layer, theta=theta,
-                                                           topic_mode=topic_mode)["theta"].to(self.device)
+                                                           topic_layer=topic_layer, topic_mixture=topic_mixture,
+                                                           topic_mode=topic_mode)["topic_mixture"].to(self.device)
         sentences = []
         for j in range(num_sentences):
             if j > 0 and encoded is not None and j < encoded.shape[1]:
@@ -1075,7 +1095,7 @@ class RGBNRNNForCausalLM(TopicFamilyForCausalLM, RGBNRNNPreTrainedModel, TopicGe
             elif j > 0:
                 current = self.model.sample_prior_theta(previous=current) if self.config.recurrent else \
                     self.model.sample_prior_theta(current.shape[0])
-            sentences.append(self.generate(theta=current, **generate_kwargs))
+            sentences.append(self.generate(topic_mixture=current, **generate_kwargs))
         if tokenizer is None:
             return sentences
         return [[tokenizer.decode(s[i], skip_special_tokens=True).strip() for s in sentences]
@@ -1088,8 +1108,7 @@ class RGBNRNNForCausalLM(TopicFamilyForCausalLM, RGBNRNNPreTrainedModel, TopicGe
         """Topic proportions (b, K_layer) of bags of words (b, V_c), each read as a document's first sentence:
         the encoder's posterior mean of theta^layer (1 = bottom, the default), normalised to sum 1."""
         layer = self.check_layer(layer)
-        bow = normalize_topic_kwargs(self.config.num_topics, self.config.topic_vocab_size,
-                                     context_bow=context_bow)["context_bow"].to(self.device)
+        bow = bags_of_words(context_bow, self.config.topic_vocab_size).to(self.device)
         shapes, scales, _ = self.model.encoder.step(bow, None)
         theta = weibull_mean(shapes[layer - 1], scales[layer - 1]).float()
         return theta / theta.sum(-1, keepdim=True)

@@ -70,8 +70,8 @@ from transformers import GenerationMixin
 from transformers.utils import ModelOutput
 
 from .configuration_tcnlm import TCNLMConfig
-from .modeling_conditioning import (TOPIC_LOGIT_INIT_STD, angular_diversity, given_keywords, normalize_topic_kwargs,
-                                    topic_ids_to_mixture, topic_vocabulary)
+from .modeling_conditioning import (TOPIC_LOGIT_INIT_STD, TopicConditioning, angular_diversity, bags_of_words,
+                                    check_resolved, normalize_topic_kwargs, topic_ids_to_mixture, topic_vocabulary)
 from .modeling_generation import TopicGenerationMixin
 from .modeling_document import DocumentClassifierMixin, DocumentRepresentationMixin
 from .modeling_recurrent import (RecurrentPreTrainedModel, TopicLMOutput, causal_lm_loss, embed_checked,
@@ -392,8 +392,8 @@ class TCNLMModel(DocumentRepresentationMixin, TCNLMPreTrainedModel):
 
     def infer_topics(self, context_bow) -> torch.Tensor:
         """Topic proportions t (b, T) of documents given as bags of words (b, V_c): the posterior mean."""
-        given = normalize_topic_kwargs(self.config.num_topics, self.config.topic_vocab_size, context_bow=context_bow)
-        mean, _ = self.topic_model.posterior(given["context_bow"].to(self.device, self.dtype))
+        bow = bags_of_words(context_bow, self.config.topic_vocab_size)
+        mean, _ = self.topic_model.posterior(bow.to(self.device, self.dtype))
         return _float_simplex(self.topic_model.proportions(mean))
 
     @property
@@ -432,9 +432,9 @@ class TCNLMModel(DocumentRepresentationMixin, TCNLMPreTrainedModel):
     def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, state=None, use_cache=None,
                 context_bow=None, topic_ids=None, topic_mixture=None, topic_representation=None,
                 return_topic_losses: bool = False, output_hidden_states=None, return_dict=None,
-                conditioning_resolved: bool = False, **kwargs) -> TCNLMModelOutput:
+                topic_conditioning: Optional[TopicConditioning] = None, **kwargs) -> TCNLMModelOutput:
         """The LSTM's outputs under t (see :class:`TCNLMModelOutput`). The topic keywords are validated here
-        unless ``conditioning_resolved`` says that they already are (the causal LM validates them once, in its
+        unless ``topic_conditioning`` gives them already validated (the causal LM validates them once, in its
         ``resolve_conditioning``); ``topic_representation`` is t itself, used as is."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Give exactly one of input_ids and inputs_embeds")
@@ -454,7 +454,7 @@ class TCNLMModel(DocumentRepresentationMixin, TCNLMPreTrainedModel):
             t, topic_losses = topic_representation.to(inputs_embeds.device), None
         else:
             given = dict(context_bow=context_bow, topic_ids=topic_ids, topic_mixture=topic_mixture)
-            given = given_keywords(**given) if conditioning_resolved else \
+            given = check_resolved(topic_conditioning, given) if topic_conditioning is not None else \
                 normalize_topic_kwargs(self.config.num_topics, self.config.topic_vocab_size, b, **given)
             t, topic_losses = self.topic_proportions(b, inputs_embeds.device, given, return_topic_losses)
         x = self.dropout(inputs_embeds)
@@ -547,8 +547,7 @@ class TCNLMForCausalLM(TopicFamilyForCausalLM, TCNLMPreTrainedModel, TopicGenera
     def topic_model_loss(self, context_bow: torch.Tensor, **inputs) -> torch.Tensor:
         """The topic model's own objective on bags of words (b, V_c), on the scale of ``forward``'s topic
         terms: (-log p(d | t) + KL) per context word (``"context_tokens"`` normalisation) - lambda R."""
-        bow = normalize_topic_kwargs(self.config.num_topics, self.config.topic_vocab_size,
-                                     context_bow=context_bow)["context_bow"].to(self.device)
+        bow = bags_of_words(context_bow, self.config.topic_vocab_size).to(self.device)
         topic_model = self.model.topic_model
         t, mean, logvar = topic_model(bow, sample=self.training)
         count = bow.sum().clamp_min(1)
@@ -602,7 +601,7 @@ class TCNLMForCausalLM(TopicFamilyForCausalLM, TCNLMPreTrainedModel, TopicGenera
                 labels: Optional[torch.LongTensor] = None, use_cache: Optional[bool] = None,
                 context_bow: Optional[torch.Tensor] = None, topic_ids=None, topic_mixture=None,
                 topic_representation: Optional[torch.Tensor] = None, output_hidden_states: Optional[bool] = None,
-                return_dict: Optional[bool] = None, logits_to_keep: int = 0, conditioning_resolved: bool = False,
+                return_dict: Optional[bool] = None, logits_to_keep: int = 0, topic_conditioning: Optional[TopicConditioning] = None,
                 **kwargs) -> TopicLMOutput:
         r"""
         Args:
@@ -615,8 +614,8 @@ class TCNLMForCausalLM(TopicFamilyForCausalLM, TCNLMPreTrainedModel, TopicGenera
             topic_representation: (b, T) t already resolved (returned by an earlier call under this name; what
                 generation caches), used as is.
             logits_to_keep: compute logits for the last N positions only (0 = all).
-            conditioning_resolved: the topic keywords already are what :meth:`resolve_conditioning` returns
-                (``generate`` validates them before its first step and says so): they are not validated again.
+            topic_conditioning: the topic conditioning already validated (a :class:`TopicConditioning`, what
+                :meth:`resolve_conditioning` returns; ``generate``'s first step gets it), trusted as it is.
 
         Returns:
             :class:`TopicLMOutput`; ``loss`` = lm_loss + bow_loss + kl_weight * kl_loss - lambda R;
@@ -627,7 +626,7 @@ class TCNLMForCausalLM(TopicFamilyForCausalLM, TCNLMPreTrainedModel, TopicGenera
         state = state_from_aliases(state, kwargs)  # past_key_values= is the state
         return super().forward(input_ids, attention_mask, inputs_embeds, state, labels, use_cache,
                                topic_representation, output_hidden_states, return_dict, logits_to_keep,
-                               conditioning_resolved, context_bow=context_bow, topic_ids=topic_ids,
+                               topic_conditioning, context_bow=context_bow, topic_ids=topic_ids,
                                topic_mixture=topic_mixture)
 
     def language_model_features(self, topics: dict, topic_representation: Optional[torch.Tensor], *, input_ids,
@@ -635,10 +634,10 @@ class TCNLMForCausalLM(TopicFamilyForCausalLM, TCNLMPreTrainedModel, TopicGenera
                                 logits_to_keep, **inputs) -> LanguageModelPass:
         """The LSTM's outputs under t (:class:`TCNLMModel`; every expert's with the naive MoE), t itself and, with
         labels and a context, the topic model's terms per document (the base model's output, in ``details``)."""
-        base = self.model(input_ids, attention_mask, inputs_embeds, state, use_cache, **topics,
+        base = self.model(input_ids, attention_mask, inputs_embeds, state, use_cache, topic_conditioning=topics,
                           topic_representation=topic_representation,
                           return_topic_losses=labels is not None and "context_bow" in topics,
-                          output_hidden_states=output_hidden_states, conditioning_resolved=True)
+                          output_hidden_states=output_hidden_states)
         hidden, t = base.last_hidden_state, base.topic_mixture
         if logits_to_keep and labels is None:
             hidden = hidden[:, -logits_to_keep:]

@@ -15,7 +15,8 @@ A topic family's ``*ForCausalLM`` lists :class:`TopicFamilyForCausalLM` first am
 The topic keywords of ``forward`` and ``generate`` are validated in one place, ``resolve_conditioning``, once per
 call: ``forward`` calls it first and hands the batch-first tensors it returns to the helpers that use them, which
 trust them and do not check them again; ``generate`` calls it before its first step and tells that step so
-(``conditioning_resolved=True``); a ``topic_representation`` resolved by an earlier step is used as it is.
+(as one trusted :class:`TopicConditioning`, ``topic_conditioning=``); a ``topic_representation`` resolved by an
+earlier step is used as it is.
 
 What the package asks of a topic model is asked through these names only (``isinstance(model,
 TopicFamilyForCausalLM)`` says whether a model has topics; nothing is probed with ``hasattr``). The optional parts
@@ -49,8 +50,8 @@ from typing import Optional, Union
 import torch
 from torch import nn
 
-from .modeling_conditioning import (check_topic_layer, given_keywords, lm_to_topic_index, normalize_topic_kwargs,
-                                    topic_scores_to_vocab, topic_vocabulary, topic_word_mask)
+from .modeling_conditioning import (TopicConditioning, check_resolved, check_topic_layer, lm_to_topic_index,
+                                    normalize_topic_kwargs, topic_scores_to_vocab, topic_vocabulary, topic_word_mask)
 from .modeling_document import DocumentRepresentationDelegate
 from .modeling_recurrent import TopicLMOutput, check_call, detach_or_none, state_from_aliases
 
@@ -162,7 +163,7 @@ class TopicFamilyForCausalLM(DocumentRepresentationDelegate, TopicWordPriorMixin
                 inputs_embeds: Optional[torch.Tensor] = None, state: Optional[tuple] = None,
                 labels: Optional[torch.LongTensor] = None, use_cache: Optional[bool] = None,
                 topic_representation: Optional[torch.Tensor] = None, output_hidden_states: Optional[bool] = None,
-                return_dict: Optional[bool] = None, logits_to_keep: int = 0, conditioning_resolved: bool = False,
+                return_dict: Optional[bool] = None, logits_to_keep: int = 0, topic_conditioning: Optional[TopicConditioning] = None,
                 **inputs) -> TopicLMOutput:
         """The template of every family's ``forward`` (see the module docstring); the family's own ``forward``
         documents the keywords. ``inputs`` holds the raw topic keywords (the class's ``conditioning_inputs`` and
@@ -179,9 +180,9 @@ class TopicFamilyForCausalLM(DocumentRepresentationDelegate, TopicWordPriorMixin
             state = state.state
         check_call(input_ids, inputs_embeds, attention_mask, state)
         # 1. The conditioning, validated once (or by generate), or the topic representation resolved before.
-        topics = {}
+        topics = TopicConditioning()
         if topic_representation is None:
-            topics = self.conditioning(input_ids, inputs_embeds, conditioning_resolved, **raw)
+            topics = self.conditioning(input_ids, inputs_embeds, topic_conditioning, **raw)
         # 2. The language model's features, with the resolved topics where the body needs them.
         use_cache = use_cache if use_cache is not None else (self.config.use_cache and not self.training)
         if output_hidden_states is None:
@@ -209,11 +210,12 @@ class TopicFamilyForCausalLM(DocumentRepresentationDelegate, TopicWordPriorMixin
                                 topic_representation=run.topic_representation, **run.outputs)
         return out if return_dict is not False else out.to_tuple()
 
-    def conditioning(self, input_ids, inputs_embeds, resolved: bool, **raw) -> dict:
+    def conditioning(self, input_ids, inputs_embeds, resolved: Optional[TopicConditioning],
+                     **raw) -> TopicConditioning:
         """Stage 1: the raw topic keywords as :meth:`resolve_conditioning` returns them, for a batch of the tokens'
-        rows; as they are when ``resolved`` (``generate`` validated them before its first step)."""
-        if resolved:
-            return given_keywords(**raw)
+        rows; the ``resolved`` conditioning as it is (``generate`` validated it before its first step)."""
+        if resolved is not None:
+            return check_resolved(resolved, raw)
         tokens = input_ids if input_ids is not None else inputs_embeds
         return self.resolve_conditioning(None if tokens is None else tokens.shape[0], **raw)
 
@@ -251,7 +253,7 @@ class TopicFamilyForCausalLM(DocumentRepresentationDelegate, TopicWordPriorMixin
 
     # -- the conditioning --------------------------------------------------------------------------
 
-    def resolve_conditioning(self, batch_size: Optional[int], **given) -> dict:
+    def resolve_conditioning(self, batch_size: Optional[int], **given) -> TopicConditioning:
         """The raw topic keywords of ``forward`` / ``generate`` (at most one of ``conditioning_inputs``) validated
         and made batch-first tensors of ``batch_size`` rows, under the same names (an empty dict when none is
         given). The one place they are checked: ``forward`` calls it once and passes what it returns down, and

@@ -71,7 +71,7 @@ from transformers import GenerationMixin
 from transformers.utils import ModelOutput
 
 from .configuration_topic_rnn import TopicRNNConfig
-from .modeling_conditioning import (TOPIC_LOGIT_INIT_STD, lm_to_topic_index, normalize_topic_kwargs,
+from .modeling_conditioning import (TOPIC_LOGIT_INIT_STD, TopicConditioning, bags_of_words, lm_to_topic_index,
                                     topic_ids_to_mixture, topic_scores_to_vocab, topic_word_mask)
 from .modeling_generation import TopicGenerationMixin
 from .modeling_document import DocumentClassifierMixin, DocumentRepresentationMixin
@@ -216,8 +216,7 @@ class TopicRNNModel(DocumentRepresentationMixin, TopicRNNPreTrainedModel):
         """c (b, K) = the mean of q(theta | context_bow), or (b, 2K) = [mean; log sigma] with
         ``config.feature_log_sigma`` (the paper's classifier reads both). With ``theta_transform="softmax"`` these
         are the mean and log sigma of the Gaussian z that theta = softmax(W z + b) is read from."""
-        bow = normalize_topic_kwargs(self.config.num_topics, self.config.topic_vocab_size,
-                                     context_bow=context_bow)["context_bow"].to(self.embed_tokens.weight.device)
+        bow = bags_of_words(context_bow, self.config.topic_vocab_size).to(self.embed_tokens.weight.device)
         mean, log_sigma = self.inference_net(bow)
         return torch.cat([mean, log_sigma], dim=-1) if self.config.feature_log_sigma else mean
 
@@ -321,8 +320,7 @@ class TopicRNNForCausalLM(TopicFamilyForCausalLM, TopicRNNPreTrainedModel, Topic
         """The topic model alone on bags of words (b, V_c): (-log p(d | theta) + KL(q(theta | d) || N(0, I))) per
         context word, with p(w | theta) = softmax(B theta) over the topic words (not the paper's ELBO, where B is
         trained only through the LM; see ``bow_loss_weight``). theta is sampled in training mode."""
-        bow = normalize_topic_kwargs(self.config.num_topics, self.config.topic_vocab_size,
-                                     context_bow=context_bow)["context_bow"].to(self.lm_head.weight.device)
+        bow = bags_of_words(context_bow, self.config.topic_vocab_size).to(self.lm_head.weight.device)
         theta, kl = self.infer_topic_vector(bow.shape[0], {"context_bow": bow})
         nll, words = self.bow_nll(bow, theta)
         return (nll.sum() + kl.sum()) / words.clamp_min(1)
@@ -373,7 +371,7 @@ class TopicRNNForCausalLM(TopicFamilyForCausalLM, TopicRNNPreTrainedModel, Topic
                 context_bow: Optional[torch.Tensor] = None, topic_mixture: Optional[torch.Tensor] = None,
                 topic_ids=None, topic_representation: Optional[torch.Tensor] = None,
                 output_hidden_states: Optional[bool] = None, return_dict: Optional[bool] = None,
-                logits_to_keep: int = 0, conditioning_resolved: bool = False,
+                logits_to_keep: int = 0, topic_conditioning: Optional[TopicConditioning] = None,
                 document_tokens: Optional[dict] = None, **kwargs) -> TopicLMOutput:
         r"""
         Args:
@@ -391,8 +389,8 @@ class TopicRNNForCausalLM(TopicFamilyForCausalLM, TopicRNNPreTrainedModel, Topic
             topic_representation: (b, K) theta already resolved (returned by an earlier call under this name;
                 what generation caches), used as is.
             logits_to_keep: compute logits for the last N positions only (0 = all).
-            conditioning_resolved: the topic keywords already are what :meth:`resolve_conditioning` returns
-                (``generate`` validates them before its first step and says so): they are not validated again.
+            topic_conditioning: the topic conditioning already validated (a :class:`TopicConditioning`, what
+                :meth:`resolve_conditioning` returns; ``generate``'s first step gets it), trusted as it is.
             document_tokens: the rows are the chunks of documents whose state is carried from chunk to chunk
                 (:func:`~topic_lm_hf.carried_state.chunk_rows`): the RNN runs over the documents' sequences
                 (``input_ids``, ``attention_mask`` (d, n)) in one call, and each row's h_t is read at ``positions``
@@ -408,7 +406,7 @@ class TopicRNNForCausalLM(TopicFamilyForCausalLM, TopicRNNPreTrainedModel, Topic
         state = state_from_aliases(state, kwargs)  # past_key_values= is the state
         return super().forward(input_ids, attention_mask, inputs_embeds, state, labels, use_cache,
                                topic_representation, output_hidden_states, return_dict, logits_to_keep,
-                               conditioning_resolved, context_bow=context_bow, topic_mixture=topic_mixture,
+                               topic_conditioning, context_bow=context_bow, topic_mixture=topic_mixture,
                                topic_ids=topic_ids, document_tokens=document_tokens)
 
     def language_model_features(self, topics: dict, topic_representation: Optional[torch.Tensor], *, input_ids,
@@ -574,8 +572,7 @@ class TopicRNNForCausalLM(TopicFamilyForCausalLM, TopicRNNPreTrainedModel, Topic
         q(z | X_c). The paper's theta is a real vector (not a distribution); with ``theta_transform="softmax"``
         it is a distribution. Its largest entry is the document's dominant topic in the sense of ``topic_ids``."""
         self.check_layer(layer)
-        bow = normalize_topic_kwargs(self.config.num_topics, self.config.topic_vocab_size,
-                                     context_bow=context_bow)["context_bow"].to(self.lm_head.weight.device)
+        bow = bags_of_words(context_bow, self.config.topic_vocab_size).to(self.lm_head.weight.device)
         mean, _ = self.model.inference_net(bow)
         return self._theta(mean)
 
