@@ -19,7 +19,7 @@ class LSTMLMConfig(ClassifierConfigMixin, CompactReprMixin, PretrainedConfig):
             linear projection H -> E is inserted before the softmax.
         initializer_range: weights are initialised uniformly in [-r, r].
         classifier_*, freeze_backbone: the head of the ``*ForSequenceClassification`` model
-            (:class:`~topic_lm_hf.models.configuration_common.ClassifierConfigMixin`: an MLP on [o_N; c] by
+            (:class:`~.configuration_common.ClassifierConfigMixin`: an MLP on [o_N; c] by
             default, ``classifier_head="cnn"`` for the NCLM paper's CNN over [o_m; c]).
 
     Example:

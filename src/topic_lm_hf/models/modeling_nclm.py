@@ -2,7 +2,7 @@
 
 Notation: b batch, s tokens, E embedding size, H hidden size, L layers, V vocabulary, V_c topic
 vocabulary, K topics, H_tm the NVDM encoder's width, D the width of ETR's word vectors, S samples.
-``../shared/docs/nclm.md`` is the detailed note on the paper and its official code this follows.
+It follows the paper and its official TensorFlow code (``YatinChaudhary/NCLM`` on GitHub).
 
 The model (paper §3):
 
@@ -556,7 +556,7 @@ class NCLMForCausalLM(TopicFamilyForCausalLM, NCLMPreTrainedModel, TopicGenerati
             conditioning_resolved: the topic keywords already are what :meth:`resolve_conditioning` returns
                 (``generate`` validates them before its first step and says so): they are not validated again.
             document_tokens: the rows are the chunks of documents whose state is carried from chunk to chunk
-                (:func:`~topic_lm_hf.carried_state.chunk_rows`): the LSTM runs over the documents' sequences in one
+                (one row per real chunk): the LSTM runs over the documents' sequences in one
                 call and each row's o_t is read at ``positions`` of them (no ``state``; not with sentence topics).
 
         Returns:

@@ -2,7 +2,8 @@
 
 Notation: b batch (documents), c chunks of a document, s tokens, J sentence slots of a document, L layers,
 K_l topics of layer l (bottom l = 1), H_l LSTM size of layer l, V vocabulary, V_c topic vocabulary.
-``../shared/docs/rgbn.md`` is the implementation note followed here (equation numbers: the ICLR text).
+Equation numbers are those of the ICLR text (https://arxiv.org/abs/1912.10337); "code" is the official
+TensorFlow code (``BoChenGroup/rGBN_RNN`` on GitHub).
 
 Generative model (eq. 2), tau0 the gamma rate, Gam(shape, rate):
 
@@ -235,7 +236,8 @@ def initial_topic_matrices(config: RGBNRNNConfig) -> list[tuple[torch.Tensor, Op
         phi = phi / phi.sum(0)
         pi = None
         if config.recurrent:
-            # Pi: Dir(1) columns, normalised Exp(1) draws (rgbn.md §1: the code's identity is nearly absorbing)
+            # Pi: Dir(1) columns, normalised Exp(1) draws (the code's Pi = I is nearly absorbing: its multinomial
+            # never routes counts to a zero entry)
             pi = -torch.log1p(-torch.rand(K, K, dtype=torch.float64, generator=generator, device="cpu"))
             pi = pi / pi.sum(0)
         matrices.append((phi, pi))
@@ -1031,8 +1033,8 @@ class RGBNRNNForCausalLM(TopicFamilyForCausalLM, RGBNRNNPreTrainedModel, TopicGe
           default 1): theta by :meth:`RGBNRNNModel.theta_from_topics` (``topic_mode`` "propagate" or "chain");
         * ``context_bow`` (b, V_c): encoded as a first sentence (posterior mean in eval mode);
         * ``theta`` (b, sum K): given directly;
-        * nothing: theta from the prior, top-down (rgbn.md §8): drawn with ``do_sample``, else the prior mean (greedy
-          and beam decoding are deterministic)."""
+        * nothing: theta from the prior, top-down (theta^L ~ Gam(1, tau0), then each layer below from the one
+          above): drawn with ``do_sample``, else the prior mean (greedy and beam decoding are deterministic)."""
         resolved = self.resolve_conditioning(batch_size, **given)
         return resolved or {"theta": self.model.sample_prior_theta(batch_size or 1, sample=do_sample)}
 
@@ -1040,7 +1042,7 @@ class RGBNRNNForCausalLM(TopicFamilyForCausalLM, RGBNRNNPreTrainedModel, TopicGe
     def generate_paragraph(self, num_sentences: int, topic_ids=None, topic_layer: Optional[int] = None, theta=None,
                            context_bow=None, num_paragraphs: int = 1, tokenizer=None, topic_mode: str = "propagate",
                            **generate_kwargs):
-        """Sentences linked by the recurrence over sentences (rgbn.md §8): theta_1 from the topics of
+        """Sentences linked by the recurrence over sentences (the paper's paragraphs): theta_1 from the topics of
         ``topic_ids`` / ``theta`` / the prior, then theta_{j+1} ~ p(theta_{j+1} | theta_j) (eq. 2; GBN-RNN draws
         each sentence's theta from the prior); every sentence is decoded from ``<bos>`` and a zero LSTM state.
         ``context_bow`` (J, V_c) or (b, J, V_c), the bags of words of a given paragraph's sentences (the paper's

@@ -45,7 +45,7 @@ def weibull_mean(k: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
 
 
 def kl_weibull_gamma(k: torch.Tensor, lam: torch.Tensor, alpha: torch.Tensor, beta) -> torch.Tensor:
-    """KL(Weibull(k, lambda) || Gamma(alpha, rate beta)), elementwise (rgbn.md §2):
+    """KL(Weibull(k, lambda) || Gamma(alpha, rate beta)), elementwise (closed form, as in WHAI, Zhang et al. 2018):
 
     gamma alpha / k - alpha ln lambda + ln k + beta lambda Gamma(1 + 1/k) - gamma - 1 - alpha ln beta
     + ln Gamma(alpha)."""
