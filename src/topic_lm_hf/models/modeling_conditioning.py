@@ -28,7 +28,7 @@ TOPIC_LOGIT_INIT_STD = 1.5
 # ----------------------------------------------------------------------------------------------
 
 
-def _broadcast_rows(x: torch.Tensor, batch_size: Optional[int], name: str) -> torch.Tensor:
+def broadcast_rows(x: torch.Tensor, batch_size: Optional[int], name: str) -> torch.Tensor:
     if batch_size is None or x.shape[0] == batch_size:
         return x
     if x.shape[0] == 1:
@@ -122,7 +122,7 @@ def normalize_topic_ids(topic_ids, num_topics: int, batch_size: Optional[int] = 
                          f"(the model has {num_topics} topics)")
     if bool(((rows >= 0).sum(1) == 0).any()):
         raise ValueError("topic_ids has a row without any topic id")
-    return _broadcast_rows(rows, batch_size, "topic_ids")
+    return broadcast_rows(rows, batch_size, "topic_ids")
 
 
 def topic_ids_to_mixture(topic_ids: torch.Tensor, num_topics: int) -> torch.Tensor:
@@ -199,7 +199,7 @@ def normalize_topic_kwargs(num_topics: int, topic_vocab_size: int, batch_size: O
             sums = mix.sum(-1)
             if not torch.allclose(sums, torch.ones_like(sums), atol=1e-3):
                 raise ValueError(f"each topic_mixture row must sum to 1, got sums {sums.tolist()}")
-        return {"topic_mixture": _broadcast_rows(mix, batch_size, "topic_mixture")}
+        return {"topic_mixture": broadcast_rows(mix, batch_size, "topic_mixture")}
     if context_bow is not None:
         bow = _float_rows(context_bow, "context_bow", f"(b, {topic_vocab_size}) or ({topic_vocab_size},), one bag "
                           "of words over the topic vocabulary per row (flatten a documents-layout batch's "
@@ -208,7 +208,7 @@ def normalize_topic_kwargs(num_topics: int, topic_vocab_size: int, batch_size: O
             raise ValueError(f"context_bow must have {topic_vocab_size} columns (the topic vocabulary), "
                              f"got {bow.shape[-1]}: mismatched vocabularies?")
         check_counts(bow)
-        return {"context_bow": _broadcast_rows(bow, batch_size, "context_bow")}
+        return {"context_bow": broadcast_rows(bow, batch_size, "context_bow")}
     return {}
 
 

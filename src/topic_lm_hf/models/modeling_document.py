@@ -11,7 +11,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .modeling_conditioning import _broadcast_rows
+from .modeling_conditioning import broadcast_rows
 
 
 class DocumentRepresentationMixin:
@@ -69,7 +69,7 @@ class DocumentRepresentationMixin:
         if context_bow is None and topic_vocab_size:
             context_bow = torch.zeros(b, topic_vocab_size, device=device)
         if context_bow is not None and topic_vocab_size:
-            context_bow = _broadcast_rows(torch.as_tensor(context_bow, device=device), b, "context_bow")
+            context_bow = broadcast_rows(torch.as_tensor(context_bow, device=device), b, "context_bow")
         states, last = self._document_token_states(input_ids, attention_mask, context_bow)
         c = (self.document_topic_representation(context_bow) if self.document_topic_size
              else last.new_zeros(b, 0)).to(device, last.dtype)

@@ -63,7 +63,7 @@ from torch.nn import functional as F
 from transformers import GenerationMixin
 
 from .configuration_nclm import NCLMConfig
-from .modeling_conditioning import (_broadcast_rows, angular_diversity, lm_to_topic_index, normalize_topic_kwargs,
+from .modeling_conditioning import (angular_diversity, broadcast_rows, lm_to_topic_index, normalize_topic_kwargs,
                                     topic_ids_to_mixture, topic_vocabulary)
 from .modeling_generation import TopicGenerationMixin
 from .modeling_document import DocumentClassifierMixin, DocumentRepresentationMixin
@@ -682,8 +682,8 @@ class NCLMForCausalLM(TopicFamilyForCausalLM, NCLMPreTrainedModel, TopicGenerati
         if topic_representation.dim() != 2 or topic_representation.shape[-1] != cfg.document_topic_size:
             raise ValueError(f"topic_representation must have shape (b, {cfg.document_topic_size}), got "
                              f"{tuple(topic_representation.shape)}")
-        c_doc = _broadcast_rows(topic_representation.to(device), b, "topic_representation")
-        z_k = None if topic_embeddings is None else _broadcast_rows(topic_embeddings.to(device), b, "topic_embeddings")
+        c_doc = broadcast_rows(topic_representation.to(device), b, "topic_representation")
+        z_k = None if topic_embeddings is None else broadcast_rows(topic_embeddings.to(device), b, "topic_embeddings")
         if cfg.sentence_topics and cfg.uses_etr and z_k is None:
             raise ValueError("topic_embeddings are needed with topic_representation for ETR sentence topics")
         return c_doc, (c_doc[:, -cfg.num_topics:] if cfg.uses_ltr else None), z_k, None

@@ -62,18 +62,16 @@ from torch.nn import functional as F
 from transformers import GenerationMixin
 
 from .configuration_rgbn_rnn import RGBNRNNConfig
-from .modeling_conditioning import (_broadcast_rows, check_at_most_one, check_counts, check_topic_layer,
+from .modeling_conditioning import (broadcast_rows, check_at_most_one, check_counts, check_topic_layer,
                                     given_keywords, normalize_topic_kwargs)
 from .modeling_generation import TopicGenerationMixin
 from .modeling_document import DocumentClassifierMixin, DocumentRepresentationMixin
 from .modeling_recurrent import (RecurrentModelOutput, RecurrentPreTrainedModel, TopicLMOutput,
                                  carried_sequence_lengths, document_layout, embed_checked, last_columns,
                                  last_token_positions, read_on_host, run_rnn, state_from_aliases)
-# the probability machinery (also imported from here by name: kl_weibull_gamma, augment_counts, tlasgr_update, ...)
-from .modeling_rgbn_sampler import (_ALPHA_MIN, _LAMBDA_MIN, _RATE_MIN, CRT_EXACT_LIMIT, EULER_GAMMA,  # noqa: F401
-                                    AugmentedCounts, augment_counts, kl_weibull_gamma, multinomial_split, poisson_nll,
-                                    sample_crt,
-                                    tlasgr_update, weibull_mean, weibull_sample)
+# the probability machinery
+from .modeling_rgbn_sampler import (ALPHA_MIN, LAMBDA_MIN, augment_counts, kl_weibull_gamma, poisson_nll, tlasgr_update,
+                                    weibull_mean, weibull_sample)
 from .modeling_topic_family import LanguageModelPass, LossTerm, TopicFamilyForCausalLM
 
 logger = logging.getLogger(__name__)
@@ -179,7 +177,7 @@ class RGBNRNNEncoder(nn.Module):
                 x = torch.tanh(F.linear(x, cell.weight_ih, cell.bias_ih + cell.bias_hh))
                 last.append(x[:, -1])
             shapes.append(F.softplus(self.shape[l](x)).clamp(self.k_min, self.k_max))
-            scales.append(F.softplus(self.scale[l](x)) + _LAMBDA_MIN)
+            scales.append(F.softplus(self.scale[l](x)) + LAMBDA_MIN)
         return shapes, scales, last
 
     def step(self, bow: torch.Tensor, hidden: Optional[list]):
@@ -492,7 +490,7 @@ class RGBNRNNModel(DocumentRepresentationMixin, RGBNRNNPreTrainedModel):
             if l == L - 1:
                 first = ~has_prev if pis is not None else torch.ones_like(has_prev)
                 alpha = torch.where(first.unsqueeze(-1), torch.ones_like(alpha), alpha)
-            alphas.append(alpha.clamp_min(_ALPHA_MIN))
+            alphas.append(alpha.clamp_min(ALPHA_MIN))
         return alphas
 
     def topic_terms(self, tp: _TopicPass):
@@ -554,7 +552,7 @@ class RGBNRNNModel(DocumentRepresentationMixin, RGBNRNNPreTrainedModel):
                              f"{tuple(theta.shape)}")
         if not bool(torch.isfinite(theta).all()) or bool((theta < 0).any()):
             raise ValueError("theta must be finite and non-negative")
-        return _broadcast_rows(theta, batch_size, "theta")
+        return broadcast_rows(theta, batch_size, "theta")
 
     def resolve_conditioning(self, batch_size: Optional[int], context_bow=None, theta=None, topic_ids=None,
                              topic_layer=None, topic_mode: str = "propagate") -> dict:
@@ -624,7 +622,7 @@ class RGBNRNNModel(DocumentRepresentationMixin, RGBNRNNPreTrainedModel):
                 if pis is not None and prev is not None:
                     shape = shape + prev[l] @ pis[l].T
                 shape = cfg.tau0 * shape
-            shape = shape.clamp_min(_ALPHA_MIN)
+            shape = shape.clamp_min(ALPHA_MIN)
             thetas[l] = torch.distributions.Gamma(shape, cfg.tau0).sample() if sample else shape / cfg.tau0
         return torch.cat(thetas, -1)
 

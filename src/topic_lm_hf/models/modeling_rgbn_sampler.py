@@ -18,9 +18,9 @@ from .modeling_recurrent import read_on_host
 
 EULER_GAMMA = 0.5772156649015329
 _EPS_UNIFORM = 1e-6  # Weibull noise in [eps, 1 - eps]
-_LAMBDA_MIN = 1e-6
-_ALPHA_MIN = 1e-10  # gamma prior shapes (a sampled theta can underflow to 0)
-_RATE_MIN = 1e-10  # Poisson rates
+LAMBDA_MIN = 1e-6
+ALPHA_MIN = 1e-10  # gamma prior shapes (a sampled theta can underflow to 0)
+RATE_MIN = 1e-10  # Poisson rates
 _SIMPLEX_MIN = 1e-10  # entries of Phi, Pi after the TLASGR projection
 CRT_EXACT_LIMIT = 2000  # CRT: exact Bernoulli draws up to this many, a Poisson for the rest
 
@@ -71,7 +71,7 @@ def poisson_nll(counts: torch.Tensor, theta: torch.Tensor, phi: torch.Tensor, ro
     real = owner < theta.shape[0] * V
     owner = owner.clamp(max=theta.shape[0] * V - 1)
     row, word = owner // V, owner % V
-    rate = (theta[row] * phi[word]).sum(-1).clamp_min(_RATE_MIN)
+    rate = (theta[row] * phi[word]).sum(-1).clamp_min(RATE_MIN)
     weight = rows[row] * real.to(theta.dtype)
     expected = (theta @ phi.sum(0)) * rows  # sum_v (Phi theta)_v per row
     return expected.sum() - (weight * (torch.log(rate) - torch.log1p(index.to(theta.dtype)))).sum()
