@@ -169,3 +169,8 @@ class ClassifierConfigMixin:
         for name, value in values.items():
             setattr(self, name, value)
         return kwargs
+
+
+__all__ = ["CLASSIFIER_ACTIVATIONS", "CLASSIFIER_DEFAULTS", "CLASSIFIER_HEADS", "ClassifierConfigMixin",
+           "CompactReprMixin", "KEYS_TO_IGNORE_AT_INFERENCE", "TopicConfigMixin", "check_integers",
+           "check_topic_output_prior", "config_kwargs_from_tokenizers", "topic_word_ids_from_tokenizers"]

@@ -48,3 +48,6 @@ class LSTMLMConfig(ClassifierConfigMixin, CompactReprMixin, PretrainedConfig):
         kwargs = self._pop_classifier_settings(kwargs)
         super().__init__(pad_token_id=pad_token_id, bos_token_id=bos_token_id, eos_token_id=eos_token_id,
                          unk_token_id=unk_token_id, **kwargs)
+
+
+__all__ = ["LSTMLMConfig"]

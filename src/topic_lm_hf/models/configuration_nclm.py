@@ -205,3 +205,7 @@ class NCLMConfig(TopicConfigMixin, ClassifierConfigMixin, CompactReprMixin, Pret
         if self.uses_etr and self.etr_mask_includes_current_sentence:
             leaky.append("etr_mask_includes_current_sentence")
         return leaky
+
+
+__all__ = ["ENCODER_ACTIVATIONS", "ETR_EMBEDDINGS", "ETR_SELECTIONS", "ETR_WEIGHTINGS", "NCLMConfig", "SDT_MODES",
+           "VARIANTS"]

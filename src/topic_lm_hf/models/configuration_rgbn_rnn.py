@@ -193,3 +193,7 @@ class RGBNRNNConfig(TopicConfigMixin, ClassifierConfigMixin, CompactReprMixin, P
     def topic_layer_of_lstm(self, layer: int) -> int:
         """The topic layer (0-based) that gates LSTM layer ``layer`` (0-based)."""
         return layer if self.coupling == "same" else self.num_layers - 1 - layer
+
+
+__all__ = ["COUPLINGS", "EVAL_THETAS", "GATES", "LOSS_PRESETS", "RGBNRNNConfig", "THETA_NORMALIZATIONS",
+           "TOPIC_LEARNINGS"]

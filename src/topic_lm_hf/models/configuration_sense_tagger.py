@@ -114,3 +114,6 @@ class SenseTaggerConfig(CompactReprMixin, PretrainedConfig):
     @property
     def uses_topics(self) -> bool:
         return self.topic_representation_size > 0
+
+
+__all__ = ["INPUT_FEATURES", "OUTPUT_MODES", "SenseTaggerConfig", "TRAINING_OBJECTIVES"]

@@ -149,3 +149,6 @@ class TCNLMConfig(TopicConfigMixin, ClassifierConfigMixin, CompactReprMixin, Pre
         kwargs = self._pop_classifier_settings(kwargs)
         super().__init__(pad_token_id=pad_token_id, bos_token_id=bos_token_id, eos_token_id=eos_token_id,
                          unk_token_id=unk_token_id, **kwargs)
+
+
+__all__ = ["LM_TOPIC_INPUTS", "LM_TYPES", "TCNLMConfig", "TOPIC_LOSS_NORMALIZATIONS", "TOPIC_OUTPUT_BIASES"]

@@ -188,3 +188,6 @@ class TopicRNNConfig(TopicConfigMixin, ClassifierConfigMixin, CompactReprMixin, 
             raise ValueError("topic_word_ids maps two topic words to the same LM id")
         if not real:
             raise ValueError("topic_word_ids has no topic word: every target would be a stop word")
+
+
+__all__ = ["CELLS", "TopicRNNConfig"]

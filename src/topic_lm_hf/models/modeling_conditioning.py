@@ -314,3 +314,9 @@ def topic_vocabulary(model, topic_tokenizer=None) -> list[str]:
     for word, index in vocab.items():
         words[index] = word
     return words
+
+
+__all__ = ["TOPIC_LOGIT_INIT_STD", "TOPIC_TOKENIZER_SUBFOLDER", "angular_diversity", "broadcast_rows",
+           "check_at_most_one", "check_counts", "check_topic_layer", "given_keywords", "lm_to_topic_index",
+           "load_topic_tokenizer", "normalize_topic_ids", "normalize_topic_kwargs", "topic_ids_to_mixture",
+           "topic_scores_to_vocab", "topic_vocabulary", "topic_word_mask"]

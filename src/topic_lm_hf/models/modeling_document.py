@@ -243,3 +243,7 @@ class DocumentClassifierMixin(DocumentRepresentationDelegate):
         out = SequenceClassifierOutput(loss=loss, logits=logits,
                                        hidden_states=(features,) if output_hidden_states else None)
         return out if return_dict is not False else out.to_tuple()
+
+
+__all__ = ["DocumentClassificationHead", "DocumentClassifierMixin", "DocumentRepresentationDelegate",
+           "DocumentRepresentationMixin"]

@@ -729,3 +729,4 @@ class NCLMForSequenceClassification(DocumentClassifierMixin, NCLMPreTrainedModel
         self._init_classifier(NCLMModel(config))
 
 
+__all__ = ["NCLMForCausalLM", "NCLMForSequenceClassification", "NCLMModel", "NCLMOutput", "NCLMPreTrainedModel"]

@@ -908,3 +908,10 @@ def select_state_rows(state: Optional[Sequence[torch.Tensor]], rows: int):
     if state is None:
         return None
     return tuple(s[:rows] for s in state)
+
+
+__all__ = ["RecurrentBodyMixin", "RecurrentModelOutput", "RecurrentPreTrainedModel", "TopicLMOutput",
+           "WordStopStringCriteria", "carried_sequence_lengths", "causal_lm_loss", "check_call", "check_prompt",
+           "compiled_linear_cross_entropy", "detach_or_none", "document_layout", "effective_weight", "embed_checked",
+           "last_columns", "last_token_positions", "leaky_modes_of", "next_token_loss", "read_on_host", "reorder_state",
+           "run_rnn", "run_rnn_layers", "run_token_rnn", "select_state_rows", "state_from_aliases"]

@@ -1155,3 +1155,6 @@ def format_topic_tree(tree: list[dict], indent: str = "  ") -> str:
         walk(root, 0)
     return "\n".join(lines)
 
+
+__all__ = ["RGBNRNNForCausalLM", "RGBNRNNForSequenceClassification", "RGBNRNNModel", "RGBNRNNOutput",
+           "RGBNRNNPreTrainedModel", "format_topic_tree"]

@@ -425,3 +425,8 @@ def tlasgr_update(matrix: torch.Tensor, stats: torch.Tensor, fisher: torch.Tenso
     new = new - (new.sum(0) - 1) * phi
     new = new.clamp_min(_SIMPLEX_MIN)
     return new / new.sum(0), fisher
+
+
+__all__ = ["ALPHA_MIN", "AugmentedCounts", "CRT_EXACT_LIMIT", "EULER_GAMMA", "LAMBDA_MIN", "RATE_MIN", "WALK_GRID",
+           "augment_counts", "backward_walk", "kl_weibull_gamma", "multinomial_split", "poisson_nll", "sample_crt",
+           "tlasgr_update", "weibull_mean", "weibull_sample"]

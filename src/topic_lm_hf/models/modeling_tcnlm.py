@@ -693,3 +693,5 @@ class TCNLMForSequenceClassification(DocumentClassifierMixin, TCNLMPreTrainedMod
         self._init_classifier(TCNLMModel(config))
 
 
+__all__ = ["TCNLMForCausalLM", "TCNLMForSequenceClassification", "TCNLMLSTMLayer", "TCNLMModel", "TCNLMModelOutput",
+           "TCNLMPreTrainedModel"]
