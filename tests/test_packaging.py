@@ -123,3 +123,89 @@ def test_a_built_wheel_holds_the_stop_list_and_the_corpus(tmp_path):
     names = set(zipfile.ZipFile(wheel).namelist())
     missing = [f for f in _package_data_files() if f"topic_lm_hf/{f}" not in names]
     assert missing == [], f"not in {wheel.name}: {missing}"
+
+
+# ----------------------------------------------------------------------------------------------
+# remote code: the files an exported folder holds beside the weights, read without the checkout
+# ----------------------------------------------------------------------------------------------
+
+MODELS = ROOT / "src" / "topic_lm_hf" / "models"
+# What a shipped file may not point to: the checkout's notes, scripts, tests, results and README sections.
+CHECKOUT_REFERENCE = re.compile(r"docs/|hf-notes|scripts/|tests/|results/|hub_configs|modeling_cards|README"
+                                r"|[\w./-]+\.md\b|topic_lm_hf\.models\.(?:modeling|configuration)_")
+
+
+def _remote_code_files() -> list[Path]:
+    """The code files ``save_pretrained`` copies beside the weights, for every family: each configuration and
+    modeling file with the files it imports (as transformers' ``custom_object_save`` collects them)."""
+    from transformers.dynamic_module_utils import get_relative_import_files
+
+    shipped = set()
+    for path in MODELS.glob("*.py"):
+        if path.name.startswith(("configuration_", "modeling_")):
+            shipped |= {path.name} | {Path(f).name for f in get_relative_import_files(str(path))}
+    return sorted(MODELS / name for name in shipped)
+
+
+def _public_names(module_name: str) -> list[str]:
+    import importlib
+
+    return list(getattr(importlib.import_module(module_name), "__all__", []))
+
+
+def test_the_remote_code_names_nothing_an_exported_folder_lacks():
+    """A shipped file refers to no note, script, test or README of the checkout, to sibling files by their own
+    names (which ship too), and to the package only by a public name (``topic_lm_hf...`` listed in ``__all__``)."""
+    import importlib
+
+    files = _remote_code_files()
+    assert {p.name for p in files} == {p.name for p in MODELS.glob("*.py")} - {"__init__.py"}
+    for path in files:
+        text = path.read_text()
+        for number, line in enumerate(text.splitlines(), 1):
+            assert not CHECKOUT_REFERENCE.search(line), f"{path.name}:{number} points outside an exported folder: {line}"
+        for name in re.findall(r"(?<![\w.])(?:~?\.)?((?:modeling|configuration)_\w+)", text):
+            assert (MODELS / f"{name}.py").is_file(), f"{path.name} names {name}, which is not a file that ships"
+        for reference in set(re.findall(r"topic_lm_hf(?:\.\w+)+", text)):
+            parts = reference.split(".")
+            try:
+                importlib.import_module(reference)
+                module, attribute = reference, None
+            except ModuleNotFoundError:
+                module, attribute = ".".join(parts[:-1]), parts[-1]
+            public = _public_names(module)
+            assert public and (attribute is None or attribute in public), \
+                f"{path.name} refers to {reference}, which is not a public name of the package"
+
+
+def test_every_remote_code_file_declares_its_public_names():
+    """Each configuration and modeling file has an ``__all__`` of names it defines, and lists every name that
+    another module of the package imports from it."""
+    import ast
+    import importlib
+
+    declared = {}
+    for path in sorted(MODELS.glob("*.py")):
+        if path.name.startswith(("configuration_", "modeling_")):
+            module = importlib.import_module(f"topic_lm_hf.models.{path.stem}")
+            assert hasattr(module, "__all__"), f"{path.name} has no __all__"
+            undefined = [n for n in module.__all__ if not hasattr(module, n)]
+            assert undefined == [], f"{path.name}: __all__ lists {undefined}, which it does not define"
+            declared[path.stem] = set(module.__all__)
+    for path in (ROOT / "src" / "topic_lm_hf").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[-1] in declared:
+                source = node.module.split(".")[-1]
+                unlisted = [a.name for a in node.names if a.name not in declared[source]]
+                assert unlisted == [], f"{path.relative_to(ROOT)} imports {unlisted} not in {source}.__all__"
+
+
+def test_no_private_name_is_imported_across_modules():
+    """A name with a leading underscore stays in its module: what another module imports is public."""
+    import ast
+
+    for path in (ROOT / "src" / "topic_lm_hf").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("topic_lm_hf")):
+                private = [alias.name for alias in node.names if alias.name.startswith("_")]
+                assert private == [], f"{path.relative_to(ROOT)}:{node.lineno} imports private {private}"

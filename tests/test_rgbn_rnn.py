@@ -12,10 +12,10 @@ from transformers import AutoModelForCausalLM, TrainerCallback, TrainingArgument
 
 from topic_lm_hf import (RGBNRNNConfig, RGBNRNNForCausalLM, RGBNRNNModel, TopicContextCollator, TopicLMTrainer,
                          evaluate_perplexity)
-from topic_lm_hf.models.modeling_rgbn_rnn import (EULER_GAMMA, augment_counts, format_topic_tree, kl_weibull_gamma,
-                                                  multinomial_split, sample_crt, tlasgr_update, weibull_mean,
-                                                  weibull_sample)
-from topic_lm_hf.models.modeling_rgbn_sampler import backward_walk, poisson_nll
+from topic_lm_hf.models.modeling_rgbn_rnn import format_topic_tree
+from topic_lm_hf.models.modeling_rgbn_sampler import (EULER_GAMMA, augment_counts, backward_walk, kl_weibull_gamma,
+                                                      multinomial_split, poisson_nll, sample_crt, tlasgr_update,
+                                                      weibull_mean, weibull_sample)
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")

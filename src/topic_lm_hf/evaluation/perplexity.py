@@ -40,7 +40,7 @@ from ..models.modeling_recurrent import leaky_modes_of
 PROTOCOLS = {name: PROTOCOL_BATCHES[name] for name in ("paper", "causal", "causal-carry")}
 
 
-def _chunk_nll(model, input_ids, attention_mask, context_bow, state, use_cache, sentence_prefix_bow=None):
+def chunk_nll(model, input_ids, attention_mask, context_bow, state, use_cache, sentence_prefix_bow=None):
     """NLL sum and count of one batch of chunks: inputs are chunk[:-1], targets chunk[1:]."""
     inputs, targets = input_ids[:, :-1], input_ids[:, 1:]
     target_mask = attention_mask[:, 1:].bool()  # right padding: a real target has a real input
@@ -202,7 +202,7 @@ def evaluate_perplexity(model, documents: datasets.Dataset | Sequence, protocol:
         nonlocal total_nll, total_tokens
         bow = chunks["context_bow"].to(device) if uses_context else None
         prefix = chunks["sentence_prefix_bow"].to(device) if sentence_prefix else None
-        nll, n, state = _chunk_nll(model, chunks["input_ids"].to(device), chunks["attention_mask"].to(device), bow,
+        nll, n, state = chunk_nll(model, chunks["input_ids"].to(device), chunks["attention_mask"].to(device), bow,
                                    state, use_cache=use_cache, sentence_prefix_bow=prefix)
         total_nll += nll
         total_tokens += n

@@ -30,7 +30,7 @@ import torch
 from ..carried_state import run_carried_chunks
 from ..collator import TopicContextCollator
 from ..models.modeling_recurrent import leaky_modes_of
-from .perplexity import _chunk_nll, prepare_evaluation
+from .perplexity import chunk_nll, prepare_evaluation
 
 PROTOCOL = "topicrnn-sliding-window"
 
@@ -82,7 +82,7 @@ def evaluate_perplexity_sliding_window(model, documents: datasets.Dataset | Sequ
             topic_ids = [lm_to_topic[np.asarray(history[i][-window:], dtype=np.int64)] for i in range(len(ids))]
             bow = collator.bag_of_words([t[t >= 0] for t in topic_ids]).to(device)
         prefix = chunk["sentence_prefix_bow"].to(device) if sentence_prefix else None
-        nll, n, state = _chunk_nll(model, ids.to(device), mask.to(device), bow, state, use_cache=carry_state,
+        nll, n, state = chunk_nll(model, ids.to(device), mask.to(device), bow, state, use_cache=carry_state,
                                    sentence_prefix_bow=prefix)
         total_nll += nll
         total_tokens += n

@@ -48,7 +48,7 @@ import torch
 from ..collator import make_bow
 from ..data import check_vocabularies, vocabulary_hash
 from ..models.modeling_topic_family import TopicFamilyForCausalLM
-from .perplexity import _chunk_nll, model_vocabularies
+from .perplexity import chunk_nll, model_vocabularies
 
 
 # ----------------------------------------------------------------------------------------------
@@ -297,7 +297,7 @@ def _fluency_nll(fluency_model, token_ids: list[list[int]], bos_id: int, pad_id:
         for i, s in enumerate(batch):
             input_ids[i, :len(s)] = torch.tensor(s)
             mask[i, :len(s)] = 1
-        nll, n, _ = _chunk_nll(fluency_model, input_ids.to(device), mask.to(device), None, None, use_cache=False)
+        nll, n, _ = chunk_nll(fluency_model, input_ids.to(device), mask.to(device), None, None, use_cache=False)
         total, count = total + nll, count + n
     return total, count
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 import numbers
 from typing import Optional
 
-# Outputs that Trainer must not gather into eval predictions (hf-notes §4); a family adds its own extra outputs.
+# Outputs that Trainer must not gather into eval predictions (it concatenates every output but ``loss`` and these
+# into them); a family adds its own extra outputs.
 KEYS_TO_IGNORE_AT_INFERENCE = ("state", "hidden_states", "lm_loss", "kl_loss", "bow_loss", "aux_loss",
                                "topic_mixture")
 
@@ -53,7 +54,8 @@ def config_kwargs_from_tokenizers(tokenizer, topic_tokenizer, **kwargs) -> dict:
 
 def check_topic_output_prior(topic_output_bias, topic_prior_weight_init, allowed=(None, "beta")):
     """``(topic_output_bias, float(topic_prior_weight_init))`` checked: the value must be one of ``allowed``
-    (``"beta"`` is the shared topic output prior, :class:`~topic_lm_hf.models.modeling_topic_family.TopicWordPriorMixin`;
+    (``"beta"`` is the shared topic output prior, ``TopicWordPriorMixin`` of
+    ``modeling_topic_family.py``;
     a config saved with ``False`` reads as ``None``), and lambda's initial value a finite number."""
     if topic_output_bias is False:  # configs saved when this was a flag
         topic_output_bias = None
@@ -167,3 +169,8 @@ class ClassifierConfigMixin:
         for name, value in values.items():
             setattr(self, name, value)
         return kwargs
+
+
+__all__ = ["CLASSIFIER_ACTIVATIONS", "CLASSIFIER_DEFAULTS", "CLASSIFIER_HEADS", "ClassifierConfigMixin",
+           "CompactReprMixin", "KEYS_TO_IGNORE_AT_INFERENCE", "TopicConfigMixin", "check_integers",
+           "check_topic_output_prior", "config_kwargs_from_tokenizers", "topic_word_ids_from_tokenizers"]

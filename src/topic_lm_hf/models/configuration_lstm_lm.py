@@ -19,7 +19,7 @@ class LSTMLMConfig(ClassifierConfigMixin, CompactReprMixin, PretrainedConfig):
             linear projection H -> E is inserted before the softmax.
         initializer_range: weights are initialised uniformly in [-r, r].
         classifier_*, freeze_backbone: the head of the ``*ForSequenceClassification`` model
-            (:class:`~topic_lm_hf.models.configuration_common.ClassifierConfigMixin`: an MLP on [o_N; c] by
+            (:class:`~.configuration_common.ClassifierConfigMixin`: an MLP on [o_N; c] by
             default, ``classifier_head="cnn"`` for the NCLM paper's CNN over [o_m; c]).
 
     Example:
@@ -48,3 +48,6 @@ class LSTMLMConfig(ClassifierConfigMixin, CompactReprMixin, PretrainedConfig):
         kwargs = self._pop_classifier_settings(kwargs)
         super().__init__(pad_token_id=pad_token_id, bos_token_id=bos_token_id, eos_token_id=eos_token_id,
                          unk_token_id=unk_token_id, **kwargs)
+
+
+__all__ = ["LSTMLMConfig"]

@@ -16,7 +16,7 @@ ENCODER_ACTIVATIONS = ("sigmoid", "relu", "tanh")
 class NCLMConfig(TopicConfigMixin, ClassifierConfigMixin, CompactReprMixin, PretrainedConfig):
     r"""Configuration of :class:`NCLMModel` and :class:`NCLMForCausalLM`.
 
-    The defaults are the paper's and its official code's (``../shared/docs/nclm.md`` §1): an NVDM
+    The defaults are the paper's and its official code's (``YatinChaudhary/NCLM`` on GitHub): an NVDM
     with a Gaussian-softmax output, 150 topics, a 256-unit sigmoid encoder and 10 samples; the
     small LM (one LSTM layer of 600 units, 300-d embeddings, dropout 0.4); alpha = 0.01 (APNEWS);
     ETR from the top 20 words of each topic. Options marked *replicates the official code* or
@@ -73,14 +73,14 @@ class NCLMConfig(TopicConfigMixin, ClassifierConfigMixin, CompactReprMixin, Pret
             against the NVDM's redundant topics (the same topic learnt several times). Not in the NCLM paper;
             0 = the paper.
         topic_output_bias, topic_prior_weight_init: ``"beta"`` adds the shared topic output prior
-            (:class:`~topic_lm_hf.models.modeling_topic_family.TopicWordPriorMixin`, not in the paper):
+            (:class:`~.modeling_topic_family.TopicWordPriorMixin`, not in the paper):
             lambda * log(V_c p(w | h)) at every topic word, p(w | h) = softmax(W h + b) the NVDM decoder at the
             document's proportions h, lambda learned from ``topic_prior_weight_init``. Needs h: the ``"lta"``
             and ``"leta"`` variants. ``None``: the paper.
         initializer_range: scale r of the uniform initialisation U(-r, r) of the LM.
         tie_word_embeddings: share the input embeddings and the output matrix (needs E == H).
         classifier_*, freeze_backbone: the head of the ``*ForSequenceClassification`` model
-            (:class:`~topic_lm_hf.models.configuration_common.ClassifierConfigMixin`: an MLP on [o_N; c] by
+            (:class:`~.configuration_common.ClassifierConfigMixin`: an MLP on [o_N; c] by
             default, ``classifier_head="cnn"`` for the NCLM paper's CNN over [o_m; c]).
 
     Example:
@@ -205,3 +205,7 @@ class NCLMConfig(TopicConfigMixin, ClassifierConfigMixin, CompactReprMixin, Pret
         if self.uses_etr and self.etr_mask_includes_current_sentence:
             leaky.append("etr_mask_includes_current_sentence")
         return leaky
+
+
+__all__ = ["ENCODER_ACTIVATIONS", "ETR_EMBEDDINGS", "ETR_SELECTIONS", "ETR_WEIGHTINGS", "NCLMConfig", "SDT_MODES",
+           "VARIANTS"]

@@ -21,8 +21,8 @@ EVAL_THETAS = ("mean", "sample")
 class RGBNRNNConfig(TopicConfigMixin, ClassifierConfigMixin, CompactReprMixin, PretrainedConfig):
     r"""Configuration of :class:`RGBNRNNModel` and :class:`RGBNRNNForCausalLM`.
 
-    ``../shared/docs/rgbn.md`` is the implementation note this follows (paper = the ICLR text, "code" =
-    ``BoChenGroup/rGBN_RNN``). Defaults are the paper's; options marked *official code* replicate the
+    Paper = the ICLR text of Guo et al. 2020 (https://arxiv.org/abs/1912.10337), "code" = the official TensorFlow
+    code (``BoChenGroup/rGBN_RNN`` on GitHub). Defaults are the paper's; options marked *official code* replicate the
     trained TensorFlow model.
 
     Args:
@@ -63,13 +63,13 @@ class RGBNRNNConfig(TopicConfigMixin, ClassifierConfigMixin, CompactReprMixin, P
             than every chunk from a zero state (False: the paper). Chunk batches carry it with ``state`` either way.
         initializer_range: r of the uniform initialisation U(-r, r) of the LM and gate weights (0.05, the code's).
         topic_output_bias, topic_prior_weight_init: ``"beta"`` adds the shared topic output prior
-            (:class:`~topic_lm_hf.models.modeling_topic_family.TopicWordPriorMixin`, not in the paper):
+            (:class:`~.modeling_topic_family.TopicWordPriorMixin`, not in the paper):
             lambda * log(V_c p(w | theta^1)) at every topic word, p(w | theta^1) = Phi^1 theta^1 normalised (the
             first layer's Poisson rate of the sentence's words as a distribution), lambda learned from
             ``topic_prior_weight_init``. ``None``: the paper.
         tie_word_embeddings: not supported (the output layer reads sum_l H_l features).
         classifier_*, freeze_backbone: the head of :class:`RGBNRNNForSequenceClassification`
-            (:class:`~topic_lm_hf.models.configuration_common.ClassifierConfigMixin`).
+            (:class:`~.configuration_common.ClassifierConfigMixin`).
 
     Example:
         >>> config = RGBNRNNConfig(vocab_size=1000, topic_vocab_size=300, topic_sizes=[10, 6],
@@ -193,3 +193,7 @@ class RGBNRNNConfig(TopicConfigMixin, ClassifierConfigMixin, CompactReprMixin, P
     def topic_layer_of_lstm(self, layer: int) -> int:
         """The topic layer (0-based) that gates LSTM layer ``layer`` (0-based)."""
         return layer if self.coupling == "same" else self.num_layers - 1 - layer
+
+
+__all__ = ["COUPLINGS", "EVAL_THETAS", "GATES", "LOSS_PRESETS", "RGBNRNNConfig", "THETA_NORMALIZATIONS",
+           "TOPIC_LEARNINGS"]

@@ -12,7 +12,7 @@ INPUT_FEATURES = ("lemma", "form")
 class SenseTaggerConfig(CompactReprMixin, PretrainedConfig):
     r"""Configuration of :class:`SenseTaggerForTokenClassification`.
 
-    The defaults follow the NCLM paper's WSD setup (``../shared/docs/nclm.md`` §5): one BiLSTM layer of
+    The defaults follow the NCLM paper's WSD setup (Chaudhary et al., ICML 2020, §4.5): one BiLSTM layer of
     100 units per direction over the whole sentence (the word itself included), the document topic
     representation c composed at its output as in NCLM's eq. 6, ô = sigmoid([o; c] W_p + b_p), and a
     softmax over every sense key seen in training.
@@ -114,3 +114,6 @@ class SenseTaggerConfig(CompactReprMixin, PretrainedConfig):
     @property
     def uses_topics(self) -> bool:
         return self.topic_representation_size > 0
+
+
+__all__ = ["INPUT_FEATURES", "OUTPUT_MODES", "SenseTaggerConfig", "TRAINING_OBJECTIVES"]

@@ -15,9 +15,8 @@ class TCNLMConfig(TopicConfigMixin, ClassifierConfigMixin, CompactReprMixin, Pre
     r"""Configuration of :class:`TCNLMModel` and :class:`TCNLMForCausalLM`.
 
     The paper's settings (section 5): a 2-layer 256-unit ReLU encoder, lambda = 0.1, dropout 0.4,
-    50 / 100 / 150 topics; small LM = 1 layer of 600 units, large LM = 2 layers of 900 units
-    (``hub_configs/tcnlm-apnews-{small,large}.json``). The paper does not give the embedding size
-    nor the number of factors n_f; we use E = 300 (Lau et al. 2017) and n_f = H.
+    50 / 100 / 150 topics; small LM = 1 layer of 600 units, large LM = 2 layers of 900 units. The paper
+    does not give the embedding size nor the number of factors n_f; we use E = 300 (Lau et al. 2017) and n_f = H.
 
     Args:
         vocab_size: LM vocabulary size V (special tokens included).
@@ -48,7 +47,7 @@ class TCNLMConfig(TopicConfigMixin, ClassifierConfigMixin, CompactReprMixin, Pre
             scaled so that W_a diag(W_b t) W_c starts at the same scale as a plain LSTM's weights.
         topic_factor_spread: W_b and U_b (the topic factors) start as U(1 - s, 1 + s); ``None`` uses
             ``initializer_range``. With a small s, W_b t is close to 1 for every t, so every topic
-            starts as the same LSTM (see ``scripts/benchmark_steering.py`` for what s does).
+            starts as the same LSTM, and the topics' LSTMs differ only as training moves W_b and U_b apart.
         lm_topic_input: what the LM is conditioned on in training: ``"mixture"``, the proportions t
             (the paper), or ``"gumbel"``, a one-hot topic drawn from t with the straight-through
             Gumbel-softmax (forward: one-hot; gradient: that of the soft sample), so that training sees
@@ -66,7 +65,7 @@ class TCNLMConfig(TopicConfigMixin, ClassifierConfigMixin, CompactReprMixin, Pre
         topic_word_ids: the LM id of every topic-vocabulary entry (-1 for the topic ``<unk>``), as in
             :class:`TopicRNNConfig`; set by :meth:`from_tokenizers` (needed by ``topic_output_bias="beta"``).
         classifier_*, freeze_backbone: the head of the ``*ForSequenceClassification`` model
-            (:class:`~topic_lm_hf.models.configuration_common.ClassifierConfigMixin`: an MLP on [o_N; c] by
+            (:class:`~.configuration_common.ClassifierConfigMixin`: an MLP on [o_N; c] by
             default, ``classifier_head="cnn"`` for the NCLM paper's CNN over [o_m; c]).
 
     Example:
@@ -150,3 +149,6 @@ class TCNLMConfig(TopicConfigMixin, ClassifierConfigMixin, CompactReprMixin, Pre
         kwargs = self._pop_classifier_settings(kwargs)
         super().__init__(pad_token_id=pad_token_id, bos_token_id=bos_token_id, eos_token_id=eos_token_id,
                          unk_token_id=unk_token_id, **kwargs)
+
+
+__all__ = ["LM_TOPIC_INPUTS", "LM_TYPES", "TCNLMConfig", "TOPIC_LOSS_NORMALIZATIONS", "TOPIC_OUTPUT_BIASES"]

@@ -39,7 +39,7 @@ class TopicRNNConfig(TopicConfigMixin, ClassifierConfigMixin, CompactReprMixin, 
             topic output prior) is then LDA's mixture p(w | theta) = sum_k theta_k softmax(B[:, k]) over the
             topic words, TCNLM's topic model: column k of B is topic k's word distribution (in log space), and
             the LM's topic bias B theta moves the logits towards the same words. It makes the columns of B read
-            as topics and steer (see the README).
+            as topics, and ``topic_ids=[k]`` steers generation towards topic k's words.
         inference_hidden_size: units of each hidden layer of the inference network (200 in the
             paper's PTB experiments, 500 for IMDB).
         inference_num_layers: hidden layers of the inference network (2 in the paper).
@@ -61,7 +61,7 @@ class TopicRNNConfig(TopicConfigMixin, ClassifierConfigMixin, CompactReprMixin, 
             collapse. 0 = the paper. :meth:`TopicRNNForCausalLM.topic_model_loss` is this term plus the KL, per
             context word, the objective of :func:`~topic_lm_hf.pretrain_topic_model`.
         topic_output_bias, topic_prior_weight_init: ``"beta"`` adds the shared topic output prior
-            (:class:`~topic_lm_hf.models.modeling_topic_family.TopicWordPriorMixin`, not in the paper):
+            (:class:`~.modeling_topic_family.TopicWordPriorMixin`, not in the paper):
             lambda * log(V_c p(w | theta)) at every topic word, p(w | theta) = softmax(B theta) over the topic
             words, lambda learned from ``topic_prior_weight_init``. ``"mixture"``: the topic distribution mixed
             into the output in place of the paper's b_i^T theta, (1 - g_t) softmax(V h_t + c) + g_t p(w | theta)
@@ -77,7 +77,7 @@ class TopicRNNConfig(TopicConfigMixin, ClassifierConfigMixin, CompactReprMixin, 
         feature_log_sigma: the document topic representation (``document_topic_representation``, the
             classifier's c) is [mean; log sigma] of q(theta) rather than the mean alone.
         classifier_*, freeze_backbone: :class:`TopicRNNForSequenceClassification`'s head
-            (:class:`~topic_lm_hf.models.configuration_common.ClassifierConfigMixin`); the defaults are the
+            (:class:`~.configuration_common.ClassifierConfigMixin`); the defaults are the
             paper's MLP with 50 sigmoid units (after Le & Mikolov 2014) on frozen features.
         initializer_range: weights are initialised uniformly in [-r, r].
         steering_scale: what ``topic_ids`` mean for the paper's real-valued theta (``theta_transform=None``):
@@ -188,3 +188,6 @@ class TopicRNNConfig(TopicConfigMixin, ClassifierConfigMixin, CompactReprMixin, 
             raise ValueError("topic_word_ids maps two topic words to the same LM id")
         if not real:
             raise ValueError("topic_word_ids has no topic word: every target would be a stop word")
+
+
+__all__ = ["CELLS", "TopicRNNConfig"]

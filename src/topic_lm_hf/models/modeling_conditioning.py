@@ -29,7 +29,7 @@ TOPIC_LOGIT_INIT_STD = 1.5
 # ----------------------------------------------------------------------------------------------
 
 
-def _broadcast_rows(x: torch.Tensor, batch_size: Optional[int], name: str) -> torch.Tensor:
+def broadcast_rows(x: torch.Tensor, batch_size: Optional[int], name: str) -> torch.Tensor:
     if batch_size is None or x.shape[0] == batch_size:
         return x
     if x.shape[0] == 1:
@@ -123,7 +123,7 @@ def normalize_topic_ids(topic_ids, num_topics: int, batch_size: Optional[int] = 
                          f"(the model has {num_topics} topics)")
     if bool(((rows >= 0).sum(1) == 0).any()):
         raise ValueError("topic_ids has a row without any topic id")
-    return _broadcast_rows(rows, batch_size, "topic_ids")
+    return broadcast_rows(rows, batch_size, "topic_ids")
 
 
 def topic_ids_to_mixture(topic_ids: torch.Tensor, num_topics: int) -> torch.Tensor:
@@ -254,7 +254,7 @@ def normalize_topic_kwargs(num_topics: int, topic_vocab_size: int, batch_size: O
             sums = mix.sum(-1)
             if not torch.allclose(sums, torch.ones_like(sums), atol=1e-3):
                 raise ValueError(f"each topic_mixture row must sum to 1, got sums {sums.tolist()}")
-        return TopicConditioning("topic_mixture", _broadcast_rows(mix, batch_size, "topic_mixture"))
+        return TopicConditioning("topic_mixture", broadcast_rows(mix, batch_size, "topic_mixture"))
     if context_bow is not None:
         return TopicConditioning("context_bow", bags_of_words(context_bow, topic_vocab_size, batch_size))
     return TopicConditioning()
@@ -271,7 +271,7 @@ def bags_of_words(context_bow, topic_vocab_size: int, batch_size: Optional[int] 
         raise ValueError(f"context_bow must have {topic_vocab_size} columns (the topic vocabulary), "
                          f"got {bow.shape[-1]}: mismatched vocabularies?")
     check_counts(bow)
-    return _broadcast_rows(bow, batch_size, "context_bow")
+    return broadcast_rows(bow, batch_size, "context_bow")
 
 
 def lm_to_topic_index(module: nn.Module, config, device, validate=None) -> torch.Tensor:
@@ -376,3 +376,10 @@ def topic_vocabulary(model, topic_tokenizer=None) -> list[str]:
     for word, index in vocab.items():
         words[index] = word
     return words
+
+
+__all__ = ["TOPIC_LOGIT_INIT_STD", "TOPIC_TOKENIZER_SUBFOLDER", "TopicConditioning", "angular_diversity",
+           "bags_of_words", "broadcast_rows", "check_at_most_one", "check_counts", "check_resolved",
+           "check_topic_layer", "lm_to_topic_index", "load_topic_tokenizer", "normalize_topic_ids",
+           "normalize_topic_kwargs", "topic_ids_to_mixture", "topic_scores_to_vocab", "topic_vocabulary",
+           "topic_word_mask"]

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .modeling_conditioning import _broadcast_rows
+from .modeling_conditioning import broadcast_rows
 
 
 class DocumentRepresentationMixin:
@@ -69,7 +69,7 @@ class DocumentRepresentationMixin:
         if context_bow is None and topic_vocab_size:
             context_bow = torch.zeros(b, topic_vocab_size, device=device)
         if context_bow is not None and topic_vocab_size:
-            context_bow = _broadcast_rows(torch.as_tensor(context_bow, device=device), b, "context_bow")
+            context_bow = broadcast_rows(torch.as_tensor(context_bow, device=device), b, "context_bow")
         states, last = self._document_token_states(input_ids, attention_mask, context_bow)
         c = (self.document_topic_representation(context_bow) if self.document_topic_size
              else last.new_zeros(b, 0)).to(device, last.dtype)
@@ -243,3 +243,7 @@ class DocumentClassifierMixin(DocumentRepresentationDelegate):
         out = SequenceClassifierOutput(loss=loss, logits=logits,
                                        hidden_states=(features,) if output_hidden_states else None)
         return out if return_dict is not False else out.to_tuple()
+
+
+__all__ = ["DocumentClassificationHead", "DocumentClassifierMixin", "DocumentRepresentationDelegate",
+           "DocumentRepresentationMixin"]

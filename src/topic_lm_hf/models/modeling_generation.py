@@ -165,15 +165,15 @@ class TopicGenerationMixin:
 
     * ``generate`` validates the raw conditioning (:meth:`prepare_generation_conditioning`, the model's
       ``resolve_conditioning``) and makes it batch-first tensors *before* transformers expands the batch for beams
-      and ``num_return_sequences`` (a 1-D tensor would otherwise be repeat-interleaved, hf-notes §2); the first
-      forward gets them as one trusted ``topic_conditioning`` (:class:`TopicConditioning`) and does not validate them
-      again. Without a prompt,
-      one ``<bos>`` row is generated per conditioning row.
+      and ``num_return_sequences`` (it repeat-interleaves dim 0 of every tensor keyword: a 1-D ``[3, 7]`` would
+      become ``[3, 3, 7, 7]``); the first forward gets them as one trusted ``topic_conditioning``
+      (:class:`TopicConditioning`) and does not validate them again. Without a prompt, one ``<bos>`` row is
+      generated per conditioning row.
     * The first forward resolves it into the model's topic representation and returns it (the outputs named
       by ``_cached_conditioning``); :meth:`_update_model_kwargs_for_generation` keeps that representation
       with the recurrent state in one :class:`TopicLMCache`, and every later step reads it from there as the
       trusted ``forward`` keywords of the same names: the document is encoded and the conditioning
-      checked once, not at every token (hf-notes §1.5).
+      checked once, not at every token.
     """
 
     # The outputs of the first forward that stand for the conditioning at every later step (forward takes them by
@@ -345,4 +345,4 @@ class TopicGenerationMixin:
         return model_kwargs
 
 
-__all__ = ["RAW_CONDITIONING", "TopicGenerationMixin", "TopicGuidanceLogitsProcessor", "TopicLMCache"]
+__all__ = ["NO_TOPICS", "RAW_CONDITIONING", "TopicGenerationMixin", "TopicGuidanceLogitsProcessor", "TopicLMCache"]

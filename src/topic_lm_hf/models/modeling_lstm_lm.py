@@ -105,3 +105,6 @@ class LSTMLMForSequenceClassification(DocumentClassifierMixin, LSTMLMPreTrainedM
     def __init__(self, config: LSTMLMConfig):
         super().__init__(config)
         self._init_classifier(LSTMLMModel(config))
+
+
+__all__ = ["LSTMLMForCausalLM", "LSTMLMForSequenceClassification", "LSTMLMModel", "LSTMLMPreTrainedModel"]

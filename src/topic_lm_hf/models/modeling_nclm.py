@@ -2,7 +2,7 @@
 
 Notation: b batch, s tokens, E embedding size, H hidden size, L layers, V vocabulary, V_c topic
 vocabulary, K topics, H_tm the NVDM encoder's width, D the width of ETR's word vectors, S samples.
-``../shared/docs/nclm.md`` is the detailed note on the paper and its official code this follows.
+It follows the paper and its official TensorFlow code (``YatinChaudhary/NCLM`` on GitHub).
 
 The model (paper §3):
 
@@ -63,7 +63,7 @@ from torch.nn import functional as F
 from transformers import GenerationMixin
 
 from .configuration_nclm import NCLMConfig
-from .modeling_conditioning import (TopicConditioning, _broadcast_rows, angular_diversity, bags_of_words,
+from .modeling_conditioning import (TopicConditioning, angular_diversity, bags_of_words, broadcast_rows,
                                     lm_to_topic_index, topic_ids_to_mixture, topic_vocabulary)
 from .modeling_generation import TopicGenerationMixin
 from .modeling_document import DocumentClassifierMixin, DocumentRepresentationMixin
@@ -554,7 +554,7 @@ class NCLMForCausalLM(TopicFamilyForCausalLM, NCLMPreTrainedModel, TopicGenerati
             topic_conditioning: the topic conditioning already validated (a :class:`TopicConditioning`, what
                 :meth:`resolve_conditioning` returns; ``generate``'s first step gets it), trusted as it is.
             document_tokens: the rows are the chunks of documents whose state is carried from chunk to chunk
-                (:func:`~topic_lm_hf.carried_state.chunk_rows`): the LSTM runs over the documents' sequences in one
+                (one row per real chunk): the LSTM runs over the documents' sequences in one
                 call and each row's o_t is read at ``positions`` of them (no ``state``; not with sentence topics).
 
         Returns:
@@ -680,8 +680,8 @@ class NCLMForCausalLM(TopicFamilyForCausalLM, NCLMPreTrainedModel, TopicGenerati
         if topic_representation.dim() != 2 or topic_representation.shape[-1] != cfg.document_topic_size:
             raise ValueError(f"topic_representation must have shape (b, {cfg.document_topic_size}), got "
                              f"{tuple(topic_representation.shape)}")
-        c_doc = _broadcast_rows(topic_representation.to(device), b, "topic_representation")
-        z_k = None if topic_embeddings is None else _broadcast_rows(topic_embeddings.to(device), b, "topic_embeddings")
+        c_doc = broadcast_rows(topic_representation.to(device), b, "topic_representation")
+        z_k = None if topic_embeddings is None else broadcast_rows(topic_embeddings.to(device), b, "topic_embeddings")
         if cfg.sentence_topics and cfg.uses_etr and z_k is None:
             raise ValueError("topic_embeddings are needed with topic_representation for ETR sentence topics")
         return c_doc, (c_doc[:, -cfg.num_topics:] if cfg.uses_ltr else None), z_k, None
@@ -727,3 +727,4 @@ class NCLMForSequenceClassification(DocumentClassifierMixin, NCLMPreTrainedModel
         self._init_classifier(NCLMModel(config))
 
 
+__all__ = ["NCLMForCausalLM", "NCLMForSequenceClassification", "NCLMModel", "NCLMOutput", "NCLMPreTrainedModel"]

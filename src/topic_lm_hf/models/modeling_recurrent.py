@@ -627,7 +627,8 @@ def _check_loaded_adapters(module, state_dict, *args) -> None:
 
 
 class RecurrentPreTrainedModel(PreTrainedModel):
-    """Flags every recurrent LM of the package needs under transformers 5.x (hf-notes §0)."""
+    """The flags and hooks every recurrent LM of the package needs under transformers 5.x (each says why where it
+    is set)."""
 
     base_model_prefix = "model"
     # The causal LM's topic output prior (its weight, saved at the top of a causal LM's folder): the base model and
@@ -656,7 +657,7 @@ class RecurrentPreTrainedModel(PreTrainedModel):
 
     def compile_output_layer(self, enabled: bool = True) -> bool:
         """Compute the training loss's output layer and cross-entropy as one ``torch.compile``'d function (with
-        bf16 autocast it ran 2.5 times faster than eager on a CPU; see the README's performance section).
+        bf16 autocast it ran 2.5 times faster than eager on a 2-core CPU with AVX512-BF16).
 
         It applies in training mode with ``labels``, where every family computes the output layer only at the
         predicted positions and returns ``logits=None``; evaluation and generation are unchanged. Where
@@ -872,7 +873,7 @@ def carried_sequence_lengths(attention_mask: torch.Tensor, chunk_mask: torch.Ten
 
 def document_layout(attention_mask: torch.Tensor, chunk_mask: torch.Tensor, longest: Optional[int] = None):
     """Where the tokens of a documents batch are in its documents' token sequences: what a recurrence reads when
-    its state is carried from each chunk of a document to the next (``topic_lm_hf.carried_state``).
+    its state is carried from each chunk of a document to the next.
 
     Consecutive chunks share a token (the last input of chunk k is the first of chunk k + 1; a sentence's last chunk
     ends with ``<eos>``, the next sentence's first starts with ``<bos>``), and a carried chunk feeds its tokens but its
@@ -907,3 +908,10 @@ def select_state_rows(state: Optional[Sequence[torch.Tensor]], rows: int):
     if state is None:
         return None
     return tuple(s[:rows] for s in state)
+
+
+__all__ = ["RecurrentBodyMixin", "RecurrentModelOutput", "RecurrentPreTrainedModel", "TopicLMOutput",
+           "WordStopStringCriteria", "carried_sequence_lengths", "causal_lm_loss", "check_call", "check_prompt",
+           "compiled_linear_cross_entropy", "detach_or_none", "document_layout", "effective_weight", "embed_checked",
+           "last_columns", "last_token_positions", "leaky_modes_of", "next_token_loss", "read_on_host", "reorder_state",
+           "run_rnn", "run_rnn_layers", "run_token_rnn", "select_state_rows", "state_from_aliases"]

@@ -2,7 +2,8 @@
 
 Notation: b batch (documents), c chunks of a document, s tokens, J sentence slots of a document, L layers,
 K_l topics of layer l (bottom l = 1), H_l LSTM size of layer l, V vocabulary, V_c topic vocabulary.
-``../shared/docs/rgbn.md`` is the implementation note followed here (equation numbers: the ICLR text).
+Equation numbers are those of the ICLR text (https://arxiv.org/abs/1912.10337); "code" is the official
+TensorFlow code (``BoChenGroup/rGBN_RNN`` on GitHub).
 
 Generative model (eq. 2), tau0 the gamma rate, Gam(shape, rate):
 
@@ -62,18 +63,16 @@ from torch.nn import functional as F
 from transformers import GenerationMixin
 
 from .configuration_rgbn_rnn import RGBNRNNConfig
-from .modeling_conditioning import (TopicConditioning, _broadcast_rows, bags_of_words, check_at_most_one, check_counts,
+from .modeling_conditioning import (TopicConditioning, bags_of_words, broadcast_rows, check_at_most_one, check_counts,
                                     check_resolved, check_topic_layer, normalize_topic_kwargs)
 from .modeling_generation import TopicGenerationMixin
 from .modeling_document import DocumentClassifierMixin, DocumentRepresentationMixin
 from .modeling_recurrent import (RecurrentModelOutput, RecurrentPreTrainedModel, TopicLMOutput,
                                  carried_sequence_lengths, document_layout, embed_checked, last_columns,
                                  last_token_positions, read_on_host, run_rnn, state_from_aliases)
-# the probability machinery (also imported from here by name: kl_weibull_gamma, augment_counts, tlasgr_update, ...)
-from .modeling_rgbn_sampler import (_ALPHA_MIN, _LAMBDA_MIN, _RATE_MIN, CRT_EXACT_LIMIT, EULER_GAMMA,  # noqa: F401
-                                    AugmentedCounts, augment_counts, kl_weibull_gamma, multinomial_split, poisson_nll,
-                                    sample_crt,
-                                    tlasgr_update, weibull_mean, weibull_sample)
+# the probability machinery
+from .modeling_rgbn_sampler import (ALPHA_MIN, LAMBDA_MIN, augment_counts, kl_weibull_gamma, poisson_nll, tlasgr_update,
+                                    weibull_mean, weibull_sample)
 from .modeling_topic_family import LanguageModelPass, LossTerm, TopicFamilyForCausalLM
 
 logger = logging.getLogger(__name__)
@@ -179,7 +178,7 @@ class RGBNRNNEncoder(nn.Module):
                 x = torch.tanh(F.linear(x, cell.weight_ih, cell.bias_ih + cell.bias_hh))
                 last.append(x[:, -1])
             shapes.append(F.softplus(self.shape[l](x)).clamp(self.k_min, self.k_max))
-            scales.append(F.softplus(self.scale[l](x)) + _LAMBDA_MIN)
+            scales.append(F.softplus(self.scale[l](x)) + LAMBDA_MIN)
         return shapes, scales, last
 
     def step(self, bow: torch.Tensor, hidden: Optional[list]):
@@ -236,7 +235,8 @@ def initial_topic_matrices(config: RGBNRNNConfig) -> list[tuple[torch.Tensor, Op
         phi = phi / phi.sum(0)
         pi = None
         if config.recurrent:
-            # Pi: Dir(1) columns, normalised Exp(1) draws (rgbn.md §1: the code's identity is nearly absorbing)
+            # Pi: Dir(1) columns, normalised Exp(1) draws (the code's Pi = I is nearly absorbing: its multinomial
+            # never routes counts to a zero entry)
             pi = -torch.log1p(-torch.rand(K, K, dtype=torch.float64, generator=generator, device="cpu"))
             pi = pi / pi.sum(0)
         matrices.append((phi, pi))
@@ -491,7 +491,7 @@ class RGBNRNNModel(DocumentRepresentationMixin, RGBNRNNPreTrainedModel):
             if l == L - 1:
                 first = ~has_prev if pis is not None else torch.ones_like(has_prev)
                 alpha = torch.where(first.unsqueeze(-1), torch.ones_like(alpha), alpha)
-            alphas.append(alpha.clamp_min(_ALPHA_MIN))
+            alphas.append(alpha.clamp_min(ALPHA_MIN))
         return alphas
 
     def topic_terms(self, tp: _TopicPass):
@@ -555,7 +555,7 @@ class RGBNRNNModel(DocumentRepresentationMixin, RGBNRNNPreTrainedModel):
                              f"sizes {list(self.config.topic_sizes)}), got {tuple(theta.shape)}")
         if not bool(torch.isfinite(theta).all()) or bool((theta < 0).any()):
             raise ValueError("topic_mixture must be finite and non-negative")
-        return _broadcast_rows(theta, batch_size, "topic_mixture")
+        return broadcast_rows(theta, batch_size, "topic_mixture")
 
     def resolve_conditioning(self, batch_size: Optional[int], context_bow=None, topic_mixture=None, topic_ids=None,
                              topic_layer=None, topic_mode: str = "propagate", theta=None) -> TopicConditioning:
@@ -631,7 +631,7 @@ class RGBNRNNModel(DocumentRepresentationMixin, RGBNRNNPreTrainedModel):
                 if pis is not None and prev is not None:
                     shape = shape + prev[l] @ pis[l].T
                 shape = cfg.tau0 * shape
-            shape = shape.clamp_min(_ALPHA_MIN)
+            shape = shape.clamp_min(ALPHA_MIN)
             thetas[l] = torch.distributions.Gamma(shape, cfg.tau0).sample() if sample else shape / cfg.tau0
         return torch.cat(thetas, -1)
 
@@ -1174,3 +1174,6 @@ def format_topic_tree(tree: list[dict], indent: str = "  ") -> str:
         walk(root, 0)
     return "\n".join(lines)
 
+
+__all__ = ["RGBNRNNForCausalLM", "RGBNRNNForSequenceClassification", "RGBNRNNModel", "RGBNRNNOutput",
+           "RGBNRNNPreTrainedModel", "format_topic_tree"]

@@ -18,9 +18,9 @@ from .modeling_recurrent import read_on_host
 
 EULER_GAMMA = 0.5772156649015329
 _EPS_UNIFORM = 1e-6  # Weibull noise in [eps, 1 - eps]
-_LAMBDA_MIN = 1e-6
-_ALPHA_MIN = 1e-10  # gamma prior shapes (a sampled theta can underflow to 0)
-_RATE_MIN = 1e-10  # Poisson rates
+LAMBDA_MIN = 1e-6
+ALPHA_MIN = 1e-10  # gamma prior shapes (a sampled theta can underflow to 0)
+RATE_MIN = 1e-10  # Poisson rates
 _SIMPLEX_MIN = 1e-10  # entries of Phi, Pi after the TLASGR projection
 CRT_EXACT_LIMIT = 2000  # CRT: exact Bernoulli draws up to this many, a Poisson for the rest
 
@@ -45,7 +45,7 @@ def weibull_mean(k: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
 
 
 def kl_weibull_gamma(k: torch.Tensor, lam: torch.Tensor, alpha: torch.Tensor, beta) -> torch.Tensor:
-    """KL(Weibull(k, lambda) || Gamma(alpha, rate beta)), elementwise (rgbn.md §2):
+    """KL(Weibull(k, lambda) || Gamma(alpha, rate beta)), elementwise (closed form, as in WHAI, Zhang et al. 2018):
 
     gamma alpha / k - alpha ln lambda + ln k + beta lambda Gamma(1 + 1/k) - gamma - 1 - alpha ln beta
     + ln Gamma(alpha)."""
@@ -71,7 +71,7 @@ def poisson_nll(counts: torch.Tensor, theta: torch.Tensor, phi: torch.Tensor, ro
     real = owner < theta.shape[0] * V
     owner = owner.clamp(max=theta.shape[0] * V - 1)
     row, word = owner // V, owner % V
-    rate = (theta[row] * phi[word]).sum(-1).clamp_min(_RATE_MIN)
+    rate = (theta[row] * phi[word]).sum(-1).clamp_min(RATE_MIN)
     weight = rows[row] * real.to(theta.dtype)
     expected = (theta @ phi.sum(0)) * rows  # sum_v (Phi theta)_v per row
     return expected.sum() - (weight * (torch.log(rate) - torch.log1p(index.to(theta.dtype)))).sum()
@@ -425,3 +425,8 @@ def tlasgr_update(matrix: torch.Tensor, stats: torch.Tensor, fisher: torch.Tenso
     new = new - (new.sum(0) - 1) * phi
     new = new.clamp_min(_SIMPLEX_MIN)
     return new / new.sum(0), fisher
+
+
+__all__ = ["ALPHA_MIN", "AugmentedCounts", "CRT_EXACT_LIMIT", "EULER_GAMMA", "LAMBDA_MIN", "RATE_MIN", "WALK_GRID",
+           "augment_counts", "backward_walk", "kl_weibull_gamma", "multinomial_split", "poisson_nll", "sample_crt",
+           "tlasgr_update", "weibull_mean", "weibull_sample"]

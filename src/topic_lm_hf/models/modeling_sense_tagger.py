@@ -1,4 +1,5 @@
-"""A BiLSTM sense tagger with a document topic representation (NCLM paper §4.5, ``docs/nclm.md`` §5).
+"""A BiLSTM sense tagger with a document topic representation (NCLM paper §4.5:
+Chaudhary, Schütze & Gupta, ICML 2020).
 
 Notation: b sentences, s tokens, E embedding size, H LSTM units per direction, |c| topic
 representation size, S senses (every distinct sense key of the training corpus), n instances.
@@ -15,7 +16,8 @@ projection is kept, so the two differ by c only).
 
 The input is the whole sentence *including* the target word, as a standard tagger: the NCLM code's
 ``use_bilm`` path represents position t by [fwd_{t-1}; bwd_{t+1}] and leaves the word out
-(``docs/nclm.md`` §5 explains why that is not replicated).
+(that excludes the target's identity from its features and may explain the paper's tagger scoring below the
+most-frequent-sense baseline, so it is not replicated).
 
 Loss: cross-entropy at the instance positions only (labels -100 elsewhere). In training mode with
 labels, logits are computed at those positions only and ``logits`` is ``None``: the S-way output
@@ -94,7 +96,7 @@ class SenseTaggerForTokenClassification(SenseTaggerPreTrainedModel):
 
     def _init_weights(self, module):
         super()._init_weights(module)
-        if module is getattr(self, "topic_projection", None):  # eq. 6: Glorot W_p, b_p = 0 (nclm.md §1.4)
+        if module is getattr(self, "topic_projection", None):  # eq. 6: Glorot W_p, b_p = 0 (as NCLM's official code)
             nn.init.xavier_uniform_(module.weight)
             nn.init.zeros_(module.bias)
 

@@ -49,7 +49,7 @@ per predicted token. With ``config.topic_loss_normalization = "lm_tokens"`` both
 divided by N instead, and ``lm_loss + bow_loss + kl_loss`` is exactly eq. 17 summed over the rows
 and divided by N (a per-token ELBO). That is not the default because a context (up to 300 words)
 is ~10x longer than a chunk (<= 30 tokens): the topic terms then dominate the gradient and global
-gradient-norm clipping shrinks the LM's updates accordingly (``scripts/benchmark_tcnlm.py`` compares the two).
+gradient-norm clipping shrinks the LM's updates accordingly.
 ``kl_weight`` goes linearly from 0 to 1 over ``config.kl_annealing_steps`` training forward passes
 (1 when 0); ``kl_loss`` is reported without it. Topic-model terms exist only when the batch has
 ``context_bow`` and ``labels``; with ``topic_ids`` / ``topic_mixture`` / the prior the loss is
@@ -692,3 +692,5 @@ class TCNLMForSequenceClassification(DocumentClassifierMixin, TCNLMPreTrainedMod
         self._init_classifier(TCNLMModel(config))
 
 
+__all__ = ["TCNLMForCausalLM", "TCNLMForSequenceClassification", "TCNLMLSTMLayer", "TCNLMModel", "TCNLMModelOutput",
+           "TCNLMPreTrainedModel"]

@@ -151,8 +151,8 @@ class TopicFamilyForCausalLM(DocumentRepresentationDelegate, TopicWordPriorMixin
 
     def carries_documents_in_one_call(self) -> bool:
         """Whether carried-state training may run a documents batch as one call: the recurrence over each
-        document's sequence, and the rest on the batch of its chunks (``forward(document_tokens=...)``, see
-        :func:`~topic_lm_hf.carried_state.chunk_rows`), with the loss of chunk after chunk. A family whose
+        document's sequence, and the rest on the batch of its chunks (``forward(document_tokens=...)``, one row
+        per real chunk), with the loss of chunk after chunk. A family whose
         recurrence reads its topics (TCNLM), or whose objective is not a sum over chunk rows, runs the chunks in
         turn."""
         return False

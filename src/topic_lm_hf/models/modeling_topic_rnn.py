@@ -392,7 +392,7 @@ class TopicRNNForCausalLM(TopicFamilyForCausalLM, TopicRNNPreTrainedModel, Topic
             topic_conditioning: the topic conditioning already validated (a :class:`TopicConditioning`, what
                 :meth:`resolve_conditioning` returns; ``generate``'s first step gets it), trusted as it is.
             document_tokens: the rows are the chunks of documents whose state is carried from chunk to chunk
-                (:func:`~topic_lm_hf.carried_state.chunk_rows`): the RNN runs over the documents' sequences
+                (one row per real chunk): the RNN runs over the documents' sequences
                 (``input_ids``, ``attention_mask`` (d, n)) in one call, and each row's h_t is read at ``positions``
                 (b, s) of them (``state`` must be None); the rest reads each row as it is.
 

@@ -257,7 +257,7 @@ def run_wsd_evaluate(args: WSDEvaluateArguments, device: DeviceArguments | None 
     from transformers import AutoModelForTokenClassification
 
     from .wsd import load_sense_inventory, load_wsd_corpus
-    from .wsd_tagger import _inventory_for, evaluate_sense_tagger
+    from .wsd_tagger import evaluate_sense_tagger, inventory_for
 
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     bad = [m for m in modes if m not in OUTPUT_MODES]
@@ -269,7 +269,7 @@ def run_wsd_evaluate(args: WSDEvaluateArguments, device: DeviceArguments | None 
     inventory = None
     if "candidates" in modes:
         inventory = (load_sense_inventory(args.sense_inventory, training=model.config.training_corpus)
-                     if args.sense_inventory else _inventory_for(model, None))
+                     if args.sense_inventory else inventory_for(model, None))
     name = Path(args.dataset.rstrip("/")).name.split(".")[0]
     key_file = args.key_file or os.path.join(args.model_name_or_path, f"{name}.{{mode}}.key.txt")
     if len(modes) > 1 and "{mode}" not in key_file:

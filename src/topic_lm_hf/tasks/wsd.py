@@ -86,6 +86,7 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "SenseInventory",
     "WSDScore",
+    "as_corpus",
     "find_wsd_files",
     "first_sense_baseline",
     "iter_wsd_instances",
@@ -328,7 +329,8 @@ def _parse_wsd_xml(xml: Path, gold: Mapping[str, list[str]], columns: dict[str, 
                 element.clear()
 
 
-def _as_corpus(corpus: Union[datasets.Dataset, PathLike]) -> datasets.Dataset:
+def as_corpus(corpus: Union[datasets.Dataset, PathLike]) -> datasets.Dataset:
+    """``corpus`` as a dataset: a ``datasets.Dataset`` as it is, a path read with :func:`load_wsd_corpus`."""
     return corpus if isinstance(corpus, datasets.Dataset) else load_wsd_corpus(corpus)
 
 
@@ -337,7 +339,7 @@ def iter_wsd_instances(corpus: Union[datasets.Dataset, PathLike]) -> Iterator[di
     ``{"id", "position", "lemma", "pos", "gold", "document_id", "sentence_id"}``."""
     columns = ["document_id", "sentence_id", "instances"]
     # Arrow batches converted column-wise: twice as fast as formatting row by row
-    for batch in _as_corpus(corpus).select_columns(columns).with_format("arrow").iter(batch_size=4096):
+    for batch in as_corpus(corpus).select_columns(columns).with_format("arrow").iter(batch_size=4096):
         for document_id, sentence_id, instances in zip(*(batch.column(c).to_pylist() for c in columns)):
             for instance in instances:
                 yield {**instance, "document_id": document_id, "sentence_id": sentence_id}
@@ -476,7 +478,7 @@ def load_sense_inventory(path: PathLike, training: Union[datasets.Dataset, PathL
     ``pos``, ``rank``, TAB-separated, with a header) and, optionally, a training corpus (a
     :func:`load_wsd_corpus` dataset or a set's path, e.g. SemCor) for the counts. Each gold key of a
     training instance counts once."""
-    counts = _training_counts(_as_corpus(training)) if training is not None else None
+    counts = _training_counts(as_corpus(training)) if training is not None else None
     return SenseInventory(_read_wordnet_senses(Path(path)), counts)
 
 

@@ -52,7 +52,7 @@ from ..models.configuration_sense_tagger import OUTPUT_MODES, SenseTaggerConfig
 from ..models.modeling_conditioning import TOPIC_TOKENIZER_SUBFOLDER, load_topic_tokenizer
 from ..models.modeling_sense_tagger import SenseTaggerForTokenClassification
 from ..models.modeling_topic_family import TopicFamilyForCausalLM
-from .wsd import (PathLike, SenseInventory, WSDScore, _as_corpus, iter_wsd_instances, load_sense_inventory,
+from .wsd import (PathLike, SenseInventory, WSDScore, as_corpus, iter_wsd_instances, load_sense_inventory,
                   score_wsd, wsd_gold, write_key_file)
 
 logger = logging.getLogger(__name__)
@@ -68,6 +68,7 @@ __all__ = [
     "document_topic_representations",
     "encode_corpus",
     "evaluate_sense_tagger",
+    "inventory_for",
     "sense_candidates",
     "load_frozen_topic_model",
     "train_sense_tagger",
@@ -321,7 +322,9 @@ def _cached_inventory(senses: str, training: Optional[str]) -> SenseInventory:
     return load_sense_inventory(senses, training=training)
 
 
-def _inventory_for(model, inventory: Optional[SenseInventory]) -> SenseInventory:
+def inventory_for(model, inventory: Optional[SenseInventory]) -> SenseInventory:
+    """``inventory``, else the sense inventory a tagger ``model`` records (``config.sense_inventory``, else the
+    WordNet inventory of the data folder), with the first-sense back-off's ranks from its training corpus."""
     if inventory is not None:
         return inventory
     senses = model.config.sense_inventory or data_dir("wordnet", "senses.tsv.gz", required=False)
@@ -376,13 +379,13 @@ def disambiguate(model: SenseTaggerForTokenClassification, corpus: Union[dataset
     Returns:
         instance id -> sense key; abstentions (no candidate at all, candidates mode) are left out.
     """
-    corpus = _as_corpus(corpus)
+    corpus = as_corpus(corpus)
     mode = mode or model.config.output_mode
     if mode not in OUTPUT_MODES:
         raise ValueError(f"mode must be one of {OUTPUT_MODES}, got {mode!r}")
     if topic_representations is None:
         topic_representations = _topic_representations_for(model, corpus, topic_model, topic_tokenizer)
-    inventory = _inventory_for(model, inventory) if mode == "candidates" else None
+    inventory = inventory_for(model, inventory) if mode == "candidates" else None
     rows = encode_corpus(corpus, model.config, topic_representations, labels=False)
     lemma_pos = {i["id"]: (i["lemma"], i["pos"]) for i in iter_wsd_instances(corpus)}
     id2label = model.config.id2label
@@ -423,7 +426,7 @@ def evaluate_sense_tagger(model, corpus: Union[datasets.Dataset, PathLike], mode
     """Score the tagger on a corpus with gold keys in each mode: mode -> :class:`WSDScore`. The document
     topics are computed once for all modes. ``key_file`` (with ``{mode}`` in it for several modes) gets
     each mode's answers in the scorer's format."""
-    corpus = _as_corpus(corpus)
+    corpus = as_corpus(corpus)
     if kwargs.get("topic_representations") is None:
         kwargs["topic_representations"] = _topic_representations_for(model, corpus, kwargs.pop("topic_model", None),
                                                                       kwargs.pop("topic_tokenizer", None))
@@ -487,8 +490,8 @@ def train_sense_tagger(train: Union[datasets.Dataset, PathLike], output_dir: Pat
     """
     if train_corpus_path is None and isinstance(train, (str, os.PathLike)):
         train_corpus_path = train
-    train = _as_corpus(train)
-    dev = _as_corpus(dev) if dev is not None else None
+    train = as_corpus(train)
+    dev = as_corpus(dev) if dev is not None else None
     sense_inventory = sense_inventory or data_dir("wordnet", "senses.tsv.gz", required=False)
     topic_path = config_kwargs.pop("topic_model_name_or_path", None)
     if isinstance(topic_model, (str, os.PathLike)):
