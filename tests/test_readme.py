@@ -1,7 +1,8 @@
 """The README's examples work as written: its Python snippets run top to bottom in a fresh
 interpreter, its `topic-lm` command lines run in order in a fresh clone, every `topic-lm` command it (and
-results/README.md) shows parses and uses only models the same page creates, and its relative links lead to
-files and headings that exist."""
+results/README.md) shows parses and uses only models the same page creates, and its relative links (and those of
+results/README.md and scripts/README.md) lead to files and headings that exist. The README stays short (its
+measurements live in results/README.md), and scripts/README.md names every runnable script."""
 
 import os
 import re
@@ -17,7 +18,8 @@ from topic_lm_hf.cli import COMMANDS
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
-PAGES = ("README.md", "results/README.md")
+PAGES = ("README.md", "results/README.md", "scripts/README.md")
+MAX_README_LINES = 600
 
 
 def _blocks(language: str, text: str = README) -> list[tuple[int, str]]:
@@ -50,6 +52,24 @@ def _command_lines(text: str = README) -> list[str]:
 
 def test_readme_shows_python_snippets_and_commands():
     assert len(_blocks("python")) >= 3 and len(_commands()) >= 8
+
+
+def test_readme_is_at_most_600_lines():
+    """The README says what the package is and how to use it; tables of measurements go to results/README.md."""
+    lines = len(README.splitlines())
+    assert lines <= MAX_README_LINES, f"README.md has {lines} lines (at most {MAX_README_LINES}): move measurements " \
+                                      "to results/README.md and link them"
+
+
+def test_scripts_readme_names_every_runnable_script():
+    """Every script of scripts/ that runs as a program (``if __name__ == "__main__"``) has its line in
+    scripts/README.md, named as `<name>.py`."""
+    listed = (ROOT / "scripts" / "README.md").read_text()
+    runnable = sorted(p.name for p in (ROOT / "scripts").glob("*.py")
+                      if re.search(r"^if __name__ == ['\"]__main__['\"]", p.read_text(), re.M))
+    assert len(runnable) >= 10, runnable  # the benchmarks and tools: the pattern still finds them
+    missing = [name for name in runnable if f"`{name}`" not in listed]
+    assert not missing, f"scripts/README.md does not name {missing}"
 
 
 @pytest.mark.parametrize("page", PAGES)
