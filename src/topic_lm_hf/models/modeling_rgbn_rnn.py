@@ -1050,8 +1050,8 @@ class RGBNRNNForCausalLM(TopicFamilyForCausalLM, RGBNRNNPreTrainedModel, TopicGe
           default 1): theta by :meth:`RGBNRNNModel.theta_from_topics` (``topic_mode`` "propagate" or "chain");
         * ``context_bow`` (b, V_c): encoded as a first sentence (posterior mean in eval mode);
         * ``topic_mixture`` (b, sum K): theta given directly (``theta=``, its deprecated name, too);
-        * nothing: theta from the prior, top-down (rgbn.md §8): drawn with ``do_sample``, else the prior mean (greedy
-          and beam decoding are deterministic)."""
+        * nothing: theta from the prior, top-down (theta^L ~ Gam(1, tau0), then each layer below from the one
+          above): drawn with ``do_sample``, else the prior mean (greedy and beam decoding are deterministic)."""
         resolved = self.resolve_conditioning(batch_size, **given)
         return resolved or TopicConditioning("topic_mixture",
                                              self.model.sample_prior_theta(batch_size or 1, sample=do_sample))
@@ -1060,7 +1060,7 @@ class RGBNRNNForCausalLM(TopicFamilyForCausalLM, RGBNRNNPreTrainedModel, TopicGe
     def generate_paragraph(self, num_sentences: int, topic_ids=None, topic_layer: Optional[int] = None,
                            topic_mixture=None, context_bow=None, num_paragraphs: int = 1, tokenizer=None,
                            topic_mode: str = "propagate", **generate_kwargs):
-        """Sentences linked by the recurrence over sentences (rgbn.md §8): theta_1 from the topics of
+        """Sentences linked by the recurrence over sentences (the paper's paragraphs): theta_1 from the topics of
         ``topic_ids`` / ``topic_mixture`` / the prior, then theta_{j+1} ~ p(theta_{j+1} | theta_j) (eq. 2; GBN-RNN draws
         each sentence's theta from the prior); every sentence is decoded from ``<bos>`` and a zero LSTM state.
         ``context_bow`` (J, V_c) or (b, J, V_c), the bags of words of a given paragraph's sentences (the paper's
