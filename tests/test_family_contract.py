@@ -179,3 +179,20 @@ def test_the_layout_rules_hold():
         "scripts import the shared modules only"
     for flat in (PACKAGE / "models").glob("*.py"):
         assert len(flat.read_text().splitlines()) <= 1200, flat.name
+
+
+def test_every_family_forward_is_the_template_with_its_declared_keywords():
+    """A family declares its keywords (``forward_inputs``) instead of restating forward: its forward's signature is
+    the template's parameters, in the template's order, then its own keywords, which generate validates its
+    keywords against; the docstring documents every one."""
+    import inspect
+
+    from topic_lm_hf.models.modeling_topic_family import TEMPLATE_INPUTS, TopicFamilyForCausalLM
+
+    template = [n for n in inspect.signature(TopicFamilyForCausalLM.forward).parameters if n not in ("self", "inputs")]
+    assert template == list(TEMPLATE_INPUTS)
+    for cls in (TCNLMForCausalLM, TopicRNNForCausalLM, NCLMForCausalLM, RGBNRNNForCausalLM):
+        parameters = inspect.signature(cls.forward).parameters
+        assert list(parameters) == ["self", *TEMPLATE_INPUTS, *cls.forward_inputs, "kwargs"], cls.__name__
+        assert set(cls.conditioning_inputs) <= set(cls.forward_inputs)
+        assert all(f"    {name}: " in cls.forward.__doc__ for name in parameters if name not in ("self", "kwargs"))

@@ -442,6 +442,22 @@ class NCLMForCausalLM(TopicFamilyForCausalLM, NCLMPreTrainedModel, TopicGenerati
     _cached_conditioning = ("topic_representation", "topic_embeddings")  # c_doc and, for ETR, the z_k
     output_class = NCLMOutput
 
+    forward_inputs = {
+        "context_bow": "(b, V_c) counts over the topic vocabulary: the document conditioning (see the class doc).",
+        "topic_ids": "topics to steer towards instead of a bag of words (see the class doc).",
+        "topic_mixture": "(b, K) proportions h on the simplex instead of a bag of words.",
+        "sentence_prefix_bow": "(b, V_c) the topic words of the sentence before this chunk (sentence topics).",
+        "topic_embeddings": "(b, K, D) the topic vectors that an earlier call returned (generation reuses them "
+                            "with topic_representation, c_doc, instead of re-encoding).",
+        "document_tokens": "the rows are the chunks of documents whose state is carried from chunk to chunk (one row "
+                           "per real chunk): the LSTM runs over the documents' sequences in one call and each row's "
+                           "o_t is read at ``positions`` of them (no ``state``; not with sentence topics).",
+    }
+    forward_returns = (":class:`NCLMOutput`: ``loss = (1 - alpha) lm_loss + alpha (bow_loss + kl_loss)`` (module doc), "
+                       "``topic_mixture`` = h of the document part (LTA / LETA, or inferred), "
+                       "``topic_representation`` = c_doc. In the ``topic_model`` training phase, the topic model's "
+                       "own loss.")
+
     def __init__(self, config: NCLMConfig):
         super().__init__(config)
         self.model = NCLMModel(config)
@@ -531,56 +547,6 @@ class NCLMForCausalLM(TopicFamilyForCausalLM, NCLMPreTrainedModel, TopicGenerati
 
     # -- forward -----------------------------------------------------------------------------------
 
-    def forward(self, input_ids: Optional[torch.LongTensor] = None, attention_mask: Optional[torch.Tensor] = None,
-                inputs_embeds: Optional[torch.Tensor] = None, state: Optional[tuple] = None,
-                labels: Optional[torch.LongTensor] = None, use_cache: Optional[bool] = None,
-                context_bow: Optional[torch.Tensor] = None, topic_ids=None, topic_mixture=None,
-                sentence_prefix_bow: Optional[torch.Tensor] = None,
-                topic_representation: Optional[torch.Tensor] = None, topic_embeddings: Optional[torch.Tensor] = None,
-                output_hidden_states: Optional[bool] = None, return_dict: Optional[bool] = None,
-                logits_to_keep: int = 0, topic_conditioning: Optional[TopicConditioning] = None,
-                document_tokens: Optional[dict] = None, **kwargs) -> NCLMOutput:
-        r"""
-        Args:
-            input_ids: (b, s) token ids, left- or right-padded.
-            attention_mask: (b, s), 1 for real tokens.
-            state: ``(h, c)`` of the LSTM, plus the sentence-topic running sum with ``sentence_topics``.
-            labels: (b, s) = ``input_ids`` with -100 at ignored positions; shifted inside.
-            context_bow, topic_ids, topic_mixture: the document conditioning (see the class doc).
-            sentence_prefix_bow: (b, V_c) the topic words of the sentence before this chunk (sentence topics).
-            topic_representation, topic_embeddings: the document part c (b, |c_doc|) and the topic vectors
-                (b, K, D) that an earlier call returned (generation reuses them instead of re-encoding).
-            logits_to_keep: compute logits for the last N positions only (0 = all).
-            topic_conditioning: the topic conditioning already validated (a :class:`TopicConditioning`, what
-                :meth:`resolve_conditioning` returns; ``generate``'s first step gets it), trusted as it is.
-            document_tokens: the rows are the chunks of documents whose state is carried from chunk to chunk
-                (one row per real chunk): the LSTM runs over the documents' sequences in one
-                call and each row's o_t is read at ``positions`` of them (no ``state``; not with sentence topics).
-
-        Returns:
-            :class:`NCLMOutput`: ``loss = (1 - alpha) lm_loss + alpha (bow_loss + kl_loss)`` (module doc),
-            ``topic_mixture`` = h of the document part (LTA / LETA, or inferred), ``topic_representation`` = c_doc.
-        """
-        cfg = self.config
-        if self.training and self.training_phase == "topic_model":
-            if context_bow is None:
-                raise ValueError("The topic_model training phase needs batches with context_bow")
-            loss = self.topic_model_loss(context_bow)
-            out = NCLMOutput(loss=loss, bow_loss=loss.detach())
-            return out if return_dict is not False else out.to_tuple()
-        if input_ids is None and inputs_embeds is None:
-            raise ValueError("Give exactly one of input_ids and inputs_embeds")
-        if input_ids is None and cfg.sentence_topics:
-            raise ValueError("NCLM with sentence_topics needs input_ids (the sentence topics read the words)")
-        if topic_representation is not None and any(v is not None for v in (context_bow, topic_ids, topic_mixture)):
-            raise ValueError("Give topic_representation or one of context_bow, topic_ids, topic_mixture, not both")
-        state = state_from_aliases(state, kwargs)  # past_key_values= is the state
-        return super().forward(input_ids, attention_mask, inputs_embeds, state, labels, use_cache,
-                               topic_representation, output_hidden_states, return_dict, logits_to_keep,
-                               topic_conditioning, context_bow=context_bow, topic_ids=topic_ids,
-                               topic_mixture=topic_mixture, sentence_prefix_bow=sentence_prefix_bow,
-                               topic_embeddings=topic_embeddings, document_tokens=document_tokens)
-
     def language_model_features(self, topics: dict, topic_representation: Optional[torch.Tensor], *, input_ids,
                                 attention_mask, inputs_embeds, state, labels, use_cache, output_hidden_states,
                                 logits_to_keep, sentence_prefix_bow=None, topic_embeddings=None,
@@ -588,6 +554,8 @@ class NCLMForCausalLM(TopicFamilyForCausalLM, NCLMPreTrainedModel, TopicGenerati
         """The composition o^_t = sigmoid([o_t; c_doc; c_sent] W_p + b_p) of the LSTM's outputs with the document
         part c_doc (from ``topics``, or the trusted ``topic_representation`` and ``topic_embeddings``) and the
         sentence part c_sent; c = 0 in the LM pre-training phase. ``details`` holds h and the posterior."""
+        if input_ids is None and self.config.sentence_topics:
+            raise ValueError("NCLM with sentence_topics needs input_ids (the sentence topics read the words)")
         cfg = self.config
         b, s = (input_ids if input_ids is not None else inputs_embeds).shape[:2]
         attention_mask = last_columns(attention_mask, s)

@@ -879,6 +879,21 @@ class RGBNRNNForCausalLM(TopicFamilyForCausalLM, RGBNRNNPreTrainedModel, TopicGe
 
     # which layer topic_ids name, how theta is completed; theta: the deprecated name of topic_mixture
     conditioning_options = ("topic_layer", "topic_mode", "theta")
+    forward_inputs = {
+        "context_bow": "(b, V_c) per chunk, or (b, c, V_c) per chunk of each document.",
+        "topic_mixture": "(b, sum K): theta, every layer's raw topic weights side by side, bottom first (chunk "
+                         "batches; see the class doc).",
+        "topic_ids": "topics of layer ``topic_layer`` to steer towards (chunk batches; see the class doc).",
+        "topic_layer": "the layer ``topic_ids`` name (1 = bottom, the default).",
+        "topic_mode": "how theta is completed below the layer of ``topic_ids``: \"propagate\" or \"chain\".",
+        "theta": "the deprecated name of ``topic_mixture``.",
+        "chunk_mask": "(b, c) of a documents batch (the collator gives it).",
+        "sentence_index": "(b, c) of a documents batch (the collator gives it).",
+        "carry_token_state": "a documents batch's LSTM state carried across each document's chunks (the collator's "
+                             "chunks, consecutive ones sharing a token), or every chunk from a zero state; None: the "
+                             "configuration's.",
+    }
+    forward_returns = ":class:`RGBNRNNOutput`; for documents ``logits`` are (b, c, s, V) (zero for padding chunks)."
     output_class = RGBNRNNOutput
     topic_pretraining_batches = "document"  # whole documents' bags: the causal context's first ones are near empty
 
@@ -947,44 +962,6 @@ class RGBNRNNForCausalLM(TopicFamilyForCausalLM, RGBNRNNPreTrainedModel, TopicGe
                                                     total=slots.total if context_bow.dim() == 3 else None)
         words = (bows * slot_mask.unsqueeze(-1).to(bows.dtype))[..., 1:].sum().clamp_min(1)
         return (poisson + sum(kls)) / words
-
-    def forward(self, input_ids: Optional[torch.LongTensor] = None, attention_mask: Optional[torch.Tensor] = None,
-                inputs_embeds: Optional[torch.Tensor] = None, state: Optional[tuple] = None,
-                labels: Optional[torch.LongTensor] = None, use_cache: Optional[bool] = None,
-                context_bow: Optional[torch.Tensor] = None, topic_mixture: Optional[torch.Tensor] = None, topic_ids=None,
-                topic_layer: Optional[int] = None, chunk_mask: Optional[torch.Tensor] = None,
-                sentence_index: Optional[torch.Tensor] = None, topic_representation: Optional[torch.Tensor] = None,
-                output_hidden_states: Optional[bool] = None, return_dict: Optional[bool] = None,
-                logits_to_keep: int = 0, topic_conditioning: Optional[TopicConditioning] = None,
-                carry_token_state: Optional[bool] = None, theta: Optional[torch.Tensor] = None,
-                **kwargs) -> RGBNRNNOutput:
-        r"""
-        Args:
-            input_ids: (b, s) chunks, or (b, c, s) documents (``TopicContextCollator(layout="documents")``).
-            attention_mask: (b, s) or (b, c, s), 1 for real tokens.
-            state: the 4 L batch-first tensors of the module docstring (chunk batches).
-            labels: ``input_ids`` with -100 at ignored positions (shifted inside).
-            context_bow: (b, V_c) per chunk, or (b, c, V_c) per chunk of each document.
-            topic_mixture, topic_ids, topic_layer: explicit conditioning (chunk batches; see the class doc); theta:
-                the deprecated name of topic_mixture.
-            chunk_mask, sentence_index: (b, c) of a documents batch (the collator gives them).
-            topic_representation: (b, sum K) theta resolved by an earlier call (generation's cache), used as is.
-            logits_to_keep: logits for the last N positions only (0 = all; chunk batches).
-            topic_conditioning: the conditioning already validated (a :class:`TopicConditioning`, what
-                :meth:`resolve_conditioning` returns; ``generate``'s first step gets it), trusted as it is.
-            carry_token_state: a documents batch's LSTM state carried across each document's chunks (the collator's
-                chunks, consecutive ones sharing a token), or every chunk from a zero state; None: the configuration's.
-
-        Returns:
-            :class:`RGBNRNNOutput`; for documents ``logits`` are (b, c, s, V) (zero for padding chunks).
-        """
-        state = state_from_aliases(state, kwargs)  # past_key_values= is the state
-        return super().forward(input_ids, attention_mask, inputs_embeds, state, labels, use_cache,
-                               topic_representation, output_hidden_states, return_dict, logits_to_keep,
-                               topic_conditioning, context_bow=context_bow, topic_mixture=topic_mixture, theta=theta,
-                               topic_ids=topic_ids,
-                               topic_layer=topic_layer, chunk_mask=chunk_mask, sentence_index=sentence_index,
-                               carry_token_state=carry_token_state)
 
     def conditioning(self, input_ids, inputs_embeds, resolved: Optional[TopicConditioning],
                      **raw) -> TopicConditioning:

@@ -501,6 +501,16 @@ class TCNLMForCausalLM(TopicFamilyForCausalLM, TCNLMPreTrainedModel, TopicGenera
 
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
 
+    forward_inputs = {
+        "context_bow": "(b, V_c) counts over the topic vocabulary (the collator's ``context_bow``).",
+        "topic_ids": "topics to steer towards instead of a bag of words (see the class doc).",
+        "topic_mixture": "(b, T) proportions t on the simplex instead of a bag of words.",
+    }
+    forward_returns = (":class:`TopicLMOutput`; ``loss`` = lm_loss + bow_loss + kl_weight * kl_loss - lambda R (the "
+                       "scale of each term is in the module doc). With ``lm_type=\"naive_moe\"`` the logits are the "
+                       "mixture's log-probabilities, not materialised (``logits=None``) when a loss is computed with "
+                       "gradients.")
+
     def __init__(self, config: TCNLMConfig):
         super().__init__(config)
         self.model = TCNLMModel(config)
@@ -595,39 +605,6 @@ class TCNLMForCausalLM(TopicFamilyForCausalLM, TCNLMPreTrainedModel, TopicGenera
         return -(log_probs * valid).sum() / valid.sum()
 
     # -- forward --------------------------------------------------------------------------------
-
-    def forward(self, input_ids: Optional[torch.LongTensor] = None, attention_mask: Optional[torch.Tensor] = None,
-                inputs_embeds: Optional[torch.Tensor] = None, state: Optional[tuple] = None,
-                labels: Optional[torch.LongTensor] = None, use_cache: Optional[bool] = None,
-                context_bow: Optional[torch.Tensor] = None, topic_ids=None, topic_mixture=None,
-                topic_representation: Optional[torch.Tensor] = None, output_hidden_states: Optional[bool] = None,
-                return_dict: Optional[bool] = None, logits_to_keep: int = 0, topic_conditioning: Optional[TopicConditioning] = None,
-                **kwargs) -> TopicLMOutput:
-        r"""
-        Args:
-            input_ids: (b, s) token ids, left- or right-padded.
-            attention_mask: (b, s), 1 for real tokens.
-            state: ``(h, c)`` to continue from (see :class:`TCNLMModelOutput`).
-            labels: (b, s) = ``input_ids`` with -100 at ignored positions; shifted inside.
-            context_bow: (b, V_c) counts over the topic vocabulary (the collator's ``context_bow``).
-            topic_ids, topic_mixture: explicit topics instead of a bag of words (see the class doc).
-            topic_representation: (b, T) t already resolved (returned by an earlier call under this name; what
-                generation caches), used as is.
-            logits_to_keep: compute logits for the last N positions only (0 = all).
-            topic_conditioning: the topic conditioning already validated (a :class:`TopicConditioning`, what
-                :meth:`resolve_conditioning` returns; ``generate``'s first step gets it), trusted as it is.
-
-        Returns:
-            :class:`TopicLMOutput`; ``loss`` = lm_loss + bow_loss + kl_weight * kl_loss - lambda R;
-            the scale of each term is in the module doc.
-            For ``lm_type="naive_moe"`` the logits are the mixture's log-probabilities, and when a
-            loss is computed with gradients they are not materialised (``logits=None``).
-        """
-        state = state_from_aliases(state, kwargs)  # past_key_values= is the state
-        return super().forward(input_ids, attention_mask, inputs_embeds, state, labels, use_cache,
-                               topic_representation, output_hidden_states, return_dict, logits_to_keep,
-                               topic_conditioning, context_bow=context_bow, topic_ids=topic_ids,
-                               topic_mixture=topic_mixture)
 
     def language_model_features(self, topics: dict, topic_representation: Optional[torch.Tensor], *, input_ids,
                                 attention_mask, inputs_embeds, state, labels, use_cache, output_hidden_states,

@@ -25,10 +25,12 @@ have defaults here: ``set_training_corpus_size`` (rGBN-RNN's TLASGR-MCMC scales 
 ``topic_pretraining_batches`` (what the topic model reads when pre-trained alone), ``num_topic_layers`` (rGBN-RNN's
 hierarchy), and one KL-annealing mechanism (``kl_annealing_weight``).
 
-Every head's ``forward`` is one template, :meth:`TopicFamilyForCausalLM.forward`, that runs five numbered stages;
-a family's own ``forward`` declares its keywords and documents them (``generate`` checks its keywords against that
-signature), then hands them to it. The family implements the stages' small methods, and overrides the one stage
-its maths does not fit (never a test of the family in the template):
+Every head's ``forward`` is one template, :meth:`TopicFamilyForCausalLM.forward`, that runs five numbered stages.
+A family does not restate it: it declares its own keywords with what each is (``forward_inputs``) and what forward
+returns (``forward_returns``), and its ``forward`` is the template with a signature and a docstring made of those
+(``generate`` checks its keywords against that signature). The family implements the stages' small methods, and
+overrides the one stage its maths does not fit (never a test of the family in the template); a training phase
+named ``topic_model`` trains the topic model alone (``topic_model_loss``) for every family that has one:
 
 1. ``resolve_conditioning`` (through ``conditioning``): the topic keywords validated once, or the
    ``topic_representation`` an earlier call resolved, trusted as it is;
@@ -43,9 +45,11 @@ its maths does not fit (never a test of the family in the template):
 
 from __future__ import annotations
 
+import inspect
 import math
+import textwrap
 from dataclasses import dataclass, field
-from typing import Optional, Union
+from typing import Callable, Optional, Union
 
 import torch
 from torch import nn
@@ -135,8 +139,68 @@ class TopicWordPriorMixin:
         return self.topic_prior_weight.float() * prior
 
 
+# What every family's forward takes from the template (the family adds its own keywords, ``forward_inputs``).
+TEMPLATE_INPUTS = {
+    "input_ids": "(b, s) token ids, left- or right-padded.",
+    "attention_mask": "(b, s), 1 for real tokens.",
+    "inputs_embeds": "(b, s, E) embeddings instead of ``input_ids``.",
+    "state": "the recurrent state to continue from (``past_key_values=`` and ``cache=`` are its other names; the "
+             "family's layout is in its class docstring).",
+    "labels": "(b, s) = ``input_ids`` with -100 at ignored positions; logits at position t predict "
+              "``labels[:, t + 1]`` (shifted inside).",
+    "use_cache": "return the state after the input (default: ``config.use_cache`` outside training).",
+    "topic_representation": "the resolved topics that an earlier call returned under this name (what generation "
+                            "caches), used as they are.",
+    "output_hidden_states": "return every layer's outputs.",
+    "return_dict": "False: a tuple instead of the output class.",
+    "logits_to_keep": "compute logits for the last N positions only (0 = all).",
+    "topic_conditioning": "the topic conditioning already validated (a :class:`TopicConditioning`, what "
+                          ":meth:`resolve_conditioning` returns; ``generate``'s first step gets it), trusted as it is.",
+}
+
+
+def _declared_forward(cls) -> "Callable":
+    """The ``forward`` of a family that declares ``forward_inputs``: the template's, with a signature of the template's
+    parameters plus the family's keywords (keyword-only), which ``generate`` checks its keywords against and
+    ``Trainer`` keeps its columns by, and a docstring of all of them."""
+    template = TopicFamilyForCausalLM.forward
+
+    def forward(self, *args, **kwargs):
+        return template(self, *args, **kwargs)
+
+    # the template's parameters in its order (made, not read from it: nothing probes a signature)
+    parameters = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    parameters += [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                     default=0 if name == "logits_to_keep" else None) for name in TEMPLATE_INPUTS]
+    parameters += [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None)
+                   for name in cls.forward_inputs]
+    parameters.append(inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD))
+    forward.__signature__ = inspect.Signature(parameters)
+    lines = [f"{cls.__name__}'s forward: the template of every topic family "
+             "(:meth:`TopicFamilyForCausalLM.forward`) with the family's own keywords.", "", "Args:"]
+    for name, doc in {**TEMPLATE_INPUTS, **cls.forward_inputs}.items():
+        lines += textwrap.wrap(f"{name}: {doc}", 116, initial_indent="    ", subsequent_indent="        ",
+                               break_on_hyphens=False)
+    lines += ["", "Returns:"] + textwrap.wrap(cls.forward_returns, 116, initial_indent="    ",
+                                              subsequent_indent="    ", break_on_hyphens=False)
+    forward.__doc__ = "\n".join(lines)
+    forward.__name__, forward.__qualname__, forward.__module__ = "forward", f"{cls.__name__}.forward", cls.__module__
+    return forward
+
+
 class TopicFamilyForCausalLM(DocumentRepresentationDelegate, TopicWordPriorMixin):
     """The topic API of every topic family's causal LM (see the module docstring)."""
+
+    # The family's own keywords of forward beyond the template's (name -> what it is), its conditioning_inputs and
+    # conditioning_options among them, and what forward returns: a family declares them and the template's forward
+    # is its forward (``_declared_forward``), never restated.
+    forward_inputs: dict[str, str] = {}
+    forward_returns: str = ":class:`TopicLMOutput`."
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "forward_inputs" in vars(cls) and "forward" not in vars(cls):
+            cls.forward = _declared_forward(cls)
 
     # What the topic model reads when pre-trained alone (the keywords of topic_model_loss), and its batches:
     # "train" = the family's training batches' context bags, "document" = one row per document with its whole bag.
@@ -163,8 +227,8 @@ class TopicFamilyForCausalLM(DocumentRepresentationDelegate, TopicWordPriorMixin
                 inputs_embeds: Optional[torch.Tensor] = None, state: Optional[tuple] = None,
                 labels: Optional[torch.LongTensor] = None, use_cache: Optional[bool] = None,
                 topic_representation: Optional[torch.Tensor] = None, output_hidden_states: Optional[bool] = None,
-                return_dict: Optional[bool] = None, logits_to_keep: int = 0, topic_conditioning: Optional[TopicConditioning] = None,
-                **inputs) -> TopicLMOutput:
+                return_dict: Optional[bool] = None, logits_to_keep: int = 0,
+                topic_conditioning: Optional[TopicConditioning] = None, **inputs) -> TopicLMOutput:
         """The template of every family's ``forward`` (see the module docstring); the family's own ``forward``
         documents the keywords. ``inputs`` holds the raw topic keywords (the class's ``conditioning_inputs`` and
         ``conditioning_options``) and the family's other inputs, which go to :meth:`language_model_features`."""
@@ -172,6 +236,18 @@ class TopicFamilyForCausalLM(DocumentRepresentationDelegate, TopicWordPriorMixin
                if name in inputs}
         # past_key_values= is the state; generation's cache (TopicLMCache) also holds the resolved conditioning
         state = state_from_aliases(state, inputs)
+        # the family's own inputs; other keywords (transformers' cache_position, ...) are not the model's
+        inputs = {name: value for name, value in inputs.items() if name in self.forward_inputs}
+        if self.training and getattr(self, "training_phase", None) == "topic_model":  # the topic model alone
+            if raw.get("context_bow") is None:
+                raise ValueError("The topic_model training phase needs batches with context_bow")
+            loss = self.topic_model_loss(raw["context_bow"])
+            out = self.output_class(loss=loss, bow_loss=loss.detach())
+            return out if return_dict is not False else out.to_tuple()
+        given = [name for name in self.conditioning_inputs if raw.get(name) is not None]
+        if topic_representation is not None and given:
+            raise ValueError(f"Give topic_representation or one of {', '.join(self.conditioning_inputs)}, not both "
+                             f"(got {given})")
         if hasattr(state, "conditioning") and hasattr(state, "state"):
             state.check_model(self)
             if topic_representation is None and not any(v is not None for v in raw.values()):

@@ -239,6 +239,24 @@ class TopicRNNForCausalLM(TopicFamilyForCausalLM, TopicRNNPreTrainedModel, Topic
     def _topic_mixture_on_simplex(self) -> bool:
         return self.config.theta_transform == "softmax"  # the paper's Gaussian theta is any real vector
 
+    forward_inputs = {
+        "context_bow": "(b, V_c) context counts for the inference network.",
+        "topic_mixture": "(b, K) theta given directly (any real vector; a distribution with "
+                         "``theta_transform=\"softmax\"``).",
+        "topic_ids": "steer towards topics: theta = ``config.steering_scale`` * e_k (a set S of topics: the sum of "
+                     "their e_k over sqrt(|S|)); with ``theta_transform=\"softmax\"`` the uniform mixture of the topics "
+                     "of S; see :class:`TopicRNNConfig`.",
+        "document_tokens": "the rows are the chunks of documents whose state is carried from chunk to chunk (one row "
+                           "per real chunk): the RNN runs over the documents' sequences (``input_ids``, "
+                           "``attention_mask`` (d, n)) in one call, and each row's h_t is read at ``positions`` (b, s) "
+                           "of them (``state`` must be None); the rest reads each row as it is.",
+    }
+    forward_returns = (":class:`TopicLMOutput` with ``logits`` = log p(y_t) (indicator marginalised), "
+                       "``loss``/``lm_loss``/``aux_loss`` (indicator BCE)/``kl_loss`` as in the module docstring, and "
+                       "``topic_mixture`` = the theta used. In training mode with ``labels`` the objective needs only "
+                       "the observed-indicator softmax, so ``logits`` is None there (computing the marginal as well "
+                       "would double the cost of the output layer).")
+
     def __init__(self, config: TopicRNNConfig):
         super().__init__(config)
         self.model = TopicRNNModel(config)
@@ -364,50 +382,6 @@ class TopicRNNForCausalLM(TopicFamilyForCausalLM, TopicRNNPreTrainedModel, Topic
     # ------------------------------------------------------------------------------------------
     # forward
     # ------------------------------------------------------------------------------------------
-
-    def forward(self, input_ids: Optional[torch.LongTensor] = None, attention_mask: Optional[torch.Tensor] = None,
-                inputs_embeds: Optional[torch.Tensor] = None, state: Optional[tuple] = None,
-                labels: Optional[torch.LongTensor] = None, use_cache: Optional[bool] = None,
-                context_bow: Optional[torch.Tensor] = None, topic_mixture: Optional[torch.Tensor] = None,
-                topic_ids=None, topic_representation: Optional[torch.Tensor] = None,
-                output_hidden_states: Optional[bool] = None, return_dict: Optional[bool] = None,
-                logits_to_keep: int = 0, topic_conditioning: Optional[TopicConditioning] = None,
-                document_tokens: Optional[dict] = None, **kwargs) -> TopicLMOutput:
-        r"""
-        Args:
-            input_ids: (b, s) token ids, left- or right-padded.
-            attention_mask: (b, s), 1 for real tokens.
-            state: batch-first recurrent state, each (b, L, H), to continue from.
-            labels: (b, s) = ``input_ids`` with -100 at ignored positions; logits at position t
-                predict ``labels[:, t + 1]`` (shifted inside, like ``causal_lm_loss``).
-            context_bow: (b, V_c) context counts for the inference network.
-            topic_mixture: (b, K) theta given directly (any real vector; a distribution with
-                ``theta_transform="softmax"``).
-            topic_ids: steer towards topics: theta = ``config.steering_scale`` * e_k (a set S of
-                topics: the sum of their e_k over sqrt(|S|)); with ``theta_transform="softmax"`` the uniform
-                mixture of the topics of S; see :class:`TopicRNNConfig`.
-            topic_representation: (b, K) theta already resolved (returned by an earlier call under this name;
-                what generation caches), used as is.
-            logits_to_keep: compute logits for the last N positions only (0 = all).
-            topic_conditioning: the topic conditioning already validated (a :class:`TopicConditioning`, what
-                :meth:`resolve_conditioning` returns; ``generate``'s first step gets it), trusted as it is.
-            document_tokens: the rows are the chunks of documents whose state is carried from chunk to chunk
-                (one row per real chunk): the RNN runs over the documents' sequences
-                (``input_ids``, ``attention_mask`` (d, n)) in one call, and each row's h_t is read at ``positions``
-                (b, s) of them (``state`` must be None); the rest reads each row as it is.
-
-        Returns:
-            :class:`TopicLMOutput` with ``logits`` = log p(y_t) (indicator marginalised),
-            ``loss``/``lm_loss``/``aux_loss`` (indicator BCE)/``kl_loss`` as in the module docstring,
-            and ``topic_mixture`` = the theta used. In training mode with ``labels`` the objective
-            needs only the observed-indicator softmax, so ``logits`` is None there (computing the
-            marginal as well would double the cost of the output layer).
-        """
-        state = state_from_aliases(state, kwargs)  # past_key_values= is the state
-        return super().forward(input_ids, attention_mask, inputs_embeds, state, labels, use_cache,
-                               topic_representation, output_hidden_states, return_dict, logits_to_keep,
-                               topic_conditioning, context_bow=context_bow, topic_mixture=topic_mixture,
-                               topic_ids=topic_ids, document_tokens=document_tokens)
 
     def language_model_features(self, topics: dict, topic_representation: Optional[torch.Tensor], *, input_ids,
                                 attention_mask, inputs_embeds, state, labels, use_cache, output_hidden_states,
