@@ -346,7 +346,8 @@ def test_a_labelled_corpus_loads_by_its_extension_or_is_refused_naming_the_forma
 
 
 def test_a_word_for_a_numeric_option_off_by_default_is_one_line(tmp_path, capsys):
-    from topic_lm_hf.cli import ModelArguments, make_config
+    from topic_lm_hf.arguments import ModelArguments
+    from topic_lm_hf.commands import make_config
 
     assert make_config(ModelArguments(model_type="tcnlm", recipe="paper",
                                       config_overrides="topic_factor_spread=1e-2")).topic_factor_spread == 0.01

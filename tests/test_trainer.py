@@ -8,7 +8,9 @@ import torch
 from transformers import TrainerCallback, TrainingArguments
 
 from topic_lm_hf import LSTMLMConfig, LSTMLMForCausalLM, TopicContextCollator, TopicLMTrainer
-from topic_lm_hf.cli import DataArguments, ModelArguments, train
+from topic_lm_hf.arguments import ModelArguments
+from topic_lm_hf.commands import train
+from topic_lm_hf.data import DataArguments
 from topic_lm_hf.trainer import NonFiniteGradientError, NonFiniteLossError
 
 
