@@ -42,8 +42,8 @@ from topic_lm_hf.families import FAMILIES
 from topic_lm_hf.devices import synchronize
 from topic_lm_hf.models.configuration_common import config_kwargs_from_tokenizers
 from topic_lm_hf.pretraining import steering_recipe
+from topic_lm_hf.carried_state import carried_state_loss
 from topic_lm_hf.evaluation import PROTOCOLS as PROTOCOL_CONTEXTS, LDAJudge
-from topic_lm_hf.trainer import carried_state_loss
 
 ROOT = Path(__file__).resolve().parents[1]  # the checkout: scripts/benchmarking.py
 # The corpora (README: Corpora): $TOPIC_LM_DATA, else, in this project's development setup, the folder beside the

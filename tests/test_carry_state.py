@@ -10,7 +10,7 @@ from conftest import tiny_model, variants
 from transformers import TrainingArguments
 
 from topic_lm_hf import TopicContextCollator, TopicLMTrainer, documents_from_lists, evaluate_perplexity
-from topic_lm_hf.trainer import carried_state_loss
+from topic_lm_hf.carried_state import carried_state_loss
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

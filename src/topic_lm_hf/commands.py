@@ -21,6 +21,7 @@ from . import data as data_lib
 from .arguments import (EvaluateArguments, ExportArguments, GenerateArguments, ModelArguments, SteerArguments,
                         TopicsArguments, UsageError, override_literal, parse_ids, parse_overrides, parse_phases,
                         parse_protocols)
+from .checkpoints import OutputDirLock, finished_run, last_complete_checkpoint
 from .collator import TopicContextCollator, make_bow
 from .data import DataArguments, load_corpora
 from .devices import DeviceArguments
@@ -32,7 +33,7 @@ from .models.configuration_common import config_kwargs_from_tokenizers
 from .models.modeling_recurrent import leaky_modes_of
 from .models.modeling_topic_family import TopicFamilyForCausalLM
 from .pretraining import RECIPE_PRETRAINING, pretrain_topic_model, steering_recipe
-from .trainer import OutputDirLock, TopicLMTrainer, finished_run, last_complete_checkpoint
+from .trainer import TopicLMTrainer
 
 logger = logging.getLogger("topic_lm_hf")
 
@@ -142,7 +143,7 @@ def train(data_args: DataArguments, model_args: ModelArguments, training_args: T
     """Train (resuming from the last complete checkpoint in ``output_dir`` if there is one) and save, on the device
     of ``training_args`` (the GPU when there is one; ``--use_cpu true``: the CPU), the topic model's pre-training
     included. ``fast``: the fast path chosen for that device (``topic_lm_hf.fast_path``). A run that is already
-    finished in ``output_dir`` (:func:`~topic_lm_hf.trainer.finished_run`) is left as it is and its saved model
+    finished in ``output_dir`` (:func:`~topic_lm_hf.checkpoints.finished_run`) is left as it is and its saved model
     returned; the line saying so is logged, or given to ``on_finished``."""
     set_seed(training_args.seed)
     compile_output_layer = fast is not None and resolve_compile(training_args, fast.compile_output_layer)
