@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from conftest import DATA, requires_data
-from topic_lm_hf import demo
+from topic_lm_hf import PROTOCOLS, demo
 from topic_lm_hf.cli import main
 from topic_lm_hf.demo import DECODINGS
 
@@ -74,7 +74,7 @@ def test_demo_trains_on_the_wikipedia_sample_by_default(tmp_path, capsys, monkey
     topics = re.findall(r"^ +topic +\d+ +NPMI [+-][\d.]+ +(.+)$", out, re.M)
     assert len(topics) == 8 and all(len(words.split()) == 10 for words in topics)  # real words of the sample
     label = demo.TOPIC_FAMILIES[demo.DEMO_FAMILY][0]
-    assert re.search(rf"\| {label} \| causal \| sentences before j \| [\d.]+ \|", out)
+    assert re.search(rf"\| {label} \| causal \| {re.escape(PROTOCOLS['causal'].description)} \| [\d.]+ \|", out)
 
 
 @pytest.mark.parametrize("family", [f for f in demo.TOPIC_FAMILIES if f != demo.DEMO_FAMILY])

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from .data import HELP as _HELP
+from .protocols import PROTOCOLS
 
 
 class UsageError(ValueError):
@@ -76,7 +77,7 @@ class EvaluateArguments:
                 "Wikipedia sample that ships with the package, topic-lm train's default corpus)."})
     text_column: Optional[str] = field(default=None, metadata={"help": _HELP["text_column"]})
     max_eval_documents: Optional[int] = field(default=None, metadata={"help": _HELP["max_eval_documents"]})
-    protocols: str = field(default="paper,causal,causal-carry", metadata={"help": _HELP["protocols"]})
+    protocols: str = field(default=",".join(PROTOCOLS), metadata={"help": _HELP["protocols"]})
     max_sentence_length: int = field(default=30, metadata={"help": _HELP["max_sentence_length"]})
     max_context_tokens: int = field(default=300, metadata={"help": _HELP["max_context_tokens"]})
     batch_size: int = field(default=64, metadata={"help": "Chunks (or documents, for causal-carry) per forward pass."})
@@ -175,7 +176,6 @@ class TopicsArguments:
         "help": "rGBN-RNN / GBN-RNN: the topic layer to print (1 = bottom; default: every layer)."})
 
 
-
 def parse_ids(text: str, flag: str, what: str = "topic id") -> list[int]:
     """Comma-separated integers (``3,7``), at least one and none twice; anything else is a :class:`UsageError`
     naming the flag (an empty list would silently mean "no topics", a repeated one would count twice). ``what``:
@@ -192,18 +192,14 @@ def parse_ids(text: str, flag: str, what: str = "topic id") -> list[int]:
     return ids
 
 
-
 def parse_protocols(text: str) -> list[str]:
     """``--protocols``: names separated by commas (spaces around them allowed), each checked before any runs."""
-    from .evaluation import PROTOCOLS
-
     protocols = [p.strip() for p in text.split(",") if p.strip()]
     unknown = [p for p in protocols if p not in PROTOCOLS]
     if not protocols or unknown:
         raise ValueError(f"--protocols {text!r}: {'unknown ' + ', '.join(map(repr, unknown)) if unknown else 'none'}"
                          f"; give some of {', '.join(PROTOCOLS)} separated by commas")
     return protocols
-
 
 
 def override_literal(text: str):

@@ -33,6 +33,7 @@ from .models.configuration_common import config_kwargs_from_tokenizers
 from .models.modeling_recurrent import leaky_modes_of
 from .models.modeling_topic_family import TopicFamilyForCausalLM
 from .pretraining import RECIPE_PRETRAINING, pretrain_topic_model, steering_recipe
+from .protocols import PROTOCOLS
 from .trainer import TopicLMTrainer
 
 logger = logging.getLogger("topic_lm_hf")
@@ -97,7 +98,6 @@ def make_config(model_args: ModelArguments) -> PretrainedConfig:
                              f"wrong type for {type(config).__name__} ({error}); see the option in its docstring"
                              ) from None
     return config
-
 
 
 def build_model(model_args: ModelArguments, tokenizer, topic_tokenizer):
@@ -334,13 +334,14 @@ def run_evaluate(args: EvaluateArguments, device: DeviceArguments | None = None)
     valid_file = args.validation_file or "wikipedia-sample/validation"
     docs = data_lib.load_documents(valid_file, text_column=args.text_column, max_documents=args.max_eval_documents)
     leaky = leaky_modes_of(model)
-    if leaky and protocols != ["paper"]:
-        skipped = [p for p in protocols if p != "paper"]
-        protocols = ["paper"] if "paper" in protocols else []
+    skipped = [p for p in protocols if not PROTOCOLS[p].leaky] if leaky else []
+    if skipped:  # such a model is only evaluated under a protocol whose context leaks already (paper)
+        protocols = [p for p in protocols if PROTOCOLS[p].leaky]
+        allowed = " / ".join(name for name, p in PROTOCOLS.items() if p.leaky)
         print(f"{type(model).__name__} reads words it predicts ({', '.join(leaky)}): its perplexity is only "
-              f"reported under the paper protocol, labelled leaky; skipped: {', '.join(skipped)}")
+              f"reported under the {allowed} protocol, labelled leaky; skipped: {', '.join(skipped)}")
         if not protocols:
-            raise ValueError("no protocol left to evaluate this model under: add paper to --protocols")
+            raise ValueError(f"no protocol left to evaluate this model under: add {allowed} to --protocols")
     rows = evaluate(model, docs, protocols, name=args.model_name_or_path,
                     max_sentence_length=args.max_sentence_length, max_context_tokens=args.max_context_tokens,
                     batch_size=args.batch_size)
@@ -493,7 +494,6 @@ def check_conditioning_flags(model, args) -> None:
                                  "rGBN-RNN's hierarchy); leave it out")
             raise UsageError(f"{flag}: {name} has no topics; leave the flag out (topic conditioning is for the "
                              f"topic families: {', '.join(f.model_type for f in topic_families())})")
-
 
 
 def run_steer(args: SteerArguments, device: DeviceArguments | None = None) -> None:
