@@ -228,7 +228,8 @@ def _reads_tokens_only(model, batch) -> bool:
     return not model.conditioning_inputs and set(batch) <= {"input_ids", "attention_mask", "labels", *LAYOUT_KEYS}
 
 
-def carried_state_loss(model, batch, bptt_chunks: int | None = None, chunk_callback=None) -> TopicLMOutput:
+def carried_state_loss(model, batch, bptt_chunks: int | None = None, chunk_callback=None, *,
+                       check_model: bool = True) -> TopicLMOutput:
     """The loss of a documents batch with the model's recurrent state carried from chunk to chunk.
 
     Chunk k = 0 .. c-1 of every document is run in order, and the ``state`` the model returns after
@@ -275,12 +276,16 @@ def carried_state_loss(model, batch, bptt_chunks: int | None = None, chunk_callb
         bptt_chunks: chunks between two detachments of the state (None: the whole document).
         chunk_callback: called as ``chunk_callback(labels, output)`` after each chunk with that chunk's
             labels (b_k, l) and the model's output (evaluation sums).
+        check_model: check ``model`` and ``bptt_chunks`` (:func:`check_carry_state_model`,
+            :func:`check_bptt_chunks`); False where the caller checked them once (``TopicLMTrainer(carry_state=True)``
+            does when it is built). The batch is checked on every call.
 
     Returns:
         :class:`~topic_lm_hf.models.modeling_recurrent.TopicLMOutput` with ``loss`` and the weighted loss terms.
     """
-    check_bptt_chunks(bptt_chunks)
-    check_carry_state_model(model)
+    if check_model:
+        check_bptt_chunks(bptt_chunks)
+        check_carry_state_model(model)
     check_documents_batch(batch)
     c = batch["chunk_mask"].shape[1]
     lm = unwrap_model(model)

@@ -57,7 +57,6 @@ def remove_mixed_precision_wrapper(model) -> None:
         del model.__dict__["_original_forward"]
 
 
-
 class TopicLMTrainer(Trainer):
     """``transformers.Trainer`` for the package's models.
 
@@ -261,7 +260,8 @@ class TopicLMTrainer(Trainer):
         carried = self.carry_state and (model.training or "chunk_mask" in inputs)
         if carried:
             collect = self._add_eval_terms if not model.training and self._eval_sums is not None else None
-            outputs = carried_state_loss(model, inputs, self.bptt_chunks, chunk_callback=collect)
+            # the model and bptt_chunks were checked once, in __init__ (_check_carry_state)
+            outputs = carried_state_loss(model, inputs, self.bptt_chunks, chunk_callback=collect, check_model=False)
             loss = outputs.loss
         else:
             unwrapped = unwrap_model(model)
