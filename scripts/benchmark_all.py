@@ -144,6 +144,7 @@ from transformers.utils import logging as hf_logging
 from topic_lm_hf import TopicContextCollator, build_vocabularies, evaluate_topics, load_documents
 from topic_lm_hf.pretraining import RECIPE_PRETRAINING
 from topic_lm_hf.evaluation.topics import load_reference_corpus
+from topic_lm_hf.protocols import PROTOCOLS as PROTOCOL_RECORDS, evaluation_protocol
 
 from benchmark_training import (pretrain_topic_model_once, pretrain_topic_model_phase, step_throughput,
                                 train_to_convergence)
@@ -190,11 +191,13 @@ def is_topic_model(name: str) -> bool:
 def own_protocol(name: str) -> str:
     """The protocol a model is trained for: its ablation's base (and, but for ``paper``, its dev protocol)."""
     spec = MODELS[name]
-    return "causal-carry" if spec.get("carry") else ("paper" if spec["context"] == "others" else "causal")
+    return evaluation_protocol(spec["context"], carry_state=bool(spec.get("carry"))).name
 
 
 def dev_protocol(name: str) -> str:
-    return "causal-carry" if MODELS[name].get("carry") else "causal"
+    """The protocol of the dev perplexity: the model's own, with the causal context (a leaky one would pick the
+    checkpoint that reads later sentences best)."""
+    return evaluation_protocol("preceding", carry_state=bool(MODELS[name].get("carry"))).name
 
 
 # ----------------------------------------------------------------------------------------------
@@ -640,10 +643,10 @@ def table(report: dict, args) -> list[str]:
              "steps first. Training context: `others` (document minus the sentence, the papers') for chunk-trained "
              "topic models, `preceding` for carried-state models and GBN/rGBN-RNN.",
              "",
-             "Perplexity (`evaluate_perplexity`, per predicted token): **paper** = context is the document minus the "
-             "sentence (sees later sentences); **causal** = preceding sentences, state reset at every chunk; "
-             "**causal-carry** = causal with the LSTM state carried across the document; **ablation** = the model's "
-             "own protocol (in brackets) with every chunk given another document's context. NPMI: `lau2014` "
+             "Perplexity (`evaluate_perplexity`, per predicted token), the context of sentence j and the state: "
+             + "; ".join(f"**{p.name}** = {p.description}" for p in PROTOCOL_RECORDS.values())
+             + "; **ablation** = the model's own protocol (in brackets) with every chunk given another document's "
+             "context. NPMI: `lau2014` "
              f"(window 20, top 5/10/15/20) against {c['reference'] or 'Wikipedia'}; diversity: unique fraction of "
              "the top-25. "
              "Steering: `evaluate_steering`, accuracy by the own encoder / an LDA judge fitted on train, fluency "
@@ -657,8 +660,8 @@ def table(report: dict, args) -> list[str]:
              "the gain in brackets). Speed: training tokens/s and its ratio to the LSTM; interleaved = the ratio "
              "re-measured with steps interleaved on identical batches.",
              "",
-             "| model | params | steps trained (best), stopped by | ppl paper | ppl causal | ppl causal-carry | "
-             "ppl ablation (protocol) | vs LSTM (causal): gain, own topics (share) | NPMI lau2014 | diversity | "
+             "| model | params | steps trained (best), stopped by | " + "".join(f"ppl {p} | " for p in PROTOCOLS)
+             + "ppl ablation (protocol) | vs LSTM (causal): gain, own topics (share) | NPMI lau2014 | diversity | "
              "steering s | steering acc. own / LDA | lift | fluency ratio | train tokens/s | ratio to LSTM | "
              "interleaved ratio |",
              "|" + "---|" * 17]

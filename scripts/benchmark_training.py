@@ -27,7 +27,8 @@ from topic_lm_hf import (NCLMForCausalLM, TopicContextCollator, TopicLMTrainer, 
                          pretrain_topic_model, record_vocabularies, save_vocabularies)
 from topic_lm_hf.devices import synchronize
 from topic_lm_hf.fast_path import fast_training_arguments, resolve_compile
-from topic_lm_hf.trainer import float32_forward, last_complete_checkpoint
+from topic_lm_hf.checkpoints import last_complete_checkpoint
+from topic_lm_hf.trainer import float32_forward
 
 from benchmarking import read_json, read_jsonl, write_json
 

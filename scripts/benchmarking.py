@@ -42,14 +42,15 @@ from topic_lm_hf.families import FAMILIES
 from topic_lm_hf.devices import synchronize
 from topic_lm_hf.models.configuration_common import config_kwargs_from_tokenizers
 from topic_lm_hf.pretraining import steering_recipe
-from topic_lm_hf.evaluation import PROTOCOLS as PROTOCOL_CONTEXTS, LDAJudge
-from topic_lm_hf.trainer import carried_state_loss
+from topic_lm_hf.carried_state import carried_state_loss
+from topic_lm_hf.evaluation import LDAJudge
+from topic_lm_hf.protocols import PROTOCOLS as PROTOCOL_RECORDS
 
 ROOT = Path(__file__).resolve().parents[1]  # the checkout: scripts/benchmarking.py
 # The corpora (README: Corpora): $TOPIC_LM_DATA, else, in this project's development setup, the folder beside the
 # checkout (as tests/conftest.py finds them); where they are absent, the path the error messages name
 DATA = Path(os.environ.get("TOPIC_LM_DATA") or ROOT.parent / "shared" / "data")
-PROTOCOLS = tuple(PROTOCOL_CONTEXTS)  # paper, causal, causal-carry
+PROTOCOLS = tuple(PROTOCOL_RECORDS)  # the evaluation protocols' names: paper, causal, causal-carry
 
 # ----------------------------------------------------------------------------------------------
 # command line

@@ -120,12 +120,13 @@ def variants(topic_only: bool = False, representative: bool = False, reads_docum
 
 def tiny_model(family: str, tok, topic_tok, **overrides):
     """A small model of variant ``family`` (a name of :func:`variants`) sized to the two tokenizers, the way
-    ``topic-lm train`` builds one (``cli.build_model``): its family's ``TINY_SIZES``, the variant's configuration
+    ``topic-lm train`` builds one (``commands.build_model``): its family's ``TINY_SIZES``, the variant's configuration
     values, then ``overrides``. A configuration with a list value (rGBN-RNN's layer sizes), which
     ``--config_overrides`` cannot give, is built with ``from_tokenizers`` instead."""
     import json
 
-    from topic_lm_hf.cli import ModelArguments, build_model
+    from topic_lm_hf.arguments import ModelArguments
+    from topic_lm_hf.commands import build_model
     from topic_lm_hf.families import variant_of
 
     record, values = variant_of(family)

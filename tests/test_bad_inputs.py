@@ -267,7 +267,7 @@ def test_rerunning_a_finished_training_run_changes_nothing(tmp_path, capsys):
 
 @pytest.mark.parametrize("victim", ["model.safetensors", "optimizer.pt"])
 def test_resuming_skips_a_checkpoint_with_a_truncated_file(tmp_path, caplog, victim):
-    from topic_lm_hf.trainer import last_complete_checkpoint
+    from topic_lm_hf.checkpoints import last_complete_checkpoint
 
     out = tmp_path / "run"
     main(_train_argv(out))
@@ -346,7 +346,8 @@ def test_a_labelled_corpus_loads_by_its_extension_or_is_refused_naming_the_forma
 
 
 def test_a_word_for_a_numeric_option_off_by_default_is_one_line(tmp_path, capsys):
-    from topic_lm_hf.cli import ModelArguments, make_config
+    from topic_lm_hf.arguments import ModelArguments
+    from topic_lm_hf.commands import make_config
 
     assert make_config(ModelArguments(model_type="tcnlm", recipe="paper",
                                       config_overrides="topic_factor_spread=1e-2")).topic_factor_spread == 0.01
@@ -444,7 +445,7 @@ def test_wsd_train_refuses_zero_documents(capsys, tmp_path):
 
 
 def test_a_full_disk_while_saving_is_one_line(saved_model, capsys, tmp_path, monkeypatch):
-    import topic_lm_hf.hub
+    import topic_lm_hf.commands
 
     folder, _, _ = saved_model
 
@@ -452,7 +453,7 @@ def test_a_full_disk_while_saving_is_one_line(saved_model, capsys, tmp_path, mon
         raise RuntimeError("[enforce fail at inline_container.cc:664] . PytorchStreamWriter failed writing file "
                            "data/0: file write failed")
 
-    monkeypatch.setattr(topic_lm_hf.hub, "save_for_hub", full)
+    monkeypatch.setattr(topic_lm_hf.commands, "save_for_hub", full)  # what topic-lm export calls
     assert "the disk is full (no space left on device) while writing (RuntimeError)" in one_line_error(
         capsys, ["export", "--model_name_or_path", str(folder), "--repo_id", "me/m", "--output_dir",
                  str(tmp_path / "x")])

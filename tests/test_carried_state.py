@@ -89,7 +89,7 @@ def test_a_tokens_only_model_reads_each_document_as_one_sequence(wiki):
     on documents of several chunks and sentences, with padding chunks; and the sequence is the document's tokens,
     each once, with every chunk's targets."""
     from topic_lm_hf.carried_state import document_sequences
-    from topic_lm_hf.trainer import carried_state_loss
+    from topic_lm_hf.carried_state import carried_state_loss
 
     batch = documents_batch(wiki, "lstm_lm")
     batch.pop("doc_index")
@@ -131,7 +131,7 @@ def test_a_topic_model_whose_recurrence_reads_only_tokens_runs_a_documents_batch
     (``chunk_rows``), give the loss, every loss term and the gradients of the chunk loop (forced by a chunk
     callback); in the topic-model phase (NCLM) the loop runs."""
     from topic_lm_hf.carried_state import chunk_rows
-    from topic_lm_hf.trainer import carried_state_loss
+    from topic_lm_hf.carried_state import carried_state_loss
 
     batch = documents_batch(wiki, family)
     batch.pop("doc_index")
@@ -172,7 +172,7 @@ def test_topicrnns_batch_terms_in_one_call_are_taken_over_the_batch_of_chunks(wi
     the documents' chunks, as chunk training over its batch: the reported bag-of-words loss is the rows' summed NLL
     per context word (the loop took it per batch of the documents' k-th chunks)."""
     from topic_lm_hf.carried_state import chunk_rows
-    from topic_lm_hf.trainer import carried_state_loss
+    from topic_lm_hf.carried_state import carried_state_loss
 
     batch = documents_batch(wiki, "topic_rnn-lstm")
     batch.pop("doc_index")
@@ -190,7 +190,7 @@ def test_topicrnns_batch_terms_in_one_call_are_taken_over_the_batch_of_chunks(wi
 def test_a_model_asked_for_its_hidden_states_runs_the_chunk_loop(wiki):
     """With ``config.output_hidden_states`` the per-layer states are the chunks', so carried training keeps the loop
     (the one-call path refuses them) and trains as before."""
-    from topic_lm_hf.trainer import carried_state_loss
+    from topic_lm_hf.carried_state import carried_state_loss
 
     batch = documents_batch(wiki, "topic_rnn-lstm")
     batch.pop("doc_index")

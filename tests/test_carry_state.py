@@ -10,7 +10,7 @@ from conftest import tiny_model, variants
 from transformers import TrainingArguments
 
 from topic_lm_hf import TopicContextCollator, TopicLMTrainer, documents_from_lists, evaluate_perplexity
-from topic_lm_hf.trainer import carried_state_loss
+from topic_lm_hf.carried_state import carried_state_loss
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -236,3 +236,17 @@ def test_resumed_carried_training_equals_the_uninterrupted_run(wiki, tmp_path):
     resumed.train(resume_from_checkpoint=str(tmp_path / "whole" / "checkpoint-2"))
     for (name, a), b in zip(whole.model.named_parameters(), resumed.model.parameters()):
         torch.testing.assert_close(a, b, msg=name)
+
+
+def test_carried_training_checks_the_model_once_when_the_trainer_is_built(wiki, tmp_path, monkeypatch):
+    """TopicLMTrainer(carry_state=True) checks the model (stateful, not leaky, ...) when it is built; its batches
+    are not checked against the model again (each documents batch still is checked as a batch)."""
+    import topic_lm_hf.carried_state as carried_state
+
+    calls = []
+    monkeypatch.setattr(carried_state, "check_carry_state_model", lambda model: calls.append(model))
+    trainer = make_trainer(wiki, tmp_path, context="none", carry_state=True, max_steps=3)
+    trainer.train()
+    assert calls == []  # the trainer's own check ran in __init__ (the name it imported), none per batch
+    carried_state_loss(trainer.model, documents_batch(wiki, "none"))
+    assert len(calls) == 1  # a direct call checks the model it is given

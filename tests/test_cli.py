@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from conftest import DATA, requires_data
-from topic_lm_hf import demo
+from topic_lm_hf import PROTOCOLS, demo
 from topic_lm_hf.cli import main
 from topic_lm_hf.demo import DECODINGS
 
@@ -74,7 +74,7 @@ def test_demo_trains_on_the_wikipedia_sample_by_default(tmp_path, capsys, monkey
     topics = re.findall(r"^ +topic +\d+ +NPMI [+-][\d.]+ +(.+)$", out, re.M)
     assert len(topics) == 8 and all(len(words.split()) == 10 for words in topics)  # real words of the sample
     label = demo.TOPIC_FAMILIES[demo.DEMO_FAMILY][0]
-    assert re.search(rf"\| {label} \| causal \| sentences before j \| [\d.]+ \|", out)
+    assert re.search(rf"\| {label} \| causal \| {re.escape(PROTOCOLS['causal'].description)} \| [\d.]+ \|", out)
 
 
 @pytest.mark.parametrize("family", [f for f in demo.TOPIC_FAMILIES if f != demo.DEMO_FAMILY])
@@ -165,7 +165,8 @@ def test_train_evaluate_generate_commands_on_the_wikipedia_sample(tmp_path, caps
 
 def test_build_model_sizes_a_topic_rnn_to_the_vocabularies():
     from topic_lm_hf import build_vocabularies, synthetic_documents
-    from topic_lm_hf.cli import ModelArguments, build_model
+    from topic_lm_hf.arguments import ModelArguments
+    from topic_lm_hf.commands import build_model
     from topic_lm_hf.models.configuration_topic_rnn import TopicRNNConfig
 
     tok, topic_tok = build_vocabularies(synthetic_documents(40), min_freq=1)
@@ -227,7 +228,9 @@ def test_a_checkpoint_holds_both_tokenizers_and_is_evaluated_and_its_topics_prin
 # the command line itself: help, unknown flags, configuration overrides, progress, no noise
 # ----------------------------------------------------------------------------------------------
 
-from topic_lm_hf.cli import COMMANDS, ModelArguments, command_parser, make_config, parse_command  # noqa: E402
+from topic_lm_hf.arguments import ModelArguments  # noqa: E402
+from topic_lm_hf.cli import COMMANDS, command_parser, parse_command  # noqa: E402
+from topic_lm_hf.commands import make_config  # noqa: E402
 
 
 def _write_lau(path, documents):
@@ -440,7 +443,7 @@ def test_train_uses_the_steering_recipe_by_default_and_the_papers_training_one_f
     assert (asked.topic_output_bias, asked.theta_transform) == ("beta", "softmax")
     assert make_config(ModelArguments(config_file="hub_configs/tcnlm-table6-naive-moe.json")).lm_type == "naive_moe"
     # continuing a saved model: its own configuration, no pre-training unless asked for
-    from topic_lm_hf.cli import build_model, pretraining_steps
+    from topic_lm_hf.commands import build_model, pretraining_steps
 
     saved = ModelArguments(model_name_or_path=str(tmp_path / "p"))
     from topic_lm_hf import load_vocabularies
@@ -543,7 +546,6 @@ def test_train_carry_state_trains_the_carried_lstm_and_the_carried_rgbn_rnn(tmp_
     documents per batch with the preceding context; the LSTM through TopicLMTrainer(carry_state=True), rGBN-RNN on its
     documents batches with carry_token_state (recorded in the saved config). The model then evaluates under
     causal-carry. --bptt_chunks without --carry_state is refused."""
-    import topic_lm_hf.cli as cli
     from topic_lm_hf import TopicLMTrainer
 
     seen = {}
@@ -553,7 +555,7 @@ def test_train_carry_state_trains_the_carried_lstm_and_the_carried_rgbn_rnn(tmp_
         seen.update(carry_state=kwargs.get("carry_state"), collator=kwargs.get("data_collator"))
         original(self, *args, **kwargs)
 
-    monkeypatch.setattr(cli.TopicLMTrainer, "__init__", recording)
+    monkeypatch.setattr(TopicLMTrainer, "__init__", recording)
     out_dir = tmp_path / model_type
     main(["train", "--train_file", "wikipedia-sample", "--max_train_documents", "24",
           "--validation_file", "wikipedia-sample/validation", "--max_eval_documents", "4", "--model_type", model_type,

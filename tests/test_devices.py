@@ -69,7 +69,7 @@ def test_every_family_creates_its_tensors_on_its_inputs_device_and_in_its_dtype(
 
 @pytest.mark.parametrize("family", variants(representative=True, reads_documents=False))
 def test_carried_state_training_creates_its_tensors_on_its_inputs_device(family, tiny_vocabularies):
-    from topic_lm_hf.trainer import carried_state_loss
+    from topic_lm_hf.carried_state import carried_state_loss
 
     tok, topic_tok = tiny_vocabularies
     model = topic_family_model(family, tok, topic_tok).train()

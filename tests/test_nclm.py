@@ -548,7 +548,8 @@ def test_perplexity_protocols_topics_and_steering_interface(trained, wiki):
 def test_hub_configs_are_the_papers_sizes_and_build(size, hidden, layers):
     from pathlib import Path
 
-    from topic_lm_hf.cli import ModelArguments, make_config
+    from topic_lm_hf.arguments import ModelArguments
+    from topic_lm_hf.commands import make_config
 
     path = Path(__file__).resolve().parents[1] / "hub_configs" / f"nclm-apnews-{size}.json"
     config = make_config(ModelArguments(config_file=str(path)))

@@ -786,7 +786,8 @@ def test_gradient_checkpointing_gives_the_same_gradients(wiki, monkeypatch):
 def test_hub_configs_build_with_the_cli(size, topics, hidden):
     from pathlib import Path
 
-    from topic_lm_hf.cli import ModelArguments, make_config
+    from topic_lm_hf.arguments import ModelArguments
+    from topic_lm_hf.commands import make_config
 
     path = Path(__file__).resolve().parents[1] / "hub_configs" / f"rgbn-rnn-apnews-{size}.json"
     config = make_config(ModelArguments(config_file=str(path)))

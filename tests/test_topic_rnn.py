@@ -231,7 +231,7 @@ def test_causal_inference_net_never_sees_the_predicted_sentence(doc, j, rnd):
     sentences 0..j-1 only: rewriting sentence j and everything after it changes neither."""
     tok, topic_tok = _toy_cached()
     model = _toy_model_cached()
-    assert PROTOCOLS["causal"][0] == "preceding" and PROTOCOLS["causal-carry"][0] == "preceding"
+    assert PROTOCOLS["causal"].context == "preceding" and PROTOCOLS["causal-carry"].context == "preceding"
     j = j % len(doc)
     collator = TopicContextCollator(tok, topic_tok, context="preceding")
     words = ["senate", "bill", "law", "game", "fans", "storm", "the", "."]

@@ -8,7 +8,9 @@ import torch
 from transformers import TrainerCallback, TrainingArguments
 
 from topic_lm_hf import LSTMLMConfig, LSTMLMForCausalLM, TopicContextCollator, TopicLMTrainer
-from topic_lm_hf.cli import DataArguments, ModelArguments, train
+from topic_lm_hf.arguments import ModelArguments
+from topic_lm_hf.commands import train
+from topic_lm_hf.data import DataArguments
 from topic_lm_hf.trainer import NonFiniteGradientError, NonFiniteLossError
 
 
@@ -94,7 +96,7 @@ def test_interrupted_training_resumes_from_its_last_checkpoint(wiki, tmp_path):
 
 
 def test_resuming_a_differently_configured_run_and_a_second_live_run_are_refused(wiki, tmp_path):
-    from topic_lm_hf.trainer import OutputDirInUseError, OutputDirLock
+    from topic_lm_hf.checkpoints import OutputDirInUseError, OutputDirLock
 
     data_args = DataArguments(min_freq=3, stopwords="none")
     docs = wiki["train"].select(range(16))
@@ -124,7 +126,7 @@ def test_a_second_run_on_a_folder_is_refused_before_its_topic_model_is_pre_train
     """The lock covered the Trainer only: a second topic-lm train on a live run's folder pre-trained (resuming the
     first run's pre-training checkpoint under its own settings) before it was refused, or replaced the first run's
     model. The whole command holds it now."""
-    from topic_lm_hf.trainer import OutputDirInUseError, OutputDirLock
+    from topic_lm_hf.checkpoints import OutputDirInUseError, OutputDirLock
 
     data_args = DataArguments(min_freq=3, stopwords="none")
     docs = wiki["train"].select(range(16))
@@ -215,7 +217,7 @@ def test_a_run_killed_while_writing_a_checkpoint_resumes_from_the_last_complete_
     """The kill leaves checkpoint-4 without trainer_state.json (Trainer writes it last); resuming
     used to pick checkpoint-4 and fail with FileNotFoundError."""
     from topic_lm_hf import TopicLMTrainer
-    from topic_lm_hf.trainer import last_complete_checkpoint
+    from topic_lm_hf.checkpoints import last_complete_checkpoint
 
     data_args = DataArguments(min_freq=3, stopwords="none")
     model_args = ModelArguments(model_type="lstm_lm", config_overrides="embedding_size=16,hidden_size=24,dropout=0.3")

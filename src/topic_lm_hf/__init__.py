@@ -6,8 +6,7 @@ from transformers import (AutoConfig, AutoModel, AutoModelForCausalLM,  # noqa: 
 from .collator import TopicContextCollator, make_bow
 from .data import (build_vocabularies, check_vocabularies, documents_from_lists, load_documents,
                    load_vocabularies, record_vocabularies, save_vocabularies, synthetic_documents, tokenize_text)
-from .evaluation import (PROTOCOLS, evaluate_perplexity, evaluate_steering, fit_lda_judge, topic_coherence,
-                         topic_diversity)
+from .evaluation import evaluate_perplexity, evaluate_steering, fit_lda_judge, topic_coherence, topic_diversity
 from .evaluation.metrics import METRICS, load_metric, metric_path
 from .evaluation.topic_eval import evaluate_topics
 from .models import (LSTMLMConfig, LSTMLMForCausalLM, LSTMLMForSequenceClassification, LSTMLMModel, NCLMConfig,
@@ -16,6 +15,7 @@ from .models import (LSTMLMConfig, LSTMLMForCausalLM, LSTMLMForSequenceClassific
                      TCNLMConfig, TCNLMForCausalLM, TCNLMForSequenceClassification, TCNLMModel, TopicRNNConfig,
                      TopicRNNForCausalLM, TopicRNNForSequenceClassification, TopicRNNModel)
 from .pretraining import STEERING_RECIPE, pretrain_topic_model, steering_recipe
+from .protocols import PROTOCOLS, Protocol
 from .tasks import evaluate_retrieval, extract_document_features
 from .trainer import TopicLMTrainer
 
@@ -34,7 +34,7 @@ SenseTaggerForTokenClassification.register_for_auto_class("AutoModelForTokenClas
 __all__ = [
     "TopicContextCollator", "make_bow", "build_vocabularies", "check_vocabularies", "documents_from_lists",
     "load_documents", "load_vocabularies", "record_vocabularies", "save_vocabularies", "synthetic_documents",
-    "tokenize_text", "PROTOCOLS", "evaluate_perplexity", "evaluate_steering", "fit_lda_judge", "topic_coherence",
+    "tokenize_text", "PROTOCOLS", "Protocol", "evaluate_perplexity", "evaluate_steering", "fit_lda_judge", "topic_coherence",
     "topic_diversity", "evaluate_topics", "METRICS", "load_metric", "metric_path",
     "LSTMLMConfig", "LSTMLMForCausalLM", "LSTMLMModel", "TCNLMConfig", "TCNLMModel", "TCNLMForCausalLM",
     "TopicRNNConfig", "TopicRNNModel", "TopicRNNForCausalLM", "TopicRNNForSequenceClassification", "TopicLMTrainer",

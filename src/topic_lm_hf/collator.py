@@ -42,14 +42,10 @@ import torch
 from .data import BOS, EOS, PAD, STREAM_BATCH_SIZE, UNK, check_sentences, check_vocabularies, dataset_columns
 from .models.modeling_recurrent import RecurrentPreTrainedModel
 from .models.modeling_topic_family import TopicFamilyForCausalLM
+from .protocols import ALL_PROTOCOLS
 
 CONTEXT_MODES = ("others", "preceding", "document", "none")
 LAYOUTS = ("sentences", "documents", "sequence")
-# What the batches of each protocol are (TopicContextCollator.for_model): (context mode, whole documents with the
-# recurrent state carried from chunk to chunk). "train" is the model's own declared training context.
-PROTOCOL_BATCHES = {"train-carry": ("preceding", True), "paper": ("others", False), "causal": ("preceding", False),
-                    "causal-carry": ("preceding", True), "sliding-window": ("none", True),
-                    "document": ("document", False)}
 
 
 @dataclass
@@ -147,13 +143,12 @@ class TopicContextCollator:
                   its whole bag of words (``"document"``) for a model that declares
                   ``topic_pretraining_batches = "document"`` (rGBN-RNN: under its causal training context the
                   first sentences of a document see nearly empty bags);
-                * ``"train-carry"``: whole documents with the preceding context, for
-                  ``TopicLMTrainer(carry_state=True)``;
-                * ``"paper"``, ``"causal"``, ``"causal-carry"``: the evaluation protocols of
-                  :func:`~topic_lm_hf.evaluate_perplexity`;
-                * ``"sliding-window"``: whole documents without a context
-                  (:func:`~topic_lm_hf.evaluation.evaluate_perplexity_sliding_window` builds it from the window);
-                * ``"document"``: one sequence per document with its whole bag of words (the downstream tasks:
+                * a protocol of :data:`~topic_lm_hf.protocols.ALL_PROTOCOLS`: its context mode, and whole documents
+                  where it carries the state: ``"train-carry"`` for ``TopicLMTrainer(carry_state=True)``;
+                  ``"paper"``, ``"causal"``, ``"causal-carry"``, the evaluation protocols of
+                  :func:`~topic_lm_hf.evaluate_perplexity`; ``"sliding-window"`` (whole documents without a context:
+                  :func:`~topic_lm_hf.evaluation.evaluate_perplexity_sliding_window` builds it from the window);
+                  ``"document"``, one sequence per document with its whole bag of words (the downstream tasks:
                   classification, retrieval, ``document_representation``).
             context: another context mode for ``"train"`` and ``"pretraining"`` (``--context`` of ``topic-lm
                 train``); a model without a bag-of-words input always gets ``"none"``.
@@ -164,8 +159,8 @@ class TopicContextCollator:
         A model reading whole documents (rGBN-RNN) gets documents batches under every protocol but
         ``"document"``; a model reading the sentence prefix (NCLM) gets ``sentence_prefix_bow``.
         """
-        if protocol not in ("train", "pretraining") and protocol not in PROTOCOL_BATCHES:
-            raise ValueError(f"protocol must be one of {['train', 'pretraining', *PROTOCOL_BATCHES]}, got {protocol!r}")
+        if protocol not in ("train", "pretraining") and protocol not in ALL_PROTOCOLS:
+            raise ValueError(f"protocol must be one of {['train', 'pretraining', *ALL_PROTOCOLS]}, got {protocol!r}")
         family = model if isinstance(model, type) else type(model)
         if not issubclass(family, RecurrentPreTrainedModel):
             raise ValueError(f"TopicContextCollator.for_model takes a model of the package (or its class), got "
@@ -185,8 +180,8 @@ class TopicContextCollator:
         if protocol == "train":
             mode, whole_documents = context or family.training_context, reads_documents
         else:
-            mode, whole_documents = PROTOCOL_BATCHES[protocol]
-            whole_documents = whole_documents or reads_documents
+            record = ALL_PROTOCOLS[protocol]
+            mode, whole_documents = record.context, record.carry_state or reads_documents
         if not reads_context:
             mode = "none"
         if protocol == "document":

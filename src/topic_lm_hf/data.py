@@ -47,6 +47,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_toke
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from .models.modeling_conditioning import TOPIC_TOKENIZER_SUBFOLDER, load_topic_tokenizer
+from .protocols import describe_protocols
 
 logger = logging.getLogger(__name__)
 
@@ -710,9 +711,7 @@ HELP = {
     "max_context_tokens": "Topic tokens kept in a context bag of words (the first N of the context, in document "
                           "order).",
     "max_eval_documents": "Use only the first N validation documents.",
-    "protocols": "Comma-separated perplexity protocols to report: paper (context = document minus the sentence; "
-                 "sees later sentences), causal (preceding sentences), causal-carry (preceding sentences, state "
-                 "carried across the document).",
+    "protocols": f"Comma-separated perplexity protocols to report: {describe_protocols()}.",
 }
 
 

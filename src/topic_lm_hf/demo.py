@@ -29,6 +29,7 @@ from .families import family_of
 from .fast_path import FastPathArguments, resolve_compile, resolve_precision
 from .models import LSTMLMConfig, LSTMLMForCausalLM
 from .pretraining import pretrain_topic_model, steering_recipe
+from .protocols import PROTOCOLS
 from .trainer import TopicLMTrainer
 
 # The demo's models: small enough to learn something in about a minute of CPU each. Every topic family is built with
@@ -471,16 +472,16 @@ def _run_demo(args: DemoArguments, fast: FastPathArguments, device: torch.device
     start = phase(7, total, f"perplexity on {len(valid_docs)} validation documents under each protocol")
     rows = []
     for name, model in (("LSTM", lstm), (label, topic_model)):
-        for protocol in ("paper", "causal", "causal-carry"):
+        for protocol in PROTOCOLS:
             rows.append((name, protocol, evaluate_perplexity(model, valid_docs, protocol, tokenizer=tok,
                                                              topic_tokenizer=topic_tok)["perplexity"]))
+    # the ablation under the protocols that reset the state: each chunk's context is all another document gives it
     ablation = {protocol: evaluate_perplexity(topic_model, valid_docs, protocol, tokenizer=tok, topic_tokenizer=topic_tok,
-                                              mismatched_context=True)["perplexity"] for protocol in ("paper", "causal")}
-    print("\n| model | protocol | context of sentence j | perplexity |\n|---|---|---|---|")
-    contexts = {"paper": "document minus j (sees later sentences)", "causal": "sentences before j",
-                "causal-carry": "sentences before j, LSTM state carried"}
+                                              mismatched_context=True)["perplexity"]
+                for protocol, record in PROTOCOLS.items() if not record.carry_state}
+    print("\n| model | protocol | context of sentence j, state | perplexity |\n|---|---|---|---|")
     for name, protocol, ppl in rows:
-        print(f"| {name} | {protocol} | {contexts[protocol] if name == label else '(ignored)'} | {ppl:.2f} |")
+        print(f"| {name} | {protocol} | {PROTOCOLS[protocol].description} | {ppl:.2f} |")
     for protocol, ppl in ablation.items():
         print(f"| {label} | {protocol}, another document's context (ablation) | another document's | {ppl:.2f} |")
     ppl = {(name, protocol): value for name, protocol, value in rows}

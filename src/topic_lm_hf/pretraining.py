@@ -48,7 +48,7 @@ import torch
 
 from .data import vocabulary_hash
 from .models.modeling_topic_family import TopicFamilyForCausalLM
-from .trainer import dict_differences, model_settings
+from .checkpoints import dict_differences, model_settings
 
 logger = logging.getLogger(__name__)
 

@@ -1,35 +1,28 @@
 """A ``Trainer`` that logs every loss term and refuses to go on after a non-finite loss or gradient.
 
-Shapes: b documents, c chunks of a document, l tokens of a chunk, V_c topic vocabulary.
+Its carried-state loss (``carry_state=True``) is :func:`~topic_lm_hf.carried_state.carried_state_loss`; the
+checkpoint hygiene of a run (resuming from a complete checkpoint of the same model, the ``output_dir`` lock) is in
+:mod:`topic_lm_hf.checkpoints`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
-import logging
 import math
 import os
-import re
 from collections import defaultdict
 from collections.abc import Sized
 
 import torch
 from transformers import Trainer
-from transformers.trainer import TRAINER_STATE_NAME
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
-from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
 
-from .carried_state import LAYOUT_KEYS, chunk_rows, document_sequences, run_carried_chunks
+from .carried_state import (LOSS_TERMS, carried_state_loss, check_bptt_chunks, check_carry_state_model, model_output,
+                            unwrap_model)
+from .checkpoints import OutputDirLock, config_differences, last_complete_checkpoint
 from .collator import TopicContextCollator
 from .data import record_vocabularies, save_vocabularies
-from .models.modeling_recurrent import RecurrentPreTrainedModel, TopicLMOutput, leaky_modes_of
+from .models.modeling_recurrent import RecurrentPreTrainedModel, leaky_modes_of
 from .models.modeling_topic_family import TopicFamilyForCausalLM
-
-logger = logging.getLogger(__name__)
-
-LOSS_TERMS = ("lm_loss", "kl_loss", "bow_loss", "aux_loss")
-WEIGHTS_FILES = (SAFE_WEIGHTS_NAME, SAFE_WEIGHTS_INDEX_NAME, WEIGHTS_NAME, WEIGHTS_INDEX_NAME)
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -40,193 +33,13 @@ class NonFiniteGradientError(NonFiniteLossError):
     """Raised when the gradient norm is NaN or infinite; the step is not applied and the weights before it are saved."""
 
 
-def last_complete_checkpoint(output_dir) -> str | None:
-    """The newest ``checkpoint-<N>`` folder in ``output_dir`` that training can resume from (None if none).
-
-    ``Trainer`` writes ``trainer_state.json`` last, so a run killed while writing a checkpoint
-    leaves a folder without it (or with it truncated); transformers' ``get_last_checkpoint``
-    still picks that folder, and resuming failed with ``FileNotFoundError``. Such folders are
-    skipped with a warning naming them."""
-    if not os.path.isdir(output_dir):
-        return None
-    steps = {}
-    for name in os.listdir(output_dir):
-        match = re.fullmatch(rf"{PREFIX_CHECKPOINT_DIR}-(\d+)", name)
-        if match and os.path.isdir(os.path.join(output_dir, name)):
-            steps[int(match.group(1))] = os.path.join(output_dir, name)
-    for step in sorted(steps, reverse=True):
-        problem = _incomplete_checkpoint(steps[step])
-        if problem is None:
-            return steps[step]
-        logger.warning("Not resuming from %s: %s (was the run stopped while writing it?)", steps[step], problem)
-    return None
-
-
-# Config entries that differ between a run and its own checkpoints without changing the model.
-RUN_ONLY_CONFIG_KEYS = frozenset({"_name_or_path", "transformers_version", "architectures", "auto_map", "dtype",
-                                  "torch_dtype", "use_cache", "output_hidden_states", "output_attentions",
-                                  "return_dict", "_commit_hash"})
-LOCK_NAME = ".training.lock"
-
-
-def config_differences(checkpoint: str, config) -> list[str]:
-    """``field: checkpoint value != run value`` for every model-config field in which ``checkpoint``'s
-    ``config.json`` differs from ``config`` (empty when the checkpoint has no config or matches)."""
-    path = os.path.join(checkpoint, "config.json")
-    if not os.path.isfile(path):
-        return []
-    with open(path, encoding="utf-8") as f:
-        model_type = json.load(f).get("model_type")
-    if model_type != config.model_type:
-        return [f"model_type: {model_type!r} in the checkpoint, {config.model_type!r} in this run"]
-    return dict_differences(model_settings(type(config).from_json_file(path)), model_settings(config),
-                            "in the checkpoint", "in this run")
-
-
-def model_settings(config) -> dict:
-    """The fields of a model config that define the model (every field but :data:`RUN_ONLY_CONFIG_KEYS`), as JSON
-    values: what a checkpoint must share with the run that resumes it."""
-    return {key: value for key, value in json.loads(config.to_json_string(use_diff=False)).items()
-            if key not in RUN_ONLY_CONFIG_KEYS}
-
-
-def dict_differences(saved: dict, current: dict, there: str, here: str) -> list[str]:
-    """``key: saved value <there>, current value <here>`` for every key whose values differ."""
-    return [f"{key}: {saved.get(key, '(unset)')!r} {there}, {current.get(key, '(unset)')!r} {here}"
-            for key in sorted(saved.keys() | current.keys()) if saved.get(key) != current.get(key)]
-
-
-class OutputDirInUseError(OSError):
-    """Raised when another live training run holds the ``output_dir``."""
-
-
-class OutputDirLock:
-    """An exclusive lock on a training ``output_dir`` (``fcntl.flock`` on ``<output_dir>/.training.lock``), held
-    while a run trains: a second run on the same folder is refused instead of resuming from, and overwriting, the
-    first one's checkpoints. The lock goes with the process, so a killed run leaves none behind. Where ``fcntl``
-    does not exist (Windows) there is no guard."""
-
-    def __init__(self, output_dir: str):
-        self.path, self._file = os.path.join(output_dir, LOCK_NAME), None
-
-    def acquire(self) -> None:
-        try:
-            import fcntl
-        except ImportError:
-            return
-        os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        handle = open(self.path, "a+", encoding="utf-8")
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            handle.seek(0)
-            holder = handle.read().strip() or "another process"
-            handle.close()
-            raise OutputDirInUseError(f"Another training run ({holder}) is writing to {os.path.dirname(self.path)}: "
-                                      f"wait for it to end, or give this run another output_dir") from None
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"pid {os.getpid()}")
-        handle.flush()
-        self._file = handle
-
-    def release(self) -> None:
-        if self._file is not None:
-            with contextlib.suppress(OSError):
-                os.remove(self.path)  # while still held: the saved model folder keeps no lock file
-            self._file.close()  # closing drops the flock
-            self._file = None
-
-
-def _incomplete_checkpoint(path: str) -> str | None:
-    """What a checkpoint folder lacks to be resumed from, or None when it is complete."""
-    state = os.path.join(path, TRAINER_STATE_NAME)
-    if not os.path.isfile(state):
-        return f"it has no {TRAINER_STATE_NAME}"
-    try:
-        with open(state, encoding="utf-8") as f:
-            json.load(f)
-    except ValueError:
-        return f"its {TRAINER_STATE_NAME} is truncated"
-    if not any(os.path.isfile(os.path.join(path, name)) for name in WEIGHTS_FILES):
-        return "it has no model weights"
-    for name in sorted(os.listdir(path)):  # a file cut short by the kill (weights, optimizer, scheduler, RNG)
-        problem = _unreadable(os.path.join(path, name))
-        if problem:
-            return f"its {name} is truncated or unreadable ({problem})"
-    return None
-
-
-def _unreadable(path: str) -> str | None:
-    """Why the weights or torch.save file at ``path`` cannot be loaded (None: it can, or it is another kind of
-    file). Only the headers are read: a safetensors header must cover the whole file, a torch.save zip archive
-    must have its central directory (written last)."""
-    try:
-        if path.endswith(".safetensors"):
-            from safetensors import safe_open
-
-            with safe_open(path, framework="pt"):
-                pass
-        elif path.endswith((".pt", ".pth", ".bin")):
-            import zipfile
-
-            with zipfile.ZipFile(path):
-                pass
-    except Exception as error:  # noqa: BLE001 (the libraries' own error types: SafetensorError, BadZipFile, OSError)
-        return " ".join(str(error).split()) or type(error).__name__
-    return None
-
-
-def finished_run(output_dir, args, config=None) -> str | None:
-    """A line saying that the run of ``args`` in ``output_dir`` is already finished (its last complete checkpoint
-    reached ``max_steps``, or ``num_train_epochs`` without ``max_steps``, and the final model is saved), or None.
-    Rerunning it must change nothing: resuming from that checkpoint trained one step past the end and overwrote
-    the saved model. ``config``: the model configuration of the rerun; one that differs from the checkpoint's is
-    not this run (None here: resuming refuses it, naming the fields)."""
-    last = last_complete_checkpoint(output_dir)
-    if last is None or not any(os.path.isfile(os.path.join(output_dir, name)) for name in WEIGHTS_FILES):
-        return None
-    if config is not None and config_differences(last, config):
-        return None
-    with open(os.path.join(last, TRAINER_STATE_NAME), encoding="utf-8") as f:
-        state = json.load(f)
-    step = state.get("global_step", 0)
-    if args.max_steps is not None and args.max_steps > 0:
-        done = step >= args.max_steps
-    else:
-        done = step >= state.get("max_steps", math.inf) and state.get("num_train_epochs", 0) >= args.num_train_epochs
-    if not done:
-        return None
-    return (f"{output_dir} already holds this run, finished at step {step} ({os.path.basename(last)}): nothing to "
-            f"do (a larger --max_steps trains on from it; another --output_dir starts a new run)")
-
-
-# ----------------------------------------------------------------------------------------------
-# training with the recurrent state carried across the chunks of a document
-# ----------------------------------------------------------------------------------------------
-
-
-def _unwrap(model):
-    """The model under DDP / DataParallel (``.module``), ``torch.compile`` (``._orig_mod``) and PEFT
-    (``get_base_model()``: the model whose layers carry the adapters) wrappers."""
-    while True:
-        inner = getattr(model, "module", None)
-        inner = inner if isinstance(inner, torch.nn.Module) else getattr(model, "_orig_mod", None)
-        if not isinstance(inner, torch.nn.Module) and callable(getattr(model, "get_base_model", None)):
-            inner = model.get_base_model()
-            inner = inner if inner is not model else None
-        if not isinstance(inner, torch.nn.Module):
-            return model
-        model = inner
-
-
 @contextlib.contextmanager
 def float32_forward(model):
     """Run ``model`` outside the mixed-precision wrapper that accelerate puts on ``model.forward`` for a
     ``TrainingArguments(bf16=True)`` (or fp16) run: inside this block ``model.forward`` is the class's own again,
     so an evaluation made during training (a callback's) measures the float32 model, as it would after
     loading the saved weights. A model without the wrapper is left as it is."""
-    model = _unwrap(model)
+    model = unwrap_model(model)
     patched = model.__dict__.pop("forward", None) if "_original_forward" in model.__dict__ else None
     try:
         yield model
@@ -238,168 +51,10 @@ def float32_forward(model):
 def remove_mixed_precision_wrapper(model) -> None:
     """Undo accelerate's autocast wrapper of ``model.forward`` (what ``TopicLMTrainer.train`` does when it ends),
     so that the trained model object computes in float32 like the saved one."""
-    model = _unwrap(model)
+    model = unwrap_model(model)
     if "_original_forward" in model.__dict__:
         model.__dict__.pop("forward", None)
         del model.__dict__["_original_forward"]
-
-
-def check_bptt_chunks(bptt_chunks) -> None:
-    """``bptt_chunks`` is a positive integer or ``None`` (the whole document), else ``ValueError``."""
-    if bptt_chunks is not None and (isinstance(bptt_chunks, bool) or not isinstance(bptt_chunks, int)
-                                    or bptt_chunks < 1):
-        raise ValueError(f"bptt_chunks must be a positive integer or None (the whole document), got {bptt_chunks!r}")
-
-
-def check_carry_state_model(model) -> None:
-    """Raise ``ValueError`` unless ``model`` can be trained with its state carried across a document's chunks,
-    from what it declares: it is stateful (``_is_stateful``: ``forward`` takes ``state`` and returns it with
-    ``use_cache=True``), it does not read whole documents itself (``reads_documents``: rGBN-RNN runs its
-    sentence recurrence inside one call; train it on its documents batches as they are), and none of its
-    options reads the words it predicts (``model.leaky_modes()``: such a model cannot be evaluated under
-    ``causal-carry``, the protocol this training is for)."""
-    model = _unwrap(model)
-    name = type(model).__name__
-    if not isinstance(model, RecurrentPreTrainedModel) or not model._is_stateful:
-        raise ValueError(f"{name}.forward takes no recurrent state (state): carry_state needs a model that "
-                         "continues from one")
-    if model.reads_documents:
-        raise ValueError(f"{name} reads whole documents (chunk_mask) and carries its recurrences itself: train it "
-                         "on its documents batches without carry_state")
-    leaky = leaky_modes_of(model)
-    if leaky:
-        raise ValueError(f"{name} reads words it predicts ({', '.join(leaky)}): carry_state trains for the "
-                         "causal-carry protocol, under which such a model is not evaluated; turn those options off")
-
-
-def check_documents_batch(batch) -> None:
-    """Raise ``ValueError`` unless ``batch`` is a documents batch of :class:`TopicContextCollator`
-    (``layout="documents"``): ``input_ids``, ``attention_mask``, ``labels`` (b, c, l) and ``chunk_mask`` (b, c)."""
-    ids = batch.get("input_ids")
-    if batch.get("chunk_mask") is None or ids is None or ids.dim() != 3:
-        shape = tuple(ids.shape) if isinstance(ids, torch.Tensor) else None
-        raise ValueError(f"carry_state needs documents batches (input_ids (b, c, l) and chunk_mask (b, c)), got "
-                         f"input_ids of shape {shape}{' without chunk_mask' if 'chunk_mask' not in batch else ''}: "
-                         "build the collator with TopicContextCollator.for_model(model, tok, topic_tok, "
-                         "protocol='train-carry')")
-    if batch.get("labels") is None or batch.get("attention_mask") is None:
-        raise ValueError("carry_state needs labels and attention_mask in a documents batch")
-    chunk_mask = batch["chunk_mask"].bool()
-    if bool((chunk_mask[:, 1:] & ~chunk_mask[:, :-1]).any()):
-        raise ValueError("chunk_mask must mark each document's chunks as a prefix (1 ... 1 0 ... 0)")
-
-
-def _reads_tokens_only(model, batch) -> bool:
-    """Whether ``model``'s call on a chunk of ``batch`` depends on the chunk's tokens and its state alone: a model
-    that reads no topics (``conditioning_inputs`` empty), on a batch with nothing but tokens, labels and layout."""
-    return not model.conditioning_inputs and set(batch) <= {"input_ids", "attention_mask", "labels", *LAYOUT_KEYS}
-
-
-def carried_state_loss(model, batch, bptt_chunks: int | None = None, chunk_callback=None) -> TopicLMOutput:
-    """The loss of a documents batch with the model's recurrent state carried from chunk to chunk.
-
-    Chunk k = 0 .. c-1 of every document is run in order, and the ``state`` the model returns after
-    chunk k is its initial state for chunk k + 1 of the same document. The batch is read by
-    :func:`~topic_lm_hf.carried_state.run_carried_chunks`, the loop ``evaluate_perplexity``'s ``causal-carry``
-    reads its batches with: the rows in the order of their number of chunks (descending), each call on only the
-    documents that still have a k-th chunk, the state cut to them, so padding chunks are never run.
-
-    The carried state must be the one ``causal-carry`` evaluation continues from. Consecutive chunks of a
-    sentence share a token (the last input of chunk k is the first of chunk k + 1, see the collator), and
-    evaluation feeds a chunk's tokens but its last; here the chunk is fed whole with ``labels`` (the model
-    computes its own loss terms, shifted inside), and the ``attention_mask`` given to the model is 1 only at
-    inputs whose next token is real: the last real token, which predicts nothing, then never enters the state.
-
-    A model that reads nothing but its tokens (no topics, and only tokens and labels in the batch) gets each document
-    as one sequence instead (:func:`~topic_lm_hf.carried_state.document_sequences`): one call, one recurrent kernel
-    over the document, the same predictions and loss as chunk after chunk (without ``chunk_callback``, and unless
-    ``bptt_chunks`` cuts the document). A topic model whose recurrence reads only the tokens
-    (``carries_documents_in_one_call``: TopicRNN, NCLM without sentence topics) gets one call too: its RNN over
-    each document's sequence, the rest on the batch of the document's chunks
-    (:func:`~topic_lm_hf.carried_state.chunk_rows`), the same loss (a term normalised per batch rather than per
-    predicted token, such as TopicRNN's free bits and bag-of-words term, over that batch of chunks).
-
-    Gradients flow through the carried state; with ``bptt_chunks`` the state is detached after every
-    ``bptt_chunks`` chunks (truncated back-propagation through the document). The graph of the whole batch is
-    kept until the backward pass either way: memory grows with the tokens of the batch, as for a sentences
-    batch of the same chunks.
-
-    The loss is ``sum_k n_k loss_k / sum_k n_k``, where ``loss_k`` is the model's loss on the batch of the
-    documents' k-th chunks (exactly as on a sentences batch of those chunks) and ``n_k`` its number of
-    predicted tokens: the same per-token objective as sentence training. For the terms a model normalises per
-    predicted token (``lm_loss``, and every term of TopicRNN, NCLM and TCNLM with
-    ``topic_loss_normalization="lm_tokens"``), it is the token-weighted mean of every document chunk's own
-    loss. ``lm_loss``, ``kl_loss``, ``bow_loss`` and ``aux_loss`` are weighted the same way. A model with a
-    KL-annealing counter (``kl_annealing_step``) counts a documents batch as one training forward pass, as a
-    sentences batch.
-
-    Args:
-        model: a causal LM with ``state`` in ``forward`` (see :func:`check_carry_state_model`).
-        batch: a documents batch of :class:`~topic_lm_hf.collator.TopicContextCollator`:
-            ``input_ids``, ``attention_mask``, ``labels`` (b, c, l), ``chunk_mask`` (b, c), and with a
-            context ``context_bow`` (b, c, V_c) (and ``sentence_prefix_bow`` (b, c, V_c)). Other tensors with
-            one entry per document (b, ...) are passed to every call, cut to its rows.
-        bptt_chunks: chunks between two detachments of the state (None: the whole document).
-        chunk_callback: called as ``chunk_callback(labels, output)`` after each chunk with that chunk's
-            labels (b_k, l) and the model's output (evaluation sums).
-
-    Returns:
-        :class:`~topic_lm_hf.models.modeling_recurrent.TopicLMOutput` with ``loss`` and the weighted loss terms.
-    """
-    check_bptt_chunks(bptt_chunks)
-    check_carry_state_model(model)
-    check_documents_batch(batch)
-    c = batch["chunk_mask"].shape[1]
-    lm = _unwrap(model)
-    if chunk_callback is None and (bptt_chunks is None or bptt_chunks >= c):
-        out = None
-        if _reads_tokens_only(lm, batch):
-            # nothing but the state passes between chunks: the chunks of a document are one sequence
-            out = model(**document_sequences(batch), use_cache=False, return_dict=True)
-        elif isinstance(lm, TopicFamilyForCausalLM) and lm.carries_documents_in_one_call() \
-                and not lm.config.output_hidden_states:  # per-layer states of the chunks: the loop gives them
-            # the recurrence over each document's sequence, the rest on the batch of its chunks
-            rows, document_tokens = chunk_rows(batch)
-            out = model(**rows, document_tokens=document_tokens, use_cache=False, return_dict=True)
-        if out is not None:
-            return TopicLMOutput(loss=out.loss, **{key: _output(out, key) for key in LOSS_TERMS
-                                                   if _output(out, key) is not None})
-    kl_step = lm._buffers.get("kl_annealing_step") if isinstance(lm, TopicFamilyForCausalLM) else None
-    kl_step_before = kl_step.clone() if kl_step is not None and model.training else None
-    total, sums, weights = None, {}, {}
-
-    def step(k, chunk, state):
-        nonlocal total
-        mask = chunk["attention_mask"]
-        # 1 at inputs whose target is real (right padding): the last real token stays out of the state.
-        chunk["attention_mask"] = torch.cat([mask[:, 1:], mask.new_zeros(mask.shape[0], 1)], dim=1)
-        if kl_step_before is not None and k > 0:
-            kl_step.copy_(kl_step_before)  # each chunk's pass sees (and counts) the batch's one pass
-        out = model(**chunk, state=state, use_cache=True, return_dict=True)
-        if chunk_callback is not None:
-            chunk_callback(chunk["labels"], out)
-        state = _output(out, "state")
-        if state is None and k + 1 < c and _output(out, "lm_loss") is not None:
-            raise ValueError(f"{type(_unwrap(model)).__name__} returned no state with use_cache=True: its state "
-                             "cannot be carried")
-        if state is not None and bptt_chunks is not None and (k + 1) % bptt_chunks == 0:
-            state = tuple(s.detach() for s in state)
-        tokens = (chunk["labels"][:, 1:] != -100).sum()
-        loss = _output(out, "loss")
-        if loss is None:
-            raise ValueError(f"{type(_unwrap(model)).__name__} returned no loss for a chunk with labels")
-        total = tokens * loss if total is None else total + tokens * loss
-        weights["loss"] = weights.get("loss", 0) + tokens
-        for key in LOSS_TERMS:
-            value = _output(out, key)
-            if value is not None:
-                sums[key] = sums.get(key, 0) + tokens * value.detach().float().mean()
-                weights[key] = weights.get(key, 0) + tokens
-        return state
-
-    run_carried_chunks(batch, step)
-    return TopicLMOutput(loss=total / weights["loss"].clamp_min(1),
-                         **{key: sums[key] / weights[key].clamp_min(1) for key in sums})
 
 
 class TopicLMTrainer(Trainer):
@@ -485,16 +140,16 @@ class TopicLMTrainer(Trainer):
         self.pretraining_phases = self._check_phases(pretraining_phases)
         self._loss_terms: dict[str, list[torch.Tensor]] = defaultdict(list)
         self._eval_sums: dict[str, torch.Tensor] | None = None  # while evaluating: token-weighted sums
-        topic_model = _unwrap(self.model)
+        topic_model = unwrap_model(self.model)
         if isinstance(topic_model, TopicFamilyForCausalLM) and isinstance(self.train_dataset, Sized):
             # Models whose sampler scales minibatch statistics to the corpus (rGBN-RNN's TLASGR-MCMC).
             topic_model.set_training_corpus_size(len(self.train_dataset))
         self.carry_state, self.bptt_chunks = self._check_carry_state(carry_state, bptt_chunks)
         if compile_output_layer:
-            if not isinstance(_unwrap(self.model), RecurrentPreTrainedModel):
-                raise ValueError(f"compile_output_layer=True: {type(_unwrap(self.model)).__name__} has no language "
+            if not isinstance(unwrap_model(self.model), RecurrentPreTrainedModel):
+                raise ValueError(f"compile_output_layer=True: {type(unwrap_model(self.model)).__name__} has no language "
                                  "model output layer to compile")
-            _unwrap(self.model).compile_output_layer(True)
+            unwrap_model(self.model).compile_output_layer(True)
         collator = self.data_collator
         if isinstance(collator, TopicContextCollator) and getattr(self.model.config, "vocab_size", None) is not None:
             # The config (saved in every checkpoint) records which vocabularies the model is trained on.
@@ -504,7 +159,7 @@ class TopicLMTrainer(Trainer):
         phases = [tuple(p) for p in (phases or [])]
         if not phases:
             return []
-        model = _unwrap(self.model)
+        model = unwrap_model(self.model)
         supported = model.training_phases if isinstance(model, TopicFamilyForCausalLM) else ()
         if not supported:
             raise ValueError(f"{type(self.model).__name__} has no training phases (training_phases / "
@@ -540,7 +195,7 @@ class TopicLMTrainer(Trainer):
         """Refuse a collator that would leave part of the model untrained: a model that reads the document's bag
         of words given none, or rGBN-RNN (which reads a document's sentences in order) given sentences as separate
         rows."""
-        collator, model = self.data_collator, _unwrap(self.model)
+        collator, model = self.data_collator, unwrap_model(self.model)
         if not isinstance(collator, TopicContextCollator):
             return
         name = type(model).__name__
@@ -561,7 +216,7 @@ class TopicLMTrainer(Trainer):
             resume_from_checkpoint = last_complete_checkpoint(self.args.output_dir)
         if not isinstance(resume_from_checkpoint, (str, os.PathLike)):
             return
-        config = getattr(_unwrap(self.model), "config", None)
+        config = getattr(unwrap_model(self.model), "config", None)
         differences = config_differences(str(resume_from_checkpoint), config) if config is not None else []
         if differences:
             raise ValueError(f"Cannot resume from {resume_from_checkpoint}: it was trained with another configuration "
@@ -583,7 +238,7 @@ class TopicLMTrainer(Trainer):
         finally:
             lock.release()
             if self.pretraining_phases:  # a run that stopped within a phase leaves the model whole
-                _unwrap(self.model).set_training_phase("joint")
+                unwrap_model(self.model).set_training_phase("joint")
             # With bf16 (fp16) accelerate leaves model.forward wrapped in autocast: the trained model would then
             # evaluate in bf16 while the saved weights load and evaluate in float32.
             remove_mixed_precision_wrapper(self.model)
@@ -601,14 +256,15 @@ class TopicLMTrainer(Trainer):
         labels = inputs.get("labels")
         if self.pretraining_phases:
             phase = self.training_phase(self.state.global_step) if model.training else "joint"
-            _unwrap(model).set_training_phase(phase)
+            unwrap_model(model).set_training_phase(phase)
         carried = self.carry_state and (model.training or "chunk_mask" in inputs)
         if carried:
             collect = self._add_eval_terms if not model.training and self._eval_sums is not None else None
-            outputs = carried_state_loss(model, inputs, self.bptt_chunks, chunk_callback=collect)
+            # the model and bptt_chunks were checked once, in __init__ (_check_carry_state)
+            outputs = carried_state_loss(model, inputs, self.bptt_chunks, chunk_callback=collect, check_model=False)
             loss = outputs.loss
         else:
-            unwrapped = _unwrap(model)
+            unwrapped = unwrap_model(model)
             reads_documents = isinstance(unwrapped, RecurrentPreTrainedModel) and unwrapped.reads_documents
             if inputs.get("chunk_mask") is not None and not reads_documents:
                 raise ValueError("A documents batch (chunk_mask) for a model that reads one sentence chunk at a time: "
@@ -620,7 +276,7 @@ class TopicLMTrainer(Trainer):
             if not bool(torch.isfinite(loss.detach()).all()):
                 self._stop_on_nonfinite(NonFiniteLossError, f"Training loss is {loss.item()}")
             for key in LOSS_TERMS:
-                value = _output(outputs, key)
+                value = model_output(outputs, key)
                 if value is not None:
                     self._loss_terms[key].append(value.detach().float().mean())
         elif self._eval_sums is not None and not carried:  # carried: summed chunk by chunk
@@ -651,8 +307,8 @@ class TopicLMTrainer(Trainer):
     # -- evaluation -------------------------------------------------------------------------------
 
     def _add_eval_terms(self, labels, outputs):
-        logits = _output(outputs, "logits")
-        if labels is None or logits is None or _output(outputs, "lm_loss") is None:
+        logits = model_output(outputs, "logits")
+        if labels is None or logits is None or model_output(outputs, "lm_loss") is None:
             return  # not a language model's output (a classifier trained with this Trainer)
         targets = labels[..., 1:].to(logits.device)  # logits at position i predict labels at i + 1
         tokens = (targets != -100).sum()
@@ -662,7 +318,7 @@ class TopicLMTrainer(Trainer):
         sums["tokens"] = sums.get("tokens", 0) + tokens
         sums["nll"] = sums.get("nll", 0) + nll.detach()
         for key in LOSS_TERMS:
-            value = _output(outputs, key)
+            value = model_output(outputs, key)
             if value is not None:
                 sums[key] = sums.get(key, 0) + value.detach().float().mean() * tokens
 
@@ -683,7 +339,7 @@ class TopicLMTrainer(Trainer):
             tokens = max(totals.pop("tokens"), 1.0)
             # A model that reads the words it predicts (leaky_modes(), e.g. NCLM's sdt_mode="minus_target") gets
             # its perplexity labelled as such: it is not a language-model perplexity.
-            leaky = bool(leaky_modes_of(_unwrap(self.model)))
+            leaky = bool(leaky_modes_of(unwrap_model(self.model)))
             output.metrics[f"{prefix}_perplexity{'_leaky' if leaky else ''}"] = math.exp(totals.pop("nll") / tokens)
             for key, value in totals.items():
                 output.metrics[f"{prefix}_{key}"] = value / tokens
@@ -738,7 +394,3 @@ class TopicLMTrainer(Trainer):
                 logs[key] = round(self.accelerator.gather_for_metrics(value).mean().item(), 4)
             self._loss_terms.clear()
         super().log(logs, start_time)
-
-
-def _output(outputs, key):
-    return outputs.get(key) if isinstance(outputs, dict) else getattr(outputs, key, None)

@@ -1,18 +1,8 @@
 """Perplexity under labelled context protocols.
 
-=================  ======================================  ===========================  ============
-protocol           context bag of words of sentence j      LSTM state                   leaks?
-=================  ======================================  ===========================  ============
-``paper``          the document minus sentence j           reset at every chunk         yes: later
-                                                                                         sentences
-``causal``         sentences before j                      reset at every chunk         no
-``causal-carry``   sentences before j                      carried across the chunks    no
-                                                           and sentences of a document
-=================  ======================================  ===========================  ============
-
-``paper`` is what every paper's code computes (Lau et al. 2017 onwards); it conditions on
-sentences that come after the one being predicted, so it is not a language-model perplexity in
-the strict sense. ``causal`` and ``causal-carry`` follow Zheng, Vafa & Blei (TMLR 2023).
+The protocols (``paper``, ``causal``, ``causal-carry``: which sentences form the context of sentence j, whether
+the state is carried across a document, whether the context leaks later sentences) are the records of
+:data:`topic_lm_hf.protocols.PROTOCOLS`; its module docstring tabulates them.
 
 A model with a recurrence over the sentences of a document (``chunk_mask`` in ``forward``: rGBN-RNN) reads
 whole documents under ``paper`` and ``causal`` (one call per batch of documents, the token state restarting at
@@ -32,12 +22,10 @@ import datasets
 import torch
 
 from ..carried_state import run_carried_chunks
-from ..collator import PROTOCOL_BATCHES, TopicContextCollator
+from ..collator import TopicContextCollator
 from ..data import check_vocabularies, documents_from_lists, load_vocabularies
 from ..models.modeling_recurrent import leaky_modes_of
-
-# protocol -> (collator context mode, carry the LSTM state across a document)
-PROTOCOLS = {name: PROTOCOL_BATCHES[name] for name in ("paper", "causal", "causal-carry")}
+from ..protocols import PROTOCOLS
 
 
 def chunk_nll(model, input_ids, attention_mask, context_bow, state, use_cache, sentence_prefix_bow=None):
@@ -151,7 +139,7 @@ def evaluate_perplexity(model, documents: datasets.Dataset | Sequence, protocol:
     Args:
         model: any causal LM of the package (a model without ``context_bow`` ignores the context).
         documents: a documents dataset (column ``sentences``) or a list of documents.
-        protocol: ``"paper"``, ``"causal"`` or ``"causal-carry"`` (see the module docstring).
+        protocol: ``"paper"``, ``"causal"`` or ``"causal-carry"`` (:data:`~topic_lm_hf.protocols.PROTOCOLS`).
         tokenizer, topic_tokenizer: default to the ones saved with the model
             (``model.name_or_path`` and its ``topic_tokenizer/`` subfolder).
         mismatched_context: the ablation that measures what the document's own topics are worth:
@@ -175,13 +163,13 @@ def evaluate_perplexity(model, documents: datasets.Dataset | Sequence, protocol:
     if protocol not in PROTOCOLS:
         raise ValueError(f"protocol must be one of {list(PROTOCOLS)}, got {protocol!r}")
     leaky = leaky_modes_of(model)
-    if leaky and protocol != "paper":
+    if leaky and not PROTOCOLS[protocol].leaky:
+        allowed = " or ".join(f"protocol={name!r}" for name, p in PROTOCOLS.items() if p.leaky)
         raise ValueError(f"The model reads words it predicts ({', '.join(leaky)}): its perplexity is not "
-                         f"{protocol!r}. Evaluate it under protocol='paper' (labelled leaky), or turn those options "
-                         "off")
+                         f"{protocol!r}. Evaluate it under {allowed} (labelled leaky), or turn those options off")
     documents, uses_context, tokenizer, topic_tokenizer = prepare_evaluation(model, documents, tokenizer,
                                                                              topic_tokenizer)
-    context_mode, carry = PROTOCOLS[protocol]
+    context_mode, carry = PROTOCOLS[protocol].context, PROTOCOLS[protocol].carry_state
     collator = TopicContextCollator.for_model(model, tokenizer, topic_tokenizer, protocol=protocol,
                                               max_sentence_length=max_sentence_length,
                                               max_context_tokens=max_context_tokens)

@@ -23,6 +23,7 @@ from typing import Optional
 
 from transformers import TrainingArguments, set_seed
 
+from ..arguments import parse_ids
 from ..devices import DeviceArguments
 from ..hub import load_pretrained
 from ..models.configuration_sense_tagger import INPUT_FEATURES, OUTPUT_MODES
@@ -144,7 +145,6 @@ def run_classify(data_args: TaskDataArguments, args: ClassifyArguments, device: 
 def run_retrieve(data_args: TaskDataArguments, args: RetrieveArguments, device: DeviceArguments | None = None) -> None:
     from transformers import AutoModelForCausalLM
 
-    from ..cli import parse_ids
     from ..data import check_positive_flags
     from .retrieval import evaluate_retrieval, lda_retrieval, tfidf_retrieval
 
