@@ -34,16 +34,17 @@ from transformers import set_seed
 
 from topic_lm_hf import data as data_lib
 from topic_lm_hf.collator import TopicContextCollator
-from topic_lm_hf.demo import (DEMO_MIN_FREQ, SIZES, TOPIC_FAMILIES, TOPIC_PRETRAINING_STEPS, build_topic_model,
+from topic_lm_hf.demo import (BASELINE, DEMO_MIN_FREQ, TOPIC_PRETRAINING_STEPS, build_topic_model, demo_families,
                               pretrain, rows_per_step, speed_settings, train_for)
 from topic_lm_hf.evaluation import evaluate_perplexity
+from topic_lm_hf.families import family_of
 from topic_lm_hf.fast_path import FastPathArguments
 from topic_lm_hf.models import LSTMLMConfig, LSTMLMForCausalLM
 
 from benchmarking import DATA, check_settings, code_version, fmt, read_json, write_json
 
-MODELS = ("lstm", *TOPIC_FAMILIES)
-LABELS = {"lstm": "LSTM", **{family: label for family, (label, _) in TOPIC_FAMILIES.items()}}
+MODELS = ("lstm", *demo_families())  # the LSTM by its benchmark name, the topic families by their model_type
+LABELS = {"lstm": BASELINE.label, **{family: family_of(family).label for family in demo_families()}}
 
 
 def parse_args(argv=None):
@@ -70,7 +71,7 @@ def measure(name: str, seed: int, args, train_docs, valid_docs, tok, topic_tok) 
     """Train model ``name`` the demo's way for ``args.seconds`` of CPU time; its causal perplexity (and ablation)."""
     set_seed(seed)
     if name == "lstm":
-        model = LSTMLMForCausalLM(LSTMLMConfig(vocab_size=len(tok), **SIZES))
+        model = LSTMLMForCausalLM(LSTMLMConfig(vocab_size=len(tok), **BASELINE.demo_sizes))
         pretrained = None
     else:
         model = build_topic_model(name, tok, topic_tok)

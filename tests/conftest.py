@@ -78,19 +78,6 @@ def run_without_package(body: str, cwd: Path) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-# The tiny sizes of the tests' models, per model_type (test data, not the package's): a variant (Family.variants) is
-# its family's sizes with the variant's own configuration values on top.
-_TINY_LSTM = {"embedding_size": 16, "hidden_size": 16, "dropout": 0.0}
-TINY_SIZES = {
-    "lstm_lm": _TINY_LSTM,
-    "tcnlm": {**_TINY_LSTM, "num_topics": 4, "num_factors": 8, "encoder_hidden_size": 16, "topic_embedding_size": 8},
-    "topic_rnn": {**_TINY_LSTM, "num_topics": 4, "inference_hidden_size": 16},
-    "nclm": {**_TINY_LSTM, "num_topics": 4, "encoder_hidden_size": 16, "etr_top_n": 5, "num_topic_samples": 2},
-    # two topic layers of 4 and 2 topics, two LSTM layers of 16
-    "rgbn_rnn": {"embedding_size": 16, "topic_sizes": [4, 2], "hidden_sizes": [16, 16]},
-}
-
-
 def variants(topic_only: bool = False, representative: bool = False, reads_documents: Optional[bool] = None,
              **instead: str) -> list[str]:
     """The names of the registered families' variants (``topic_lm_hf.families``), in the registry's order: what
@@ -120,8 +107,8 @@ def variants(topic_only: bool = False, representative: bool = False, reads_docum
 
 def tiny_model(family: str, tok, topic_tok, **overrides):
     """A small model of variant ``family`` (a name of :func:`variants`) sized to the two tokenizers, the way
-    ``topic-lm train`` builds one (``commands.build_model``): its family's ``TINY_SIZES``, the variant's configuration
-    values, then ``overrides``. A configuration with a list value (rGBN-RNN's layer sizes), which
+    ``topic-lm train`` builds one (``commands.build_model``): its family's ``tiny_sizes``, the variant's configuration
+    values, then ``overrides``. A configuration with per-layer sizes (rGBN-RNN's lists or tuples), which
     ``--config_overrides`` cannot give, is built with ``from_tokenizers`` instead."""
     import json
 
@@ -130,7 +117,7 @@ def tiny_model(family: str, tok, topic_tok, **overrides):
     from topic_lm_hf.families import variant_of
 
     record, values = variant_of(family)
-    kwargs = {**TINY_SIZES[record.model_type], **values, **overrides}
+    kwargs = {**record.tiny_sizes, **values, **overrides}
     torch.manual_seed(0)
     if any(isinstance(v, (list, tuple)) for v in kwargs.values()):
         return record.causal_lm_class(record.config_class.from_tokenizers(tok, topic_tok, **kwargs))

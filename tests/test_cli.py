@@ -11,6 +11,7 @@ from conftest import DATA, requires_data
 from topic_lm_hf import PROTOCOLS, demo
 from topic_lm_hf.cli import main
 from topic_lm_hf.demo import DECODINGS
+from topic_lm_hf.families import family_of
 
 
 def user_error(capsys, argv) -> str:
@@ -28,7 +29,7 @@ def test_demo_on_the_synthetic_corpus_says_so(tmp_path, capsys):
     main(["demo", "--synthetic", "--train_seconds", "2", "--eval_documents", "8", "--output_dir", str(tmp_path)])
     assert logging.getLogger("topic_lm_hf").level == before  # the demo silences the package's log only while it runs
     out = capsys.readouterr().out
-    label = demo.TOPIC_FAMILIES[demo.DEMO_FAMILY][0]  # the default family: the measured best at the demo's budget
+    label = family_of(demo.DEMO_FAMILY).label  # the default family: the measured best at the demo's budget
     assert "SYNTHETIC" in out
     assert re.search(r"Training in (bf16 autocast|float32) with the compiled output layer", out)  # the fast path
     # the trained objects compute as their saved weights do (bf16 training leaves no autocast wrapper behind)
@@ -73,23 +74,23 @@ def test_demo_trains_on_the_wikipedia_sample_by_default(tmp_path, capsys, monkey
     assert npmi and -1 <= float(npmi.group(1)) <= 1, out
     topics = re.findall(r"^ +topic +\d+ +NPMI [+-][\d.]+ +(.+)$", out, re.M)
     assert len(topics) == 8 and all(len(words.split()) == 10 for words in topics)  # real words of the sample
-    label = demo.TOPIC_FAMILIES[demo.DEMO_FAMILY][0]
+    label = family_of(demo.DEMO_FAMILY).label
     assert re.search(rf"\| {label} \| causal \| {re.escape(PROTOCOLS['causal'].description)} \| [\d.]+ \|", out)
 
 
-@pytest.mark.parametrize("family", [f for f in demo.TOPIC_FAMILIES if f != demo.DEMO_FAMILY])
+@pytest.mark.parametrize("family", [f for f in demo.demo_families() if f != demo.DEMO_FAMILY])
 def test_demo_trains_any_topic_family_when_asked(family, tmp_path, capsys):
     main(["demo", "--synthetic", "--family", family, "--train_seconds", "1", "--eval_documents", "4",
           "--output_dir", str(tmp_path)])
     out = capsys.readouterr().out
-    label = demo.TOPIC_FAMILIES[family][0]
+    label = family_of(family).label
     assert f"training {label} (20 topics), then the same-size LSTM" in out
     assert out.count("same logits after reloading: True") == 2
     assert re.search(rf"\| {label} \| causal, another document's context \(ablation\)", out)
     verdict = next(line for line in out.splitlines() if "Under causal (what generation sees" in line)
     assert f"perplexity points to {label}" in verdict
     assert "the family that did best" not in verdict  # another family did: the verdict names it
-    assert demo.TOPIC_FAMILIES[demo.DEMO_FAMILY][0] in verdict
+    assert family_of(demo.DEMO_FAMILY).label in verdict
     if family == "rgbn_rnn":  # it reads whole documents: as many per step as hold about 64 chunks
         assert re.search(r"the LSTM's of 64 sentence chunks, rGBN-RNN's of \d+ whole documents", out)
     assert (tmp_path / family / "model.safetensors").exists()

@@ -20,6 +20,7 @@ import model_tester
 from conftest import TINY_CORPUS
 import topic_lm_hf
 from topic_lm_hf import TopicContextCollator, pretrain_topic_model, steering_recipe
+from topic_lm_hf.demo import demo_families
 from topic_lm_hf.families import FAMILIES, SHARED_PRIOR, Family, register_family
 from topic_lm_hf.models import LSTMLMConfig
 from topic_lm_hf.models.configuration_common import TopicConfigMixin
@@ -166,8 +167,24 @@ def test_every_family_names_its_papers_variants_and_each_is_a_configuration():
         topic_lm_hf.families.variant_of("nclm-xyz")
 
 
+def test_every_family_has_its_label_and_sizes_its_configuration_takes():
+    """A family's label is its name in printed output (the demo's lines and tables); its demo and tiny sizes are
+    configuration values of its own configuration class (per-layer sizes kept as tuples, taken as lists)."""
+    assert {name: f.label for name, f in FAMILIES.items()} == {
+        "lstm_lm": "LSTM", "tcnlm": "TCNLM", "topic_rnn": "TopicRNN", "nclm": "NCLM", "rgbn_rnn": "rGBN-RNN"}
+    assert demo_families() == ["tcnlm", "topic_rnn", "nclm", "rgbn_rnn"]
+    for family in FAMILIES.values():
+        for sizes in (family.demo_sizes, family.tiny_sizes):
+            assert sizes, family.model_type
+            config = family.config_class(**sizes)
+            assert {k: getattr(config, k) for k in sizes} == {
+                k: list(v) if isinstance(v, tuple) else v for k, v in sizes.items()}, family.model_type
+
+
 def test_a_family_without_named_variants_has_one_and_variant_names_are_unique(toy_family):
     assert toy_family.variants == {"toy_topic_lm": {}} and toy_family.representative == "toy_topic_lm"
+    # no label: its model_type; no demo sizes: the demo does not train it
+    assert toy_family.label == "toy_topic_lm" and "toy_topic_lm" not in demo_families()
     clash = Family(ToyTopicConfig, ToyTopicModel, ToyTopicForCausalLM, None, card={}, variants={"tcnlm": {}})
     with pytest.raises(ValueError, match=r"variant names are unique across the families; 'tcnlm' \(of tcnlm\)"):
         register_family(clash)
@@ -224,8 +241,8 @@ def test_the_shared_model_tester_runs_on_the_toy_family(toy_family, check, reque
 def test_a_registration_that_cannot_be_made_changes_nothing_and_recipes_are_read_only():
     """register_family checks the whole record before it registers anything: a record that re-uses a package
     family's model_type (it used to re-point lstm_lm in the Auto registry, and every saved LSTM then failed to load),
-    a record with a None class, or a recipe naming a field its configuration lacks, is refused and leaves the
-    registry and the Auto classes as they were. A family's recipe and variants cannot be edited in place."""
+    a record with a None class, or a recipe or sizes naming a field its configuration lacks, is refused and leaves the
+    registry and the Auto classes as they were. A family's recipe, variants and sizes cannot be edited in place."""
     from topic_lm_hf import LSTMLMConfig, LSTMLMForCausalLM
 
     class Impostor(LSTMLMForCausalLM):
@@ -240,8 +257,17 @@ def test_a_registration_that_cannot_be_made_changes_nothing_and_recipes_are_read
     with pytest.raises(ValueError, match=r"steering_recipe names \['no_such_field'\]"):
         register_family(Family(ToyTopicConfig, ToyTopicModel, ToyTopicForCausalLM, None, card={},
                                steering_recipe={"no_such_field": 1}))
+    with pytest.raises(ValueError, match=r"demo_sizes names \['hidden_sizes'\]"):
+        register_family(Family(ToyTopicConfig, ToyTopicModel, ToyTopicForCausalLM, None, card={},
+                               demo_sizes={"hidden_sizes": [8]}))
     assert (dict(FAMILIES), AutoModelForCausalLM._model_mapping[LSTMLMConfig]) == before
     with pytest.raises(TypeError):
         FAMILIES["tcnlm"].steering_recipe["bow_loss_weight"] = 5.0
     with pytest.raises(TypeError):
         FAMILIES["tcnlm"].variants["tcnlm"]["num_topics"] = 5
+    with pytest.raises(TypeError):
+        FAMILIES["tcnlm"].demo_sizes["num_topics"] = 5
+    with pytest.raises(TypeError):
+        FAMILIES["lstm_lm"].tiny_sizes["hidden_size"] = 5
+    with pytest.raises(AttributeError):
+        FAMILIES["rgbn_rnn"].tiny_sizes["hidden_sizes"].append(16)  # per-layer sizes are tuples

@@ -11,7 +11,10 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from .data import HELP as _HELP
+from .families import FAMILIES
 from .protocols import PROTOCOLS
+
+_FAMILY_NAMES = ", ".join(list(FAMILIES)[:-1]) + f" or {list(FAMILIES)[-1]}"  # "lstm_lm, tcnlm, ... or rgbn_rnn"
 
 
 class UsageError(ValueError):
@@ -21,7 +24,7 @@ class UsageError(ValueError):
 @dataclass
 class ModelArguments:
     model_type: str = field(default="lstm_lm", metadata={
-        "help": "The model to train: lstm_lm, tcnlm, topic_rnn, nclm or rgbn_rnn (one of the package's families)."})
+        "help": f"The model to train: {_FAMILY_NAMES} (one of the package's families)."})
     model_name_or_path: Optional[str] = field(default=None, metadata={
         "help": "A saved model folder or Hub id to continue training (its vocabularies are reused)."})
     config_file: Optional[str] = field(default=None, metadata={

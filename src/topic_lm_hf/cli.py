@@ -30,8 +30,9 @@ from .arguments import (EvaluateArguments, ExportArguments, GenerateArguments, M
                         TopicsArguments, UsageError)  # noqa: F401 (UsageError: topic_lm_hf.cli's before)
 from .commands import run_evaluate, run_export, run_generate, run_steer, run_topics, run_train
 from .data import DataArguments
-from .demo import DEMO_FAMILY, TOPIC_FAMILIES, DemoArguments, run_demo
+from .demo import DEMO_FAMILY, DemoArguments, run_demo
 from .devices import DeviceArguments
+from .families import family_of
 from .fast_path import FastPathArguments
 from .tasks.commands import (ClassifyArguments, RetrieveArguments, TaskDataArguments, WSDEvaluateArguments,
                              WSDTrainArguments, run_classify, run_retrieve, run_wsd_evaluate, run_wsd_train)
@@ -91,7 +92,7 @@ COMMANDS: dict[str, Command] = {
         help="Queries = the held-out documents of --dataset, corpus = the rest; prints precision next to tf-idf "
              "and LDA cosine retrieval."),
     "demo": Command(
-        f"The first thing to run: train a topic model ({TOPIC_FAMILIES[DEMO_FAMILY][0]} unless --family says) and the "
+        f"The first thing to run: train a topic model ({family_of(DEMO_FAMILY).label} unless --family says) and the "
         "same-size LSTM, show topics, steered text and perplexity.",
         (DemoArguments, FastPathArguments, DeviceArguments), run_demo,
         help="Trains on wikipedia-sample (English Wikipedia articles that ship with the package), or on "

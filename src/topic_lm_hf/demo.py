@@ -25,26 +25,18 @@ from . import data as data_lib
 from .collator import TopicContextCollator, make_bow
 from .evaluation import evaluate_perplexity, evaluate_steering
 from .devices import DeviceArguments
-from .families import family_of
+from .families import DEMO_TOPICS, family_of, topic_families
 from .fast_path import FastPathArguments, resolve_compile, resolve_precision
 from .models import LSTMLMConfig, LSTMLMForCausalLM
 from .pretraining import pretrain_topic_model, steering_recipe
 from .protocols import PROTOCOLS
 from .trainer import TopicLMTrainer
 
-# The demo's models: small enough to learn something in about a minute of CPU each. Every topic family is built with
-# its steering recipe (steering_recipe: for TCNLM, the product of experts with its topic model, topic_output_bias=
-# "beta"; in scripts/benchmark_steering.py the paper's TCNLM did not steer at CPU budgets, this did), at the demo's
-# size in its configuration's own fields (rGBN-RNN: one layer, sizes as per-layer lists), its KL term annealed over
-# 100 steps where it has an annealed one.
-SIZES = dict(embedding_size=128, hidden_size=128, dropout=0.2)
-DEMO_TOPICS = 20
-TOPIC_FAMILIES = {  # model_type -> (label, configuration values)
-    "tcnlm": ("TCNLM", dict(SIZES, num_topics=DEMO_TOPICS, kl_annealing_steps=100)),
-    "topic_rnn": ("TopicRNN", dict(SIZES, num_topics=DEMO_TOPICS, kl_annealing_steps=100)),
-    "nclm": ("NCLM", dict(SIZES, num_topics=DEMO_TOPICS)),
-    "rgbn_rnn": ("rGBN-RNN", dict(embedding_size=128, hidden_sizes=[128], topic_sizes=[DEMO_TOPICS], dropout=0.2)),
-}
+# The demo's models: every topic family with demo sizes (Family.demo_sizes: DEMO_SIZES and DEMO_TOPICS topics in its
+# configuration's own fields) beside the LSTM at its demo sizes. Every topic family is built with its steering recipe
+# (steering_recipe: for TCNLM, the product of experts with its topic model, topic_output_bias="beta"; in
+# scripts/benchmark_steering.py the paper's TCNLM did not steer at CPU budgets, this did).
+BASELINE = family_of(LSTMLMConfig.model_type)  # the same-size LSTM
 # The default family: the one with the best perplexity under causal at the demo's budget, measured by
 # scripts/benchmark_demo.py (results/demo-budget; tests/test_benchmark_demo.py checks that this is the measured best).
 DEMO_FAMILY = "nclm"
@@ -55,6 +47,11 @@ MIN_COMPARED_STEPS = 50  # the verdict compares the two models only when each to
 MIN_TOPIC_WORDS_PER_TOPIC = 3  # a smaller topic vocabulary per topic is refused (the synthetic corpus has 69 words)
 
 
+def demo_families() -> list[str]:
+    """The topic families the demo trains (``--family``): the registered ones with demo sizes, by model_type."""
+    return [family.model_type for family in topic_families() if family.demo_sizes]
+
+
 @dataclass
 class DemoArguments:
     train_file: Optional[str] = field(default=None, metadata={
@@ -63,7 +60,7 @@ class DemoArguments:
     synthetic: bool = field(default=False, metadata={
         "help": "Use the package's synthetic corpus (labelled SYNTHETIC) instead of real text."})
     family: str = field(default=DEMO_FAMILY, metadata={
-        "help": f"The topic family trained beside the LSTM: one of {', '.join(TOPIC_FAMILIES)}. The default did best "
+        "help": f"The topic family trained beside the LSTM: one of {', '.join(demo_families())}. The default did best "
                 "under causal at the demo's budget (scripts/benchmark_demo.py)."})
     output_dir: str = field(default="out/demo", metadata={"help": "Where both models are saved."})
     train_seconds: float = field(default=60.0, metadata={"help": "Wall-clock training budget of each model."})
@@ -128,16 +125,18 @@ def locate_corpus(train_file: Optional[str], synthetic: bool = False):
 
 
 def check_family(family: str) -> str:
-    """``family`` if it is one of the demo's topic families (``TOPIC_FAMILIES``); a one-line ``ValueError`` if not."""
-    if family not in TOPIC_FAMILIES:
-        raise ValueError(f"--family must be one of {', '.join(TOPIC_FAMILIES)}, got {family!r}")
+    """``family`` if it is one of the demo's topic families (:func:`demo_families`); a one-line ``ValueError`` if
+    not."""
+    if family not in demo_families():
+        raise ValueError(f"--family must be one of {', '.join(demo_families())}, got {family!r}")
     return family
 
 
 def build_topic_model(family: str, tok, topic_tok):
-    """The demo's model of topic family ``family`` (a key of ``TOPIC_FAMILIES``), sized to the vocabularies."""
+    """The demo's model of topic family ``family`` (one of :func:`demo_families`) at its demo sizes, sized to the
+    vocabularies."""
     record = family_of(check_family(family))
-    config = record.config_class.from_tokenizers(tok, topic_tok, **TOPIC_FAMILIES[family][1], **steering_recipe(family))
+    config = record.config_class.from_tokenizers(tok, topic_tok, **record.demo_sizes, **steering_recipe(family))
     return record.causal_lm_class(config)
 
 
@@ -262,7 +261,7 @@ def verdict(topic: float, lstm: float, ablation: float, steps: dict, seconds: fl
     why, and which topic family does best at the demo's budget (``budget_line``)."""
     own = ablation - topic
     head = (f"       Under causal (what generation sees: only the sentences before), after {seconds:.0f} s of "
-            f"training each ({label} {steps[label]} steps, the LSTM {steps['LSTM']}): {label} {topic:.2f}, the LSTM "
+            f"training each ({label} {steps[label]} steps, the LSTM {steps[BASELINE.label]}): {label} {topic:.2f}, the LSTM "
             f"{lstm:.2f} ({100 * (topic - lstm) / lstm:+.1f} %). The document's own topics are worth {own:.2f} "
             f"perplexity points to {label} (with another document's topics it scores {ablation:.2f}).")
     if min(steps.values()) < MIN_COMPARED_STEPS:
@@ -283,7 +282,7 @@ def verdict(topic: float, lstm: float, ablation: float, steps: dict, seconds: fl
 
 def budget_line(label: str) -> str:
     """What the demo's budget measurement (scripts/benchmark_demo.py) says of the topic family ``label``."""
-    best = TOPIC_FAMILIES[DEMO_FAMILY][0]
+    best = family_of(DEMO_FAMILY).label
     where = "scripts/benchmark_demo.py; results/README.md, \"The demo on a 2-core CPU\""
     if label == best:
         return f"{label} is the family that did best of the package's topic families at this budget ({where})."
@@ -370,8 +369,8 @@ def _run_demo(args: DemoArguments, fast: FastPathArguments, device: torch.device
           f"({done(start)})", flush=True)
 
     check_topic_vocabulary(len(topic_tok), len(train_docs), 1 if synthetic else DEMO_MIN_FREQ)
-    label = TOPIC_FAMILIES[args.family][0]
-    lstm = LSTMLMForCausalLM(LSTMLMConfig(vocab_size=len(tok), **SIZES)).to(device)
+    label, baseline = family_of(args.family).label, BASELINE.label
+    lstm = LSTMLMForCausalLM(LSTMLMConfig(vocab_size=len(tok), **BASELINE.demo_sizes)).to(device)
     topic_model = build_topic_model(args.family, tok, topic_tok).to(device)
     lm_collator = TopicContextCollator.for_model(lstm, tok)
     topic_collator = TopicContextCollator.for_model(topic_model, tok, topic_tok)  # the family's training context
@@ -388,19 +387,19 @@ def _run_demo(args: DemoArguments, fast: FastPathArguments, device: torch.device
     steps = {}
     steps[label] = train_for(topic_model, topic_rows, topic_collator, args.train_seconds,
                              os.path.join(args.output_dir, args.family), label, 3e-3, **speed)
-    steps["LSTM"] = train_for(lstm, lm_collator.prepare(train_docs), lm_collator, args.train_seconds,
-                              os.path.join(args.output_dir, "lstm"), "LSTM ", 3e-3, **speed)
+    steps[baseline] = train_for(lstm, lm_collator.prepare(train_docs), lm_collator, args.train_seconds,
+                                os.path.join(args.output_dir, BASELINE.short_name), f"{baseline} ", 3e-3, **speed)
     sizes = {name: sum(p.numel() for p in model.parameters()) / 1e6
-             for name, model in ((label, topic_model), ("LSTM", lstm))}
+             for name, model in ((label, topic_model), (baseline, lstm))}
     batches = (f"of {CHUNKS_PER_STEP} sentence chunks each" if not type(topic_model).reads_documents else
                f"the LSTM's of {CHUNKS_PER_STEP} sentence chunks, {label}'s of "
                f"{rows_per_step(topic_model, topic_rows)} whole documents (about as many chunks)")
-    print(f"       {label} {steps[label]} steps ({sizes[label]:.1f} M parameters), the LSTM {steps['LSTM']} "
-          f"({sizes['LSTM']:.1f} M), {batches} ({done(start)})", flush=True)
+    print(f"       {label} {steps[label]} steps ({sizes[label]:.1f} M parameters), the LSTM {steps[baseline]} "
+          f"({sizes[baseline]:.1f} M), {batches} ({done(start)})", flush=True)
 
     start = phase(4, total, "saving, and reloading with AutoModelForCausalLM")
     reloaded = {}
-    for name, model in ((args.family, topic_model), ("lstm", lstm)):
+    for name, model in ((args.family, topic_model), (BASELINE.short_name, lstm)):
         path = os.path.join(args.output_dir, name)
         model.save_pretrained(path)
         data_lib.save_vocabularies(tok, topic_tok, path)
@@ -410,7 +409,7 @@ def _run_demo(args: DemoArguments, fast: FastPathArguments, device: torch.device
             difference = float((model(**probe).logits - reloaded[name](**probe).logits).abs().max())
         same = difference <= 1e-4  # float32 rounding only (the copies' weights may be laid out differently)
         print(f"       {path}: same logits after reloading: {same} (largest difference {difference:.1e})", flush=True)
-    topic_model, lstm = reloaded[args.family], reloaded["lstm"]
+    topic_model, lstm = reloaded[args.family], reloaded[BASELINE.short_name]
     print(f"       ({done(start)})", flush=True)
 
     start = phase(5, total, "the topics (top words from beta" + (", NPMI on Wikipedia)" if args.npmi_documents else ")"))
@@ -471,7 +470,7 @@ def _run_demo(args: DemoArguments, fast: FastPathArguments, device: torch.device
 
     start = phase(7, total, f"perplexity on {len(valid_docs)} validation documents under each protocol")
     rows = []
-    for name, model in (("LSTM", lstm), (label, topic_model)):
+    for name, model in ((baseline, lstm), (label, topic_model)):
         for protocol in PROTOCOLS:
             rows.append((name, protocol, evaluate_perplexity(model, valid_docs, protocol, tokenizer=tok,
                                                              topic_tokenizer=topic_tok)["perplexity"]))
@@ -485,7 +484,7 @@ def _run_demo(args: DemoArguments, fast: FastPathArguments, device: torch.device
     for protocol, ppl in ablation.items():
         print(f"| {label} | {protocol}, another document's context (ablation) | another document's | {ppl:.2f} |")
     ppl = {(name, protocol): value for name, protocol, value in rows}
-    print("\n" + verdict(ppl[(label, "causal")], ppl[("LSTM", "causal")], ablation["causal"], steps,
+    print("\n" + verdict(ppl[(label, "causal")], ppl[(baseline, "causal")], ablation["causal"], steps,
                          args.train_seconds, label))
     print(f"\n       ({done(start)}) each model trained for {args.train_seconds:.0f} s; "
           f"{source}; vocabulary of words seen >= {1 if synthetic else DEMO_MIN_FREQ} times, so these perplexities "

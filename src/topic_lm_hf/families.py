@@ -2,18 +2,22 @@
 
 A :class:`Family` holds what the package needs to know about a family: its configuration and model classes (the
 Auto classes register them), the paragraph its Hub card shows, its steering recipe (``topic-lm train``'s default
-configuration values for a new topic model), its short name in the benchmark scripts, and its named variants: the
-papers' variants the package implements, each the configuration values that make it (TCNLM's naive mixture of
-experts, TopicRNN's cells, NCLM's LTA / ETA / LETA with or without SDT, GBN-RNN and rGBN-RNN). Whether it is a
-topic family is not declared but read from its causal LM's class (:class:`TopicFamilyForCausalLM`). The tests
-derive their lists of families and variants from the records (``tests/conftest.py``'s ``variants``), so that a
-registered family is tested without editing them.
+configuration values for a new topic model), its short name in the benchmark scripts, its label in printed output,
+its named variants (the papers' variants the package implements, each the configuration values that make it: TCNLM's
+naive mixture of experts, TopicRNN's cells, NCLM's LTA / ETA / LETA with or without SDT, GBN-RNN and rGBN-RNN), and
+its sizes in its configuration's own fields: the demo's (``topic-lm demo``, ``scripts/benchmark_demo.py``) and the
+tests' tiny ones. Whether it is a topic family is not declared but read from its causal LM's class
+(:class:`TopicFamilyForCausalLM`). The demo, the tests and the scripts derive their lists of families, variants, labels
+and sizes from the records (``tests/conftest.py``'s ``variants`` and ``tiny_model``, ``demo.demo_families``), so
+that a registered family is tested and demonstrated without editing them.
 
 Adding a family is writing its ``configuration_*`` / ``modeling_*`` files and one :func:`register_family` call::
 
-    register_family(Family(MyConfig, MyModel, MyForCausalLM, MyForSequenceClassification,
+    register_family(Family(MyConfig, MyModel, MyForCausalLM, MyForSequenceClassification, label="MyLM",
                            card=dict(name=..., paper=..., equation=..., departures=...),
-                           variants={"my_lm": {}, "my_lm-other": {"some_field": "other"}}))
+                           variants={"my_lm": {}, "my_lm-other": {"some_field": "other"}},
+                           demo_sizes=dict(DEMO_SIZES, num_topics=DEMO_TOPICS),
+                           tiny_sizes={"embedding_size": 16, "hidden_size": 16, "num_topics": 4}))
 """
 
 from __future__ import annotations
@@ -36,6 +40,14 @@ from .models.modeling_topic_family import TopicFamilyForCausalLM
 # the configuration class says it is unavailable (``output_prior_unavailable``).
 SHARED_PRIOR = {"topic_output_bias": "beta", "topic_prior_weight_init": 1.0}
 
+# The demo's size (``topic-lm demo``): small enough to learn something in about a minute of CPU each. Every family's
+# ``demo_sizes`` spells it in its configuration's own fields (rGBN-RNN: one layer, sizes as per-layer lists), with its
+# KL term annealed over 100 steps where it has an annealed one (TCNLM, TopicRNN).
+DEMO_SIZES = dict(embedding_size=128, hidden_size=128, dropout=0.2)
+DEMO_TOPICS = 20
+# The tests' tiny LSTM (``tests/conftest.py``'s ``tiny_model`` builds every variant at its family's ``tiny_sizes``).
+_TINY_LSTM = {"embedding_size": 16, "hidden_size": 16, "dropout": 0.0}
+
 
 @dataclass(frozen=True)
 class Family:
@@ -54,13 +66,22 @@ class Family:
     # representative, the paper's full model, where a test runs one variant per family. Default: one variant, the
     # configuration class's defaults, named by the model_type.
     variants: dict = field(default_factory=dict)
+    label: str = ""  # its name in printed output: the demo's lines and tables (default: its model_type)
+    # its configuration values at the demo's size (DEMO_SIZES, DEMO_TOPICS topics); none: the demo does not train it
+    demo_sizes: dict = field(default_factory=dict)
+    # its configuration values at the tests' tiny size (tests/conftest.py's tiny_model); a variant's go on top
+    tiny_sizes: dict = field(default_factory=dict)
 
     def __post_init__(self):
         if not self.variants:
             object.__setattr__(self, "variants", {self.model_type: {}})
-        # read-only views: a recipe or a variant edited in place would change every later model of the family
-        object.__setattr__(self, "steering_recipe", MappingProxyType(dict(self.steering_recipe)))
-        object.__setattr__(self, "variants", MappingProxyType({name: MappingProxyType(dict(values))
+        if not self.label:
+            object.__setattr__(self, "label", self.model_type)
+        # read-only views: a recipe, a variant or sizes edited in place would change every later model of the family
+        # (per-layer lists are kept as tuples, which the configuration classes take as they take lists)
+        for name in ("steering_recipe", "demo_sizes", "tiny_sizes"):
+            object.__setattr__(self, name, _read_only(getattr(self, name)))
+        object.__setattr__(self, "variants", MappingProxyType({name: _read_only(values)
                                                                for name, values in self.variants.items()}))
 
     @property
@@ -79,6 +100,10 @@ class Family:
     def representative(self) -> str:
         """The name of the family's representative variant: its first one (the paper's full model)."""
         return next(iter(self.variants))
+
+
+def _read_only(values: dict) -> MappingProxyType:
+    return MappingProxyType({k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
 
 
 FAMILIES: dict[str, Family] = {}  # model_type -> Family, in the order they were registered
@@ -118,7 +143,7 @@ def register_family(family: Family) -> Family:
 def _check_family(family: Family) -> None:
     """Everything :func:`register_family` needs, checked before it registers anything (a failed registration leaves
     the registry and the Auto classes as they were): the classes, a model_type of its own, recipes and variants
-    naming the configuration's fields."""
+    naming the configuration's fields, and so do its sizes."""
     config = family.config_class
     if not (isinstance(config, type) and issubclass(config, PretrainedConfig)) or not getattr(config, "model_type", ""):
         raise ValueError(f"config_class must be a PretrainedConfig subclass with a model_type, got {config!r}")
@@ -134,8 +159,9 @@ def _check_family(family: Family) -> None:
         raise ValueError(f"model_type {config.model_type!r} is already the family of {registered.causal_lm_class.__name__}"
                          ": give the new family a model_type of its own")
     fields = config().to_dict()
-    for what, values in [("steering_recipe", family.steering_recipe), *((f"variant {name!r}", v)
-                                                                       for name, v in family.variants.items())]:
+    for what, values in [("steering_recipe", family.steering_recipe), ("demo_sizes", family.demo_sizes),
+                         ("tiny_sizes", family.tiny_sizes),
+                         *((f"variant {name!r}", v) for name, v in family.variants.items())]:
         unknown = sorted(set(values) - set(fields))
         if unknown:
             raise ValueError(f"{config.model_type}: {what} names {unknown}, which {config.__name__} does not have")
@@ -169,7 +195,7 @@ def variant_of(name: str) -> tuple[Family, dict]:
 
 register_family(Family(
     LSTMLMConfig, LSTMLMModel, LSTMLMForCausalLM, LSTMLMForSequenceClassification, benchmark_name="lstm",
-    variants={"lstm_lm": {}},
+    label="LSTM", variants={"lstm_lm": {}}, demo_sizes=DEMO_SIZES, tiny_sizes=_TINY_LSTM,
     card=dict(
         name="LSTM language model",
         paper="the baseline of every topic-guided LM paper (Lau, Baldwin & Cohn 2017; Wang et al. 2018)",
@@ -178,7 +204,9 @@ register_family(Family(
 
 register_family(Family(
     TCNLMConfig, TCNLMModel, TCNLMForCausalLM, TCNLMForSequenceClassification, benchmark_name="tcnlm",
-    steering_recipe=dict(SHARED_PRIOR),
+    label="TCNLM", steering_recipe=dict(SHARED_PRIOR),
+    demo_sizes=dict(DEMO_SIZES, num_topics=DEMO_TOPICS, kl_annealing_steps=100),
+    tiny_sizes={**_TINY_LSTM, "num_topics": 4, "num_factors": 8, "encoder_hidden_size": 16, "topic_embedding_size": 8},
     # the paper's model and its naive mixture of experts (one LSTM per topic, mixed by the topic proportions)
     variants={"tcnlm": {}, "tcnlm-naive_moe": {"lm_type": "naive_moe"}},
     card=dict(
@@ -191,7 +219,9 @@ register_family(Family(
 
 register_family(Family(
     TopicRNNConfig, TopicRNNModel, TopicRNNForCausalLM, TopicRNNForSequenceClassification,
-    benchmark_name="topic_rnn",
+    benchmark_name="topic_rnn", label="TopicRNN",
+    demo_sizes=dict(DEMO_SIZES, num_topics=DEMO_TOPICS, kl_annealing_steps=100),
+    tiny_sizes={**_TINY_LSTM, "num_topics": 4, "inference_hidden_size": 16},
     steering_recipe={**SHARED_PRIOR, "bow_loss_weight": 1.0, "theta_transform": "softmax"},
     # the paper's three cells (the LSTM first), and the LSTM with softmax topic proportions (the steering recipe's)
     variants={"topic_rnn-lstm": {"cell": "lstm"}, "topic_rnn-rnn": {"cell": "rnn"}, "topic_rnn-gru": {"cell": "gru"},
@@ -207,6 +237,8 @@ register_family(Family(
 
 register_family(Family(
     NCLMConfig, NCLMModel, NCLMForCausalLM, NCLMForSequenceClassification, benchmark_name="nclm",
+    label="NCLM", demo_sizes=dict(DEMO_SIZES, num_topics=DEMO_TOPICS),
+    tiny_sizes={**_TINY_LSTM, "num_topics": 4, "encoder_hidden_size": 16, "etr_top_n": 5, "num_topic_samples": 2},
     steering_recipe={**SHARED_PRIOR, "diversity_weight": 1.0},
     # the paper's full model (LETA with sentence-level topics) first, then its ablations
     variants={"nclm-leta-sdt": {"variant": "leta", "sentence_topics": True},
@@ -224,6 +256,11 @@ register_family(Family(
 
 register_family(Family(
     RGBNRNNConfig, RGBNRNNModel, RGBNRNNForCausalLM, RGBNRNNForSequenceClassification, benchmark_name="rgbn",
+    label="rGBN-RNN",
+    demo_sizes=dict(embedding_size=DEMO_SIZES["embedding_size"], hidden_sizes=[DEMO_SIZES["hidden_size"]],
+                    topic_sizes=[DEMO_TOPICS], dropout=DEMO_SIZES["dropout"]),
+    # two topic layers of 4 and 2 topics, two LSTM layers of 16
+    tiny_sizes={"embedding_size": 16, "topic_sizes": [4, 2], "hidden_sizes": [16, 16]},
     # sparser topics (PGBN's Gibbs sampler's pseudo-count; the paper's TLASGR code uses 0.1): pre-trained on APNEWS
     # they reached NPMI 0.060 against 0.031 with 0.1 (scripts/benchmark_steering.py)
     steering_recipe={**SHARED_PRIOR, "eta_phi": 0.01},
@@ -238,4 +275,4 @@ register_family(Family(
         departures="Phi's sampler state is stored in the weights file (`phi`, `pi` buffers), so training resumes "
                    "exactly.")))
 
-__all__ = ["Family", "FAMILIES", "SHARED_PRIOR", "family_of", "register_family", "topic_families", "variant_of"]
+__all__ = ["Family", "FAMILIES", "DEMO_SIZES", "DEMO_TOPICS", "SHARED_PRIOR", "family_of", "register_family", "topic_families", "variant_of"]

@@ -238,8 +238,8 @@ def render_card(config, model_class: str, repo_id: str, results=None, datasets=N
             auto_class=auto_class, pipeline_tag=pipeline_tag, repo_id=repo_id, sizes=sizes, rows=rows,
             model_description=description, family=family, training=training or {}, topics=topics or [],
             steering=steering or {}, measured_note=measured_note,
-            topic_model=is_topic_family(config.model_type),
-            reads_context=config.model_type not in ("lstm_lm", "sense_tagger"))
+            # a topic family (which reads its document's context); the LSTM LM and the task models read none
+            topic_model=is_topic_family(config.model_type))
 
 
 EVAL_RESULTS_DIR = ".eval_results"  # the Hub's evaluation results of a model repository, one YAML file per benchmark
