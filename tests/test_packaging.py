@@ -178,6 +178,15 @@ def test_the_remote_code_names_nothing_an_exported_folder_lacks():
                 f"{path.name} refers to {reference}, which is not a public name of the package"
 
 
+def test_no_installed_module_names_the_checkouts_design_notes():
+    """The wheel installs every module of the package, where the project's design notes do not exist: a module
+    says what it needs inline or cites the paper or public code."""
+    package = MODELS.parent
+    for path in package.rglob("*.py"):
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            assert not re.search(r"docs/|hf-notes|shared/", line), f"{path.relative_to(package)}:{number}: {line}"
+
+
 def test_every_remote_code_file_declares_its_public_names():
     """Each configuration and modeling file has an ``__all__`` of names it defines, and lists every name that
     another module of the package imports from it."""

@@ -1,7 +1,7 @@
 """Sharing models on the Hugging Face Hub, loadable with or without this package installed.
 
 ``save_for_hub`` writes, into one folder: the weights (safetensors), ``config.json`` with a full
-``auto_map`` (every Auto class of the family, not only the one being saved, hf-notes §3.3), the
+``auto_map`` (every Auto class of the family, not only the one being saved, so that any of them loads the folder), the
 model's flat code files (its ``configuration_*.py`` and ``modeling_*.py`` and the shared ones they import), the
 LM tokenizer, the ``topic_tokenizer/`` subfolder and a model card. Users then load it with
 ``AutoModelForCausalLM.from_pretrained(repo, trust_remote_code=True)`` even without

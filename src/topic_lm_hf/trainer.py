@@ -77,7 +77,8 @@ class TopicLMTrainer(Trainer):
     * Gradient accumulation equals the big batch: each micro-batch's loss is weighted by its share of the
       optimizer step's predicted tokens (the Trainer's ``num_items_in_batch``), not averaged as a mean of means.
     * Sets ``remove_unused_columns=False`` (the collator needs its raw columns) and
-      ``label_names=["labels"]`` (hf-notes §4).
+      ``label_names=["labels"]`` (named: transformers reads it from the outermost model's forward, which a
+      wrapper such as PEFT hides).
     * Stops with :class:`NonFiniteLossError` on a NaN / inf loss, and with
       :class:`NonFiniteGradientError` on a NaN / inf gradient norm (the loss can be finite while
       the backward pass overflows), before the optimizer step: the step is not applied, the

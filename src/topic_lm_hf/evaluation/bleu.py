@@ -2,8 +2,7 @@
 
 TGVAE and rGBN-RNN report BLEU-n of generated sentences against test sentences (higher is better)
 and self-BLEU-n of the generated sentences among themselves (lower is more diverse), "following
-Texygen" (``geek-ai/Texygen``, ``utils/metrics/Bleu.py`` and ``SelfBleu.py``; ``docs/metrics.md``,
-section A3). Texygen computes, for n = 2, 3, 4, ...:
+Texygen" (``geek-ai/Texygen``, ``utils/metrics/Bleu.py`` and ``SelfBleu.py``). Texygen computes, for n = 2, 3, 4, ...:
 
 * **BLEU-n** = the mean over hypotheses of NLTK's ``sentence_bleu(references, hypothesis,
   weights=(1/n,) * n, smoothing_function=SmoothingFunction().method1)``, with *all* reference
@@ -42,8 +41,7 @@ to NLTK's; means are summed in hypothesis order, as Texygen does. On 300 APNEWS 
 with ``nltk.word_tokenize`` (needs NLTK's ``punkt`` data); that is *not* applied here: tokenise
 hypotheses and references the same way before calling, e.g. with the tokenizer the model uses.
 
-**Other BLEU implementations give other numbers** (``docs/metrics.md``, A3, has a table on one
-corpus):
+**Other BLEU implementations give other numbers** on the same sentences:
 
 * sacrebleu computes corpus BLEU by default, with ``exp`` smoothing and effective order, and
   tokenises with 13a: different numbers. Sentence-level sacrebleu with ``floor`` smoothing 0.1,

@@ -3,7 +3,7 @@
 Published NPMI numbers move a lot with unstated choices (window size, edge windows, the rule for
 pairs never seen together, top-N), so every score computed here comes back as a
 :class:`CoherenceResult` that carries its protocol and a hash of the reference corpus
-(``docs/metrics.md``, section A1). Three presets reproduce the three families of published numbers:
+(the protocol is part of the result). Three presets reproduce the three families of published numbers:
 
 =================  =========  ===============  ================  =================  ==============
 preset             window     edge windows     unseen pair       top-N              reproduces

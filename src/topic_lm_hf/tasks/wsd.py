@@ -1,7 +1,7 @@
 """Word sense disambiguation (WSD) on Raganato et al.'s unified evaluation framework (EACL 2017).
 
 The pieces every WSD system here shares: the corpora, the sense inventory, the scorer and the two
-reference baselines (``docs/nclm.md`` §5 has the protocol and the published figures).
+reference baselines (the NCLM paper's protocol, Chaudhary et al. 2020, section 5, and its published figures).
 
 **Corpora.** A set is a folder holding ``<name>.data.xml`` (``corpus/text/sentence`` with ``wf``
 and ``instance`` tokens, each with ``lemma`` and a universal ``pos``) and ``<name>.gold.key.txt``
@@ -39,7 +39,7 @@ adjective satellites (``s``) join ``a``; universal tags map NOUN→n, VERB→v, 
   lower OEWN rank, then by the *larger* key; ``None`` for a pair never seen in training. The last
   tie only arises between keys of equal count and rank: a head adjective and a satellite (both
   rank 1 in OEWN, which numbers ``a`` and ``s`` entries separately), or two keys missing from OEWN.
-  The larger key (so the satellite, ``%5`` > ``%3``) reproduces ``docs/nclm.md``'s SemCor-MFS
+  The larger key (so the satellite, ``%5`` > ``%3``) reproduces the NCLM paper's SemCor-MFS
   (66.0 / 64.7 / 55.4); the smaller key, as in WN-1st, gives 66.2 / 64.8 / 55.4.
 
 **Scorer** (:func:`score_wsd`): the semantics of the framework's ``Scorer.java``.

@@ -1,6 +1,6 @@
 """Training and applying the BiLSTM sense tagger (:class:`~topic_lm_hf.models.SenseTaggerForTokenClassification`).
 
-The NCLM paper's WSD protocol (``docs/nclm.md`` §5), with the decisions it leaves open made here:
+The NCLM paper's WSD protocol (Chaudhary et al. 2020, section 5), with the decisions it leaves open made here:
 
 * **Input words**: the lower-cased corpus *lemma* of every token (``input_feature="lemma"``; ``"form"``
   uses the lower-cased surface form), from a vocabulary built on the training corpus
