@@ -616,3 +616,84 @@ def test_one_topic_trains_with_a_finite_loss():
     assert torch.isfinite(out.loss) and float(out.aux_loss) == 0.0
     out.loss.backward()
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
+# ----------------------------------------------------------------------------------------------
+# the recurrence's hand-written backward through time
+# ----------------------------------------------------------------------------------------------
+
+def _reference_recurrence(gates_x, q, U_c, U_a, h, c, keep):
+    """TCNLMRecurrence step by step under autograd (the per-step loop the layer ran before)."""
+    s, g, b, H = gates_x.shape
+    f = q.shape[-1]
+    outputs = []
+    for m in range(s):
+        u = (h @ U_c.t()).view(b, g, f).transpose(0, 1)
+        a = torch.baddbmm(gates_x[m], u * q, U_a.transpose(1, 2))
+        i_gate, f_gate, o_gate = torch.sigmoid(a[0]), torch.sigmoid(a[1]), torch.sigmoid(a[3])
+        c_new = f_gate * c + i_gate * torch.tanh(a[2])
+        h_new = o_gate * torch.tanh(c_new)
+        if keep is None:
+            h, c = h_new, c_new
+            outputs.append(h_new)
+        else:
+            h, c = torch.where(keep[m], h_new, h), torch.where(keep[m], c_new, c)
+            outputs.append(h_new * keep[m])
+    return torch.stack(outputs), h, c
+
+
+def _recurrence_inputs(s=5, b=3, H=4, f=3, padded=True, dtype=torch.float64, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    rand = lambda *shape: torch.randn(*shape, generator=gen, dtype=dtype).requires_grad_()  # noqa: E731
+    keep = None
+    if padded:  # left padding in row 0, right padding in row 1, none in row 2
+        keep = torch.ones(s, b, 1, dtype=torch.bool)
+        keep[:2, 0] = False
+        keep[-1, 1] = False
+    return rand(s, 4, b, H), rand(4, b, f), rand(4 * f, H), rand(4, H, f), rand(b, H), rand(b, H), keep
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["no-padding", "padding"])
+def test_the_recurrences_backward_through_time_equals_autograds_and_passes_gradcheck(padded):
+    from topic_lm_hf.models.modeling_tcnlm import TCNLMRecurrence
+
+    inputs = _recurrence_inputs(padded=padded)
+    assert torch.autograd.gradcheck(TCNLMRecurrence.apply, inputs, eps=1e-6, atol=1e-8)
+    # against the step-by-step loop: the outputs, the last state and every gradient (with a loss that weighs the
+    # outputs and the final state differently, so that each backward path counts)
+    leaves = inputs[:-1]
+    weights = [torch.randn_like(x) for x in _reference_recurrence(*inputs)]
+    grads = []
+    for run in (TCNLMRecurrence.apply, _reference_recurrence):
+        out = run(*inputs)
+        loss = sum((o * w).sum() for o, w in zip(out, weights))
+        grads.append((out, torch.autograd.grad(loss, leaves)))
+    for got, want in zip(grads[0][0], grads[1][0]):
+        torch.testing.assert_close(got, want)
+    for got, want in zip(grads[0][1], grads[1][1]):
+        torch.testing.assert_close(got, want)
+
+
+def test_the_layer_on_real_batches_equals_its_step_by_step_form_in_float32(vocab):
+    """A small TCNLM on a padded batch with a carried state: the loss and every gradient equal those of the same
+    layer run step by step under autograd (float32 rounding)."""
+    from topic_lm_hf.models import modeling_tcnlm
+
+    tok, topic_tok = vocab
+    model = small_model(len(tok), len(topic_tok)).train()
+    batch = tok(["the senate said on monday", "police"], return_tensors="pt", padding=True)
+    state = tuple(torch.randn(2, 2, model.config.hidden_size) * 0.1 for _ in range(2))
+    runs = []
+    original = modeling_tcnlm.TCNLMRecurrence.apply
+    for recurrence in (original, _reference_recurrence):
+        modeling_tcnlm.TCNLMRecurrence.apply = recurrence
+        try:
+            torch.manual_seed(0)
+            out = model(**batch, labels=batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100),
+                        context_bow=random_bow(2, len(topic_tok)), state=state)
+            runs.append((out.loss.detach(), torch.autograd.grad(out.loss, list(model.parameters()))))
+        finally:
+            modeling_tcnlm.TCNLMRecurrence.apply = original
+    torch.testing.assert_close(runs[0][0], runs[1][0])
+    for got, want in zip(runs[0][1], runs[1][1]):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)

@@ -149,6 +149,105 @@ class TCNLMTopicModel(nn.Module):
 # ----------------------------------------------------------------------------------------------
 
 
+class TCNLMRecurrence(torch.autograd.Function):
+    """The recurrent side of :class:`TCNLMLSTMLayer` over a whole sequence, with a hand-written backward through
+    time: autograd records one node for the sequence instead of about 68 operations per time step.
+
+    ``forward(gates_x (s, 4, b, H), q (4, b, n_f), U_c (4 n_f, H), U_a (4, H, n_f), h0, c0 (b, H), keep (s, b, 1) or
+    None) -> (outputs (s, b, H), h, c)``, where ``gates_x`` is the input side of every step plus the bias and
+    ``q = U_b t``; step m computes u = (U_c h) per gate, a = gates_x[m] + U_a (q * u) per gate, the LSTM cell on a,
+    and, where ``keep`` is False (padding), carries h and c over and outputs 0. The products run in ``gates_x``'s
+    dtype (bfloat16 under autocast, as the per-step layer ran them), the cell state in float32.
+
+    The backward runs the steps in reverse with the few products and pointwise operations that depend on the
+    state; the gradients of U_a, U_c and q are summed over the sequence in batched products after the loop."""
+
+    @staticmethod
+    def forward(ctx, gates_x, q, U_c, U_a, h0, c0, keep):
+        s, gates, b, H = gates_x.shape
+        f = q.shape[-1]
+        dt = gates_x.dtype
+        with torch.autocast(gates_x.device.type, enabled=False):
+            U_c_t, U_a_t, qd = U_c.to(dt).t(), U_a.to(dt).transpose(1, 2), q.to(dt)
+            steps = gates_x.unbind(0)
+            kept = keep.unbind(0) if keep is not None else None
+            h, c = h0, c0
+            previous_h, previous_c, us, acts, gs, tcs, outputs = [], [], [], [], [], [], []
+            for m in range(s):
+                u = torch.mm(h.to(dt), U_c_t).view(b, gates, f).transpose(0, 1)  # (4, b, n_f)
+                a = torch.baddbmm(steps[m], u * qd, U_a_t)  # (4, b, H)
+                act = torch.sigmoid(a)  # i, f and o (the g row's sigmoid goes unused: one kernel for the three)
+                i_gate, f_gate, _, o_gate = act.unbind(0)
+                g = torch.tanh(a[2])
+                c_new = torch.addcmul(f_gate * c, i_gate, g)
+                tc = torch.tanh(c_new)
+                h_new = o_gate * tc
+                previous_h.append(h)
+                previous_c.append(c)
+                us.append(u)
+                acts.append(act)
+                gs.append(g)
+                tcs.append(tc)
+                if kept is None:
+                    h, c = h_new, c_new
+                    outputs.append(h_new)
+                else:
+                    h, c = torch.where(kept[m], h_new, h), torch.where(kept[m], c_new, c)
+                    outputs.append(h_new * kept[m])
+            stacked = [torch.stack(x) for x in (previous_h, previous_c, us, acts, gs, tcs)]
+        ctx.save_for_backward(q, U_c, U_a, keep, *stacked)
+        ctx.dtypes = dt, h0.dtype, c0.dtype
+        return torch.stack(outputs), h, c
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, d_outputs, d_h, d_c):
+        q, U_c, U_a, keep, previous_h, previous_c, us, acts, gs, tcs = ctx.saved_tensors
+        s, gates, b, H = acts.shape
+        f = q.shape[-1]
+        dt, h0_dtype, c0_dtype = ctx.dtypes
+        with torch.autocast(acts.device.type, enabled=False):
+            qd, U_a_d, U_c_g = q.to(dt), U_a.to(dt), U_c.to(dt).view(gates, f, H)
+            # What the reverse steps read, for all steps at once: the gates' derivatives at their pre-activations
+            # (sigmoid' for i, f and o; tanh' for g) times what each gate multiplies (g, c_{m-1}, i, tanh(c)), so
+            # that a step's gradient at the pre-activations is one product with (dc, dc, dc, dh); and o tanh'(c).
+            deriv = acts * (1 - acts)
+            deriv[:, 2] = 1 - gs * gs
+            scaled = deriv * torch.stack([gs, previous_c.to(dt), acts[:, 0], tcs.to(dt)], dim=1)  # (s, 4, b, H)
+            o_dtanh = acts[:, 3] * (1 - tcs * tcs)
+            scaled_steps, o_dtanhs, f_steps = scaled.unbind(0), o_dtanh.unbind(0), acts[:, 1].unbind(0)
+            d_out = d_outputs.unbind(0) if d_outputs is not None else None
+            kept = keep.unbind(0) if keep is not None else None
+            dh = d_h if d_h is not None else previous_h.new_zeros(b, H)
+            dc = d_c if d_c is not None else previous_c.new_zeros(b, H)
+            das, dus, dqs = [None] * s, [None] * s, [None] * s
+            for m in range(s - 1, -1, -1):
+                dh_new = dh if d_out is None else dh + d_out[m]
+                dc_new = dc
+                if kept is not None:  # a padded step passed h and c on unchanged and output 0
+                    carried_h, carried_c = dh * ~kept[m], dc * ~kept[m]
+                    dh_new, dc_new = dh_new * kept[m], dc * kept[m]
+                dc_new = torch.addcmul(dc_new, dh_new, o_dtanhs[m])
+                # (4, b, H): the gradient at the pre-activations of i, f, g and o
+                da = (scaled_steps[m] * torch.stack([dc_new, dc_new, dc_new, dh_new])).to(dt)
+                d_hq = torch.bmm(da, U_a_d)  # (4, b, n_f): at q * u
+                du = d_hq * qd
+                dh = torch.bmm(du, U_c_g).sum(0).to(previous_h.dtype)
+                dc = dc_new * f_steps[m]
+                if kept is not None:
+                    dh, dc = dh + carried_h, dc + carried_c
+                das[m], dus[m], dqs[m] = da, du, d_hq
+            da_all, du_all, dq_all = torch.stack(das), torch.stack(dus), torch.stack(dqs)  # (s, 4, b, .)
+            # the weights' gradients, summed over the sequence in batched products
+            hq = us * qd  # (s, 4, b, n_f): q * u of every step
+            d_U_a = torch.bmm(da_all.permute(1, 3, 0, 2).reshape(gates, H, s * b),
+                              hq.permute(1, 0, 2, 3).reshape(gates, s * b, f))  # (4, H, n_f)
+            d_U_c = torch.mm(du_all.permute(1, 3, 0, 2).reshape(gates * f, s * b),
+                             previous_h.to(dt).reshape(s * b, H))  # (4 n_f, H)
+            d_q = (dq_all * us).sum(0)  # (4, b, n_f)
+        return (da_all, d_q.to(q.dtype), d_U_c.to(U_c.dtype), d_U_a.to(U_a.dtype), dh.to(h0_dtype),
+                dc.to(c0_dtype), None)
+
 class TCNLMLSTMLayer(nn.Module):
     """One topic-compositional LSTM layer (eq. 13-15) with the gates stacked.
 
@@ -193,12 +292,8 @@ class TCNLMLSTMLayer(nn.Module):
         t = t.to(self.W_b.dtype)  # t is float32 (see _float_simplex); the weights may be bfloat16
         x_tilde = F.linear(x, self.W_c) * F.linear(t, self.W_b).unsqueeze(1)  # (b, s, 4 n_f)
         gates_x = torch.einsum("bsgf,ghf->sgbh", x_tilde.view(b, s, g, f), self.W_a)  # (s, 4, b, H)
-        # gate-major and time-major; unbind (not indexing) so that backward stacks the step gradients once
-        # instead of scattering each into a zero tensor of the full size.
-        gates_x = (gates_x + self.bias.view(1, g, 1, H)).unbind(0)
+        gates_x = gates_x + self.bias.view(1, g, 1, H)
         hidden_topic = F.linear(t, self.U_b).view(b, g, f).transpose(0, 1)  # U_b t: (4, b, n_f), fixed over time
-        U_c_t = self.U_c.t()  # (H, 4 n_f)
-        U_a_t = self.U_a.transpose(1, 2)  # (4, n_f, H)
         if state is None:
             h = x.new_zeros(b, H)
             c = x.new_zeros(b, H)
@@ -206,25 +301,10 @@ class TCNLMLSTMLayer(nn.Module):
             h, c = state
         if s == 0:
             return x.new_zeros(b, 0, H), (h, c)
-        step_mask = None if mask is None else mask.transpose(0, 1).unsqueeze(-1).unbind(0)  # s x (b, 1)
-        outputs = []
-        for m in range(s):
-            # Recurrent side (eq. 15): h~ = (U_b t) ⊙ (U_c h), then U_a h~ per gate, added to the input side's
-            # gates in the same (4,) batch of matmuls; the gates stay gate-major, (4, b, H).
-            h_tilde = torch.mm(h, U_c_t).view(b, g, f).transpose(0, 1) * hidden_topic  # (4, b, n_f)
-            gates = torch.baddbmm(gates_x[m], h_tilde, U_a_t)  # (4, b, H)
-            squashed = torch.sigmoid(gates)  # i, f and o (g's sigmoid goes unused: one kernel for the three)
-            i_gate, f_gate, _, o_gate = squashed.unbind(0)
-            c_new = torch.addcmul(f_gate * c, i_gate, torch.tanh(gates[2]))  # eq. 13
-            h_new = o_gate * torch.tanh(c_new)
-            if step_mask is None:
-                h, c = h_new, c_new
-                outputs.append(h_new)
-            else:
-                keep = step_mask[m]
-                h, c = torch.where(keep, h_new, h), torch.where(keep, c_new, c)
-                outputs.append(h_new * keep)
-        return torch.stack(outputs, dim=1), (h, c)
+        # The recurrent side (eq. 15) over every step, with its backward through time written out.
+        keep = None if mask is None else mask.transpose(0, 1).unsqueeze(-1)  # (s, b, 1)
+        outputs, h, c = TCNLMRecurrence.apply(gates_x, hidden_topic, self.U_c, self.U_a, h, c, keep)
+        return outputs.transpose(0, 1), (h, c)
 
 
 class TCNLMExperts(nn.Module):
