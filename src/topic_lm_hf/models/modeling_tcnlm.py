@@ -164,6 +164,15 @@ class TCNLMRecurrence(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, gates_x, q, U_c, U_a, h0, c0, keep):
+        outputs, h, c, saved = TCNLMRecurrence.run(gates_x, q, U_c, U_a, h0, c0, keep, save=True)
+        ctx.save_for_backward(q, U_c, U_a, keep, *saved)
+        ctx.dtypes = gates_x.dtype, h0.dtype, c0.dtype
+        return outputs, h, c
+
+    @staticmethod
+    def run(gates_x, q, U_c, U_a, h0, c0, keep, save: bool = False):
+        """The forward steps: ``(outputs, h, c, what backward reads)``; without ``save`` (no gradient wanted, e.g.
+        generation) nothing is kept beyond the outputs."""
         s, gates, b, H = gates_x.shape
         f = q.shape[-1]
         dt = gates_x.dtype
@@ -182,22 +191,21 @@ class TCNLMRecurrence(torch.autograd.Function):
                 c_new = torch.addcmul(f_gate * c, i_gate, g)
                 tc = torch.tanh(c_new)
                 h_new = o_gate * tc
-                previous_h.append(h)
-                previous_c.append(c)
-                us.append(u)
-                acts.append(act)
-                gs.append(g)
-                tcs.append(tc)
+                if save:
+                    previous_h.append(h)
+                    previous_c.append(c)
+                    us.append(u)
+                    acts.append(act)
+                    gs.append(g)
+                    tcs.append(tc)
                 if kept is None:
                     h, c = h_new, c_new
                     outputs.append(h_new)
                 else:
                     h, c = torch.where(kept[m], h_new, h), torch.where(kept[m], c_new, c)
                     outputs.append(h_new * kept[m])
-            stacked = [torch.stack(x) for x in (previous_h, previous_c, us, acts, gs, tcs)]
-        ctx.save_for_backward(q, U_c, U_a, keep, *stacked)
-        ctx.dtypes = dt, h0.dtype, c0.dtype
-        return torch.stack(outputs), h, c
+            saved = [torch.stack(x) for x in (previous_h, previous_c, us, acts, gs, tcs)] if save else []
+        return torch.stack(outputs), h, c, saved
 
     @staticmethod
     @torch.autograd.function.once_differentiable
@@ -303,7 +311,11 @@ class TCNLMLSTMLayer(nn.Module):
             return x.new_zeros(b, 0, H), (h, c)
         # The recurrent side (eq. 15) over every step, with its backward through time written out.
         keep = None if mask is None else mask.transpose(0, 1).unsqueeze(-1)  # (s, b, 1)
-        outputs, h, c = TCNLMRecurrence.apply(gates_x, hidden_topic, self.U_c, self.U_a, h, c, keep)
+        inputs = (gates_x, hidden_topic, self.U_c, self.U_a, h, c, keep)
+        if torch.is_grad_enabled() and any(x.requires_grad for x in inputs if x is not None):
+            outputs, h, c = TCNLMRecurrence.apply(*inputs)
+        else:  # no gradient: the steps alone (generation, evaluation)
+            outputs, h, c, _ = TCNLMRecurrence.run(*inputs)
         return outputs.transpose(0, 1), (h, c)
 
 
