@@ -23,7 +23,7 @@ from transformers import AutoModelForCausalLM, PrinterCallback, TrainerCallback,
 
 from . import data as data_lib
 from .collator import TopicContextCollator, make_bow
-from .evaluation import evaluate_perplexity, evaluate_steering
+from .evaluation import evaluate_perplexity, evaluate_steering, topic_diversity
 from .devices import DeviceArguments
 from .families import DEMO_TOPICS, family_of, topic_families
 from .fast_path import FastPathArguments, resolve_compile, resolve_precision
@@ -331,10 +331,9 @@ def check_topic_vocabulary(size: int, documents: int, min_freq: int) -> None:
 
 
 def distinct_topics_warning(topics: list[list[str]], least: float = 0.5) -> Optional[str]:
-    """A warning line when the topics share most of their top words (fewer than ``least`` of them distinct): a
-    corpus too small or a training too short for distinct topics. None otherwise."""
-    words = [w for topic in topics for w in topic]
-    distinct = len(set(words)) / max(len(words), 1)
+    """A warning line when the topics share most of their top words (their ``topic_diversity`` of the unique
+    variant below ``least``): a corpus too small or a training too short for distinct topics. None otherwise."""
+    distinct = topic_diversity(topics, k=min(len(topic) for topic in topics))
     if distinct >= least:
         return None
     return (f"       warning: the {len(topics)} topics share most of their top words ({distinct:.0%} of them distinct): "

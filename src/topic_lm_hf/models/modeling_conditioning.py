@@ -173,10 +173,8 @@ class TopicConditioning(Mapping):
     @classmethod
     def of(cls, **named) -> "TopicConditioning":
         """The conditioning of the given (not None) keywords, taken as already validated (at most one)."""
-        given = [(name, value) for name, value in named.items() if value is not None]
-        if len(given) > 1:
-            raise ValueError(f"Give at most one of {', '.join(named)} (got {[name for name, _ in given]})")
-        return cls(*given[0]) if given else cls()
+        given = check_at_most_one(**named)
+        return cls(given[0], named[given[0]]) if given else cls()
 
     def __setattr__(self, name, value):
         raise AttributeError("a TopicConditioning is immutable")
