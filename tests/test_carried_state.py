@@ -124,12 +124,14 @@ def test_a_tokens_only_model_reads_each_document_as_one_sequence(wiki):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-10)  # float64 sums in another order
 
 
-@pytest.mark.parametrize("family", ["topic_rnn-lstm", "nclm-leta", "nclm-eta"])
+@pytest.mark.parametrize("family", ["topic_rnn-lstm", "nclm-leta", "nclm-eta", "tcnlm", "tcnlm-moe"])
 def test_a_topic_model_whose_recurrence_reads_only_tokens_runs_a_documents_batch_in_one_call(wiki, family):
-    """TopicRNN and NCLM without sentence topics (``carries_documents_in_one_call``): the recurrence over each
+    """TopicRNN, NCLM without sentence topics and TCNLM (``carries_documents_in_one_call``): the recurrence over each
     document's sequence and the rest on the batch of the documents' chunks, each with its own preceding-text context
     (``chunk_rows``), give the loss, every loss term and the gradients of the chunk loop (forced by a chunk
-    callback); in the topic-model phase (NCLM) the loop runs."""
+    callback); in the topic-model phase (NCLM) the loop runs. TCNLM's recurrence reads its chunk's topics at every
+    step (``rows``: each token under the t of the chunk that feeds it); its topic terms per predicted token
+    (``topic_loss_normalization="lm_tokens"``) are the loop's exactly."""
     from topic_lm_hf.carried_state import chunk_rows
     from topic_lm_hf.carried_state import carried_state_loss
 
@@ -144,7 +146,16 @@ def test_a_topic_model_whose_recurrence_reads_only_tokens_runs_a_documents_batch
     fed = rows["attention_mask"].bool()  # as the loop feeds them: the chunk's tokens but its last
     assert torch.equal(sequence[document_tokens["positions"][fed]], rows["input_ids"][fed])
 
-    model = tiny_model(family, wiki["tok"], wiki["topic_tok"]).double().eval()
+    # each token of the sequences is fed by the row whose chunk feeds it in the loop
+    rows_of = document_tokens["rows"].flatten()
+    row_index = torch.arange(real_chunks).unsqueeze(1).expand_as(fed)
+    assert torch.equal(rows_of[document_tokens["positions"][fed]], row_index[fed])
+
+    options = {}
+    if family.startswith("tcnlm"):
+        options = dict(topic_loss_normalization="lm_tokens", dropout=0.0)
+        options.update(lm_type="naive_moe" if family == "tcnlm-moe" else "tcnlm")
+    model = tiny_model(family.replace("-moe", ""), wiki["tok"], wiki["topic_tok"], **options).double().eval()
     assert model.carries_documents_in_one_call()
     results = []
     for callback in (None, lambda labels, out: None):

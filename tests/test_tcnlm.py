@@ -629,7 +629,7 @@ def _reference_recurrence(gates_x, q, U_c, U_a, h, c, keep):
     outputs = []
     for m in range(s):
         u = (h @ U_c.t()).view(b, g, f).transpose(0, 1)
-        a = torch.baddbmm(gates_x[m], u * q, U_a.transpose(1, 2))
+        a = torch.baddbmm(gates_x[m], u * (q[m] if q.dim() == 4 else q), U_a.transpose(1, 2))
         i_gate, f_gate, o_gate = torch.sigmoid(a[0]), torch.sigmoid(a[1]), torch.sigmoid(a[3])
         c_new = f_gate * c + i_gate * torch.tanh(a[2])
         h_new = o_gate * torch.tanh(c_new)
@@ -642,7 +642,7 @@ def _reference_recurrence(gates_x, q, U_c, U_a, h, c, keep):
     return torch.stack(outputs), h, c
 
 
-def _recurrence_inputs(s=5, b=3, H=4, f=3, padded=True, dtype=torch.float64, seed=0):
+def _recurrence_inputs(s=5, b=3, H=4, f=3, padded=True, dtype=torch.float64, seed=0, per_step=False):
     gen = torch.Generator().manual_seed(seed)
     rand = lambda *shape: torch.randn(*shape, generator=gen, dtype=dtype).requires_grad_()  # noqa: E731
     keep = None
@@ -650,14 +650,16 @@ def _recurrence_inputs(s=5, b=3, H=4, f=3, padded=True, dtype=torch.float64, see
         keep = torch.ones(s, b, 1, dtype=torch.bool)
         keep[:2, 0] = False
         keep[-1, 1] = False
-    return rand(s, 4, b, H), rand(4, b, f), rand(4 * f, H), rand(4, H, f), rand(b, H), rand(b, H), keep
+    q = rand(s, 4, b, f) if per_step else rand(4, b, f)  # U_b t of every step (a carried document), or one per row
+    return rand(s, 4, b, H), q, rand(4 * f, H), rand(4, H, f), rand(b, H), rand(b, H), keep
 
 
-@pytest.mark.parametrize("padded", [False, True], ids=["no-padding", "padding"])
-def test_the_recurrences_backward_through_time_equals_autograds_and_passes_gradcheck(padded):
+@pytest.mark.parametrize("padded,per_step", [(False, False), (True, False), (True, True)],
+                         ids=["no-padding", "padding", "topics-per-step"])
+def test_the_recurrences_backward_through_time_equals_autograds_and_passes_gradcheck(padded, per_step):
     from topic_lm_hf.models.modeling_tcnlm import TCNLMRecurrence
 
-    inputs = _recurrence_inputs(padded=padded)
+    inputs = _recurrence_inputs(padded=padded, per_step=per_step)
     assert torch.autograd.gradcheck(TCNLMRecurrence.apply, inputs, eps=1e-6, atol=1e-8)
     # against the step-by-step loop: the outputs, the last state and every gradient (with a loss that weighs the
     # outputs and the final state differently, so that each backward path counts)

@@ -104,9 +104,10 @@ def document_sequences(batch: Mapping[str, Any]) -> dict[str, torch.Tensor]:
     return _document_sequences(batch)[0]
 
 
-def _document_sequences(batch: Mapping[str, Any]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-    """:func:`document_sequences`, and where each token of the batch (b, c * l) is in them (``document_layout``'s
-    ``index``: in the flattened sequences, 0 at a token they do not hold)."""
+def _document_sequences(batch: Mapping[str, Any]) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
+    """:func:`document_sequences`, where each token of the batch (b, c * l) is in them (``document_layout``'s
+    ``index``: in the flattened sequences, 0 at a token they do not hold), and where each token of the sequences
+    comes from (``order`` (b, n): its index in the document's flattened chunks)."""
     ids, labels = batch["input_ids"], batch["labels"]
     b, c, l = ids.shape
     fed_order, mask, _, index = document_layout(batch["attention_mask"], batch["chunk_mask"])
@@ -120,7 +121,7 @@ def _document_sequences(batch: Mapping[str, Any]) -> tuple[dict[str, torch.Tenso
     out_labels = torch.cat([labels.new_full((b, 1), -100), target_labels], dim=1).masked_fill(~mask, -100)
     out_labels[:, 0] = -100
     return {"input_ids": input_ids, "attention_mask": mask.to(batch["attention_mask"].dtype),
-            "labels": out_labels}, index
+            "labels": out_labels}, index, fed_order
 
 
 def chunk_rows(batch: Mapping[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
@@ -133,12 +134,15 @@ def chunk_rows(batch: Mapping[str, Any]) -> tuple[dict[str, torch.Tensor], dict[
         chunks, document after document, (R, l, ...), with ``attention_mask`` as the carried loop feeds a chunk (1
         at the inputs whose target is real), and every tensor with one entry per document repeated for each of its
         chunks; ``document_tokens`` holds the sequences of :func:`document_sequences` (``input_ids``,
-        ``attention_mask`` (b, n)) and ``positions`` (R, l): the index in the flattened sequences (b * n) of each
-        chunk token the recurrence reads (its outputs at the chunk's other positions predict nothing: 0 there).
+        ``attention_mask`` (b, n)), ``positions`` (R, l): the index in the flattened sequences (b * n) of each
+        chunk token the recurrence reads (its outputs at the chunk's other positions predict nothing: 0 there), and
+        ``rows`` (b, n): the row (0 .. R - 1) of the chunk that feeds each token of the sequences, as the loop feeds
+        it (a recurrence that reads its chunk's topics at every step reads that row's; the document's first row at
+        padding).
     """
     chunk_mask = batch["chunk_mask"].bool()
     b, c, l = batch["input_ids"].shape
-    sequences, index = _document_sequences(batch)
+    sequences, index, order = _document_sequences(batch)
     keep = chunk_mask.flatten()
     rows = {}
     for key, value in batch.items():
@@ -152,8 +156,11 @@ def chunk_rows(batch: Mapping[str, Any]) -> tuple[dict[str, torch.Tensor], dict[
     mask = rows["attention_mask"]
     rows["attention_mask"] = torch.cat([mask[:, 1:], mask.new_zeros(mask.shape[0], 1)], dim=1)
     positions = index.view(b * c, l)[keep]
+    chunks = chunk_mask.sum(1)
+    first_row = chunks.cumsum(0) - chunks  # (b,): each document's first row
+    chunk_of = torch.div(order.masked_fill(~sequences["attention_mask"].bool(), 0), l, rounding_mode="floor")
     return rows, {"input_ids": sequences["input_ids"], "attention_mask": sequences["attention_mask"],
-                  "positions": positions}
+                  "positions": positions, "rows": first_row.unsqueeze(1) + chunk_of}
 
 
 # ----------------------------------------------------------------------------------------------

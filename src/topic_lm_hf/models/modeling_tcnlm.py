@@ -153,9 +153,11 @@ class TCNLMRecurrence(torch.autograd.Function):
     """The recurrent side of :class:`TCNLMLSTMLayer` over a whole sequence, with a hand-written backward through
     time: autograd records one node for the sequence instead of about 68 operations per time step.
 
-    ``forward(gates_x (s, 4, b, H), q (4, b, n_f), U_c (4 n_f, H), U_a (4, H, n_f), h0, c0 (b, H), keep (s, b, 1) or
-    None) -> (outputs (s, b, H), h, c)``, where ``gates_x`` is the input side of every step plus the bias and
-    ``q = U_b t``; step m computes u = (U_c h) per gate, a = gates_x[m] + U_a (q * u) per gate, the LSTM cell on a,
+    ``forward(gates_x (s, 4, b, H), q (4, b, n_f) or (s, 4, b, n_f), U_c (4 n_f, H), U_a (4, H, n_f), h0, c0 (b, H),
+    keep (s, b, 1) or None) -> (outputs (s, b, H), h, c)``, where ``gates_x`` is the input side of every step plus the
+    bias and ``q = U_b t`` (one per row, or one per step and row where t changes along the sequence: a carried
+    document's chunks each have their own); step m computes u = (U_c h) per gate, a = gates_x[m] + U_a (q_m * u) per
+    gate, the LSTM cell on a,
     and, where ``keep`` is False (padding), carries h and c over and outputs 0. The products run in ``gates_x``'s
     dtype (bfloat16 under autocast, as the per-step layer ran them), the cell state in float32.
 
@@ -178,13 +180,14 @@ class TCNLMRecurrence(torch.autograd.Function):
         dt = gates_x.dtype
         with torch.autocast(gates_x.device.type, enabled=False):
             U_c_t, U_a_t, qd = U_c.to(dt).t(), U_a.to(dt).transpose(1, 2), q.to(dt)
+            q_steps = qd.unbind(0) if qd.dim() == 4 else [qd] * s
             steps = gates_x.unbind(0)
             kept = keep.unbind(0) if keep is not None else None
             h, c = h0, c0
             previous_h, previous_c, us, acts, gs, tcs, outputs = [], [], [], [], [], [], []
             for m in range(s):
                 u = torch.mm(h.to(dt), U_c_t).view(b, gates, f).transpose(0, 1)  # (4, b, n_f)
-                a = torch.baddbmm(steps[m], u * qd, U_a_t)  # (4, b, H)
+                a = torch.baddbmm(steps[m], u * q_steps[m], U_a_t)  # (4, b, H)
                 act = torch.sigmoid(a)  # i, f and o (the g row's sigmoid goes unused: one kernel for the three)
                 i_gate, f_gate, _, o_gate = act.unbind(0)
                 g = torch.tanh(a[2])
@@ -216,6 +219,7 @@ class TCNLMRecurrence(torch.autograd.Function):
         dt, h0_dtype, c0_dtype = ctx.dtypes
         with torch.autocast(acts.device.type, enabled=False):
             qd, U_a_d, U_c_g = q.to(dt), U_a.to(dt), U_c.to(dt).view(gates, f, H)
+            q_steps = qd.unbind(0) if qd.dim() == 4 else [qd] * s
             # What the reverse steps read, for all steps at once: the gates' derivatives at their pre-activations
             # (sigmoid' for i, f and o; tanh' for g) times what each gate multiplies (g, c_{m-1}, i, tanh(c)), so
             # that a step's gradient at the pre-activations is one product with (dc, dc, dc, dh); and o tanh'(c).
@@ -239,7 +243,7 @@ class TCNLMRecurrence(torch.autograd.Function):
                 # (4, b, H): the gradient at the pre-activations of i, f, g and o
                 da = (scaled_steps[m] * torch.stack([dc_new, dc_new, dc_new, dh_new])).to(dt)
                 d_hq = torch.bmm(da, U_a_d)  # (4, b, n_f): at q * u
-                du = d_hq * qd
+                du = d_hq * q_steps[m]
                 dh = torch.bmm(du, U_c_g).sum(0).to(previous_h.dtype)
                 dc = dc_new * f_steps[m]
                 if kept is not None:
@@ -252,7 +256,8 @@ class TCNLMRecurrence(torch.autograd.Function):
                               hq.permute(1, 0, 2, 3).reshape(gates, s * b, f))  # (4, H, n_f)
             d_U_c = torch.mm(du_all.permute(1, 3, 0, 2).reshape(gates * f, s * b),
                              previous_h.to(dt).reshape(s * b, H))  # (4 n_f, H)
-            d_q = (dq_all * us).sum(0)  # (4, b, n_f)
+            d_q = dq_all * us  # (s, 4, b, n_f)
+            d_q = d_q.sum(0) if q.dim() == 3 else d_q  # a q shared by the steps gets their sum
         return (da_all, d_q.to(q.dtype), d_U_c.to(U_c.dtype), d_U_a.to(U_a.dtype), dh.to(h0_dtype),
                 dc.to(c0_dtype), None)
 
@@ -286,7 +291,8 @@ class TCNLMLSTMLayer(nn.Module):
 
         Args:
             x: (b, s, n_x) inputs.
-            t: (b, T) topic proportions.
+            t: (b, T) topic proportions, or (b, s, T): one t per step (a carried document whose chunks each have
+                their own).
             mask: (b, s) bool, True at real tokens (left or right padding) or None; at padded steps
                 the state is carried over unchanged and the output is 0.
             state: ``(h, c)``, each (b, H), or None for zeros.
@@ -298,10 +304,15 @@ class TCNLMLSTMLayer(nn.Module):
         g, f, H = NUM_GATES, self.num_factors, self.hidden_size
         # Input side for all steps at once (eq. 14): x~ = (W_b t) ⊙ (W_c x), then W_a x~ per gate, plus the bias.
         t = t.to(self.W_b.dtype)  # t is float32 (see _float_simplex); the weights may be bfloat16
-        x_tilde = F.linear(x, self.W_c) * F.linear(t, self.W_b).unsqueeze(1)  # (b, s, 4 n_f)
+        per_step = t.dim() == 3
+        topic_x = F.linear(t, self.W_b)
+        x_tilde = F.linear(x, self.W_c) * (topic_x if per_step else topic_x.unsqueeze(1))  # (b, s, 4 n_f)
         gates_x = torch.einsum("bsgf,ghf->sgbh", x_tilde.view(b, s, g, f), self.W_a)  # (s, 4, b, H)
         gates_x = gates_x + self.bias.view(1, g, 1, H)
-        hidden_topic = F.linear(t, self.U_b).view(b, g, f).transpose(0, 1)  # U_b t: (4, b, n_f), fixed over time
+        if per_step:  # U_b t of every step: (s, 4, b, n_f)
+            hidden_topic = F.linear(t, self.U_b).view(b, s, g, f).permute(1, 2, 0, 3)
+        else:  # U_b t: (4, b, n_f), fixed over time
+            hidden_topic = F.linear(t, self.U_b).view(b, g, f).transpose(0, 1)
         if state is None:
             h = x.new_zeros(b, H)
             c = x.new_zeros(b, H)
@@ -597,6 +608,12 @@ class TCNLMForCausalLM(TopicFamilyForCausalLM, TCNLMPreTrainedModel, TopicGenera
         "context_bow": "(b, V_c) counts over the topic vocabulary (the collator's ``context_bow``).",
         "topic_ids": "topics to steer towards instead of a bag of words (see the class doc).",
         "topic_mixture": "(b, T) proportions t on the simplex instead of a bag of words.",
+        "document_tokens": "the rows are the chunks of documents whose state is carried from chunk to chunk (one row "
+                           "per real chunk, each with its own context): the LSTM runs over the documents' sequences "
+                           "(``input_ids``, ``attention_mask`` (d, n)) in one call, each token under the t of the "
+                           "row that feeds it (``rows`` (d, n)), and each row's outputs are read at ``positions`` "
+                           "(b, s) of them (``state`` must be None); the topic model and the output layer read each "
+                           "row as it is.",
     }
     forward_returns = (":class:`TopicLMOutput`; ``loss`` = lm_loss + bow_loss + kl_weight * kl_loss - lambda R (the "
                        "scale of each term is in the module doc). With ``lm_type=\"naive_moe\"`` the logits are the "
@@ -621,6 +638,15 @@ class TCNLMForCausalLM(TopicFamilyForCausalLM, TCNLMPreTrainedModel, TopicGenera
         # Training forward passes seen so far, for KL annealing (saved, so that resuming goes on).
         self._register_kl_annealing()
         self.post_init()
+
+    def carries_documents_in_one_call(self) -> bool:
+        """Carried-state training runs a documents batch in one call (``document_tokens``): the LSTM over each
+        document's sequence, every token under its own chunk's t, the topic model and the output layer on the batch
+        of the chunks. The LM loss is the loop's exactly, and so are the topic terms with
+        ``topic_loss_normalization="lm_tokens"``; per context word (the default) they are taken over the batch of
+        all the documents' chunks, as chunk training takes them over its batch, where the loop took them over the
+        batch of the documents' k-th chunks."""
+        return getattr(self, "training_phase", None) != "topic_model"
 
     def infer_topics(self, context_bow, *, layer=None) -> torch.Tensor:
         """Topic proportions t (b, T) of documents given as bags of words (b, V_c): the posterior mean."""
@@ -700,17 +726,42 @@ class TCNLMForCausalLM(TopicFamilyForCausalLM, TCNLMPreTrainedModel, TopicGenera
 
     def language_model_features(self, topics: dict, topic_representation: Optional[torch.Tensor], *, input_ids,
                                 attention_mask, inputs_embeds, state, labels, use_cache, output_hidden_states,
-                                logits_to_keep, **inputs) -> LanguageModelPass:
+                                logits_to_keep, document_tokens=None, **inputs) -> LanguageModelPass:
         """The LSTM's outputs under t (:class:`TCNLMModel`; every expert's with the naive MoE), t itself and, with
-        labels and a context, the topic model's terms per document (the base model's output, in ``details``)."""
-        base = self.model(input_ids, attention_mask, inputs_embeds, state, use_cache, topic_conditioning=topics,
-                          topic_representation=topic_representation,
-                          return_topic_losses=labels is not None and "context_bow" in topics,
-                          output_hidden_states=output_hidden_states)
+        labels and a context, the topic model's terms per document (the base model's output, in ``details``); with
+        ``document_tokens``, the outputs of the LSTM's run over the documents' sequences, read at the rows'
+        positions."""
+        return_topic_losses = labels is not None and "context_bow" in topics
+        if document_tokens is not None:
+            base = self._document_run(topics, topic_representation, input_ids, inputs_embeds, state,
+                                      output_hidden_states, return_topic_losses, document_tokens)
+        else:
+            base = self.model(input_ids, attention_mask, inputs_embeds, state, use_cache, topic_conditioning=topics,
+                              topic_representation=topic_representation, return_topic_losses=return_topic_losses,
+                              output_hidden_states=output_hidden_states)
         hidden, t = base.last_hidden_state, base.topic_mixture
         if logits_to_keep and labels is None:
             hidden = hidden[:, -logits_to_keep:]
         return LanguageModelPass(hidden, base.state, base.hidden_states, t, t, details=dict(base=base))
+
+    def _document_run(self, topics, topic_representation, input_ids, inputs_embeds, state, output_hidden_states,
+                      return_topic_losses, document_tokens) -> TCNLMModelOutput:
+        """:meth:`language_model_features`' base output with ``document_tokens``: t of each row (R, T), the LSTM
+        over the documents' sequences with each token under its row's t, its outputs read at the rows' positions
+        (R, s, H), and the topic model's terms of the rows."""
+        if state is not None or output_hidden_states or input_ids is None:
+            raise ValueError("document_tokens reads the LSTM's run over whole documents: it takes input_ids, no "
+                             "state, and gives no per-layer hidden states")
+        rows = input_ids.shape[0]
+        if topic_representation is not None:
+            t, losses = topic_representation.to(input_ids.device), None
+        else:
+            t, losses = self.model.topic_proportions(rows, input_ids.device, topics, return_topic_losses)
+        t = t.expand(rows, -1) if t.shape[0] == 1 else t
+        sequences = self.model(document_tokens["input_ids"], document_tokens["attention_mask"], use_cache=False,
+                               topic_representation=t[document_tokens["rows"]])  # (d, n, T): each token's t
+        hidden = sequences.last_hidden_state.flatten(0, 1)[document_tokens["positions"]]
+        return TCNLMModelOutput(last_hidden_state=hidden, topic_mixture=t, **(losses or {}))
 
     def output_bias(self, run: LanguageModelPass) -> Optional[torch.Tensor]:
         """B t (``topic_output_bias="learned"``) or the shared topic output prior (``"beta"``), or None."""
