@@ -291,6 +291,33 @@ def test_etr_selects_only_present_words_and_averages_fewer_when_fewer_are_presen
     assert z[2].abs().sum() == 0  # nothing present: z_k = 0
 
 
+def test_etr_selection_of_a_batch_equals_each_row_selected_alone(wiki):
+    """The batched selection (every row's present words padded into one (K, R, P) top-k) against a naive loop that
+    scores each row's present words alone, on rows with none, fewer than N and more than N present words, repeated
+    rows and real contexts; and a row's z does not change with the rest of the batch."""
+    model = make(wiki, "leta", etr_top_n=4)
+    W = model.model.topic_model.topic_word_weights().detach()
+    vectors = model.model.topic_word_vectors()
+    candidates = model.model._etr_candidates()
+    V_c = model.config.topic_vocab_size
+    gen = torch.Generator().manual_seed(0)
+    present = torch.rand(7, V_c, generator=gen) < torch.tensor([0.0, 0.0005, 0.002, 0.01, 0.05, 0.2, 0.01])[:, None]
+    present[6] = present[3]  # a repeated row
+    bags = TopicContextCollator(wiki["tok"], wiki["topic_tok"], context="others")(
+        [{"sentences": doc} for doc in wiki["train"]["sentences"][:3]])["context_bow"] > 0
+    present = torch.cat([present, bags])
+    z = model.model.topic_embeddings(present)
+    for r in range(present.shape[0]):
+        words = (present[r] & candidates).nonzero().squeeze(1)
+        for k in range(model.config.num_topics):
+            if words.numel() == 0:
+                assert z[r, k].abs().sum() == 0
+                continue
+            top = words[W[k, words].topk(min(4, words.numel())).indices]
+            torch.testing.assert_close(z[r, k], vectors[top].mean(0))
+    torch.testing.assert_close(model.model.topic_embeddings(present[3:4]), z[3:4], rtol=1e-6, atol=1e-7)
+
+
 def test_official_multiply_mask_selects_absent_words_when_few_present_ones_are_positive(wiki):
     model = make(wiki, "eta", etr_top_n=3, etr_selection="multiply_mask")
     W = model.model.topic_model.topic_word_weights().detach()

@@ -75,6 +75,33 @@ TRAINING_PHASES = ("joint", "lm", "topic_model")
 _ROWS_PER_DENSE_BLOCK = 8  # rows of (K, V_c) scores at a time in the official code's ETR selection
 
 
+def _present_topk_means(W: torch.Tensor, vectors: torch.Tensor, present: torch.Tensor, n: int) -> torch.Tensor:
+    """For each row r of ``present`` (R, V_c) bool and each topic k: the mean of ``vectors`` (V_c, D) over the
+    (at most) ``n`` present words with the largest W[k] (K, V_c); fewer when fewer are present, 0 when none is.
+    (R, K, D).
+
+    Each row's present words are gathered into a padded (R, P) index, P the most any row has, so that the scores
+    are K x R x P, not K x R x V_c, and the selection is one top-k for the batch: a handful of operations whatever R
+    is. A padding slot scores -inf, so a row's top words are the same as when it is scored alone."""
+    R, K = present.shape[0], W.shape[0]
+    counts = present.sum(1)  # (R,) present words per row
+    longest = int(counts.max()) if R else 0
+    if longest == 0:
+        return vectors.new_zeros(R, K, vectors.shape[1])
+    # a stable sort of each row's present words to the front: (R, P) word ids, in increasing order
+    words = torch.argsort((~present).to(torch.int8), dim=1, stable=True)[:, :longest]
+    real = torch.arange(longest, device=present.device) < counts.unsqueeze(1)  # (R, P)
+    scores = W[:, words].masked_fill(~real, float("-inf"))  # (K, R, P)
+    m = min(n, longest)
+    top = scores.topk(m, dim=-1).indices  # (K, R, m) slots of `words`
+    # each chosen slot weighs 1 / (the row's number of chosen words); a row with fewer than m present words has
+    # -inf slots among its top m, which weigh 0
+    share = 1.0 / counts.clamp(1, n).to(vectors.dtype)  # (R,)
+    kept = (torch.arange(m, device=present.device) < counts.clamp(max=n).unsqueeze(1)).to(vectors.dtype)  # (R, m)
+    weights = vectors.new_zeros(K, R, longest).scatter_(2, top, (kept * share.unsqueeze(1)).expand(K, -1, -1))
+    return torch.bmm(weights.transpose(0, 1), vectors[words])  # (R, K, P) x (R, P, D) -> (R, K, D)
+
+
 @dataclass
 class NCLMOutput(TopicLMOutput):
     """:class:`TopicLMOutput` plus what NCLM composes with the LSTM output.
@@ -278,18 +305,10 @@ class NCLMModel(DocumentRepresentationMixin, RecurrentBodyMixin, NCLMPreTrainedM
                 top = scores.topk(n, dim=-1).indices  # (r, K, n)
                 out.append(vectors[top].mean(2))  # (r, K, D)
             return torch.cat(out, 0)
-        # masked_topk, sparse and row by row: only a row's present words (<= its context's distinct words) are
-        # scored, and each row's z depends on that row alone (bit for bit, whatever else is in the batch).
-        # Rows with the same words (the chunks of one sentence) are computed once.
+        # masked_topk, sparse: only a row's present words (<= its context's distinct words) are scored, all rows
+        # at once. Rows with the same words (the chunks of one sentence) are computed once.
         unique, inverse = torch.unique(present, dim=0, return_inverse=True)
-        out = vectors.new_zeros(unique.shape[0], K, vectors.shape[1])
-        for r in range(unique.shape[0]):
-            words = unique[r].nonzero().squeeze(1)  # (P,)
-            if words.numel() == 0:
-                continue  # nothing present: z_k = 0
-            top = W[:, words].topk(min(n, words.numel()), dim=-1).indices  # (K, m) positions in `words`
-            out[r] = vectors[words[top]].mean(1)  # (K, m, D) -> (K, D)
-        return out[inverse]
+        return _present_topk_means(W, vectors, unique, n)[inverse]
 
     def etr_weights(self, h: torch.Tensor) -> torch.Tensor:
         """The weights of the topic vectors in ETR: h, or softmax(h) (the official code)."""
