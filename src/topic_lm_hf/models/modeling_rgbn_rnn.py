@@ -188,6 +188,10 @@ class RGBNRNNEncoder(nn.Module):
         return [k.squeeze(1) for k in shapes], [lam.squeeze(1) for lam in scales], last
 
 
+# |b_z| of a gate started from a language model (from_language_model): z = sigmoid(-4) = 1.8 % of the topic candidate
+LANGUAGE_MODEL_GATE_BIAS = 4.0
+
+
 class RGBNRNNGate(nn.Module):
     """The GRU-like coupling of theta (K) and the LSTM output h (H), App. B:
     z = s(W_z theta + U_z h + b_z), r = s(W_r theta + U_r h + b_r), h~ = tanh(W_h theta + U_h (r h) + b_h);
@@ -909,6 +913,24 @@ class RGBNRNNForCausalLM(TopicFamilyForCausalLM, RGBNRNNPreTrainedModel, TopicGe
         if module is getattr(self, "lm_head", None):
             nn.init.xavier_uniform_(module.weight)  # the code: Glorot-uniform softmax weights, zero bias
             nn.init.zeros_(module.bias)
+
+    language_model_weights = {"model.embed_tokens.weight": "model.embed_tokens.weight",
+                              "model.lstms.{i}.weight_ih_l0": "model.lstm.weight_ih_l{i}",
+                              "model.lstms.{i}.weight_hh_l0": "model.lstm.weight_hh_l{i}",
+                              "model.lstms.{i}.bias_ih_l0": "model.lstm.bias_ih_l{i}",
+                              "model.lstms.{i}.bias_hh_l0": "model.lstm.bias_hh_l{i}",
+                              "lm_head.weight": "lm_head.weight", "lm_head.bias": "lm_head.bias"}
+
+    def start_from_language_model(self) -> None:
+        """Every gate's update z starts at sigmoid(-4) = 1.8 % whatever theta and h are (W_z and U_z zero, b_z -4,
+        the sign flipped for the official form), so that each layer passes on its LSTM's output h nearly as it is
+        and the topics come in as far as training opens the gate (it learns W_z, U_z and b_z from there)."""
+        with torch.no_grad():
+            for gate in self.model.gates:
+                H = gate.candidate_proj.weight.shape[0]
+                gate.theta_proj.weight[:H].zero_()
+                gate.hidden_proj.weight[:H].zero_()
+                gate.bias[:H].fill_(-LANGUAGE_MODEL_GATE_BIAS if gate.kind == "paper" else LANGUAGE_MODEL_GATE_BIAS)
 
     def tlasgr_step(self) -> bool:
         """See :meth:`RGBNRNNModel.tlasgr_step` (called automatically after optimizer steps)."""

@@ -197,10 +197,69 @@ class TopicFamilyForCausalLM(DocumentRepresentationDelegate, TopicWordPriorMixin
     forward_inputs: dict[str, str] = {}
     forward_returns: str = ":class:`TopicLMOutput`."
 
+    # The weights a family shares with the LSTM LM of its sizes (``lstm_lm``), for :meth:`from_language_model`: its
+    # parameter names -> the LSTM LM's, ``{i}`` standing for a layer's index. Empty where the family has no LSTM of
+    # the LSTM LM's form (TCNLM's weights are factorised by topic).
+    language_model_weights: dict[str, str] = {}
+
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         if "forward_inputs" in vars(cls) and "forward" not in vars(cls):
             cls.forward = _declared_forward(cls)
+
+    @classmethod
+    def from_language_model(cls, language_model, config):
+        """A model of this family built from ``config`` that starts from a trained LSTM language model: its
+        embeddings, LSTM layers and output layer are ``language_model``'s, the rest as initialised, and the topic
+        path is set (:meth:`start_from_language_model`) so that the model's predictions start at the language
+        model's (exactly for TopicRNN under ``topic_mixture`` zero; rGBN-RNN's gate lets ``sigmoid(gate_bias)`` of
+        its topic candidate through).
+
+        Args:
+            language_model: an ``lstm_lm`` causal LM (``LSTMLMForCausalLM``) or the folder / Hub name of one.
+            config: this family's configuration, built with the language model's tokenizer and sizes
+                (``vocab_size``, ``embedding_size``, ``hidden_size``, the number of LSTM layers).
+
+        Raises:
+            ValueError: the family has no LSTM to take, ``language_model`` is not an LSTM LM, or a size differs
+                (named, with both shapes).
+        """
+        if not cls.language_model_weights:
+            raise ValueError(f"{cls.__name__} has no LSTM of the LSTM LM's form to take from a language model; "
+                             "start it from its configuration")
+        if isinstance(language_model, (str, bytes)) or hasattr(language_model, "__fspath__"):
+            from transformers import AutoModelForCausalLM
+            language_model = AutoModelForCausalLM.from_pretrained(language_model)
+        if getattr(getattr(language_model, "config", None), "model_type", None) != "lstm_lm":
+            found = getattr(getattr(language_model, "config", None), "model_type", type(language_model).__name__)
+            raise ValueError(f"from_language_model takes an LSTM language model (model_type 'lstm_lm'), got {found!r}")
+        model = cls(config)
+        source, own = language_model.state_dict(), model.state_dict()
+        taken = {}
+        for own_pattern, source_pattern in cls.language_model_weights.items():
+            layers = range(language_model.config.num_hidden_layers) if "{i}" in own_pattern else [0]
+            for i in layers:
+                own_name, source_name = own_pattern.format(i=i), source_pattern.format(i=i)
+                if own_name not in own:
+                    raise ValueError(f"The language model has {language_model.config.num_hidden_layers} LSTM "
+                                     f"layer(s) and this {cls.__name__} has no {own_name}: give it as many")
+                if own[own_name].shape != source[source_name].shape:
+                    raise ValueError(f"The language model's {source_name} is {tuple(source[source_name].shape)} and "
+                                     f"this {cls.__name__}'s {own_name} is {tuple(own[own_name].shape)}: build the "
+                                     "configuration with the language model's tokenizer and sizes")
+                taken[own_name] = source[source_name]
+            extra = own_pattern.format(i=len(layers)) if "{i}" in own_pattern else None
+            if extra is not None and extra in own:
+                raise ValueError(f"This {cls.__name__} has more LSTM layers than the language model's "
+                                 f"{len(layers)}: give it as many")
+        model.load_state_dict(taken, strict=False)
+        model.start_from_language_model()
+        return model
+
+    def start_from_language_model(self) -> None:
+        """Set the topic path after :meth:`from_language_model` took the LSTM LM's weights, so that the model's
+        predictions start at the language model's; nothing by default (TopicRNN: its topic term is zero under
+        ``topic_mixture`` zero)."""
 
     # What the topic model reads when pre-trained alone (the keywords of topic_model_loss), and its batches:
     # "train" = the family's training batches' context bags, "document" = one row per document with its whole bag.

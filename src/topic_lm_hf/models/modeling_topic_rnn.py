@@ -271,6 +271,22 @@ class TopicRNNForCausalLM(TopicFamilyForCausalLM, TopicRNNPreTrainedModel, Topic
         self._register_kl_annealing()
         self.post_init()
 
+    language_model_weights = {"model.embed_tokens.weight": "model.embed_tokens.weight",
+                              "model.rnn.weight_ih_l{i}": "model.lstm.weight_ih_l{i}",
+                              "model.rnn.weight_hh_l{i}": "model.lstm.weight_hh_l{i}",
+                              "model.rnn.bias_ih_l{i}": "model.lstm.bias_ih_l{i}",
+                              "model.rnn.bias_hh_l{i}": "model.lstm.bias_hh_l{i}",
+                              "lm_head.weight": "lm_head.weight", "lm_head.bias": "lm_head.bias"}
+
+    @classmethod
+    def from_language_model(cls, language_model, config):
+        """See :meth:`TopicFamilyForCausalLM.from_language_model`; the cell must be the LSTM's (``cell="lstm"``,
+        TopicLSTM)."""
+        if config.cell != "lstm":
+            raise ValueError(f"A TopicRNN with cell={config.cell!r} has no LSTM to take from a language model: "
+                             "build it with cell=\"lstm\" (TopicLSTM)")
+        return super().from_language_model(language_model, config)
+
     def carries_documents_in_one_call(self) -> bool:
         """The RNN reads nothing but the tokens: carried-state training runs a documents batch in one call
         (``document_tokens``). Every term that is a sum over rows per predicted token is the loop's exactly; free

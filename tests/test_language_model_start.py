@@ -1,0 +1,100 @@
+"""Starting a topic family from a trained LSTM language model (``from_language_model``): a folder saved by the LSTM
+LM, trained a few steps on real wikipedia-sample text, is taken into TopicLSTM and rGBN-RNN of the same sizes; at
+the start their predictions under uninformative topics are the language model's (exactly for TopicLSTM, within its
+gate's 1.8 % for rGBN-RNN), and they train from there. Families without an LSTM of the LSTM LM's form, other
+model types and other sizes are refused in one line."""
+
+import pytest
+import torch
+
+from topic_lm_hf import (LSTMLMConfig, LSTMLMForCausalLM, RGBNRNNConfig, RGBNRNNForCausalLM, TCNLMConfig,
+                         TCNLMForCausalLM, TopicContextCollator, TopicRNNConfig, TopicRNNForCausalLM)
+from topic_lm_hf.models import modeling_rgbn_rnn
+
+SIZES = dict(embedding_size=16, hidden_size=24)
+
+
+@pytest.fixture(scope="module")
+def chunks(wiki):
+    collator = TopicContextCollator(wiki["tok"], wiki["topic_tok"], context="preceding", max_sentence_length=12)
+    rows = collator.prepare(wiki["train"].select(range(6)))
+    return [collator([rows[i] for i in range(start, start + 8)]) for start in range(0, 40, 8)]
+
+
+@pytest.fixture(scope="module")
+def language_model_folder(wiki, chunks, tmp_path_factory):
+    """An LSTM LM trained 20 Adam steps on real chunks, saved as a folder."""
+    torch.manual_seed(0)
+    model = LSTMLMForCausalLM(LSTMLMConfig(vocab_size=len(wiki["tok"]), dropout=0.0, **SIZES)).train()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for step in range(20):
+        batch = chunks[step % len(chunks)]
+        loss = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"]).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    folder = tmp_path_factory.mktemp("lstm")
+    model.save_pretrained(folder)
+    return folder
+
+
+def _logits(model, batch, **topics):
+    with torch.no_grad():
+        return model.eval()(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], **topics).logits
+
+
+def test_topiclstm_started_from_a_language_model_predicts_as_it_does_and_trains(wiki, chunks, language_model_folder):
+    lm = LSTMLMForCausalLM.from_pretrained(language_model_folder)
+    config = TopicRNNConfig.from_tokenizers(wiki["tok"], wiki["topic_tok"], cell="lstm", num_topics=5, dropout=0.0,
+                                            **SIZES)
+    model = TopicRNNForCausalLM.from_language_model(language_model_folder, config)
+    batch = chunks[0]
+    real = batch["attention_mask"].bool()
+    expected = torch.log_softmax(_logits(lm, batch), -1)[real]
+    got = _logits(model, batch, topic_mixture=torch.zeros(len(batch["input_ids"]), 5))[real]
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    # with the documents' own topics the predictions move, and a training step on them runs
+    assert not torch.allclose(_logits(model, batch, context_bow=batch["context_bow"])[real], expected, atol=1e-3)
+    model.train()
+    out = model(**{k: batch[k] for k in ("input_ids", "attention_mask", "labels", "context_bow")})
+    out.loss.backward()
+    assert torch.isfinite(out.loss) and model.model.inference_net.mean.weight.grad.abs().sum() > 0
+
+
+def test_rgbn_rnn_started_from_a_language_model_passes_its_lstm_through_its_gate(wiki, chunks, language_model_folder,
+                                                                                  monkeypatch):
+    lm = LSTMLMForCausalLM.from_pretrained(language_model_folder)
+    config = RGBNRNNConfig.from_tokenizers(wiki["tok"], wiki["topic_tok"], topic_sizes=[6], dropout=0.0,
+                                           embedding_size=SIZES["embedding_size"], hidden_sizes=[SIZES["hidden_size"]])
+    batch = chunks[1]
+    real = batch["attention_mask"].bool()
+    expected = torch.log_softmax(_logits(lm, batch), -1)[real]
+    theta = torch.zeros(len(batch["input_ids"]), 6)
+    model = RGBNRNNForCausalLM.from_language_model(lm, config)
+    gap = (torch.log_softmax(_logits(model, batch, topic_mixture=theta), -1)[real] - expected).abs().max()
+    assert 0 < gap < 0.5  # 1.8 % of the topic candidate comes through
+    monkeypatch.setattr(modeling_rgbn_rnn, "LANGUAGE_MODEL_GATE_BIAS", 40.0)  # the gate closed: the LSTM exactly
+    closed = RGBNRNNForCausalLM.from_language_model(lm, config)
+    got = torch.log_softmax(_logits(closed, batch, topic_mixture=theta), -1)[real]
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_what_cannot_start_from_a_language_model_is_refused_in_one_line(wiki, language_model_folder):
+    tok, topic_tok = wiki["tok"], wiki["topic_tok"]
+    tcnlm = TCNLMConfig.from_tokenizers(tok, topic_tok, num_topics=5, **SIZES)
+    with pytest.raises(ValueError, match="TCNLMForCausalLM has no LSTM of the LSTM LM's form"):
+        TCNLMForCausalLM.from_language_model(language_model_folder, tcnlm)
+    gru = TopicRNNConfig.from_tokenizers(tok, topic_tok, cell="gru", num_topics=5, **SIZES)
+    with pytest.raises(ValueError, match="cell='gru' has no LSTM"):
+        TopicRNNForCausalLM.from_language_model(language_model_folder, gru)
+    wider = TopicRNNConfig.from_tokenizers(tok, topic_tok, cell="lstm", num_topics=5, embedding_size=16,
+                                           hidden_size=32)
+    with pytest.raises(ValueError, match=r"weight_ih_l0 is \(96, 16\) .* is \(128, 16\): build the configuration"):
+        TopicRNNForCausalLM.from_language_model(language_model_folder, wider)
+    deeper = TopicRNNConfig.from_tokenizers(tok, topic_tok, cell="lstm", num_topics=5, num_hidden_layers=2, **SIZES)
+    with pytest.raises(ValueError, match="more LSTM layers than the language model's 1"):
+        TopicRNNForCausalLM.from_language_model(language_model_folder, deeper)
+    small = TopicRNNConfig.from_tokenizers(tok, topic_tok, cell="lstm", num_topics=5, **SIZES)
+    not_an_lstm = TopicRNNForCausalLM(small)
+    with pytest.raises(ValueError, match="takes an LSTM language model .* got 'topic_rnn'"):
+        TopicRNNForCausalLM.from_language_model(not_an_lstm, small)
