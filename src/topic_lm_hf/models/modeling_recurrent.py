@@ -126,7 +126,8 @@ def read_on_host(values: torch.Tensor) -> list:
 def embed_checked(embed_tokens: nn.Embedding, input_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """(b, s) ids -> (b, s, E) embeddings; ids outside [0, vocab_size) are a ``ValueError`` (a mismatched
     tokenizer), not an index error deep in the embedding."""
-    if bool(((input_ids >= vocab_size) | (input_ids < 0)).any()):  # one host synchronisation
+    low, high = torch.stack(torch.aminmax(input_ids)).tolist() if input_ids.numel() else (0, 0)  # one host read
+    if low < 0 or high >= vocab_size:
         raise ValueError(f"input_ids must be in [0, {vocab_size}): mismatched tokenizer?")
     return embed_tokens(input_ids)
 
