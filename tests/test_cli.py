@@ -577,3 +577,48 @@ def test_train_carry_state_trains_the_carried_lstm_and_the_carried_rgbn_rnn(tmp_
     with pytest.raises(SystemExit) as exit_:
         main(["train", "--output_dir", str(tmp_path / "x"), "--bptt_chunks", "2"])
     assert exit_.value.code == 2 and "--bptt_chunks is an option of --carry_state true" in capsys.readouterr().err
+
+
+def test_train_language_model_starts_a_carried_rgbn_rnn_from_a_trained_lstm(tmp_path, capsys, monkeypatch):
+    """`topic-lm train --language_model <LSTM folder>`: the LSTM LM trained by `topic-lm train` on the same corpus is
+    the new carried rGBN-RNN's start (its weights, seen as the trainer receives the model), and the run trains and
+    saves; another corpus's vocabulary, a family without topics and a saved model to continue are refused in one
+    line."""
+    import torch
+    from safetensors.torch import load_file
+
+    from topic_lm_hf import TopicLMTrainer
+
+    common = ["--train_file", "wikipedia-sample", "--max_train_documents", "24", "--min_freq", "3", "--max_steps",
+              "2", "--per_device_train_batch_size", "2", "--report_to", "none", "--use_cpu", "--eval_strategy", "no",
+              "--carry_state", "true"]
+    lstm_dir = tmp_path / "lstm"
+    main(["train", "--model_type", "lstm_lm", "--config_overrides", "embedding_size=16,hidden_size=16",
+          "--output_dir", str(lstm_dir), *common])
+    lstm = load_file(lstm_dir / "model.safetensors")
+    seen = {}
+    original = TopicLMTrainer.__init__
+
+    def recording(self, *args, **kwargs):
+        seen["start"] = {k: v.detach().clone() for k, v in kwargs["model"].state_dict().items()}
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(TopicLMTrainer, "__init__", recording)
+    out_dir = tmp_path / "rgbn"
+    main(["train", "--model_type", "rgbn_rnn", "--language_model", str(lstm_dir), "--config_overrides",
+          "topic_sizes=[8],hidden_sizes=[16],embedding_size=16", "--recipe", "paper", "--output_dir", str(out_dir),
+          *common])
+    torch.testing.assert_close(seen["start"]["model.lstms.0.weight_hh_l0"], lstm["model.lstm.weight_hh_l0"])
+    torch.testing.assert_close(seen["start"]["lm_head.bias"], lstm["lm_head.bias"])
+    assert json.loads((out_dir / "config.json").read_text())["carry_token_state"] is True
+    refusals = [
+        (["--model_type", "rgbn_rnn", "--max_train_documents", "30"], "trained with another vocabulary"),
+        (["--model_type", "lstm_lm"], "--model_type lstm_lm has no topics"),
+        (["--model_type", "rgbn_rnn", "--model_name_or_path", str(out_dir)], "give one of them"),
+        (["--model_type", "tcnlm"], "TCNLMForCausalLM has no LSTM of the LSTM LM's form"),
+    ]
+    for extra, message in refusals:
+        with pytest.raises(SystemExit) as exit_:
+            main(["train", *common, "--language_model", str(lstm_dir), "--recipe", "paper",
+                  "--output_dir", str(tmp_path / "refused"), *extra])
+        assert exit_.value.code == 2 and message in capsys.readouterr().err, extra

@@ -1,7 +1,7 @@
 """Starting a topic family from a trained LSTM language model (``from_language_model``): a folder saved by the LSTM
 LM, trained a few steps on real wikipedia-sample text, is taken into TopicLSTM and rGBN-RNN of the same sizes; at
-the start their predictions under uninformative topics are the language model's (exactly for TopicLSTM, within its
-gate's 1.8 % for rGBN-RNN), and they train from there. Families without an LSTM of the LSTM LM's form, other
+the start their predictions are the language model's (exactly for TopicLSTM whatever its topics, within its gate's
+1.8 % for rGBN-RNN), and they train from there. Families without an LSTM of the LSTM LM's form, other
 model types and other sizes are refused in one line."""
 
 import pytest
@@ -43,22 +43,30 @@ def _logits(model, batch, **topics):
         return model.eval()(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], **topics).logits
 
 
-def test_topiclstm_started_from_a_language_model_predicts_as_it_does_and_trains(wiki, chunks, language_model_folder):
+@pytest.mark.parametrize("recipe", [False, True], ids=["paper", "steering-recipe"])
+def test_topiclstm_started_from_a_language_model_predicts_as_it_does_and_trains(wiki, chunks, language_model_folder,
+                                                                                 recipe):
+    """The paper's TopicLSTM, and by the steering recipe (the shared topic output prior's weight starts at 0)."""
+    from topic_lm_hf.pretraining import steering_recipe
+
     lm = LSTMLMForCausalLM.from_pretrained(language_model_folder)
+    options = steering_recipe("topic_rnn") if recipe else {}
     config = TopicRNNConfig.from_tokenizers(wiki["tok"], wiki["topic_tok"], cell="lstm", num_topics=5, dropout=0.0,
-                                            **SIZES)
+                                            **SIZES, **options)
     model = TopicRNNForCausalLM.from_language_model(language_model_folder, config)
+    assert (model.topic_prior_weight is not None) == recipe
     batch = chunks[0]
     real = batch["attention_mask"].bool()
     expected = torch.log_softmax(_logits(lm, batch), -1)[real]
-    got = _logits(model, batch, topic_mixture=torch.zeros(len(batch["input_ids"]), 5))[real]
-    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
-    # with the documents' own topics the predictions move, and a training step on them runs
-    assert not torch.allclose(_logits(model, batch, context_bow=batch["context_bow"])[real], expected, atol=1e-3)
+    # whatever the topics: the documents' own
+    torch.testing.assert_close(_logits(model, batch, context_bow=batch["context_bow"])[real], expected, rtol=1e-5,
+                               atol=1e-5)
+    # a training step on them reaches the topic-word weights B (zero at the start) and the inference network
     model.train()
     out = model(**{k: batch[k] for k in ("input_ids", "attention_mask", "labels", "context_bow")})
     out.loss.backward()
-    assert torch.isfinite(out.loss) and model.model.inference_net.mean.weight.grad.abs().sum() > 0
+    assert torch.isfinite(out.loss) and model.topic_head.weight.grad.abs().sum() > 0
+    assert model.model.inference_net.mean.weight.grad.abs().sum() > 0
 
 
 def test_rgbn_rnn_started_from_a_language_model_passes_its_lstm_through_its_gate(wiki, chunks, language_model_folder,

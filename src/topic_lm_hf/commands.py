@@ -103,6 +103,9 @@ def make_config(model_args: ModelArguments) -> PretrainedConfig:
 def build_model(model_args: ModelArguments, tokenizer, topic_tokenizer):
     """A new model of ``model_type`` sized to the vocabularies, or a saved one."""
     if model_args.model_name_or_path:
+        if model_args.language_model:
+            raise UsageError("--language_model starts a new model; --model_name_or_path continues a saved one: give "
+                             "one of them")
         model = load_pretrained(AutoModelForCausalLM, model_args.model_name_or_path)
         data_lib.check_vocabularies(tokenizer, topic_tokenizer, model.config)
         return model
@@ -112,7 +115,27 @@ def build_model(model_args: ModelArguments, tokenizer, topic_tokenizer):
     for name, value in config_kwargs_from_tokenizers(tokenizer, topic_tokenizer).items():
         if not name.startswith("topic_") or hasattr(config, name):
             setattr(config, name, value)
+    if model_args.language_model:
+        return start_from_language_model(model_args.language_model, config, tokenizer)
     return AutoModelForCausalLM.from_config(config)
+
+
+def start_from_language_model(folder: str, config: PretrainedConfig, tokenizer):
+    """``--language_model``: a new topic model of ``config`` started from the LSTM LM saved in ``folder``
+    (``from_language_model``), whose vocabulary must be ``tokenizer``'s (the same corpus and ``--min_freq``)."""
+    from transformers import AutoTokenizer
+
+    cls = family_of(config.model_type).causal_lm_class
+    if not issubclass(cls, TopicFamilyForCausalLM):
+        raise UsageError(f"--language_model starts a topic model from an LSTM LM; --model_type {config.model_type} "
+                         "has no topics")
+    if not os.path.isfile(os.path.join(folder, "tokenizer.json")):
+        raise UsageError(f"--language_model {folder}: no saved model with its tokenizer there (a topic-lm train "
+                         "output folder)")
+    if data_lib.vocabulary_hash(AutoTokenizer.from_pretrained(folder)) != data_lib.vocabulary_hash(tokenizer):
+        raise UsageError(f"--language_model {folder} was trained with another vocabulary than this corpus gives: "
+                         "train it on the same corpus with the same --min_freq")
+    return cls.from_language_model(folder, config)
 
 
 def format_perplexity_table(rows: list[dict]) -> str:

@@ -924,7 +924,9 @@ class RGBNRNNForCausalLM(TopicFamilyForCausalLM, RGBNRNNPreTrainedModel, TopicGe
     def start_from_language_model(self) -> None:
         """Every gate's update z starts at sigmoid(-4) = 1.8 % whatever theta and h are (W_z and U_z zero, b_z -4,
         the sign flipped for the official form), so that each layer passes on its LSTM's output h nearly as it is
-        and the topics come in as far as training opens the gate (it learns W_z, U_z and b_z from there)."""
+        and the topics come in as far as training opens the gate (it learns W_z, U_z and b_z from there); the
+        shared topic output prior's weight starts at 0."""
+        super().start_from_language_model()
         with torch.no_grad():
             for gate in self.model.gates:
                 H = gate.candidate_proj.weight.shape[0]

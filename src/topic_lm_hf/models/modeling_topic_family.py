@@ -212,8 +212,8 @@ class TopicFamilyForCausalLM(DocumentRepresentationDelegate, TopicWordPriorMixin
         """A model of this family built from ``config`` that starts from a trained LSTM language model: its
         embeddings, LSTM layers and output layer are ``language_model``'s, the rest as initialised, and the topic
         path is set (:meth:`start_from_language_model`) so that the model's predictions start at the language
-        model's (exactly for TopicRNN under ``topic_mixture`` zero; rGBN-RNN's gate lets ``sigmoid(gate_bias)`` of
-        its topic candidate through).
+        model's (exactly for TopicRNN, whatever its topics; rGBN-RNN's gates let 1.8 % of their topic candidate
+        through).
 
         Args:
             language_model: an ``lstm_lm`` causal LM (``LSTMLMForCausalLM``) or the folder / Hub name of one.
@@ -258,8 +258,11 @@ class TopicFamilyForCausalLM(DocumentRepresentationDelegate, TopicWordPriorMixin
 
     def start_from_language_model(self) -> None:
         """Set the topic path after :meth:`from_language_model` took the LSTM LM's weights, so that the model's
-        predictions start at the language model's; nothing by default (TopicRNN: its topic term is zero under
-        ``topic_mixture`` zero)."""
+        predictions start at the language model's: the shared topic output prior's weight lambda starts at 0 (it
+        is learned from there), the rest is the family's."""
+        if self.topic_prior_weight is not None:
+            with torch.no_grad():
+                self.topic_prior_weight.zero_()
 
     # What the topic model reads when pre-trained alone (the keywords of topic_model_loss), and its batches:
     # "train" = the family's training batches' context bags, "document" = one row per document with its whole bag.

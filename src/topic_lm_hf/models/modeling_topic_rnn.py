@@ -287,6 +287,14 @@ class TopicRNNForCausalLM(TopicFamilyForCausalLM, TopicRNNPreTrainedModel, Topic
                              "build it with cell=\"lstm\" (TopicLSTM)")
         return super().from_language_model(language_model, config)
 
+    def start_from_language_model(self) -> None:
+        """The topic term b_i^T theta starts at 0 for every theta (B zero; it is learned from there) and so does the
+        shared topic output prior's weight: the model first predicts as the language model does, whatever its
+        topics."""
+        super().start_from_language_model()
+        with torch.no_grad():
+            self.topic_head.weight.zero_()
+
     def carries_documents_in_one_call(self) -> bool:
         """The RNN reads nothing but the tokens: carried-state training runs a documents batch in one call
         (``document_tokens``). Every term that is a sum over rows per predicted token is the loop's exactly; free
