@@ -133,3 +133,36 @@ def test_mismatched_context_ablation_never_reads_the_documents_own_context(famil
     assert all(len(own) == 1 and not context & own for own, context in shown)  # the ablation: never its own
     with pytest.raises(ValueError, match="at least two documents"):
         mismatched_rows(datasets.Dataset.from_dict({"doc_index": [0, 0], "context_ids": [[1], [2]]}), False)
+
+
+@pytest.mark.parametrize("family,protocol", [("tcnlm", "paper"), ("tcnlm", "causal-carry"), ("rgbn", "causal")])
+def test_empty_context_gives_every_chunk_an_empty_bag_and_changes_nothing_else(wiki, family, protocol):
+    """``empty_context=True`` (how a topic model held at uninformative topics is evaluated): every call sees an
+    all-zero context bag of words, on chunk and on documents batches, the same tokens are predicted, and the
+    perplexity equals the one of the same model whose forward zeroes the bags itself."""
+    import functools
+
+    from conftest import topic_family_model
+
+    docs = wiki["valid"].select(range(4))
+    model = topic_family_model(family, wiki["tok"], wiki["topic_tok"])
+    original, seen = model.forward, []
+
+    def forward(*args, zero=False, context_bow=None, **kwargs):
+        seen.append(float(context_bow.abs().sum()))
+        return original(*args, context_bow=context_bow * 0 if zero else context_bow, **kwargs)
+
+    results = {}
+    for name, empty, zero in (("own", False, False), ("empty", True, False), ("zeroed", False, True)):
+        seen.clear()
+        model.forward = functools.wraps(original)(functools.partial(forward, zero=zero))
+        results[name] = evaluate_perplexity(model, docs, protocol, tokenizer=wiki["tok"],
+                                            topic_tokenizer=wiki["topic_tok"], empty_context=empty)
+        assert (sum(seen) == 0) == empty, name  # the real contexts hold words; the empty ones none
+    model.forward = original
+    assert results["empty"]["tokens"] == results["own"]["tokens"] and results["empty"]["empty_context"]
+    assert results["empty"]["perplexity"] == pytest.approx(results["zeroed"]["perplexity"], rel=1e-9)
+    assert results["empty"]["perplexity"] != results["own"]["perplexity"]
+    with pytest.raises(ValueError, match="not both"):
+        evaluate_perplexity(model, docs, protocol, tokenizer=wiki["tok"], topic_tokenizer=wiki["topic_tok"],
+                            empty_context=True, mismatched_context=True)

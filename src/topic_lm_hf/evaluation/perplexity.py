@@ -102,6 +102,15 @@ def mismatched_rows(rows: datasets.Dataset, document_rows: bool) -> datasets.Dat
     return rows.remove_columns("context_ids").add_column("context_ids", new_contexts, feature=feature)
 
 
+def empty_context_rows(rows: datasets.Dataset) -> datasets.Dataset:
+    """Rows whose every chunk reads an empty context (a documents row: every chunk of it), all but ``context_ids``
+    kept: the input of a topic model held at uninformative topics, the same for every document (the matched
+    topic-free baseline of a topic model: its architecture and training, without its document's topics)."""
+    empty = [[[] for _ in chunks] if chunks and isinstance(chunks[0], list) else [] for chunks in rows["context_ids"]]
+    feature = rows.features["context_ids"]
+    return rows.remove_columns("context_ids").add_column("context_ids", empty, feature=feature)
+
+
 def prepare_evaluation(model, documents, tokenizer=None, topic_tokenizer=None):
     """Shared set-up of every perplexity protocol: a documents dataset, whether the model reads a
     context, and the tokenizers (by default the ones saved with the model), checked against it."""
@@ -133,7 +142,7 @@ def model_vocabularies(model, tokenizer=None, topic_tokenizer=None, needs_topic_
 def evaluate_perplexity(model, documents: datasets.Dataset | Sequence, protocol: str = "causal",
                         tokenizer=None, topic_tokenizer=None, batch_size: int = 64,
                         max_sentence_length: int = 30, max_context_tokens: int | None = 300,
-                        mismatched_context: bool = False) -> dict[str, Any]:
+                        mismatched_context: bool = False, empty_context: bool = False) -> dict[str, Any]:
     """Perplexity of ``model`` on documents under a named protocol.
 
     Args:
@@ -149,6 +158,9 @@ def evaluate_perplexity(model, documents: datasets.Dataset | Sequence, protocol:
             describes some other document. The gap to the same protocol with the
             real context is the part of the perplexity that the document's topics explain, as
             opposed to the extra capacity of a topic model's LM.
+        empty_context: every chunk reads an empty context (:func:`empty_context_rows`): the topics are the same,
+            uninformative ones for every document. How a topic model trained this way (a matched topic-free
+            baseline) is evaluated.
 
     Models with sentence-level topics (NCLM's SDT, ``sentence_prefix_bow`` in ``forward``) also get each
     chunk's sentence prefix, so a chunk that continues a sentence sees its earlier words. A model whose
@@ -162,6 +174,8 @@ def evaluate_perplexity(model, documents: datasets.Dataset | Sequence, protocol:
     """
     if protocol not in PROTOCOLS:
         raise ValueError(f"protocol must be one of {list(PROTOCOLS)}, got {protocol!r}")
+    if mismatched_context and empty_context:
+        raise ValueError("Give mismatched_context or empty_context, not both: each replaces the context")
     leaky = leaky_modes_of(model)
     if leaky and not PROTOCOLS[protocol].leaky:
         allowed = " or ".join(f"protocol={name!r}" for name, p in PROTOCOLS.items() if p.leaky)
@@ -179,6 +193,8 @@ def evaluate_perplexity(model, documents: datasets.Dataset | Sequence, protocol:
     rows = collator.prepare(documents)
     if mismatched_context and uses_context:
         rows = mismatched_rows(rows, document_rows=collator.layout == "documents")
+    if empty_context and uses_context:
+        rows = empty_context_rows(rows)
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
@@ -229,7 +245,8 @@ def evaluate_perplexity(model, documents: datasets.Dataset | Sequence, protocol:
     return {"perplexity": math.exp(total_nll / total_tokens), "nll": total_nll, "tokens": total_tokens,
             "protocol": "+".join([protocol, *leaky]), "leaky_modes": leaky,
             "context": (context_mode + (", mismatched: another document's" if mismatched_context else "")
+                        + (", empty: uninformative topics" if empty_context else "")
                         if uses_context else "none (model ignores context)"),
-            "mismatched_context": mismatched_context,
+            "mismatched_context": mismatched_context, "empty_context": empty_context,
             "carry_state": carry, "documents": len(documents), "max_sentence_length": max_sentence_length,
             "max_context_tokens": max_context_tokens}
