@@ -44,6 +44,14 @@ Models (``--only`` names; every one 1 layer, so the same-size single-layer LSTM 
   the objective on the dev documents has not improved for ``--pretrain-patience`` evaluations
   ``--pretrain-eval-every`` steps apart; recorded in ``train.json``), beside the papers' exact models;
   ``topic-lstm-carry-recipe``: TopicLSTM by the recipe with its state carried (the carried LSTM's protocol).
+* ``rgbn-carry-warm``, ``rgbn-carry-warm-recipe``: the carried rGBN-RNN started from this run's trained
+  ``lstm-carry`` (``from_language_model``: its embeddings, LSTM and output layer; the gate passing 1.8 % of the
+  topic candidate), without and with the steering recipe; ``lstm-carry`` must be trained first in the same ``--out``.
+* ``rgbn-carry-matched``, ``rgbn-carry-warm-recipe-matched``: the matched topic-free baselines of those rows: the same
+  model, built and trained the same way (warm start and topic-model pre-training included), with every context empty
+  in training, early stopping and evaluation (``evaluate_perplexity(empty_context=True)``: uninformative topics, the
+  same for every document). The comparison names the strongest baseline (``lstm-carry`` or a matched row) and each
+  topic row against its matched twin.
 
 Decisions (the same for every run of this script):
 
@@ -52,7 +60,9 @@ Decisions (the same for every run of this script):
   (``TOPIC_LM_DATA``). ``imdb``: ``imdb/train.jsonl.gz`` split as ``benchmark_topicrnn.py`` splits it
   (``load_imdb_splits``: a fixed 20 % held out with seed 0 plays ``valid.txt``, the rest ``train.txt``), and
   capped by default to the first 5,000 / 500 reviews of the two splits (``--max-train-docs`` / ``--max-valid-docs``
-  change it) to fit a CPU budget; raw text is sentence-split and tokenized by ``load_documents``.
+  change it) to fit a CPU budget; raw text is sentence-split and tokenized by ``load_documents``. ``wiki``: the
+  Wikipedia sample that ships with the package (``wikipedia-sample``, 900 training and 100 validation articles; its
+  NPMI reference is the shipped ``wikipedia-sample/npmi-reference``): no ``TOPIC_LM_DATA`` needed.
 * Development split. A fixed random 5 % (``--dev-fraction``) of the training documents, drawn with
   ``numpy.random.default_rng(--dev-seed, default 0)`` (the first ceil(5 %) of a permutation; at least one
   document), is held out for early stopping; the vocabularies and every model are built and trained on the other
@@ -143,6 +153,7 @@ from transformers.utils import logging as hf_logging
 
 from topic_lm_hf import TopicContextCollator, build_vocabularies, evaluate_topics, load_documents
 from topic_lm_hf.pretraining import RECIPE_PRETRAINING
+from topic_lm_hf.evaluation.perplexity import empty_context_rows
 from topic_lm_hf.evaluation.topics import load_reference_corpus
 from topic_lm_hf.protocols import PROTOCOLS as PROTOCOL_RECORDS, evaluation_protocol
 
@@ -155,8 +166,8 @@ from benchmarking import (CLASSES, DATA, MAX_FLUENCY_RATIO, MODELS, PROTOCOLS, S
                           trains_with_carry_state, write_json)
 
 MAX_EPOCHS = 20  # the default cap: early stopping is meant to end every run before it
-BATCH_DOCUMENTS = {"apnews": 4, "brown": 1, "imdb": 6}  # about 60 chunks on APNEWS and IMDB, 100 on Brown
-CORPORA = {"apnews": "APNEWS", "brown": "Brown", "imdb": "IMDB"}
+BATCH_DOCUMENTS = {"apnews": 4, "brown": 1, "imdb": 6, "wiki": 4}  # about 60 chunks on APNEWS and IMDB, 100 on Brown
+CORPORA = {"apnews": "APNEWS", "brown": "Brown", "imdb": "IMDB", "wiki": "the Wikipedia sample shipped with the package"}
 IMDB_DEFAULT_DOCS = (5000, 500)  # train, valid reviews when --max-*-docs are not given
 
 # Published test perplexities of the papers' small LMs (1 x 600), per corpus (the papers' BNC = our Brown
@@ -185,7 +196,8 @@ SETTINGS = ("corpus", "size", "embedding_size", "hidden_size", "num_topics", "dr
 
 
 def is_topic_model(name: str) -> bool:
-    return MODELS[name]["family"] != "lstm"
+    """A model that reads its document's topics: not the LSTM, nor a matched row (its topics held uninformative)."""
+    return MODELS[name]["family"] != "lstm" and not MODELS[name].get("matched")
 
 
 def own_protocol(name: str) -> str:
@@ -207,7 +219,10 @@ def dev_protocol(name: str) -> str:
 
 def load_corpus(args):
     """(train, dev, valid) documents: ``dev`` is the fixed-seed ``--dev-fraction`` of the training documents."""
-    if args.corpus == "imdb":
+    if args.corpus == "wiki":  # the corpus that ships with the package: no $TOPIC_LM_DATA needed
+        train = load_documents("wikipedia-sample", max_documents=args.max_train_docs)
+        valid = load_documents("wikipedia-sample/validation", max_documents=args.max_valid_docs)
+    elif args.corpus == "imdb":
         from topic_lm_hf.tasks.classification import load_imdb_splits
 
         train, valid = load_imdb_splits(DATA / "imdb" / "train.jsonl.gz", test_fraction=0.2, seed=0,
@@ -260,7 +275,7 @@ def train(name: str, model, rows, collator, args, mdir: Path, tok, topic_tok, tr
         topic_phase = pretrain_topic_model_phase(name, model, train_docs, nvdm_args, mdir, tok, topic_tok)
     stats = train_to_convergence(name, model, rows, collator, args, mdir, tok, topic_tok if topics else None,
                                  dev_docs, dev_protocol(name), carry_state=trains_with_carry_state(name),
-                                 code=CODE_VERSION)
+                                 code=CODE_VERSION, empty_context=bool(spec.get("matched")))
     return {**stats, "training_context": spec["context"], **topic_phase}
 
 
@@ -273,7 +288,8 @@ def evaluate(name: str, model, valid_docs, tok, topic_tok, mdir: Path) -> dict:
     """Perplexity under every protocol and, for the topic models, the ablation under their own protocol and
     under ``causal`` (where the gain over the LSTM is split into the document's own topics and the rest)."""
     ablation = own_protocol(name) if is_topic_model(name) else None
-    return evaluate_protocols(model, valid_docs, tok, topic_tok, mdir, ablation, more_ablations=("causal",))
+    return evaluate_protocols(model, valid_docs, tok, topic_tok, mdir, ablation, more_ablations=("causal",),
+                              empty_context=bool(MODELS[name].get("matched")))
 
 
 def evaluated(name: str, ev: dict) -> bool:
@@ -408,6 +424,8 @@ def run(args) -> dict:
         if name not in rows:
             documents, collators[name] = make_collator(name, tok, topic_tok)
             rows[name] = prepared_rows(rows_by_context, name, documents, train_docs)
+            if MODELS[name].get("matched"):  # its topics held uninformative: every context empty
+                rows[name] = empty_context_rows(rows[name])
             first = next(iter(rows_by_context.values()))
             if rows[name][:8]["input_ids"] != first[:8]["input_ids"]:
                 raise RuntimeError("the models' rows differ: they would not see the same batches")
@@ -418,8 +436,9 @@ def run(args) -> dict:
     def npmi_reference():
         nonlocal reference
         if reference is None:
-            reference = load_reference_corpus(DATA / "wiki" / "articles.jsonl.gz",
-                                              max_documents=args.npmi_max_documents)
+            source = ("wikipedia-sample/npmi-reference" if args.corpus == "wiki"
+                      else DATA / "wiki" / "articles.jsonl.gz")
+            reference = load_reference_corpus(source, max_documents=args.npmi_max_documents)
             print(f"\n== NPMI reference: {reference.description}", flush=True)
         return reference
 
@@ -435,6 +454,13 @@ def run(args) -> dict:
             print(f"\n== [{i + 1}/{len(names)}] {name}: trained earlier", flush=True)
         else:
             model = build_model(name, args, tok, topic_tok)
+            if spec.get("warm"):  # from this run's converged language model
+                start = out / spec["warm"] / "model"
+                if not (start / "config.json").exists():
+                    raise SystemExit(f"{name} starts from {spec['warm']}'s trained model: train {spec['warm']} first "
+                                     f"in {out} (--only {spec['warm']} {name})")
+                torch.manual_seed(args.seed)
+                model = type(model).from_language_model(start, model.config)
             print(f"\n== [{i + 1}/{len(names)}, {elapsed:.1f} min] training {name}: {spec['label']} "
                   f"({sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters), context "
                   f"{spec['context']!r}, carry_state {bool(spec.get('carry'))}", flush=True)
@@ -594,12 +620,21 @@ def compare(results: dict, corpus: str) -> dict:
                 if row["gain"] > 0:
                     row["share_from_own_topics"] = row["from_own_topics"] / row["gain"]
             out["causal"][n] = row
+    carried = lambda n: results[n]["perplexity"]["causal-carry"]["perplexity"]  # noqa: E731
     if topic and "lstm-carry" in results:
-        best = min(topic, key=lambda n: results[n]["perplexity"]["causal-carry"]["perplexity"])
-        a, b = results[best]["perplexity"]["causal-carry"]["perplexity"], \
-            results["lstm-carry"]["perplexity"]["causal-carry"]["perplexity"]
+        best = min(topic, key=carried)
+        a, b = carried(best), carried("lstm-carry")
+        # the strongest baseline: the carried LSTM or a matched topic-free row (a topic model's architecture and
+        # training with its topics held uninformative)
+        baseline = min(["lstm-carry", *(n for n in results if MODELS[n].get("matched"))], key=carried)
         out["causal_carry"] = {"best_topic_model": best, "perplexity": a, "lstm_carry_perplexity": b,
-                               "difference": a - b, "percent": 100 * (a / b - 1)}
+                               "difference": a - b, "percent": 100 * (a / b - 1), "best_baseline": baseline,
+                               "baseline_perplexity": carried(baseline),
+                               "percent_to_best_baseline": 100 * (a / carried(baseline) - 1)}
+        # each topic row against its matched twin, where the run has both
+        out["matched"] = {n: {"perplexity": carried(n), "matched_perplexity": carried(f"{n}-matched"),
+                              "percent": 100 * (carried(n) / carried(f"{n}-matched") - 1)}
+                          for n in topic if f"{n}-matched" in results}
         m = results[best].get("mismatched")
         if m and m["base_protocol"] == "causal-carry":  # how much of it the document's own topics give
             out["causal_carry"]["ablation_perplexity"] = m["perplexity"]
@@ -721,6 +756,14 @@ def table(report: dict, args) -> list[str]:
                      + (f" With another document's context (ablation) it scores {cc['ablation_perplexity']:.2f}: "
                         f"the document's own topics account for {own:.2f} perplexity points."
                         if "ablation_perplexity" in cc else ""))
+        if cc["best_baseline"] != "lstm-carry":
+            lines.append(f"- The strongest baseline under **causal-carry** is {results[cc['best_baseline']]['label']} "
+                         f"({cc['baseline_perplexity']:.2f}): the best topic model is {cc['percent_to_best_baseline']:+.1f} "
+                         "% against it (negative = the topic model is better).")
+        for name, m in comp.get("matched", {}).items():
+            lines.append(f"- Under **causal-carry**, {results[name]['label']} {m['perplexity']:.2f} against the same "
+                         f"model with its topics held uninformative {m['matched_perplexity']:.2f} ({m['percent']:+.1f} "
+                         "%; negative = its document's topics pay).")
     else:
         lines.append("- Under **causal-carry**: needs `lstm-carry` and a topic model finished.")
     ranking = comp["ranking_paper"]

@@ -407,9 +407,11 @@ class DevEarlyStopping(TrainerCallback):
     A checkpoint is written at every evaluation, and older best folders are removed only once a checkpoint after
     the newer one exists, so an interrupted run resumes with a best folder that matches ``dev.jsonl``."""
 
-    def __init__(self, name, dev_docs, protocol, tok, topic_tok, every, patience, mdir: Path, history: list[dict]):
+    def __init__(self, name, dev_docs, protocol, tok, topic_tok, every, patience, mdir: Path, history: list[dict],
+                 empty_context: bool = False):
         self.name, self.dev_docs, self.protocol, self.tok, self.topic_tok = name, dev_docs, protocol, tok, topic_tok
         self.every, self.patience, self.mdir, self.history = every, patience, mdir, history
+        self.empty_context = empty_context  # a matched topic-free row: evaluated as it is trained
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
         step = state.global_step
@@ -421,7 +423,7 @@ class DevEarlyStopping(TrainerCallback):
         model.eval()
         with torch.no_grad(), float32_forward(model):  # as the saved weights will be evaluated
             r = evaluate_perplexity(model, self.dev_docs, self.protocol, tokenizer=self.tok,
-                                    topic_tokenizer=self.topic_tok)
+                                    topic_tokenizer=self.topic_tok, empty_context=self.empty_context)
         model.train()
         torch.set_rng_state(rng)
         if cuda_rng is not None:
@@ -450,7 +452,8 @@ class DevEarlyStopping(TrainerCallback):
 
 
 def train_to_convergence(name: str, model, rows, collator, args, mdir: Path, tok, topic_tok, dev_docs,
-                         dev_protocol: str = "causal", carry_state: bool = False, code: str = "?") -> dict:
+                         dev_protocol: str = "causal", carry_state: bool = False, code: str = "?",
+                         empty_context: bool = False) -> dict:
     """Train one model until its development perplexity stops improving, resumably; keep its best weights.
 
     At most ``args.max_steps`` steps of ``args.batch_size`` rows in the seeded order of ``batch_order`` (Adam
@@ -462,7 +465,8 @@ def train_to_convergence(name: str, model, rows, collator, args, mdir: Path, tok
     from its last complete checkpoint (``<mdir>/checkpoints``) with its early-stopping state (``<mdir>/dev.jsonl``);
     a finished one is not trained again. The best weights and the vocabularies (``tok``, and ``topic_tok`` unless
     it is None) end in ``<mdir>/model``. Returns the training statistics, ``stopped_by`` saying what ended the run
-    (``"patience"`` or ``"max_steps"``)."""
+    (``"patience"`` or ``"max_steps"``). ``empty_context``: the dev perplexity with every context empty (a matched
+    topic-free row, whose ``rows`` hold empty contexts too)."""
     ckpt_dir, steps_path, dev_path = mdir / "checkpoints", mdir / "steps.jsonl", mdir / "dev.jsonl"
     finished = mdir / "trained.json"  # written once the best weights are final: the run is over
     if finished.exists():
@@ -500,7 +504,7 @@ def train_to_convergence(name: str, model, rows, collator, args, mdir: Path, tok
         # StepTimer first: the dev evaluation runs after it has timed the step (and on_save restarts its clock)
         trainer.add_callback(StepTimer(name, counting, steps_path, lambda step: "joint", args.max_steps))
         trainer.add_callback(DevEarlyStopping(name, dev_docs, dev_protocol, tok, topic_tok, args.eval_steps,
-                                              args.patience, mdir, history))
+                                              args.patience, mdir, history, empty_context))
         trainer.train(resume_from_checkpoint=resume)
     seconds = time.perf_counter() - start
     best_step = min(history, key=lambda h: h["perplexity"])["step"]

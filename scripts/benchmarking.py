@@ -332,6 +332,23 @@ MODELS = {
                              recipe=True),
     "rgbn-recipe": dict(family="rgbn", label="rGBN-RNN, steering recipe", context="preceding", recurrent=True,
                         recipe=True),
+    # started from this run's converged carried LSTM (``warm``: from_language_model of lstm-carry's best weights; its
+    # gate passes 1.8 % of the topic candidate at the start), with and without the steering recipe
+    "rgbn-carry-warm": dict(family="rgbn", label="rGBN-RNN, carried state, from the carried LSTM",
+                            context="preceding", recurrent=True, carry=True, warm="lstm-carry",
+                            config={"carry_token_state": True}),
+    "rgbn-carry-warm-recipe": dict(family="rgbn", label="rGBN-RNN, carried state, from the carried LSTM, steering "
+                                   "recipe", context="preceding", recurrent=True, carry=True, warm="lstm-carry",
+                                   recipe=True, config={"carry_token_state": True}),
+    # matched topic-free baselines (``matched``): the same model trained and evaluated the same way with every context
+    # empty (uninformative topics, the same for every document); what its architecture brings without the topics
+    "rgbn-carry-matched": dict(family="rgbn", label="rGBN-RNN, carried state, topics held uninformative",
+                               context="preceding", recurrent=True, carry=True, matched=True,
+                               config={"carry_token_state": True}),
+    "rgbn-carry-warm-recipe-matched": dict(family="rgbn", label="rGBN-RNN, carried state, from the carried LSTM, "
+                                           "steering recipe, topics held uninformative", context="preceding",
+                                           recurrent=True, carry=True, warm="lstm-carry", recipe=True, matched=True,
+                                           config={"carry_token_state": True}),
 }
 # the benchmark's family names (Family.short_name) -> model_type and causal LM class, from the family registry
 MODEL_TYPES = {f.short_name: f.model_type for f in FAMILIES.values() if f.is_topic_model}
@@ -437,18 +454,20 @@ def build_model(name: str, args, tok, topic_tok):
 
 
 def evaluate_protocols(model, valid_docs, tok, topic_tok, mdir: Path, ablation: str | None = None,
-                       leaky: bool = False, more_ablations: tuple[str, ...] = ()) -> dict:
+                       leaky: bool = False, more_ablations: tuple[str, ...] = (), empty_context: bool = False) -> dict:
     """Perplexity under every protocol and, with ``ablation`` (a protocol), the mismatched-context ablation
     under it (``"mismatched"``), and under each of ``more_ablations`` (``"mismatched-<protocol>"``; the same
     figure where it is ``ablation``'s protocol); cached in ``mdir/eval.json``. A ``leaky`` model gets n/a (with
-    the package's reason) where ``evaluate_perplexity`` refuses a protocol."""
+    the package's reason) where ``evaluate_perplexity`` refuses a protocol. ``empty_context``: every protocol with
+    every context empty (a matched topic-free row)."""
     path = mdir / "eval.json"
     ev = read_json(path) or {}
     for protocol in PROTOCOLS:
         if protocol in ev:
             continue
         try:
-            r = evaluate_perplexity(model, valid_docs, protocol, tokenizer=tok, topic_tokenizer=topic_tok)
+            r = evaluate_perplexity(model, valid_docs, protocol, tokenizer=tok, topic_tokenizer=topic_tok,
+                                    empty_context=empty_context)
             print(f"   {r['protocol']}: perplexity {r['perplexity']:.2f} ({r['tokens']:,} tokens)", flush=True)
         except ValueError as e:
             if not leaky:

@@ -206,3 +206,31 @@ def test_documented_commands_parse_and_published_blocks_are_the_tables():
             assert image.startswith(f"{key}/") and (RESULTS.parent / image).exists(), image
         results = json.loads((RESULTS.parent / key / "results.json").read_text())
         assert results["context"]["corpus"] == key.split("-")[0]
+
+
+def test_warm_started_and_matched_rows_on_the_shipped_corpus(tmp_path):
+    """On the corpus that ships with the package (no data needed): a row started from the run's carried LSTM refuses
+    to run before it; ``*-matched`` rows are trained and evaluated with every context empty (their dev and
+    validation perplexities say so); the comparison names the strongest baseline (the carried LSTM or a matched row)
+    and each topic row against its matched twin."""
+    smoke = ["--corpus", "wiki", "--max-steps", "4", "--eval-steps", "2", "--patience", "1", "--batch-size", "2",
+             "--hidden", "8", "--embedding", "8", "--topics", "3", "--max-train-docs", "30", "--max-valid-docs", "4",
+             "--npmi-max-documents", "20", "--steer-topics", "2", "--steer-samples", "2", "--max-new-tokens", "8",
+             "--speed-repeats", "1", "--lda-max-iter", "2", "--pretrain-steps", "4", "--pretrain-eval-every", "2",
+             "--guidance-scales", "1", "--out", str(tmp_path / "wiki")]
+    proc = run_script(*smoke, "--only", "rgbn-carry-warm")
+    assert proc.returncode != 0 and "train lstm-carry first" in proc.stderr
+    proc = run_script(*smoke, "--only", "lstm-carry", "rgbn-carry-warm-recipe", "rgbn-carry-warm-recipe-matched")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((tmp_path / "wiki" / "results.json").read_text())
+    matched = report["results"]["rgbn-carry-warm-recipe-matched"]
+    assert all(matched["eval"][p]["empty_context"] for p in PROTOCOLS) and "mismatched" not in matched
+    assert not report["results"]["rgbn-carry-warm-recipe"]["eval"]["causal-carry"]["empty_context"]
+    carry = report["comparison"]["causal_carry"]
+    assert carry["best_topic_model"] == "rgbn-carry-warm-recipe"
+    best = min(("lstm-carry", "rgbn-carry-warm-recipe-matched"),
+               key=lambda n: report["results"][n]["perplexity"]["causal-carry"]["perplexity"])
+    assert carry["best_baseline"] == best
+    twin = report["comparison"]["matched"]["rgbn-carry-warm-recipe"]
+    assert twin["matched_perplexity"] == matched["perplexity"]["causal-carry"]["perplexity"]
+    assert "topics held uninformative" in (tmp_path / "wiki" / "table.md").read_text()
