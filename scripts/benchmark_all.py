@@ -47,7 +47,11 @@ Models (``--only`` names; every one 1 layer, so the same-size single-layer LSTM 
 * ``rgbn-carry-warm``, ``rgbn-carry-warm-recipe``: the carried rGBN-RNN started from this run's trained
   ``lstm-carry`` (``from_language_model``: its embeddings, LSTM and output layer; the gate passing 1.8 % of the
   topic candidate), without and with the steering recipe; ``lstm-carry`` must be trained first in the same ``--out``.
-* ``rgbn-carry-matched``, ``rgbn-carry-warm-recipe-matched``: the matched topic-free baselines of those rows: the same
+* ``topic-lstm-carry-warm-recipe``: TopicLSTM by the recipe, carried, started from ``lstm-carry`` the same way (its
+  topic term and topic prior at 0 at the start); ``tcnlm-carry-recipe``: TCNLM by the recipe, carried (one call per
+  documents batch).
+* ``rgbn-carry-matched``, ``rgbn-carry-warm-recipe-matched``, ``topic-lstm-carry-warm-recipe-matched``,
+  ``tcnlm-carry-recipe-matched``: the matched topic-free baselines of those rows: the same
   model, built and trained the same way (warm start and topic-model pre-training included), with every context empty
   in training, early stopping and evaluation (``evaluate_perplexity(empty_context=True)``: uninformative topics, the
   same for every document). The comparison names the strongest baseline (``lstm-carry`` or a matched row) and each

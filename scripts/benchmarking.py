@@ -345,6 +345,17 @@ MODELS = {
     "rgbn-carry-matched": dict(family="rgbn", label="rGBN-RNN, carried state, topics held uninformative",
                                context="preceding", recurrent=True, carry=True, matched=True,
                                config={"carry_token_state": True}),
+    "topic-lstm-carry-warm-recipe": dict(family="topic_rnn", label="TopicLSTM, carried state, from the carried LSTM, "
+                                         "steering recipe", context="preceding", carry=True, warm="lstm-carry",
+                                         recipe=True),
+    "topic-lstm-carry-warm-recipe-matched": dict(family="topic_rnn", label="TopicLSTM, carried state, from the "
+                                                 "carried LSTM, steering recipe, topics held uninformative",
+                                                 context="preceding", carry=True, warm="lstm-carry", recipe=True,
+                                                 matched=True),
+    "tcnlm-carry-recipe": dict(family="tcnlm", label="TCNLM, carried state, steering recipe", context="preceding",
+                               carry=True, recipe=True),
+    "tcnlm-carry-recipe-matched": dict(family="tcnlm", label="TCNLM, carried state, steering recipe, topics held "
+                                       "uninformative", context="preceding", carry=True, recipe=True, matched=True),
     "rgbn-carry-warm-recipe-matched": dict(family="rgbn", label="rGBN-RNN, carried state, from the carried LSTM, "
                                            "steering recipe, topics held uninformative", context="preceding",
                                            recurrent=True, carry=True, warm="lstm-carry", recipe=True, matched=True,
