@@ -622,3 +622,33 @@ def test_train_language_model_starts_a_carried_rgbn_rnn_from_a_trained_lstm(tmp_
             main(["train", *common, "--language_model", str(lstm_dir), "--recipe", "paper",
                   "--output_dir", str(tmp_path / "refused"), *extra])
         assert exit_.value.code == 2 and message in capsys.readouterr().err, extra
+
+
+def test_train_early_stopping_patience_stops_on_the_validation_loss_and_keeps_the_best_weights(tmp_path, capsys):
+    """`--early_stopping_patience 1`: a run whose validation loss gets worse (a learning rate far too high) stops
+    after one evaluation without improvement, long before --max_steps, and the saved model is the best checkpoint's;
+    without evaluations the flag is refused in one line."""
+    import pathlib
+
+    import torch
+    from safetensors.torch import load_file
+
+    out_dir = tmp_path / "lstm"
+    common = ["--train_file", "wikipedia-sample", "--max_train_documents", "24", "--validation_file",
+              "wikipedia-sample/validation", "--max_eval_documents", "4", "--min_freq", "3", "--model_type", "lstm_lm",
+              "--config_overrides", "embedding_size=16,hidden_size=16", "--per_device_train_batch_size", "4",
+              "--report_to", "none", "--use_cpu", "--learning_rate", "5", "--max_steps", "60", "--early_stopping_patience",
+              "1"]
+    main(["train", *common, "--eval_strategy", "steps", "--eval_steps", "2", "--output_dir", str(out_dir)])
+    checkpoints = sorted(out_dir.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
+    state = json.loads((checkpoints[-1] / "trainer_state.json").read_text())
+    assert state["global_step"] < 60  # stopped by the validation loss
+    losses = {e["step"]: e["eval_loss"] for e in state["log_history"] if "eval_loss" in e}
+    best_step = min(losses, key=losses.get)
+    assert state["best_model_checkpoint"].endswith(f"checkpoint-{best_step}")
+    best = load_file(pathlib.Path(state["best_model_checkpoint"]) / "model.safetensors")
+    saved = load_file(out_dir / "model.safetensors")
+    assert all(torch.equal(saved[k], best[k]) for k in saved)
+    with pytest.raises(SystemExit) as exit_:
+        main(["train", *common, "--eval_strategy", "no", "--output_dir", str(tmp_path / "x")])
+    assert exit_.value.code == 2 and "--early_stopping_patience stops on the validation loss" in capsys.readouterr().err

@@ -198,6 +198,7 @@ def train(data_args: DataArguments, model_args: ModelArguments, training_args: T
                                               max_context_tokens=data_args.max_context_tokens)
     train_rows = collator.prepare(train_docs)
     eval_rows = collator.prepare(valid_docs) if valid_docs is not None and training_args.eval_strategy != "no" else None
+    callbacks = [*(callbacks or []), *early_stopping(model_args, training_args, eval_rows)]
     trainer = TopicLMTrainer(model=model, args=training_args, train_dataset=train_rows, eval_dataset=eval_rows,
                              data_collator=collator, processing_class=tok, callbacks=callbacks,
                              pretraining_phases=parse_phases(model_args.pretraining_phases),
@@ -270,6 +271,26 @@ def carried_training(model_args: ModelArguments, data_args: DataArguments, model
             raise UsageError(f"--bptt_chunks: {type(model).__name__} carries its state through each whole document")
         model.config.carry_token_state = True
     return True
+
+
+def early_stopping(model_args: ModelArguments, training_args: TrainingArguments, eval_rows) -> list:
+    """``--early_stopping_patience N``: transformers' ``EarlyStoppingCallback`` on the validation loss, the best
+    checkpoint's weights loaded at the end; checkpoints are saved at every evaluation (``save_strategy`` and
+    ``save_steps`` follow the evaluation's). Nothing without the flag."""
+    from transformers import EarlyStoppingCallback
+    from transformers.trainer_utils import IntervalStrategy
+
+    patience = model_args.early_stopping_patience
+    if patience is None:
+        return []
+    data_lib.check_positive_flags(early_stopping_patience=patience)
+    if eval_rows is None or training_args.eval_strategy != IntervalStrategy.STEPS:
+        raise UsageError("--early_stopping_patience stops on the validation loss: give --eval_strategy steps (with "
+                         "--eval_steps) and validation documents")
+    training_args.load_best_model_at_end = True
+    training_args.metric_for_best_model, training_args.greater_is_better = "eval_loss", False
+    training_args.save_strategy, training_args.save_steps = IntervalStrategy.STEPS, training_args.eval_steps
+    return [EarlyStoppingCallback(early_stopping_patience=patience)]
 
 
 def recipe_of(model_args: ModelArguments) -> str:
