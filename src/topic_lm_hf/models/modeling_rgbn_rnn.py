@@ -73,7 +73,7 @@ from .modeling_recurrent import (RecurrentModelOutput, RecurrentPreTrainedModel,
 # the probability machinery
 from .modeling_rgbn_sampler import (ALPHA_MIN, LAMBDA_MIN, augment_counts, kl_weibull_gamma, poisson_nll, tlasgr_update,
                                     weibull_mean, weibull_sample)
-from .modeling_topic_family import LanguageModelPass, LossTerm, TopicFamilyForCausalLM
+from .modeling_topic_family import LanguageModelPass, LossTerm, TopicFamilyForCausalLM, lstm_language_model_weights
 
 logger = logging.getLogger(__name__)
 
@@ -914,12 +914,7 @@ class RGBNRNNForCausalLM(TopicFamilyForCausalLM, RGBNRNNPreTrainedModel, TopicGe
             nn.init.xavier_uniform_(module.weight)  # the code: Glorot-uniform softmax weights, zero bias
             nn.init.zeros_(module.bias)
 
-    language_model_weights = {"model.embed_tokens.weight": "model.embed_tokens.weight",
-                              "model.lstms.{i}.weight_ih_l0": "model.lstm.weight_ih_l{i}",
-                              "model.lstms.{i}.weight_hh_l0": "model.lstm.weight_hh_l{i}",
-                              "model.lstms.{i}.bias_ih_l0": "model.lstm.bias_ih_l{i}",
-                              "model.lstms.{i}.bias_hh_l0": "model.lstm.bias_hh_l{i}",
-                              "lm_head.weight": "lm_head.weight", "lm_head.bias": "lm_head.bias"}
+    language_model_weights = lstm_language_model_weights("model.lstms.{i}.{name}_l0")
 
     def start_from_language_model(self) -> None:
         """Every gate's update z starts at sigmoid(-4) = 1.8 % whatever theta and h are (W_z and U_z zero, b_z -4,

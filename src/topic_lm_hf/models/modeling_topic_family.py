@@ -188,6 +188,16 @@ def _declared_forward(cls) -> "Callable":
     return forward
 
 
+def lstm_language_model_weights(lstm_parameter: str) -> dict[str, str]:
+    """``language_model_weights`` of a family that has the LSTM LM's embeddings and output layer, and its LSTM
+    weights under ``lstm_parameter`` (``{name}``: weight_ih, weight_hh, bias_ih or bias_hh; ``{i}``: the layer), e.g.
+    ``"model.rnn.{name}_l{i}"`` for one multi-layer ``nn.LSTM``."""
+    names = {lstm_parameter.format(name=name, i="{i}"): f"model.lstm.{name}_l{{i}}"
+             for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")}
+    return {"model.embed_tokens.weight": "model.embed_tokens.weight", **names, "lm_head.weight": "lm_head.weight",
+            "lm_head.bias": "lm_head.bias"}
+
+
 class TopicFamilyForCausalLM(DocumentRepresentationDelegate, TopicWordPriorMixin):
     """The topic API of every topic family's causal LM (see the module docstring)."""
 
@@ -486,4 +496,4 @@ class TopicFamilyForCausalLM(DocumentRepresentationDelegate, TopicWordPriorMixin
                 nn.init.constant_(self.topic_prior_weight, self.config.topic_prior_weight_init)
 
 
-__all__ = ["LanguageModelPass", "LossTerm", "TopicFamilyForCausalLM", "TopicWordPriorMixin"]
+__all__ = ["LanguageModelPass", "LossTerm", "TopicFamilyForCausalLM", "TopicWordPriorMixin", "lstm_language_model_weights"]

@@ -77,7 +77,7 @@ from .modeling_generation import TopicGenerationMixin
 from .modeling_document import DocumentClassifierMixin, DocumentRepresentationMixin
 from .modeling_recurrent import (RecurrentPreTrainedModel, TopicLMOutput, effective_weight, next_token_loss,
                                  run_token_rnn, state_from_aliases)
-from .modeling_topic_family import LanguageModelPass, LossTerm, TopicFamilyForCausalLM
+from .modeling_topic_family import LanguageModelPass, LossTerm, TopicFamilyForCausalLM, lstm_language_model_weights
 
 # topic_output_bias="mixture": the gate's share g_t of the topic distribution at initialisation
 TOPIC_GATE_INIT = 0.1
@@ -271,12 +271,7 @@ class TopicRNNForCausalLM(TopicFamilyForCausalLM, TopicRNNPreTrainedModel, Topic
         self._register_kl_annealing()
         self.post_init()
 
-    language_model_weights = {"model.embed_tokens.weight": "model.embed_tokens.weight",
-                              "model.rnn.weight_ih_l{i}": "model.lstm.weight_ih_l{i}",
-                              "model.rnn.weight_hh_l{i}": "model.lstm.weight_hh_l{i}",
-                              "model.rnn.bias_ih_l{i}": "model.lstm.bias_ih_l{i}",
-                              "model.rnn.bias_hh_l{i}": "model.lstm.bias_hh_l{i}",
-                              "lm_head.weight": "lm_head.weight", "lm_head.bias": "lm_head.bias"}
+    language_model_weights = lstm_language_model_weights("model.rnn.{name}_l{i}")
 
     @classmethod
     def from_language_model(cls, language_model, config):
