@@ -48,7 +48,7 @@ Models (``--only`` names; every one 1 layer, so the same-size single-layer LSTM 
   ``lstm-carry`` (``from_language_model``: its embeddings, LSTM and output layer; the gate passing 1.8 % of the
   topic candidate), without and with the steering recipe; ``lstm-carry`` must be trained first in the same ``--out``.
 * ``topic-lstm-carry-warm-recipe``: TopicLSTM by the recipe, carried, started from ``lstm-carry`` the same way (its
-  topic term and topic prior at 0 at the start); ``tcnlm-carry-recipe``: TCNLM by the recipe, carried (one call per
+  topic prior's weight at 0 at the start); ``tcnlm-carry-recipe``: TCNLM by the recipe, carried (one call per
   documents batch).
 * ``rgbn-carry-matched``, ``rgbn-carry-warm-recipe-matched``, ``topic-lstm-carry-warm-recipe-matched``,
   ``tcnlm-carry-recipe-matched``: the matched topic-free baselines of those rows: the same

@@ -649,6 +649,15 @@ def test_train_early_stopping_patience_stops_on_the_validation_loss_and_keeps_th
     best = load_file(pathlib.Path(state["best_model_checkpoint"]) / "model.safetensors")
     saved = load_file(out_dir / "model.safetensors")
     assert all(torch.equal(saved[k], best[k]) for k in saved)
-    with pytest.raises(SystemExit) as exit_:
-        main(["train", *common, "--eval_strategy", "no", "--output_dir", str(tmp_path / "x")])
-    assert exit_.value.code == 2 and "--early_stopping_patience stops on the validation loss" in capsys.readouterr().err
+    # the same command again: the run is over (stopped by its validation loss), nothing is trained or replaced
+    before = (out_dir / "model.safetensors").read_bytes()
+    capsys.readouterr()
+    main(["train", *common, "--eval_strategy", "steps", "--eval_steps", "2", "--output_dir", str(out_dir)])
+    assert "stopped by its validation loss" in capsys.readouterr().out
+    assert (out_dir / "model.safetensors").read_bytes() == before
+    assert sorted(out_dir.glob("checkpoint-*")) == sorted(checkpoints)
+    for extra, message in [(["--eval_strategy", "no"], "give --eval_strategy steps"),
+                           (["--eval_strategy", "steps", "--pretraining_phases", "lm:2"], "give one of them")]:
+        with pytest.raises(SystemExit) as exit_:
+            main(["train", *common, *extra, "--output_dir", str(tmp_path / "x")])
+        assert exit_.value.code == 2 and message in capsys.readouterr().err

@@ -1,7 +1,7 @@
 """Starting a topic family from a trained LSTM language model (``from_language_model``): a folder saved by the LSTM
 LM, trained a few steps on real wikipedia-sample text, is taken into TopicLSTM and rGBN-RNN of the same sizes; at
-the start their predictions are the language model's (exactly for TopicLSTM whatever its topics, within its gate's
-1.8 % for rGBN-RNN), and they train from there. Families without an LSTM of the LSTM LM's form, other
+the start their predictions are the language model's (exactly for TopicLSTM under topic_mixture zero, within its
+gate's 1.8 % for rGBN-RNN), and they train from there. Families without an LSTM of the LSTM LM's form, other
 model types and other sizes are refused in one line."""
 
 import pytest
@@ -43,30 +43,45 @@ def _logits(model, batch, **topics):
         return model.eval()(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], **topics).logits
 
 
-@pytest.mark.parametrize("recipe", [False, True], ids=["paper", "steering-recipe"])
-def test_topiclstm_started_from_a_language_model_predicts_as_it_does_and_trains(wiki, chunks, language_model_folder,
-                                                                                 recipe):
-    """The paper's TopicLSTM, and by the steering recipe (the shared topic output prior's weight starts at 0)."""
-    from topic_lm_hf.pretraining import steering_recipe
-
+def test_topiclstm_started_from_a_language_model_predicts_as_it_does_and_trains(wiki, chunks, language_model_folder):
+    """The paper's TopicLSTM: exactly the LSTM's predictions under ``topic_mixture`` zero; its own topics add its
+    topic term b_i^T theta, and a training step on them reaches B and the inference network."""
     lm = LSTMLMForCausalLM.from_pretrained(language_model_folder)
-    options = steering_recipe("topic_rnn") if recipe else {}
     config = TopicRNNConfig.from_tokenizers(wiki["tok"], wiki["topic_tok"], cell="lstm", num_topics=5, dropout=0.0,
-                                            **SIZES, **options)
+                                            **SIZES)
     model = TopicRNNForCausalLM.from_language_model(language_model_folder, config)
-    assert (model.topic_prior_weight is not None) == recipe
     batch = chunks[0]
     real = batch["attention_mask"].bool()
     expected = torch.log_softmax(_logits(lm, batch), -1)[real]
-    # whatever the topics: the documents' own
-    torch.testing.assert_close(_logits(model, batch, context_bow=batch["context_bow"])[real], expected, rtol=1e-5,
-                               atol=1e-5)
-    # a training step on them reaches the topic-word weights B (zero at the start) and the inference network
+    got = _logits(model, batch, topic_mixture=torch.zeros(len(batch["input_ids"]), 5))[real]
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(_logits(model, batch, context_bow=batch["context_bow"])[real], expected, atol=1e-3)
     model.train()
     out = model(**{k: batch[k] for k in ("input_ids", "attention_mask", "labels", "context_bow")})
     out.loss.backward()
     assert torch.isfinite(out.loss) and model.topic_head.weight.grad.abs().sum() > 0
     assert model.model.inference_net.mean.weight.grad.abs().sum() > 0
+
+
+def test_topiclstm_by_the_steering_recipe_starts_with_its_topic_prior_off_and_its_topics_distinct(
+        wiki, language_model_folder):
+    """By the steering recipe (softmax theta, the shared topic output prior, the topic mixture's gate where chosen):
+    the LSTM's weights are taken, the prior's weight starts at 0 and the mixture's gate nearly closed, and B keeps its
+    distinct initial topics (the topic model's pre-training starts from them)."""
+    from topic_lm_hf.pretraining import steering_recipe
+
+    lm = LSTMLMForCausalLM.from_pretrained(language_model_folder)
+    for extra in ({}, {"topic_output_bias": "mixture"}):
+        config = TopicRNNConfig.from_tokenizers(wiki["tok"], wiki["topic_tok"], cell="lstm", num_topics=5,
+                                                **SIZES, **{**steering_recipe("topic_rnn"), **extra})
+        model = TopicRNNForCausalLM.from_language_model(lm, config)
+        torch.testing.assert_close(model.model.rnn.weight_hh_l0, lm.model.lstm.weight_hh_l0)
+        if model.topic_prior_weight is not None:
+            assert float(model.topic_prior_weight.detach()) == 0.0
+        if model.topic_gate is not None:
+            assert float(model.topic_gate.bias.detach()) == -4.0 and model.topic_gate.weight.abs().sum() == 0
+        B = model.topic_head.weight  # (V_c, K): no two topics alike
+        assert torch.cdist(B.T, B.T).triu(1)[torch.ones(5, 5).triu(1).bool()].min() > 0
 
 
 def test_rgbn_rnn_started_from_a_language_model_passes_its_lstm_through_its_gate(wiki, chunks, language_model_folder,
@@ -106,3 +121,11 @@ def test_what_cannot_start_from_a_language_model_is_refused_in_one_line(wiki, la
     not_an_lstm = TopicRNNForCausalLM(small)
     with pytest.raises(ValueError, match="takes an LSTM language model .* got 'topic_rnn'"):
         TopicRNNForCausalLM.from_language_model(not_an_lstm, small)
+    projected = LSTMLMForCausalLM(LSTMLMConfig(vocab_size=len(tok), embedding_size=16, hidden_size=24,
+                                               tie_word_embeddings=True))
+    with pytest.raises(ValueError, match="projects its LSTM's outputs"):
+        TopicRNNForCausalLM.from_language_model(projected, small)
+    two_layers = RGBNRNNConfig.from_tokenizers(tok, topic_tok, topic_sizes=[6, 3], embedding_size=16,
+                                               hidden_sizes=[24, 24])
+    with pytest.raises(ValueError, match="rGBN-RNN with 2 layers reads every layer's output"):
+        RGBNRNNForCausalLM.from_language_model(language_model_folder, two_layers)

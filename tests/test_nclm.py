@@ -303,10 +303,16 @@ def test_etr_selection_of_a_batch_equals_each_row_selected_alone(wiki):
     gen = torch.Generator().manual_seed(0)
     present = torch.rand(7, V_c, generator=gen) < torch.tensor([0.0, 0.0005, 0.002, 0.01, 0.05, 0.2, 0.01])[:, None]
     present[6] = present[3]  # a repeated row
+    words = candidates.nonzero().squeeze(1)
+    present[1] = False
+    present[1, words[[3, 40]]] = True  # fewer present words than N = 4
+    present[2] = False
+    present[2, words[[5, 9, 17, 60, 61, 90]]] = True  # more than N
     bags = TopicContextCollator(wiki["tok"], wiki["topic_tok"], context="others")(
         [{"sentences": doc} for doc in wiki["train"]["sentences"][:3]])["context_bow"] > 0
     present = torch.cat([present, bags])
     z = model.model.topic_embeddings(present)
+    assert (present & candidates).sum(1)[:3].tolist() == [0, 2, 6]
     for r in range(present.shape[0]):
         words = (present[r] & candidates).nonzero().squeeze(1)
         for k in range(model.config.num_topics):

@@ -29,8 +29,8 @@ class ModelArguments:
         "help": "A saved model folder or Hub id to continue training (its vocabularies are reused)."})
     language_model: Optional[str] = field(default=None, metadata={
         "help": "A trained LSTM LM folder (topic-lm train --model_type lstm_lm on the same corpus and --min_freq) that "
-                "a new TopicRNN (cell lstm) or rGBN-RNN of its sizes starts from: its embeddings, LSTM and output "
-                "layer, the topic path set so that the model first predicts as the LSTM does (from_language_model)."})
+                "a new TopicRNN (cell lstm) or one-layer rGBN-RNN of its sizes starts from: its embeddings, LSTM and "
+                "output layer, the topic path nearly closed at the start (from_language_model)."})
     config_file: Optional[str] = field(default=None, metadata={
         "help": "A JSON configuration (e.g. one of hub_configs/), a model folder or a Hub id whose config.json "
                 "is used; its model_type wins over --model_type."})

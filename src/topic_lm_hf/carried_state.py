@@ -254,9 +254,9 @@ def carried_state_loss(model, batch, bptt_chunks: int | None = None, chunk_callb
     A model that reads nothing but its tokens (no topics, and only tokens and labels in the batch) gets each document
     as one sequence instead (:func:`~topic_lm_hf.carried_state.document_sequences`): one call, one recurrent kernel
     over the document, the same predictions and loss as chunk after chunk (without ``chunk_callback``, and unless
-    ``bptt_chunks`` cuts the document). A topic model whose recurrence reads only the tokens
-    (``carries_documents_in_one_call``: TopicRNN, NCLM without sentence topics) gets one call too: its RNN over
-    each document's sequence, the rest on the batch of the document's chunks
+    ``bptt_chunks`` cuts the document). A topic model that declares ``carries_documents_in_one_call`` (TopicRNN,
+    NCLM without sentence topics, TCNLM) gets one call too: its RNN over each document's sequence (TCNLM's reads each
+    token under its own chunk's topics, ``document_tokens["rows"]``), the rest on the batch of the document's chunks
     (:func:`~topic_lm_hf.carried_state.chunk_rows`), the same loss (a term normalised per batch rather than per
     predicted token, such as TopicRNN's free bits and bag-of-words term, over that batch of chunks).
 

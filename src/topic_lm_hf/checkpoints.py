@@ -178,8 +178,21 @@ def finished_run(output_dir, args, config=None) -> str | None:
         done = step >= args.max_steps
     else:
         done = step >= state.get("max_steps", math.inf) and state.get("num_train_epochs", 0) >= args.num_train_epochs
-    if not done:
+    stopped = _stopped_early(state)
+    if not (done or stopped):
         return None
-    return (f"{output_dir} already holds this run, finished at step {step} ({os.path.basename(last)}): nothing to "
+    how = "stopped by its validation loss" if stopped and not done else "finished"
+    return (f"{output_dir} already holds this run, {how} at step {step} ({os.path.basename(last)}): nothing to "
             f"do (a larger --max_steps trains on from it; another --output_dir starts a new run)")
+
+
+def _stopped_early(state: dict) -> bool:
+    """Whether a checkpoint's trainer state says early stopping ended the run (``EarlyStoppingCallback``'s counter
+    reached its patience)."""
+    early = (state.get("stateful_callbacks") or {}).get("EarlyStoppingCallback")
+    if not isinstance(early, dict):
+        return False
+    patience = (early.get("args") or {}).get("early_stopping_patience")
+    counter = (early.get("attributes") or {}).get("early_stopping_patience_counter", 0)
+    return patience is not None and counter >= patience
 

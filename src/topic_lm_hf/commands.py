@@ -175,6 +175,7 @@ def train(data_args: DataArguments, model_args: ModelArguments, training_args: T
     pin_memory_only_with_accelerator(training_args)
     if not model_args.model_name_or_path and not model_args.config_file:  # before the corpora are read
             family_of(model_args.model_type)
+    check_early_stopping(model_args, training_args)
     if train_docs is None:
         train_docs, valid_docs, source = load_corpora(data_args)
         logger.info("Data: %s", source)
@@ -283,14 +284,31 @@ def early_stopping(model_args: ModelArguments, training_args: TrainingArguments,
     patience = model_args.early_stopping_patience
     if patience is None:
         return []
-    data_lib.check_positive_flags(early_stopping_patience=patience)
-    if eval_rows is None or training_args.eval_strategy != IntervalStrategy.STEPS:
-        raise UsageError("--early_stopping_patience stops on the validation loss: give --eval_strategy steps (with "
-                         "--eval_steps) and validation documents")
+    check_early_stopping(model_args, training_args)
+    if eval_rows is None:
+        raise UsageError("--early_stopping_patience stops on the validation loss: give validation documents")
     training_args.load_best_model_at_end = True
     training_args.metric_for_best_model, training_args.greater_is_better = "eval_loss", False
-    training_args.save_strategy, training_args.save_steps = IntervalStrategy.STEPS, training_args.eval_steps
+    training_args.set_save(strategy="steps", steps=training_args.eval_steps, total_limit=training_args.save_total_limit)
+    # a resumed run goes on counting its evaluations without improvement, as if it had not been interrupted
+    training_args.restore_callback_states_from_checkpoint = True
     return [EarlyStoppingCallback(early_stopping_patience=patience)]
+
+
+def check_early_stopping(model_args: ModelArguments, training_args: TrainingArguments) -> None:
+    """The flags ``--early_stopping_patience`` needs, checked before anything is read: a positive patience,
+    evaluations every ``--eval_steps``, and no pre-training phases (their losses are not the joint objective's)."""
+    from transformers.trainer_utils import IntervalStrategy
+
+    if model_args.early_stopping_patience is None:
+        return
+    data_lib.check_positive_flags(early_stopping_patience=model_args.early_stopping_patience)
+    if training_args.eval_strategy != IntervalStrategy.STEPS:
+        raise UsageError("--early_stopping_patience stops on the validation loss: give --eval_strategy steps (with "
+                         "--eval_steps)")
+    if model_args.pretraining_phases:
+        raise UsageError("--early_stopping_patience with --pretraining_phases would count the phases' evaluations: "
+                         "give one of them")
 
 
 def recipe_of(model_args: ModelArguments) -> str:

@@ -916,6 +916,16 @@ class RGBNRNNForCausalLM(TopicFamilyForCausalLM, RGBNRNNPreTrainedModel, TopicGe
 
     language_model_weights = lstm_language_model_weights("model.lstms.{i}.{name}_l0")
 
+    @classmethod
+    def from_language_model(cls, language_model, config):
+        """See :meth:`TopicFamilyForCausalLM.from_language_model`; one topic layer only (with more, the output layer
+        reads every layer's output side by side, which an LSTM LM's output layer cannot give)."""
+        if config.num_layers != 1:
+            raise ValueError(f"An rGBN-RNN with {config.num_layers} layers reads every layer's output in its output "
+                             "layer, which an LSTM LM's cannot give: start a one-layer rGBN-RNN (one topic_sizes "
+                             "entry) from it")
+        return super().from_language_model(language_model, config)
+
     def start_from_language_model(self) -> None:
         """Every gate's update z starts at sigmoid(-4) = 1.8 % whatever theta and h are (W_z and U_z zero, b_z -4,
         the sign flipped for the official form), so that each layer passes on its LSTM's output h nearly as it is

@@ -612,7 +612,7 @@ class TCNLMForCausalLM(TopicFamilyForCausalLM, TCNLMPreTrainedModel, TopicGenera
                            "per real chunk, each with its own context): the LSTM runs over the documents' sequences "
                            "(``input_ids``, ``attention_mask`` (d, n)) in one call, each token under the t of the "
                            "row that feeds it (``rows`` (d, n)), and each row's outputs are read at ``positions`` "
-                           "(b, s) of them (``state`` must be None); the topic model and the output layer read each "
+                           "(b, s), indices into the flattened (d * n) sequences (``state`` must be None); the topic model and the output layer read each "
                            "row as it is.",
     }
     forward_returns = (":class:`TopicLMOutput`; ``loss`` = lm_loss + bow_loss + kl_weight * kl_loss - lambda R (the "

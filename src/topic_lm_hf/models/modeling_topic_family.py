@@ -221,9 +221,9 @@ class TopicFamilyForCausalLM(DocumentRepresentationDelegate, TopicWordPriorMixin
     def from_language_model(cls, language_model, config):
         """A model of this family built from ``config`` that starts from a trained LSTM language model: its
         embeddings, LSTM layers and output layer are ``language_model``'s, the rest as initialised, and the topic
-        path is set (:meth:`start_from_language_model`) so that the model's predictions start at the language
-        model's (exactly for TopicRNN, whatever its topics; rGBN-RNN's gates let 1.8 % of their topic candidate
-        through).
+        path is set (:meth:`start_from_language_model`) so that the model's predictions start at or near the
+        language model's: the shared topic output prior's weight at 0; rGBN-RNN's gates let 1.8 % of their topic
+        candidate through; TopicRNN adds its topic term b_i^T theta (zero under ``topic_mixture`` zero).
 
         Args:
             language_model: an ``lstm_lm`` causal LM (``LSTMLMForCausalLM``) or the folder / Hub name of one.
@@ -243,6 +243,10 @@ class TopicFamilyForCausalLM(DocumentRepresentationDelegate, TopicWordPriorMixin
         if getattr(getattr(language_model, "config", None), "model_type", None) != "lstm_lm":
             found = getattr(getattr(language_model, "config", None), "model_type", type(language_model).__name__)
             raise ValueError(f"from_language_model takes an LSTM language model (model_type 'lstm_lm'), got {found!r}")
+        if getattr(language_model, "proj", None) is not None:
+            raise ValueError("This language model projects its LSTM's outputs to the embedding size before its output "
+                             f"layer (tied embeddings with embedding_size != hidden_size); {cls.__name__} has no such "
+                             "layer to take it: start from an LSTM LM with embedding_size == hidden_size")
         model = cls(config)
         source, own = language_model.state_dict(), model.state_dict()
         taken = {}

@@ -283,12 +283,15 @@ class TopicRNNForCausalLM(TopicFamilyForCausalLM, TopicRNNPreTrainedModel, Topic
         return super().from_language_model(language_model, config)
 
     def start_from_language_model(self) -> None:
-        """The topic term b_i^T theta starts at 0 for every theta (B zero; it is learned from there) and so does the
-        shared topic output prior's weight: the model first predicts as the language model does, whatever its
-        topics."""
+        """The shared topic output prior's weight starts at 0 and the topic mixture's gate (``topic_output_bias=
+        "mixture"``) at sigmoid(-4) = 1.8 %, whatever h is; B keeps its initial topics (the topic model's pre-training
+        and the joint objective learn them). The model's predictions are then the language model's plus its topic
+        term b_i^T theta: exactly the language model's under ``topic_mixture`` zero (the paper's Gaussian theta)."""
         super().start_from_language_model()
-        with torch.no_grad():
-            self.topic_head.weight.zero_()
+        if self.topic_gate is not None:
+            with torch.no_grad():
+                self.topic_gate.weight.zero_()
+                self.topic_gate.bias.fill_(-4.0)
 
     def carries_documents_in_one_call(self) -> bool:
         """The RNN reads nothing but the tokens: carried-state training runs a documents batch in one call
