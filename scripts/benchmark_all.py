@@ -51,7 +51,8 @@ Models (``--only`` names; every one 1 layer, so the same-size single-layer LSTM 
   topic prior's weight at 0 at the start); ``tcnlm-carry-recipe``: TCNLM by the recipe, carried (one call per
   documents batch).
 * ``rgbn-carry-matched``, ``rgbn-carry-warm-recipe-matched``, ``topic-lstm-carry-warm-recipe-matched``,
-  ``tcnlm-carry-recipe-matched``: the matched topic-free baselines of those rows: the same
+  ``tcnlm-carry-recipe-matched``, and the chunk-trained ``tcnlm-recipe-matched``, ``topic-lstm-recipe-matched``,
+  ``rgbn-recipe-matched``: the matched topic-free baselines of those rows: the same
   model, built and trained the same way (warm start and topic-model pre-training included), with every context empty
   in training, early stopping and evaluation (``evaluate_perplexity(empty_context=True)``: uninformative topics, the
   same for every document). The comparison names the strongest baseline (``lstm-carry`` or a matched row) and each
@@ -623,6 +624,9 @@ def compare(results: dict, corpus: str) -> dict:
                 row["from_own_topics"] = m["perplexity"] - a
                 if row["gain"] > 0:
                     row["share_from_own_topics"] = row["from_own_topics"] / row["gain"]
+            if f"{n}-matched" in results:  # against its matched twin under causal
+                twin = results[f"{n}-matched"]["perplexity"]["causal"]["perplexity"]
+                row["matched_perplexity"], row["percent_to_matched"] = twin, 100 * (twin - a) / twin
             out["causal"][n] = row
     carried = lambda n: results[n]["perplexity"]["causal-carry"]["perplexity"]  # noqa: E731
     if topic and "lstm-carry" in results:
@@ -764,6 +768,11 @@ def table(report: dict, args) -> list[str]:
             lines.append(f"- The strongest baseline under **causal-carry** is {results[cc['best_baseline']]['label']} "
                          f"({cc['baseline_perplexity']:.2f}): the best topic model is {cc['percent_to_best_baseline']:+.1f} "
                          "% against it (negative = the topic model is better).")
+        for name, row in comp.get("causal", {}).items():
+            if "matched_perplexity" in row:
+                lines.append(f"- Under **causal**, {results[name]['label']} {row['perplexity']:.2f} against the same "
+                             f"model with its topics held uninformative {row['matched_perplexity']:.2f} "
+                             f"({row['percent_to_matched']:+.1f} %; positive = its document's topics pay).")
         for name, m in comp.get("matched", {}).items():
             lines.append(f"- Under **causal-carry**, {results[name]['label']} {m['perplexity']:.2f} against the same "
                          f"model with its topics held uninformative {m['matched_perplexity']:.2f} ({m['percent']:+.1f} "

@@ -356,6 +356,13 @@ MODELS = {
                                carry=True, recipe=True),
     "tcnlm-carry-recipe-matched": dict(family="tcnlm", label="TCNLM, carried state, steering recipe, topics held "
                                        "uninformative", context="preceding", carry=True, recipe=True, matched=True),
+    # the chunk-trained recipe rows' matched twins (their own protocol: causal, or paper for the others-context rows)
+    "tcnlm-recipe-matched": dict(family="tcnlm", label="TCNLM, steering recipe, topics held uninformative",
+                                 context="others", recipe=True, matched=True),
+    "topic-lstm-recipe-matched": dict(family="topic_rnn", label="TopicLSTM, steering recipe, topics held "
+                                      "uninformative", context="others", recipe=True, matched=True),
+    "rgbn-recipe-matched": dict(family="rgbn", label="rGBN-RNN, steering recipe, topics held uninformative",
+                                context="preceding", recurrent=True, recipe=True, matched=True),
     "rgbn-carry-warm-recipe-matched": dict(family="rgbn", label="rGBN-RNN, carried state, from the carried LSTM, "
                                            "steering recipe, topics held uninformative", context="preceding",
                                            recurrent=True, carry=True, warm="lstm-carry", recipe=True, matched=True,
