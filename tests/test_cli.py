@@ -624,7 +624,8 @@ def test_train_language_model_starts_a_carried_rgbn_rnn_from_a_trained_lstm(tmp_
         assert exit_.value.code == 2 and message in capsys.readouterr().err, extra
 
 
-def test_train_early_stopping_patience_stops_on_the_validation_loss_and_keeps_the_best_weights(tmp_path, capsys):
+def test_train_early_stopping_patience_stops_on_the_validation_loss_and_keeps_the_best_weights(tmp_path, capsys,
+                                                                                             caplog):
     """`--early_stopping_patience 1`: a run whose validation loss gets worse (a learning rate far too high) stops
     after one evaluation without improvement, long before --max_steps, and the saved model is the best checkpoint's;
     without evaluations the flag is refused in one line."""
@@ -639,10 +640,14 @@ def test_train_early_stopping_patience_stops_on_the_validation_loss_and_keeps_th
               "--config_overrides", "embedding_size=16,hidden_size=16", "--per_device_train_batch_size", "4",
               "--report_to", "none", "--use_cpu", "--learning_rate", "5", "--max_steps", "60", "--early_stopping_patience",
               "1"]
+    caplog.set_level("INFO", logger="topic_lm_hf")
     main(["train", *common, "--eval_strategy", "steps", "--eval_steps", "2", "--output_dir", str(out_dir)])
     checkpoints = sorted(out_dir.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
     state = json.loads((checkpoints[-1] / "trainer_state.json").read_text())
     assert state["global_step"] < 60  # stopped by the validation loss
+    said = re.search(r"Training stopped by the validation loss at step (\d+); the best checkpoint's weights are saved "
+                     r"\((checkpoint-\d+)", caplog.text)
+    assert said and int(said.group(1)) == state["global_step"]
     losses = {e["step"]: e["eval_loss"] for e in state["log_history"] if "eval_loss" in e}
     best_step = min(losses, key=losses.get)
     assert state["best_model_checkpoint"].endswith(f"checkpoint-{best_step}")

@@ -240,6 +240,11 @@ def _train_locked(model_args, data_args, training_args, model, tok, topic_tok, t
                          pretraining.prepare(valid_docs) if valid_docs is not None else None, training_args.seed,
                          checkpoint_dir=os.path.join(out, "pretraining") if training_args.world_size == 1 else None)
     trainer.train(resume_from_checkpoint=last)
+    state = trainer.state
+    if model_args.early_stopping_patience is not None and state.best_model_checkpoint:
+        how = ("stopped by the validation loss" if state.global_step < state.max_steps else "reached --max_steps")
+        logger.info("Training %s at step %d; the best checkpoint's weights are saved (%s, validation loss %.4f)", how,
+                    state.global_step, os.path.basename(state.best_model_checkpoint), state.best_metric)
     trainer.save_model(out)
     data_lib.save_vocabularies(tok, topic_tok, out)
     return trainer.model, tok, topic_tok
