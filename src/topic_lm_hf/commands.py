@@ -288,8 +288,7 @@ def early_stopping(model_args: ModelArguments, training_args: TrainingArguments,
 
     patience = model_args.early_stopping_patience
     if patience is None:
-        return []
-    check_early_stopping(model_args, training_args)
+        return []  # the flags were checked before the corpora were read (check_early_stopping)
     if eval_rows is None:
         raise UsageError("--early_stopping_patience stops on the validation loss: give validation documents")
     training_args.load_best_model_at_end = True
