@@ -38,6 +38,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import time
@@ -55,7 +56,7 @@ FAMILIES = {
 }
 EAGER_MODES = ("fp32", "tf32", "bf16")
 # timed beside the families: the unified benchmark's carried-state rows (their state carried across each document)
-CARRIED_TIMED = ("lstm-carry", "rgbn-carry")
+CARRIED_TIMED = ("lstm-carry", "rgbn-carry", "tcnlm-carry")
 
 
 def sizes(tiny: bool) -> dict:
@@ -155,6 +156,74 @@ def part_steps(args, compiled: bool) -> dict:
     return result
 
 
+# the graphs part's families: TCNLM's training step can be captured (supports_cuda_graphs); the LSTM's eager step on the
+# same batches is the reference of the ratios
+GRAPHED = ("lstm", "tcnlm")
+
+
+def part_graphs(args, name: str) -> dict:
+    """Training steps of family ``name`` replayed from a CUDA graph (``topic_lm_hf.cuda_graphs``) against eager
+    float32 steps, on batches of ``--graph-rows`` sentence chunks (one shape once padded to 32 columns), one family
+    per process (one captured graph, as in ``topic-lm train``): (1) the same weights trained ``--graph-check-steps``
+    steps (Adam, lr 1e-3) both ways on the same batches, the losses side by side; (2) median step times of the two
+    models, interleaved. On a CPU, and for a family whose step cannot be captured, only the eager model runs."""
+    torch, train_docs, tok, topic_tok = _setup(args)
+    from benchmarking import build_model
+    from topic_lm_hf import TopicContextCollator
+    from topic_lm_hf.cuda_graphs import GraphedTrainingStep
+    from topic_lm_hf.devices import synchronize
+
+    device = torch.device(args.device)
+    margs = _model_args(args)
+    capturable = build_model(name, margs, tok, topic_tok).supports_cuda_graphs
+    modes = ("eager", "graphed") if device.type == "cuda" and capturable else ("eager",)
+    n_batches = max(args.graph_check_steps, args.repeats + 2)
+    collator = TopicContextCollator.for_model(build_model(name, margs, tok, topic_tok), tok, topic_tok,
+                                              context="others")
+    rows = collator.prepare(train_docs)
+    batches = [{k: v.to(device) for k, v in collator([rows[(i * args.graph_rows + j) % len(rows)]
+                                                      for j in range(args.graph_rows)]).items()}
+               for i in range(n_batches)]
+    models = {m: build_model(name, margs, tok, topic_tok).to(device).train() for m in modes}  # the same weights
+    optimizers = {m: torch.optim.Adam(models[m].parameters(), lr=1e-3) for m in modes}
+    graphed = {m: GraphedTrainingStep(models[m]) if m == "graphed" else None for m in modes}
+
+    def step(mode, batch):
+        synchronize(device)
+        start = time.perf_counter()
+        loss = graphed[mode].loss(batch) if graphed[mode] is not None else models[mode](**batch).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(models[mode].parameters(), 0.5)
+        optimizers[mode].step()
+        optimizers[mode].zero_grad(set_to_none=True)
+        synchronize(device)
+        return time.perf_counter() - start, float(loss)
+
+    result = {"family": FAMILIES[name][0], "rows_per_step": args.graph_rows, "modes": list(modes), "check": {},
+              "timing": {}}
+    times = {m: [] for m in modes}
+    losses = {m: [] for m in modes}
+    for r in range(n_batches):  # (1) and (2) at once: the two models interleaved on the same batches
+        for mode in modes:
+            seconds, loss = step(mode, batches[r])
+            losses[mode].append(loss)
+            times[mode].append((seconds, int((batches[r]["labels"][:, 1:] != -100).sum())))
+        print(f"step {r}: " + ", ".join(f"{m} {1000 * times[m][-1][0]:.1f} ms loss {losses[m][-1]:.4f}"
+                                        for m in modes), flush=True)
+    last = max(1, n_batches // 4)
+    mean = {m: sum(v[-last:]) / last for m, v in losses.items()}
+    result["check"] = {"losses": losses, "last_steps": last, "mean_loss_last": mean,
+                       "relative_difference": abs(mean[modes[-1]] - mean["eager"]) / mean["eager"]}
+    for mode in modes:
+        timed = times[mode][2:]  # after two warm-up steps (the first graphed step captures)
+        result["timing"][mode] = {"step_s": statistics.median(t for t, _ in timed),
+                                  "tokens_per_s": sum(k for _, k in timed) / sum(t for t, _ in timed),
+                                  "first_step_s": times[mode][0][0],
+                                  **({"replays": graphed[mode].replays, "eager_steps": graphed[mode].eager_steps,
+                                      "graphs": len(graphed[mode].graphs)} if graphed[mode] is not None else {})}
+    return result
+
+
 def part_generation(args) -> dict:
     torch, train_docs, tok, topic_tok = _setup(args)
     from benchmarking import build_model, generation_speed
@@ -203,9 +272,12 @@ def part_cli(args, name: str) -> dict:
     from benchmarking import DATA
     from topic_lm_hf.cli import main
 
+    graphs = name.endswith("+graphs")  # topic-lm train --cuda_graphs true (a GPU only)
+    name = name.removesuffix("+graphs")
     label, model_type, overrides = FAMILIES[name]
+    label += " (--cuda_graphs true)" if graphs else ""
     s = sizes(args.tiny)
-    folder = Path(args.out) / "runs" / name
+    folder = Path(args.out) / "runs" / (name + ("-graphs" if graphs else ""))
     config = overrides.format(e=s["embedding_size"], h=s["hidden_size"], k=s["num_topics"])
     device_flags = ["--use_cpu", "true"] if args.device == "cpu" else []
     train = ["train", "--train_file", str(DATA / "apnews" / "train.txt"),
@@ -217,6 +289,8 @@ def part_cli(args, name: str) -> dict:
              str(max(1, args.train_steps // 4)), *device_flags]
     if model_type != "lstm_lm":
         train += ["--pretrain_topic_model_steps", str(args.pretrain_steps)]
+    if graphs:
+        train += ["--cuda_graphs", "true"]
     if args.tiny:
         train += ["--min_freq", "3"]
     if args.device == "cpu" and args.tiny:
@@ -268,6 +342,9 @@ def parse_args(argv=None):
     parser.add_argument("--eval-docs", type=int, default=None, help="validation documents of topic-lm evaluate")
     parser.add_argument("--new-tokens", type=int, default=50, help="tokens per generation timing")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
+    parser.add_argument("--graph-rows", type=int, default=None, help="sentence chunks per step of the graphs part")
+    parser.add_argument("--graph-check-steps", type=int, default=None,
+                        help="steps trained both ways (eager, graphed) by the graphs part's check")
     parser.add_argument("--carried-models", nargs="+", default=["lstm-carry", "rgbn-carry"],
                         help="the unified benchmark's models of the carried part (default: the carried LSTM and the "
                              "carried rGBN-RNN, the carried topic model that beat it on APNEWS on a CPU)")
@@ -282,6 +359,7 @@ def parse_args(argv=None):
     tiny = args.tiny
     for key, (small, full) in {"repeats": (3, 10), "train_steps": (10, 300), "pretrain_steps": (10, 300),
                                "max_train_docs": (60, 2000), "eval_docs": (10, 200), "carried_steps": (8, 600),
+                               "graph_rows": (8, 32), "graph_check_steps": (4, 40),
                                "budget": (560, 630)}.items():
         if getattr(args, key) is None:
             setattr(args, key, small if tiny else full)
@@ -290,8 +368,9 @@ def parse_args(argv=None):
 
 # (part, timeout in seconds at full size, at --tiny)
 # (generous at --tiny: about a minute in all on an idle 2-core machine, several times that on a busy one)
-PARTS = [("steps-eager", 150, 120), ("steps-compiled", 150, 0)] + \
-    [(f"cli-{name}", 150, 150) for name in FAMILIES] + [("generation", 60, 60), ("carried", 180, 160)]
+PARTS = [("steps-eager", 150, 120), ("steps-compiled", 150, 0)] + [(f"graphs-{n}", 90, 60) for n in GRAPHED] + \
+    [(f"cli-{name}", 150, 150) for name in FAMILIES] + [("cli-tcnlm+graphs", 150, 0)] + \
+    [("generation", 60, 60), ("carried", 180, 160)]
 
 
 def run_part(args, part: str, timeout: float, log) -> dict:
@@ -324,6 +403,7 @@ def _forwarded(args) -> list[str]:
              str(args.repeats), "--train-steps", str(args.train_steps), "--pretrain-steps", str(args.pretrain_steps),
              "--max-train-docs", str(args.max_train_docs), "--eval-docs", str(args.eval_docs), "--new-tokens",
              str(args.new_tokens), "--threads", str(args.threads), "--carried-steps", str(args.carried_steps),
+             "--graph-rows", str(args.graph_rows), "--graph-check-steps", str(args.graph_check_steps),
              "--carried-models", *args.carried_models]
     return flags + (["--tiny"] if args.tiny else [])
 
@@ -357,6 +437,21 @@ def tables(results: dict) -> str:
                       "| model | operations | host synchronisations | GFLOP |", "|---|---|---|---|"]
             lines += [f"| {m} | {c['operations']:,} | {c['host_synchronisations']} | {c['gflop']:.2f} |"
                       for m, c in eager["step_cost"].items()]
+    graphs = [r["result"] for p, r in results["parts"].items() if p.startswith("graphs-") and "result" in r]
+    if graphs:
+        modes = max((g["modes"] for g in graphs), key=len)
+        lstm = next((g["timing"]["eager"]["tokens_per_s"] for g in graphs if g["family"] == "LSTM"), None)
+        lines += ["", f"Training step replayed from a CUDA graph against eager float32 ({graphs[0]['rows_per_step']} "
+                  "sentence chunks per step, padded to 32 columns; one family per process, the two models "
+                  "interleaved; median ms, in brackets tokens/s as a ratio to the eager LSTM's):", "",
+                  "| family | " + " | ".join(modes) + " | mean loss of the last steps, " + ", ".join(modes) + " |",
+                  "|---|" + "---|" * len(modes) + "---|"]
+        for g in graphs:
+            t, mean = g["timing"], g["check"]["mean_loss_last"]
+            lines.append(f"| {g['family']} | " + " | ".join(
+                (f"{1000 * t[m]['step_s']:.1f}" + (f" ({t[m]['tokens_per_s'] / lstm:.2f})" if lstm else ""))
+                if m in t else "not captured" for m in modes) + " | "
+                + ", ".join(f"{mean[m]:.4f}" if m in mean else "-" for m in modes) + " |")
     cli = {p: r for p, r in results["parts"].items() if p.startswith("cli-") and "result" in r}
     if cli:
         lines += ["", "topic-lm train / evaluate / generate (concurrent processes; seconds and exit code):", "",
@@ -384,7 +479,9 @@ def main(argv=None) -> dict:
     if args.part is not None:  # a child process: run the part, write its JSON
         from benchmarking import write_json
 
-        if args.part.startswith("steps-"):
+        if args.part.startswith("graphs-"):
+            result = part_graphs(args, args.part[len("graphs-"):])
+        elif args.part.startswith("steps-"):
             result = part_steps(args, compiled=args.part == "steps-compiled")
         elif args.part == "generation":
             result = part_generation(args)
@@ -417,7 +514,7 @@ def main(argv=None) -> dict:
             return part, run_part(args, part, min(timeout, max(1.0, deadline - time.perf_counter())), log)
 
         # the timed parts alone on the machine, then the command-line runs side by side, then generation
-        for item in [p for p in parts if p[0].startswith("steps-")]:
+        for item in [p for p in parts if p[0].startswith(("steps-", "graphs-"))]:
             results["parts"].update([run(item)])
         cli = [p for p in parts if p[0].startswith("cli-")]
         if cli:

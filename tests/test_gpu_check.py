@@ -24,8 +24,12 @@ def test_gpu_check_runs_on_a_cpu_and_records_every_family(tmp_path):
     results = json.loads((tmp_path / "results.json").read_text())
     assert results["ok"] and results["device"] == "cpu" and results["tiny"]
     parts = results["parts"]
-    assert set(parts) == {"steps-eager", "generation", "carried"} | {
+    assert set(parts) == {"steps-eager", "generation", "carried", "graphs-lstm", "graphs-tcnlm"} | {
         f"cli-{n}" for n in ("lstm", "tcnlm", "topic-lstm", "nclm-leta", "rgbn")}
+    for name in ("graphs-lstm", "graphs-tcnlm"):  # on a CPU only the eager steps (a graph needs a GPU)
+        graphs = parts[name]["result"]
+        assert graphs["modes"] == ["eager"] and graphs["timing"]["eager"]["tokens_per_s"] > 0
+        assert all(math.isfinite(x) for x in graphs["check"]["losses"]["eager"])
     carried = parts["carried"]["result"]  # the unified benchmark's carried rows, trained on the device
     assert set(carried["rows"]) == {"lstm-carry", "rgbn-carry"}
     for row in carried["rows"].values():
@@ -35,7 +39,7 @@ def test_gpu_check_runs_on_a_cpu_and_records_every_family(tmp_path):
     assert "rGBN-RNN, carried state" in (tmp_path / "tables.md").read_text()
     steps = parts["steps-eager"]["result"]
     assert {"fp32", "bf16", steps["default_mode"]} <= set(steps["modes"])
-    carried_rows = {"LSTM, carried state", "rGBN-RNN, carried state"}  # timed beside the families
+    carried_rows = {"LSTM, carried state", "rGBN-RNN, carried state", "TCNLM, carried state"}  # beside the families
     for mode in steps["modes"].values():
         assert set(mode["families"]) == set(FAMILIES) | carried_rows
         assert all(math.isfinite(f["tokens_per_s"]) and f["tokens_per_s"] > 0 for f in mode["families"].values())

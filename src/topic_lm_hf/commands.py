@@ -27,7 +27,7 @@ from .data import DataArguments, load_corpora
 from .devices import DeviceArguments
 from .evaluation import evaluate_perplexity
 from .families import family_of, topic_families
-from .fast_path import FastPathArguments, fast_training_arguments, resolve_compile
+from .fast_path import FastPathArguments, fast_training_arguments, on_gpu, resolve_compile
 from .hub import auto_class_for, load_pretrained, push_to_hub, resolve_model_source, save_for_hub
 from .models.configuration_common import config_kwargs_from_tokenizers
 from .models.modeling_recurrent import leaky_modes_of
@@ -173,6 +173,10 @@ def train(data_args: DataArguments, model_args: ModelArguments, training_args: T
     if fast is not None:
         training_args = fast_training_arguments(training_args, fast.precision, compile_output_layer)
     pin_memory_only_with_accelerator(training_args)
+    cuda_graphs = fast is not None and fast.cuda_graphs
+    if cuda_graphs and not on_gpu(training_args):  # before the corpora are read
+        raise UsageError("--cuda_graphs replays captured CUDA graphs: it needs a CUDA GPU (this run trains on the "
+                         "CPU)")
     if not model_args.model_name_or_path and not model_args.config_file:  # before the corpora are read
             family_of(model_args.model_type)
     check_early_stopping(model_args, training_args)
@@ -203,7 +207,7 @@ def train(data_args: DataArguments, model_args: ModelArguments, training_args: T
     trainer = TopicLMTrainer(model=model, args=training_args, train_dataset=train_rows, eval_dataset=eval_rows,
                              data_collator=collator, processing_class=tok, callbacks=callbacks,
                              pretraining_phases=parse_phases(model_args.pretraining_phases),
-                             compile_output_layer=compile_output_layer,
+                             compile_output_layer=compile_output_layer, cuda_graphs=cuda_graphs,
                              carry_state=carried and not model.reads_documents,
                              bptt_chunks=model_args.bptt_chunks if carried and not model.reads_documents else None)
     # the whole run holds output_dir, pre-training included: a second run on the same folder is refused at once

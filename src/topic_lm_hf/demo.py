@@ -158,6 +158,8 @@ def rows_per_step(model, rows) -> int:
 def speed_settings(fast: FastPathArguments, device: torch.device | str = "cpu") -> tuple[dict, str]:
     """The fast path the demo trains with on ``device`` (bf16 autocast, the compiled output layer: what ``fast``
     asks for, or what was measured to pay there) as :func:`train_for` keywords, and the sentence that says so."""
+    if fast.cuda_graphs:
+        raise ValueError("--cuda_graphs is a flag of topic-lm train: the demo trains eagerly")
     targs = training_arguments("unused", 3e-3, device=device)
     compiled = resolve_compile(targs, fast.compile_output_layer)
     bf16, sentence = resolve_precision(targs, fast.precision, compiled)

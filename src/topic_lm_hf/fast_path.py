@@ -41,7 +41,8 @@ CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # /proc/cpuinfo flags of native bf
 
 @dataclass
 class FastPathArguments:
-    """The ``--precision`` and ``--compile_output_layer`` flags of ``topic-lm train`` and ``topic-lm demo``."""
+    """The ``--precision``, ``--compile_output_layer`` and ``--cuda_graphs`` flags of ``topic-lm train`` and
+    ``topic-lm demo``."""
 
     precision: str = field(default="auto", metadata={
         "choices": PRECISIONS, "help": "auto: bf16 autocast where the device runs it fast (a CPU with AVX512-BF16 or AMX, a GPU with bf16), "
@@ -51,6 +52,10 @@ class FastPathArguments:
         "help": "Compile the output layer and its loss with torch.compile (eager, with a one-line warning, where "
                 "no compiler works). Default: on a CPU, off on a GPU (measured: no faster there, and the first step "
                 "would wait for the compiler)."})
+    cuda_graphs: bool = field(default=False, metadata={
+        "help": "On one CUDA GPU, in float32: replay each training step's forward and backward from a CUDA graph "
+                "captured once per batch shape (topic_lm_hf.cuda_graphs; the LSTM LM and TCNLM, chunk-trained). "
+                "Off by default; refused on a CPU."})
 
 
 def cpu_bf16_flags(cpuinfo: str | None = None) -> list[str]:

@@ -20,8 +20,9 @@ from .carried_state import (LOSS_TERMS, carried_state_loss, check_bptt_chunks, c
                             unwrap_model)
 from .checkpoints import OutputDirLock, config_differences, last_complete_checkpoint
 from .collator import TopicContextCollator
+from .cuda_graphs import GraphedTrainingStep, why_not_capturable
 from .data import record_vocabularies, save_vocabularies
-from .models.modeling_recurrent import RecurrentPreTrainedModel, leaky_modes_of
+from .models.modeling_recurrent import RecurrentPreTrainedModel, TopicLMOutput, leaky_modes_of
 from .models.modeling_topic_family import TopicFamilyForCausalLM
 
 
@@ -117,10 +118,14 @@ class TopicLMTrainer(Trainer):
       (``model.compile_output_layer()``; eager, with a warning, where no compiler works). With
       ``TrainingArguments(bf16=True)`` (autocast, on a CPU as on a GPU) this is the package's fast path
       (:mod:`topic_lm_hf.fast_path`).
+    * ``cuda_graphs=True`` (one CUDA GPU, float32): each training step's forward and backward replayed from a CUDA
+      graph captured once per batch shape (:mod:`topic_lm_hf.cuda_graphs`); only ``loss`` is logged. Refused in
+      one line on a CPU, for the families whose step reads values on the host, with ``carry_state``,
+      ``pretraining_phases``, gradient accumulation, bf16 / fp16 or several GPUs.
     """
 
     def __init__(self, *args, pretraining_phases=None, carry_state: bool = False, bptt_chunks: int | None = None,
-                 compile_output_layer: bool = False, **kwargs):
+                 compile_output_layer: bool = False, cuda_graphs: bool = False, **kwargs):
         args_ = kwargs.get("args") if "args" in kwargs else (args[1] if len(args) > 1 else None)
         if args_ is not None:
             if args_.remove_unused_columns:
@@ -151,6 +156,7 @@ class TopicLMTrainer(Trainer):
                 raise ValueError(f"compile_output_layer=True: {type(unwrap_model(self.model)).__name__} has no language "
                                  "model output layer to compile")
             unwrap_model(self.model).compile_output_layer(True)
+        self.cuda_graphs, self._graphed_step = self._check_cuda_graphs(cuda_graphs), None
         collator = self.data_collator
         if isinstance(collator, TopicContextCollator) and getattr(self.model.config, "vocab_size", None) is not None:
             # The config (saved in every checkpoint) records which vocabularies the model is trained on.
@@ -171,6 +177,24 @@ class TopicLMTrainer(Trainer):
                 raise ValueError(f"pretraining_phases must be (phase, steps) pairs with phase in "
                                  f"{[p for p in supported if p != 'joint']} and steps >= 0, got {phase!r}")
         return phases
+
+    def _check_cuda_graphs(self, cuda_graphs: bool) -> bool:
+        if not cuda_graphs:
+            return False
+        args = self.args
+        if args.device.type != "cuda":
+            raise ValueError("cuda_graphs=True replays captured CUDA graphs: it needs a CUDA GPU (this run trains on "
+                             f"the {args.device.type.upper()})")
+        reason = why_not_capturable(unwrap_model(self.model))
+        for refused, why in ((self.carry_state, "carry_state=True reads documents of changing lengths"),
+                             (self.pretraining_phases, "pretraining_phases change the step between phases"),
+                             (args.gradient_accumulation_steps > 1, "gradient accumulation: a replay overwrites the "
+                              "gradients of the micro-batch before"),
+                             (args.bf16 or args.fp16, "the captured step runs in float32: drop bf16 / fp16"),
+                             (args.world_size > 1 or args.n_gpu > 1, "one GPU only"), (reason, reason)):
+            if refused:
+                raise ValueError(f"cuda_graphs=True: {why}")
+        return True
 
     def _check_carry_state(self, carry_state, bptt_chunks) -> tuple[bool, int | None]:
         check_bptt_chunks(bptt_chunks)
@@ -270,7 +294,14 @@ class TopicLMTrainer(Trainer):
             if inputs.get("chunk_mask") is not None and not reads_documents:
                 raise ValueError("A documents batch (chunk_mask) for a model that reads one sentence chunk at a time: "
                                  "train it with TopicLMTrainer(..., carry_state=True), or use layout='sentences'")
-            loss, outputs = super().compute_loss(model, inputs, return_outputs=True)
+            loss = None
+            if self.cuda_graphs and model.training:  # None: a batch the captured step does not take, run eagerly
+                if self._graphed_step is None:
+                    self._graphed_step = GraphedTrainingStep(unwrapped)
+                loss = self._graphed_step.loss(inputs)
+                outputs = TopicLMOutput(loss=loss)
+            if loss is None:
+                loss, outputs = super().compute_loss(model, inputs, return_outputs=True)
         if model.training and num_items_in_batch is not None:
             loss = self._share_of_the_batch(loss, labels, num_items_in_batch)
         if model.training:

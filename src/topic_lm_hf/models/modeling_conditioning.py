@@ -19,6 +19,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from .modeling_recurrent import host_reads_are_deferred
+
 # Spread of the topic-word logits at initialisation where a topic is a softmax over words and the topic proportions
 # are a distribution (TCNLM's beta, TopicRNN's columns of B with theta_transform="softmax"): topics start as
 # distinct random distributions, so that log p(d | t) depends on t from the first step; near-uniform topics reward
@@ -274,7 +276,8 @@ def bags_of_words(context_bow, topic_vocab_size: int, batch_size: Optional[int] 
     if bow.shape[-1] != topic_vocab_size:
         raise ValueError(f"context_bow must have {topic_vocab_size} columns (the topic vocabulary), "
                          f"got {bow.shape[-1]}: mismatched vocabularies?")
-    check_counts(bow)
+    if not host_reads_are_deferred():  # else checked by the caller before (a captured step reads nothing)
+        check_counts(bow)
     return broadcast_rows(bow, batch_size, "context_bow")
 
 
@@ -314,10 +317,12 @@ def angular_diversity(topic_rows: torch.Tensor) -> torch.Tensor:
     with torch.autocast(device_type=topic_rows.device.type, enabled=False):
         rows = F.normalize(topic_rows.float(), dim=-1)
         cosine = (rows @ rows.T).abs()  # (T, T)
-        off_diagonal = ~torch.eye(cosine.shape[0], dtype=torch.bool, device=cosine.device)
-        # Clamp below 1: arccos has an infinite derivative there (two identical topics).
-        angles = torch.arccos(cosine[off_diagonal].clamp(max=1.0 - 1e-6))
-        return angles.mean() - angles.var(unbiased=False)
+        pairs = cosine.shape[0] * (cosine.shape[0] - 1)
+        off_diagonal = (1 - torch.eye(cosine.shape[0], device=cosine.device)) / pairs  # weights (no host read)
+        # Clamp below 1: arccos has an infinite derivative there (two identical topics; the diagonal, weight 0).
+        angles = torch.arccos(cosine.clamp(max=1.0 - 1e-6))
+        mean = (angles * off_diagonal).sum()
+        return mean - ((angles - mean).square() * off_diagonal).sum()
 
 
 def topic_word_mask(module: nn.Module, config, device) -> torch.Tensor:

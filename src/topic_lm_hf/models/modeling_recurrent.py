@@ -13,8 +13,9 @@ log-probabilities as ``logits``.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Iterator, Optional, Sequence
 
 import torch
 from torch import nn
@@ -123,12 +124,48 @@ def read_on_host(values: torch.Tensor) -> list:
     return values.tolist()
 
 
-def embed_checked(embed_tokens: nn.Embedding, input_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """(b, s) ids -> (b, s, E) embeddings; ids outside [0, vocab_size) are a ``ValueError`` (a mismatched
-    tokenizer), not an index error deep in the embedding."""
-    low, high = torch.stack(torch.aminmax(input_ids)).tolist() if input_ids.numel() else (0, 0)  # one host read
+_HOST_READS = {"deferred": False}
+
+
+@contextmanager
+def host_reads_deferred() -> Iterator[None]:
+    """Within it, a training step of the families that allow it reads nothing on the host (what a captured CUDA
+    graph needs: ``topic_lm_hf.cuda_graphs``): the input checks are skipped, because the caller checked the batch
+    before (:func:`check_token_ids`, ``check_counts``, :func:`check_right_padded`), the attention mask is taken as
+    padding on the right without reading it, and the output layer's loss runs over every position, the ignored
+    ones (label -100) adding nothing, instead of selecting the predicted positions (a shape the host must read).
+    The loss and its gradients are the same."""
+    before = _HOST_READS["deferred"]
+    _HOST_READS["deferred"] = True
+    try:
+        yield
+    finally:
+        _HOST_READS["deferred"] = before
+
+
+def host_reads_are_deferred() -> bool:
+    """Whether :func:`host_reads_deferred` is on."""
+    return _HOST_READS["deferred"]
+
+
+def check_token_ids(input_ids: torch.Tensor, vocab_size: int) -> None:
+    """A ``ValueError`` (a mismatched tokenizer) unless every id is in [0, vocab_size): one host read."""
+    low, high = torch.stack(torch.aminmax(input_ids)).tolist() if input_ids.numel() else (0, 0)
     if low < 0 or high >= vocab_size:
         raise ValueError(f"input_ids must be in [0, {vocab_size}): mismatched tokenizer?")
+
+
+def check_right_padded(attention_mask: torch.Tensor) -> None:
+    """A ``ValueError`` unless every row's padding (0 in ``attention_mask``) follows its tokens: one host read."""
+    if attention_mask.shape[1] > 1 and not bool((attention_mask[:, :-1] >= attention_mask[:, 1:]).all()):
+        raise ValueError("attention_mask must pad on the right (the collators' padding_side='right') here")
+
+
+def embed_checked(embed_tokens: nn.Embedding, input_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """(b, s) ids -> (b, s, E) embeddings; ids outside [0, vocab_size) are a ``ValueError`` (a mismatched
+    tokenizer), not an index error deep in the embedding (unchecked under :func:`host_reads_deferred`)."""
+    if not host_reads_are_deferred():
+        check_token_ids(input_ids, vocab_size)
     return embed_tokens(input_ids)
 
 
@@ -324,12 +361,18 @@ def next_token_loss(features: torch.Tensor, labels: torch.Tensor, output: nn.Lin
     """
     targets = labels[:, 1:].to(features.device)
     keep = targets != -100
-    selected = features[:, :-1][keep]  # (n, F)
     rows = scale = None
-    if row_bias is not None:
-        rows = torch.arange(targets.shape[0], device=features.device).unsqueeze(1).expand_as(targets)[keep]
-        scale = row_bias_mask[keep] if row_bias_mask is not None else None
-    kept = targets[keep]
+    if host_reads_are_deferred():  # every position (no shape read on the host); ignored targets add nothing
+        selected, kept = features[:, :-1].reshape(-1, features.shape[-1]), targets.reshape(-1)
+        if row_bias is not None:
+            rows = torch.arange(targets.shape[0], device=features.device).repeat_interleave(targets.shape[1])
+            scale = row_bias_mask.reshape(-1) if row_bias_mask is not None else None
+        compiled = False
+    else:
+        selected, kept = features[:, :-1][keep], targets[keep]  # (n, F), (n,)
+        if row_bias is not None:
+            rows = torch.arange(targets.shape[0], device=features.device).unsqueeze(1).expand_as(targets)[keep]
+            scale = row_bias_mask[keep] if row_bias_mask is not None else None
     if runs_own_forward(output):
         return _module_cross_entropy(selected, output, kept, row_bias, rows, scale) / keep.sum().clamp_min(1)
     fn = compiled and compiled_linear_cross_entropy((row_bias is not None, scale is not None), features.device.type)
@@ -415,7 +458,9 @@ def run_rnn(rnn: nn.RNNBase, x: torch.Tensor, attention_mask: Optional[torch.Ten
     if hx is not None and not is_lstm:
         hx = hx[0]
     full, right_padded = True, False
-    if attention_mask is not None:  # both read at once: one host synchronisation
+    if attention_mask is not None and host_reads_are_deferred():  # the caller checked: padding on the right
+        full, right_padded = False, True
+    elif attention_mask is not None:  # both read at once: one host synchronisation
         full, right_padded = (bool(v) for v in read_on_host(torch.stack([
             attention_mask.bool().all(), (attention_mask[:, :-1] >= attention_mask[:, 1:]).all()])))
         right_padded = right_padded and not full
@@ -648,6 +693,9 @@ class RecurrentPreTrainedModel(PreTrainedModel):
     training_context: str = "none"  # the context mode of the documented training batches ("others": the papers')
     reads_sentence_prefix: bool = False  # forward() takes sentence_prefix_bow (NCLM's sentence-level topics)
     reads_documents: bool = False  # forward() takes whole documents (b, c, l) with chunk_mask (rGBN-RNN)
+    # a training step on chunk batches reads nothing on the host under host_reads_deferred (a CUDA graph can
+    # capture it: topic_lm_hf.cuda_graphs); tests/test_cuda_graphs.py checks every family that declares it
+    supports_cuda_graphs: bool = False
 
     def leaky_modes(self) -> list[str]:
         """The options in use that let the model read the words it predicts (NCLM's replication modes); none."""
@@ -913,6 +961,7 @@ def select_state_rows(state: Optional[Sequence[torch.Tensor]], rows: int):
 
 __all__ = ["RecurrentBodyMixin", "RecurrentModelOutput", "RecurrentPreTrainedModel", "TopicLMOutput",
            "WordStopStringCriteria", "carried_sequence_lengths", "causal_lm_loss", "check_call", "check_prompt",
-           "compiled_linear_cross_entropy", "detach_or_none", "document_layout", "effective_weight", "embed_checked",
-           "last_columns", "last_token_positions", "leaky_modes_of", "next_token_loss", "read_on_host", "reorder_state",
-           "run_rnn", "run_rnn_layers", "run_token_rnn", "select_state_rows", "state_from_aliases"]
+           "check_right_padded", "check_token_ids", "compiled_linear_cross_entropy", "detach_or_none",
+           "document_layout", "effective_weight", "embed_checked", "host_reads_are_deferred", "host_reads_deferred",
+           "last_columns", "last_token_positions", "leaky_modes_of", "next_token_loss", "read_on_host",
+           "reorder_state", "run_rnn", "run_rnn_layers", "run_token_rnn", "select_state_rows", "state_from_aliases"]

@@ -75,6 +75,7 @@ from .modeling_conditioning import (TOPIC_LOGIT_INIT_STD, TopicConditioning, ang
 from .modeling_generation import TopicGenerationMixin
 from .modeling_document import DocumentClassifierMixin, DocumentRepresentationMixin
 from .modeling_recurrent import (RecurrentPreTrainedModel, TopicLMOutput, causal_lm_loss, embed_checked,
+                                 host_reads_are_deferred,
                                  last_columns, run_rnn, run_rnn_layers, state_from_aliases)
 from .modeling_topic_family import LanguageModelPass, LossTerm, TopicFamilyForCausalLM
 
@@ -551,7 +552,8 @@ class TCNLMModel(DocumentRepresentationMixin, TCNLMPreTrainedModel):
         checkpoint_fn = self.checkpoint_function()
         attention_mask = last_columns(attention_mask, s)
         mask = None
-        if attention_mask is not None and not bool(attention_mask.all()):
+        deferred = host_reads_are_deferred()  # no host read: the mask as given, its padding on the right
+        if attention_mask is not None and (deferred or not bool(attention_mask.all())):
             mask = attention_mask.bool()
         if topic_representation is not None:  # resolved before (generation's cache): t as is, not re-validated
             t, topic_losses = topic_representation.to(inputs_embeds.device), None
@@ -566,7 +568,7 @@ class TCNLMModel(DocumentRepresentationMixin, TCNLMPreTrainedModel):
         else:
             # Right padding without a state to return: outputs at real tokens do not depend on what
             # follows, so the per-step masking can be skipped (the outputs are zeroed below).
-            right_padded = mask is not None and bool((mask[:, :-1] >= mask[:, 1:]).all())
+            right_padded = mask is not None and (deferred or bool((mask[:, :-1] >= mask[:, 1:]).all()))
             step_mask = None if (mask is None or (right_padded and not need_state)) else mask
             hs, cs, layers = [], [], []
             hidden = x
@@ -603,6 +605,7 @@ class TCNLMForCausalLM(TopicFamilyForCausalLM, TCNLMPreTrainedModel, TopicGenera
     """
 
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+    supports_cuda_graphs = True
 
     forward_inputs = {
         "context_bow": "(b, V_c) counts over the topic vocabulary (the collator's ``context_bow``).",
