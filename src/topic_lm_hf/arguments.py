@@ -43,8 +43,9 @@ class ModelArguments:
                 "the sentences before it. rGBN-RNN carries its LSTM state inside its documents batches; every other "
                 "family trains through TopicLMTrainer(carry_state=True)."})
     early_stopping_patience: Optional[int] = field(default=None, metadata={
-        "help": "Stop when the loss on the validation documents (every --eval_steps) has not improved for this many "
-                "evaluations, and keep the best checkpoint's weights (transformers' EarlyStoppingCallback with "
+        "help": "Stop when the validation perplexity (eval_lm_loss, every --eval_steps; --metric_for_best_model "
+                "chooses another metric) has not improved for this many evaluations, and keep the best checkpoint's "
+                "weights (transformers' EarlyStoppingCallback with "
                 "load_best_model_at_end; checkpoints are saved at every evaluation). Needs --eval_strategy steps."})
     bptt_chunks: Optional[int] = field(default=None, metadata={
         "help": "With --carry_state: the chunks between two detachments of the carried state (default: the whole "

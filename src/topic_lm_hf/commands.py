@@ -284,8 +284,9 @@ def carried_training(model_args: ModelArguments, data_args: DataArguments, model
 
 
 def early_stopping(model_args: ModelArguments, training_args: TrainingArguments, eval_rows) -> list:
-    """``--early_stopping_patience N``: transformers' ``EarlyStoppingCallback`` on the validation loss, the best
-    checkpoint's weights loaded at the end; checkpoints are saved at every evaluation (``save_strategy`` and
+    """``--early_stopping_patience N``: transformers' ``EarlyStoppingCallback`` on the language model's validation
+    loss (``eval_lm_loss``, the log of the validation perplexity; ``--metric_for_best_model`` chooses another), the
+    best checkpoint's weights loaded at the end; checkpoints are saved at every evaluation (``save_strategy`` and
     ``save_steps`` follow the evaluation's). Nothing without the flag."""
     from transformers import EarlyStoppingCallback
     from transformers.trainer_utils import IntervalStrategy
@@ -296,7 +297,8 @@ def early_stopping(model_args: ModelArguments, training_args: TrainingArguments,
     if eval_rows is None:
         raise UsageError("--early_stopping_patience stops on the validation loss: give validation documents")
     training_args.load_best_model_at_end = True
-    training_args.metric_for_best_model, training_args.greater_is_better = "eval_loss", False
+    if training_args.metric_for_best_model is None:  # the validation perplexity (a topic model's loss adds its terms)
+        training_args.metric_for_best_model, training_args.greater_is_better = "eval_lm_loss", False
     training_args.set_save(strategy="steps", steps=training_args.eval_steps, total_limit=training_args.save_total_limit)
     # a resumed run goes on counting its evaluations without improvement, as if it had not been interrupted
     training_args.restore_callback_states_from_checkpoint = True
