@@ -70,6 +70,7 @@ def test_demo_trains_on_the_wikipedia_sample_by_default(tmp_path, capsys, monkey
     out = capsys.readouterr().out
     assert "SYNTHETIC" not in out
     assert "wikipedia-sample (900 docs) / wikipedia-sample/validation (100 docs)" in out
+    assert "no trained models in hub_models/" in out  # they ship with the clone, which this folder is not
     npmi = re.search(r"mean NPMI (-?[\d.]+) \(lau2014 preset, npmi_reference\.txt\.gz .*?100 documents", out)
     assert npmi and -1 <= float(npmi.group(1)) <= 1, out
     topics = re.findall(r"^ +topic +\d+ +NPMI [+-][\d.]+ +(.+)$", out, re.M)

@@ -1,6 +1,9 @@
 """``topic-lm demo``: the first thing a newcomer runs. A few minutes on 2 CPU cores.
 
-It trains a topic model (``--family``; by default the family that did best under ``causal`` at the demo's budget,
+It first loads the models that ship with the repository (``hub_models/``: the carried LSTM and the carried rGBN-RNN
+started from it, trained on ``wikipedia-sample`` until their development perplexity stopped improving) and shows their
+perplexity under ``causal-carry`` with the ablation, the topic model's topics and text steered by two of them. Then it
+trains a topic model (``--family``; by default the family that did best under ``causal`` at the demo's budget,
 measured by ``scripts/benchmark_demo.py``) and the same-size LSTM on ``wikipedia-sample`` (English Wikipedia articles
 that ship with the package; ``--train_file`` names another corpus) under a wall-clock budget, then shows what the
 topics do: their words and NPMI (against the shipped reference of other Wikipedia articles), text
@@ -68,6 +71,10 @@ class DemoArguments:
     npmi_documents: int = field(default=600, metadata={
         "help": "Articles of the NPMI reference that ships with the package (wikipedia-sample/npmi-reference: 600 "
                 "Wikipedia articles that the sample does not hold; 0 skips NPMI)."})
+    shipped_models: str = field(default="hub_models", metadata={
+        "help": "The folder of the models that ship with the repository (wiki-lstm-carry, wiki-rgbn-rnn-carry: "
+                "trained to convergence on wikipedia-sample), shown first with the default corpus; 'none' skips "
+                "them."})
     threads: int = field(default=1, metadata={
         "help": "torch threads. 1 by default: on a busy 2-core machine two threads ran these small recurrent models "
                 "3.3x slower than one."})
@@ -103,6 +110,43 @@ class TimeBudget(TrainerCallback):
             self.printed = elapsed
             print(f"       {self.label}: step {state.global_step:4d}, {elapsed:4.0f} s, LM loss {logs['lm_loss']:.2f} "
                   f"(perplexity {math.exp(logs['lm_loss']):.0f})", flush=True)
+
+
+SHIPPED = {"lstm": "wiki-lstm-carry", "topic": "wiki-rgbn-rnn-carry"}
+
+
+def show_shipped_models(folder: str, valid_docs, device, seed: int) -> bool:
+    """The models that ship with the repository, loaded with ``AutoModelForCausalLM``: their perplexity on the sample's
+    validation articles under ``causal-carry`` with the ablation, the topic model's topics and steered text. False
+    (and one line saying where they would be) when ``folder`` does not hold them (an installed package)."""
+    paths = {k: os.path.join(folder, name) for k, name in SHIPPED.items()}
+    if not all(os.path.isfile(os.path.join(p, "config.json")) for p in paths.values()):
+        print(f"       no trained models in {folder}/ (they ship with the repository's clone, not with the package): "
+              "skipped", flush=True)
+        return False
+    models = {k: AutoModelForCausalLM.from_pretrained(p).to(device).eval() for k, p in paths.items()}
+    ppl = {k: evaluate_perplexity(m, valid_docs, "causal-carry")["perplexity"] for k, m in models.items()}
+    ablation = evaluate_perplexity(models["topic"], valid_docs, "causal-carry", mismatched_context=True)["perplexity"]
+    print(f"       {paths['lstm']}, {paths['topic']}: each trained until its development perplexity stopped "
+          "improving (their README.md: the command and the measurements)", flush=True)
+    print("\n| model | causal-carry perplexity |\n|---|---|")
+    print(f"| carried LSTM | {ppl['lstm']:.2f} |\n| carried rGBN-RNN (started from that LSTM) | {ppl['topic']:.2f} |")
+    print(f"| carried rGBN-RNN, another document's topics (ablation) | {ablation:.2f} |\n", flush=True)
+    gain, own = ppl["lstm"] - ppl["topic"], ablation - ppl["topic"]
+    print(f"       on {len(valid_docs)} validation articles the topic model is {100 * gain / ppl['lstm']:.1f} % below "
+          f"the LSTM ({gain:.2f} points); its document's own topics are worth {own:.2f} of them (the rest is the "
+          "gate and the topic layer it adds)", flush=True)
+    topic_model, (tok, _) = models["topic"], data_lib.load_vocabularies(paths["topic"])
+    topics = topic_model.get_topics(top_n=8)
+    for k in range(3):
+        print(f"       topic {k:2d}  {' '.join(topics[k])}", flush=True)
+    bos = torch.tensor([[tok.bos_token_id]], device=device)
+    for k in range(2):
+        torch.manual_seed(seed)
+        out = topic_model.generate(bos, topic_ids=[k], max_new_tokens=20, min_new_tokens=8, do_sample=True, top_p=0.7,
+                                   top_k=0, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+        print(f"       steered by topic {k}: {words(tok, out[0])}", flush=True)
+    return True
 
 
 def phase(number: int, total: int, text: str) -> float:
@@ -353,9 +397,16 @@ def _run_demo(args: DemoArguments, fast: FastPathArguments, device: torch.device
     check_family(args.family)  # before the data is read
     torch.set_num_threads(args.threads)
     set_seed(args.seed)
-    total, t0 = 7, time.perf_counter()
+    t0 = time.perf_counter()
+    shipped = args.shipped_models != "none" and args.train_file is None and not args.synthetic
+    total, first = (8, 2) if shipped else (7, 1)
+    if shipped:
+        start = phase(1, total, "the trained models that ship with the repository (wikipedia-sample)")
+        show_shipped_models(args.shipped_models, data_lib.load_documents("wikipedia-sample/validation"), device,
+                            args.seed)
+        print(f"       ({done(start)}); next, training from scratch for a few minutes", flush=True)
 
-    start = phase(1, total, "data and vocabularies")
+    start = phase(first, total, "data and vocabularies")
     train_docs, valid_docs, source, stopwords = locate_corpus(args.train_file, args.synthetic)
     valid_docs = valid_docs.select(range(min(args.eval_documents, len(valid_docs))))
     source = f"{source}; the first {len(valid_docs)} validation documents evaluated"
@@ -377,11 +428,12 @@ def _run_demo(args: DemoArguments, fast: FastPathArguments, device: torch.device
     topic_collator = TopicContextCollator.for_model(topic_model, tok, topic_tok)  # the family's training context
     topic_rows = topic_collator.prepare(train_docs)
 
-    start = phase(2, total, f"pre-training {label}'s topic model on bags of words ({TOPIC_PRETRAINING_STEPS} steps)")
+    start = phase(first + 1, total,
+                  f"pre-training {label}'s topic model on bags of words ({TOPIC_PRETRAINING_STEPS} steps)")
     losses = pretrain(topic_model, train_docs, tok, topic_tok)
     print(f"       topic-model loss per word {losses[0]:.2f} -> {losses[-1]:.2f} ({done(start)})", flush=True)
 
-    start = phase(3, total, f"training {label} ({DEMO_TOPICS} topics), then the same-size LSTM, for "
+    start = phase(first + 2, total, f"training {label} ({DEMO_TOPICS} topics), then the same-size LSTM, for "
                             f"{args.train_seconds:.0f} s each")
     speed, sentence = speed_settings(fast, device)
     print(f"       {sentence} Device: {device}.", flush=True)
@@ -398,7 +450,7 @@ def _run_demo(args: DemoArguments, fast: FastPathArguments, device: torch.device
     print(f"       {label} {steps[label]} steps ({sizes[label]:.1f} M parameters), the LSTM {steps[baseline]} "
           f"({sizes[baseline]:.1f} M), {batches} ({done(start)})", flush=True)
 
-    start = phase(4, total, "saving, and reloading with AutoModelForCausalLM")
+    start = phase(first + 3, total, "saving, and reloading with AutoModelForCausalLM")
     reloaded = {}
     for name, model in ((args.family, topic_model), (BASELINE.short_name, lstm)):
         path = os.path.join(args.output_dir, name)
@@ -413,7 +465,8 @@ def _run_demo(args: DemoArguments, fast: FastPathArguments, device: torch.device
     topic_model, lstm = reloaded[args.family], reloaded[BASELINE.short_name]
     print(f"       ({done(start)})", flush=True)
 
-    start = phase(5, total, "the topics (top words from beta" + (", NPMI on Wikipedia)" if args.npmi_documents else ")"))
+    start = phase(first + 4, total,
+                  "the topics (top words from beta" + (", NPMI on Wikipedia)" if args.npmi_documents else ")"))
     topics = topic_model.get_topics(top_n=10)
     npmi = None
     if args.npmi_documents and not synthetic:
@@ -433,7 +486,8 @@ def _run_demo(args: DemoArguments, fast: FastPathArguments, device: torch.device
         print(f"       topic {k:2d}  {score}{' '.join(topics[k])}", flush=True)
     print(f"       ({done(start)})", flush=True)
 
-    start = phase(6, total, "generation steered by topics (decoding chosen by measured fluency), and by a document")
+    start = phase(first + 5, total,
+                  "generation steered by topics (decoding chosen by measured fluency), and by a document")
     name, decoding, measured = choose_decoding(topic_model, lstm, order[:4], tok, topic_tok, args.seed)
     for candidate, r in measured.items():
         print(decoding_line(candidate, r), flush=True)
@@ -469,7 +523,7 @@ def _run_demo(args: DemoArguments, fast: FastPathArguments, device: torch.device
           f"{len(doc_words)} topic words: {mass['with']:.1%} with its topics, {mass['without']:.1%} without", flush=True)
     print(f"       ({done(start)})", flush=True)
 
-    start = phase(7, total, f"perplexity on {len(valid_docs)} validation documents under each protocol")
+    start = phase(first + 6, total, f"perplexity on {len(valid_docs)} validation documents under each protocol")
     rows = []
     for name, model in ((baseline, lstm), (label, topic_model)):
         for protocol in PROTOCOLS:

@@ -1,0 +1,179 @@
+"""The models that ship with the repository (``hub_models/``): trained on the Wikipedia sample that ships with the
+package by ``topic-lm train``, measured, and saved as Hub-ready folders with their cards.
+
+Two models, each trained by the command in ``COMMANDS`` (the card repeats it): the carried LSTM (``wiki-lstm-carry``)
+and the carried rGBN-RNN started from it by the steering recipe (``wiki-rgbn-rnn-carry``). Both stop when their
+development perplexity stops improving. Each folder holds the weights (safetensors), both tokenizers, the remote
+code, a card (``README.md``) with the measured results and the exact command, and ``results.json``.
+
+The measurements, on the sample's 100 validation articles: perplexity under ``causal-carry`` (the state carried
+through each document, each sentence's context the sentences before it); for the topic model also with another
+document's topics (the mismatched-context ablation: what the document's own topics are worth) and with empty contexts
+(uninformative topics, the same for every document); the topics' NPMI (``lau2014``, against the shipped reference
+articles) and diversity. They are measured on the folders as written (reloaded from them).
+
+    python scripts/ship_models.py --train --work out/ship      # trains (resumes) both, then writes hub_models/
+    python scripts/ship_models.py --work out/ship              # only measures and writes, from trained runs
+
+A folder must stay at most ``MAX_BYTES``: float64 tensors (rGBN-RNN's topic-word matrix) are stored in float32 and
+loaded back into the model's float64 (the card says so; the perplexities are those of the stored weights).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+MAX_BYTES = 8_000_000
+# the sizes and schedule of the carried rows of scripts/benchmark_all.py --corpus wiki (E = H = 128, 50 topics,
+# dropout 0.4, 4 documents per step, lr 2e-3 halved at every evaluation without improvement, clipping 0.5)
+COMMON = ["--carry_state", "true", "--per_device_train_batch_size", "4", "--learning_rate", "2e-3",
+          "--max_grad_norm", "0.5", "--num_train_epochs", "60", "--lr_scheduler_type", "reduce_lr_on_plateau",
+          "--lr_scheduler_kwargs", '{"factor": 0.5, "patience": 0}', "--eval_strategy", "steps", "--eval_steps", "200",
+          "--early_stopping_patience", "3", "--seed", "0", "--disable_tqdm", "true"]
+COMMANDS = {
+    "wiki-lstm-carry": ["--model_type", "lstm_lm", "--config_overrides",
+                        "embedding_size=128,hidden_size=128,dropout=0.4", *COMMON, "--output_dir", "{work}/lstm-carry"],
+    "wiki-rgbn-rnn-carry": ["--model_type", "rgbn_rnn", "--language_model", "{work}/lstm-carry", "--config_overrides",
+                            "embedding_size=128,topic_sizes=[50],hidden_sizes=[128],dropout=0.4", *COMMON,
+                            "--output_dir", "{work}/rgbn-carry"],
+}
+TITLES = {"wiki-lstm-carry": "LSTM language model, carried state",
+          "wiki-rgbn-rnn-carry": "rGBN-RNN, carried state, started from the carried LSTM by the steering recipe"}
+
+
+def command_line(name: str, work: str) -> str:
+    args = [a.replace("{work}", work) for a in COMMANDS[name]]
+    quoted = [f"'{a}'" if any(c in a for c in ' {}[]"') else a for a in args]
+    return "OMP_NUM_THREADS=1 topic-lm train " + " ".join(quoted)
+
+
+def train(name: str, work: str) -> None:
+    argv = [a.replace("{work}", work) for a in COMMANDS[name]]
+    subprocess.run([sys.executable, "-m", "topic_lm_hf.cli", "train", *argv], check=True)
+
+
+def stopped(run: Path) -> dict:
+    """Steps trained, the best step and its development perplexity, from the run's last checkpoint."""
+    last = max(run.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
+    state = json.loads((last / "trainer_state.json").read_text())
+    evaluations = [e for e in state["log_history"] if "eval_lm_loss" in e]
+    best = min(evaluations, key=lambda e: e["eval_lm_loss"])
+    return {"steps_trained": state["global_step"], "max_steps": state["max_steps"], "best_step": best["step"],
+            "best_dev_perplexity": best["eval_perplexity"] if "eval_perplexity" in best else None,
+            "stopped_by": "development perplexity" if state["global_step"] < state["max_steps"] else "max_steps"}
+
+
+def store_float64_as_float32(folder: Path) -> list[str]:
+    from safetensors.torch import load_file, save_file
+
+    path = folder / "model.safetensors"
+    tensors = load_file(path)
+    wide = [k for k, v in tensors.items() if v.dtype.is_floating_point and v.element_size() == 8]
+    if wide:
+        save_file({k: v.float() if k in wide else v for k, v in tensors.items()}, path, metadata={"format": "pt"})
+    return wide
+
+
+def measure(folder: Path, topic_model: bool) -> dict:
+    from transformers import AutoModelForCausalLM
+
+    from topic_lm_hf import evaluate_perplexity, evaluate_topics, load_documents
+    from topic_lm_hf.evaluation import load_reference_corpus
+
+    model = AutoModelForCausalLM.from_pretrained(folder).eval()
+    valid = load_documents("wikipedia-sample/validation")
+    result = {"parameters": sum(p.numel() for p in model.parameters()),
+              "causal-carry": evaluate_perplexity(model, valid, protocol="causal-carry")}
+    if topic_model:
+        result["mismatched"] = evaluate_perplexity(model, valid, protocol="causal-carry", mismatched_context=True)
+        result["empty_context"] = evaluate_perplexity(model, valid, protocol="causal-carry", empty_context=True)
+        topics = evaluate_topics(model, load_reference_corpus("wikipedia-sample/npmi-reference"))
+        result["topics"] = {k: v for k, v in topics.items() if not k.startswith("_")}
+        result["top_words"] = model.get_topics(top_n=10)
+    return json.loads(json.dumps(result, default=str))
+
+
+def card(name: str, measured: dict, stop: dict, command: str, wide: list[str], baseline: dict | None) -> str:
+    ppl = measured["causal-carry"]["perplexity"]
+    lines = ["---", "library_name: transformers", "license: cc-by-sa-4.0", "language: en",
+             "tags: [topic-lm-hf, topic-guided-language-model, text-generation]", "---", "",
+             f"# {name}: {TITLES[name]}", "",
+             "Trained with topic-lm-hf on the English Wikipedia sample that ships with the "
+             "package (900 training articles, CC BY-SA; the sample's NOTICE names the sources). Small (E = H = 128"
+             + (", 50 topics" if "rgbn" in name else "") + ") and trained on a 2-core CPU: a demonstration of the "
+             "package's result, not a general-purpose language model.", "",
+             "```python", "from transformers import AutoModelForCausalLM",
+             f'model = AutoModelForCausalLM.from_pretrained("hub_models/{name}", trust_remote_code=True)', "```", "",
+             "## Results", "",
+             "Validation perplexity on the sample's 100 validation articles, protocol `causal-carry` (the state "
+             "carried through each document, each sentence's context only the sentences before it):", "",
+             "| model | perplexity |", "|---|---|", f"| this model | {ppl:.2f} |"]
+    if "mismatched" in measured:
+        mis, empty = measured["mismatched"]["perplexity"], measured["empty_context"]["perplexity"]
+        lines += [f"| this model, another document's topics (ablation) | {mis:.2f} |",
+                  f"| this model, empty contexts (the same uninformative topics for every document) | {empty:.2f} |"]
+        if baseline:
+            base = baseline["causal-carry"]["perplexity"]
+            lines += [f"| the carried LSTM it started from (`wiki-lstm-carry`) | {base:.2f} |", "",
+                      f"Against the carried LSTM: {100 * (base - ppl) / base:.1f} % lower perplexity ({base - ppl:.2f} "
+                      f"points); the document's own topics are worth {mis - ppl:.2f} of them (the ablation)."]
+        npmi = measured["topics"].get("npmi")
+        if npmi is not None:
+            lines += ["", f"Topics: NPMI {npmi:.3f} (`lau2014`, against the shipped reference articles), diversity "
+                      f"{measured['topics'].get('diversity', float('nan')):.2f}. The first five:", ""]
+            lines += [f"- {' '.join(words)}" for words in measured["top_words"][:5]]
+    lines += ["", "## Training", "",
+              f"{stop['steps_trained']} steps (4 documents each), stopped by the development perplexity (3 "
+              f"evaluations without improvement, every 200 steps); the weights are those of step {stop['best_step']}. "
+              "The command (from the repository root; the runs resume where they stopped):", "",
+              "```bash", command, "```", "",
+              "`python scripts/ship_models.py --train --work out/ship` runs it, measures the result and writes this "
+              "folder."]
+    if wide:
+        lines += ["", f"Stored in float32 and loaded into the model's float64: {', '.join(wide)} (to keep the folder "
+                  "under 8 MB); the results above are those of the stored weights."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--work", default="out/ship", help="the folder of the training runs")
+    parser.add_argument("--out", default=str(ROOT / "hub_models"), help="where the model folders are written")
+    parser.add_argument("--train", action="store_true", help="train (or resume) the runs first")
+    args = parser.parse_args(argv)
+    from transformers import AutoModelForCausalLM
+
+    from topic_lm_hf import load_vocabularies, save_vocabularies
+
+    results = {}
+    for name in COMMANDS:
+        if args.train:
+            train(name, args.work)
+        run = Path(COMMANDS[name][-1].replace("{work}", args.work))
+        folder = Path(args.out) / name
+        shutil.rmtree(folder, ignore_errors=True)
+        model = AutoModelForCausalLM.from_pretrained(run)
+        model.save_pretrained(folder)
+        save_vocabularies(*load_vocabularies(run), folder)
+        wide = store_float64_as_float32(folder)
+        measured = measure(folder, topic_model="rgbn" in name)
+        stop = stopped(run)
+        results[name] = {"measured": measured, "training": stop, "command": command_line(name, args.work),
+                         "stored_in_float32": wide}
+        (folder / "results.json").write_text(json.dumps(results[name], indent=1) + "\n")
+        (folder / "README.md").write_text(card(name, measured, stop, command_line(name, args.work), wide,
+                                               results.get("wiki-lstm-carry", {}).get("measured")))
+        size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+        print(f"{name}: causal-carry {measured['causal-carry']['perplexity']:.2f}, {size / 1e6:.2f} MB", flush=True)
+        if size > MAX_BYTES:
+            raise SystemExit(f"{folder} is {size / 1e6:.2f} MB, over {MAX_BYTES / 1e6:.0f} MB")
+
+
+if __name__ == "__main__":
+    main()
