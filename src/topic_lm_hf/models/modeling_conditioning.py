@@ -318,7 +318,7 @@ def angular_diversity(topic_rows: torch.Tensor) -> torch.Tensor:
         rows = F.normalize(topic_rows.float(), dim=-1)
         cosine = (rows @ rows.T).abs()  # (T, T)
         pairs = cosine.shape[0] * (cosine.shape[0] - 1)
-        off_diagonal = (1 - torch.eye(cosine.shape[0], device=cosine.device)) / pairs  # weights (no host read)
+        off_diagonal = (1 - torch.eye(cosine.shape[0], device=cosine.device, dtype=cosine.dtype)) / pairs  # weights (no host read)
         # Clamp below 1: arccos has an infinite derivative there (two identical topics; the diagonal, weight 0).
         angles = torch.arccos(cosine.clamp(max=1.0 - 1e-6))
         mean = (angles * off_diagonal).sum()

@@ -693,8 +693,8 @@ class RecurrentPreTrainedModel(PreTrainedModel):
     training_context: str = "none"  # the context mode of the documented training batches ("others": the papers')
     reads_sentence_prefix: bool = False  # forward() takes sentence_prefix_bow (NCLM's sentence-level topics)
     reads_documents: bool = False  # forward() takes whole documents (b, c, l) with chunk_mask (rGBN-RNN)
-    # a training step on chunk batches reads nothing on the host under host_reads_deferred (a CUDA graph can
-    # capture it: topic_lm_hf.cuda_graphs); tests/test_cuda_graphs.py checks every family that declares it
+    # a training step on chunk batches reads nothing on the host under host_reads_deferred and trains when a CUDA
+    # graph captures it (the package's cuda_graphs module); the package's tests check every family that declares it
     supports_cuda_graphs: bool = False
 
     def leaky_modes(self) -> list[str]:
