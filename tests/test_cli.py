@@ -671,13 +671,15 @@ def test_train_early_stopping_patience_stops_on_the_validation_loss_and_keeps_th
 
 def test_train_early_stopping_of_a_topic_model_keeps_the_checkpoint_of_the_best_validation_perplexity(tmp_path):
     """A topic model's validation loss adds its topic terms to the language model's: `--early_stopping_patience`
-    keeps the checkpoint of the lowest validation perplexity (eval_lm_loss), the package's stopping rule."""
+    keeps the checkpoint of the lowest validation perplexity (eval_lm_loss), the package's stopping rule, also with the
+    plateau schedule (for which TrainingArguments fills in the whole loss)."""
     out_dir = tmp_path / "tcnlm"
     main(["train", "--train_file", "wikipedia-sample", "--max_train_documents", "24", "--validation_file",
           "wikipedia-sample/validation", "--max_eval_documents", "4", "--min_freq", "3", "--model_type", "tcnlm",
           "--config_overrides", "embedding_size=16,hidden_size=16,num_topics=4", "--recipe", "paper",
           "--per_device_train_batch_size", "8", "--report_to", "none", "--use_cpu", "--max_steps", "8",
-          "--early_stopping_patience", "5", "--eval_strategy", "steps", "--eval_steps", "2", "--output_dir",
+          "--early_stopping_patience", "5", "--eval_strategy", "steps", "--eval_steps", "2",
+          "--lr_scheduler_type", "reduce_lr_on_plateau", "--output_dir",
           str(out_dir)])
     state = json.loads((out_dir / "checkpoint-8" / "trainer_state.json").read_text())
     evaluations = [e for e in state["log_history"] if "eval_lm_loss" in e]

@@ -297,7 +297,9 @@ def early_stopping(model_args: ModelArguments, training_args: TrainingArguments,
     if eval_rows is None:
         raise UsageError("--early_stopping_patience stops on the validation loss: give validation documents")
     training_args.load_best_model_at_end = True
-    if training_args.metric_for_best_model is None:  # the validation perplexity (a topic model's loss adds its terms)
+    # the validation perplexity (a topic model's loss adds its topic terms), unless --metric_for_best_model names
+    # another metric ("loss" is what TrainingArguments itself fills in for reduce_lr_on_plateau)
+    if training_args.metric_for_best_model in (None, "loss", "eval_loss"):
         training_args.metric_for_best_model, training_args.greater_is_better = "eval_lm_loss", False
     training_args.set_save(strategy="steps", steps=training_args.eval_steps, total_limit=training_args.save_total_limit)
     # a resumed run goes on counting its evaluations without improvement, as if it had not been interrupted
