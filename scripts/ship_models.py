@@ -59,13 +59,17 @@ def train(name: str, work: str) -> None:
 
 
 def stopped(run: Path) -> dict:
-    """Steps trained, the best step and its development perplexity, from the run's last checkpoint."""
+    """Steps trained, the step whose weights were kept, its development perplexity and the metric that stopped the
+    run, from the run's last checkpoint and its training arguments."""
+    import torch
+
     last = max(run.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
     state = json.loads((last / "trainer_state.json").read_text())
-    evaluations = [e for e in state["log_history"] if "eval_lm_loss" in e]
-    best = min(evaluations, key=lambda e: e["eval_lm_loss"])
-    return {"steps_trained": state["global_step"], "max_steps": state["max_steps"], "best_step": best["step"],
-            "best_dev_perplexity": best["eval_perplexity"] if "eval_perplexity" in best else None,
+    metric = torch.load(last / "training_args.bin", weights_only=False).metric_for_best_model
+    kept = int(state["best_model_checkpoint"].rsplit("-", 1)[1])
+    at = next(e for e in state["log_history"] if e.get("step") == kept and "eval_lm_loss" in e)
+    return {"steps_trained": state["global_step"], "max_steps": state["max_steps"], "best_step": kept,
+            "best_dev_perplexity": at.get("eval_perplexity"), "metric": metric,
             "stopped_by": "development perplexity" if state["global_step"] < state["max_steps"] else "max_steps"}
 
 
@@ -94,7 +98,9 @@ def measure(folder: Path, topic_model: bool) -> dict:
         result["mismatched"] = evaluate_perplexity(model, valid, protocol="causal-carry", mismatched_context=True)
         result["empty_context"] = evaluate_perplexity(model, valid, protocol="causal-carry", empty_context=True)
         topics = evaluate_topics(model, load_reference_corpus("wikipedia-sample/npmi-reference"))
-        result["topics"] = {k: v for k, v in topics.items() if not k.startswith("_")}
+        result["topics"] = {k: topics[k] for k in ("npmi", "npmi_median", "diversity", "diversity_k", "num_topics")}
+        result["topics"]["coherence"] = {k: topics["coherence"][k] for k in ("preset", "reference")
+                                         if k in topics["coherence"]}
         result["top_words"] = model.get_topics(top_n=10)
     return json.loads(json.dumps(result, default=str))
 
@@ -129,9 +135,17 @@ def card(name: str, measured: dict, stop: dict, command: str, wide: list[str], b
                       f"{measured['topics'].get('diversity', float('nan')):.2f}. The first five:", ""]
             lines += [f"- {' '.join(words)}" for words in measured["top_words"][:5]]
     lines += ["", "## Training", "",
-              f"{stop['steps_trained']} steps (4 documents each), stopped by the development perplexity (3 "
-              f"evaluations without improvement, every 200 steps); the weights are those of step {stop['best_step']}. "
-              "The command (from the repository root; the runs resume where they stopped):", "",
+              f"{stop['steps_trained']} steps (4 documents each), stopped on the development documents (3 "
+              f"evaluations without improvement, every 200 steps); the weights are those of step {stop['best_step']} "
+              f"(development perplexity {stop['best_dev_perplexity']:.2f}). "
+              + ("" if stop["metric"] in ("eval_lm_loss", "lm_loss") else
+                 f"This run stopped and kept its weights on the whole development loss ({stop['metric']}: the language "
+                 "model's plus the topic model's terms); `topic-lm train` now stops on the development perplexity "
+                 "(`eval_lm_loss`), so the same command today may train a little longer. ")
+              + "The development documents are the sample's 100 validation articles (the command line's default "
+              "for this corpus), the ones the results above are measured on, so the figures are a little "
+              "optimistic; both models stopped the same way. The command (from the repository root; the runs resume "
+              "where they stopped):", "",
               "```bash", command, "```", "",
               "`python scripts/ship_models.py --train --work out/ship` runs it, measures the result and writes this "
               "folder."]
