@@ -1,8 +1,8 @@
 """``topic-lm demo``: the first thing a newcomer runs. A few minutes on 2 CPU cores.
 
 It first loads the models that ship with the repository (``hub_models/``: the carried LSTM and the carried rGBN-RNN
-started from it, trained on ``wikipedia-sample`` until their development perplexity stopped improving) and shows their
-perplexity under ``causal-carry`` with the ablation, the topic model's topics and text steered by two of them. Then it
+started from it, trained on ``wikipedia-sample`` until they stopped improving on the development articles) and shows
+their perplexity under ``causal-carry`` with the ablation, the topic model's topics and text steered by two of them. Then it
 trains a topic model (``--family``; by default the family that did best under ``causal`` at the demo's budget,
 measured by ``scripts/benchmark_demo.py``) and the same-size LSTM on ``wikipedia-sample`` (English Wikipedia articles
 that ship with the package; ``--train_file`` names another corpus) under a wall-clock budget, then shows what the
@@ -127,8 +127,8 @@ def show_shipped_models(folder: str, valid_docs, device, seed: int) -> bool:
     models = {k: AutoModelForCausalLM.from_pretrained(p).to(device).eval() for k, p in paths.items()}
     ppl = {k: evaluate_perplexity(m, valid_docs, "causal-carry")["perplexity"] for k, m in models.items()}
     ablation = evaluate_perplexity(models["topic"], valid_docs, "causal-carry", mismatched_context=True)["perplexity"]
-    print(f"       {paths['lstm']}, {paths['topic']}: each trained until its development perplexity stopped "
-          "improving (their README.md: the command and the measurements)", flush=True)
+    print(f"       {paths['lstm']}, {paths['topic']}: each trained until it stopped improving on the development "
+          "articles (their README.md: the command and the measurements)", flush=True)
     print("\n| model | causal-carry perplexity |\n|---|---|")
     print(f"| carried LSTM | {ppl['lstm']:.2f} |\n| carried rGBN-RNN (started from that LSTM) | {ppl['topic']:.2f} |")
     print(f"| carried rGBN-RNN, another document's topics (ablation) | {ablation:.2f} |\n", flush=True)
