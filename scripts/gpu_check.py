@@ -175,16 +175,16 @@ def part_graphs(args, name: str) -> dict:
 
     device = torch.device(args.device)
     margs = _model_args(args)
-    capturable = build_model(name, margs, tok, topic_tok).supports_cuda_graphs
-    modes = ("eager", "graphed") if device.type == "cuda" and capturable else ("eager",)
+    eager = build_model(name, margs, tok, topic_tok).to(device).train()
+    modes = ("eager", "graphed") if device.type == "cuda" and eager.supports_cuda_graphs else ("eager",)
+    # the same seed, so the same weights
+    models = {m: eager if m == "eager" else build_model(name, margs, tok, topic_tok).to(device).train() for m in modes}
     n_batches = max(args.graph_check_steps, args.repeats + 2)
-    collator = TopicContextCollator.for_model(build_model(name, margs, tok, topic_tok), tok, topic_tok,
-                                              context="others")
+    collator = TopicContextCollator.for_model(eager, tok, topic_tok, context="others")
     rows = collator.prepare(train_docs)
     batches = [{k: v.to(device) for k, v in collator([rows[(i * args.graph_rows + j) % len(rows)]
                                                       for j in range(args.graph_rows)]).items()}
                for i in range(n_batches)]
-    models = {m: build_model(name, margs, tok, topic_tok).to(device).train() for m in modes}  # the same weights
     optimizers = {m: torch.optim.Adam(models[m].parameters(), lr=1e-3) for m in modes}
     graphed = {m: GraphedTrainingStep(models[m]) if m == "graphed" else None for m in modes}
 

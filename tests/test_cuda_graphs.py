@@ -111,3 +111,26 @@ def test_topic_lm_train_refuses_cuda_graphs_on_a_cpu_with_exit_code_2(tmp_path, 
     assert stop.value.code == 2
     assert "needs a CUDA GPU" in capsys.readouterr().err
     assert not (tmp_path / "run").exists() or not any((tmp_path / "run").iterdir())
+
+
+def test_a_batch_is_checked_before_a_replay_in_one_host_read(wiki):
+    from benchmarking import OperationCounter
+
+    from topic_lm_hf.cuda_graphs import check_batch
+
+    model = tiny_model("tcnlm", wiki["tok"], wiki["topic_tok"])
+    batch = chunk_batch(model, wiki)
+    with OperationCounter() as ops:
+        check_batch(batch, model.config.vocab_size)
+    assert ops.syncs == 1
+    bad = {**batch, "input_ids": batch["input_ids"].clone()}
+    bad["input_ids"][0, 0] = model.config.vocab_size
+    with pytest.raises(ValueError, match="mismatched tokenizer"):
+        check_batch(bad, model.config.vocab_size)
+    bad = {**batch, "context_bow": batch["context_bow"].clone()}
+    bad["context_bow"][1, 2] = float("nan")
+    with pytest.raises(ValueError, match="finite, non-negative counts"):
+        check_batch(bad, model.config.vocab_size)
+    bad = {**batch, "attention_mask": batch["attention_mask"].flip(1)}  # padding on the left
+    with pytest.raises(ValueError, match="pad on the right"):
+        check_batch(bad, model.config.vocab_size)

@@ -37,7 +37,8 @@ import torch
 from torch import nn
 
 from .models.modeling_conditioning import check_counts
-from .models.modeling_recurrent import check_right_padded, check_token_ids, host_reads_deferred
+from .models.modeling_recurrent import (check_right_padded, check_token_ids, host_reads_deferred, read_on_host,
+                                        right_padding_holds)
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +63,23 @@ def pad_batch(batch: dict, sequence_bucket: int, pad_token_id: Optional[int]) ->
         given["attention_mask"] = torch.ones_like(given["input_ids"])
     fills = {**PADDED_KEYS, "input_ids": pad_token_id if pad_token_id is not None else 0}
     return {k: nn.functional.pad(v, (0, extra), value=fills[k]) if k in PADDED_KEYS else v for k, v in given.items()}
+
+
+def check_batch(batch: dict[str, torch.Tensor], vocab_size: int) -> None:
+    """The checks a model runs inside its step, on a chunk batch before a replay (a ``ValueError``: ids outside the
+    vocabulary, counts that are negative or not finite, padding on the left), their values read on the host at once:
+    one synchronisation per step."""
+    values = [torch.stack(torch.aminmax(batch["input_ids"]))]
+    if "context_bow" in batch:
+        values.append(torch.stack(torch.aminmax(batch["context_bow"].float())))
+    if "attention_mask" in batch:
+        values.append(right_padding_holds(batch["attention_mask"]).view(1))
+    read = read_on_host(torch.cat([v.double() for v in values]))
+    check_token_ids(batch["input_ids"], vocab_size, bounds=read[:2])
+    if "context_bow" in batch:
+        check_counts(batch["context_bow"], bounds=read[2:4])
+    if "attention_mask" in batch:
+        check_right_padded(batch["attention_mask"], holds=bool(read[-1]))
 
 
 def why_not_capturable(model: nn.Module) -> Optional[str]:
@@ -110,20 +128,12 @@ class GraphedTrainingStep:
         self.graphs: dict[tuple, nn.Module] = {}
         self.replays = self.eager_steps = 0
 
-    def check(self, batch: dict[str, torch.Tensor]) -> None:
-        """The checks the model would run inside the step, on the batch before the replay (a ``ValueError``)."""
-        check_token_ids(batch["input_ids"], self.model.config.vocab_size)
-        if "attention_mask" in batch:
-            check_right_padded(batch["attention_mask"])
-        if "context_bow" in batch:
-            check_counts(batch["context_bow"])
-
     def loss(self, batch: dict) -> Optional[torch.Tensor]:
         tensors = pad_batch(batch, self.sequence_bucket, self.model.config.pad_token_id)
         if tensors is None:
             self.eager_steps += 1
             return None
-        self.check(tensors)
+        check_batch(tensors, self.model.config.vocab_size)
         keys = tuple(sorted(tensors))
         shape = tuple((k, tuple(tensors[k].shape), tensors[k].dtype) for k in keys)
         graphed = self.graphs.get(shape)
@@ -157,4 +167,4 @@ class GraphedTrainingStep:
         return graphed
 
 
-__all__ = ["GraphedTrainingStep", "pad_batch", "why_not_capturable"]
+__all__ = ["GraphedTrainingStep", "check_batch", "pad_batch", "why_not_capturable"]

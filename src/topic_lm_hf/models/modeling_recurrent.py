@@ -148,16 +148,27 @@ def host_reads_are_deferred() -> bool:
     return _HOST_READS["deferred"]
 
 
-def check_token_ids(input_ids: torch.Tensor, vocab_size: int) -> None:
-    """A ``ValueError`` (a mismatched tokenizer) unless every id is in [0, vocab_size): one host read."""
-    low, high = torch.stack(torch.aminmax(input_ids)).tolist() if input_ids.numel() else (0, 0)
+def check_token_ids(input_ids: torch.Tensor, vocab_size: int, bounds: Optional[Sequence[float]] = None) -> None:
+    """A ``ValueError`` (a mismatched tokenizer) unless every id is in [0, vocab_size): one host read (none when
+    ``bounds``, the ids' smallest and largest read by the caller, are given)."""
+    if bounds is None:
+        bounds = torch.stack(torch.aminmax(input_ids)).tolist() if input_ids.numel() else (0, 0)
+    low, high = bounds
     if low < 0 or high >= vocab_size:
         raise ValueError(f"input_ids must be in [0, {vocab_size}): mismatched tokenizer?")
 
 
-def check_right_padded(attention_mask: torch.Tensor) -> None:
-    """A ``ValueError`` unless every row's padding (0 in ``attention_mask``) follows its tokens: one host read."""
-    if attention_mask.shape[1] > 1 and not bool((attention_mask[:, :-1] >= attention_mask[:, 1:]).all()):
+def right_padding_holds(attention_mask: torch.Tensor) -> torch.Tensor:
+    """A 0-d bool tensor, on the mask's device (no host read): whether every row's padding follows its tokens."""
+    return (attention_mask[:, :-1] >= attention_mask[:, 1:]).all()
+
+
+def check_right_padded(attention_mask: torch.Tensor, holds: Optional[bool] = None) -> None:
+    """A ``ValueError`` unless every row's padding (0 in ``attention_mask``) follows its tokens: one host read
+    (none when ``holds``, :func:`right_padding_holds` read by the caller, is given)."""
+    if holds is None:
+        holds = bool(right_padding_holds(attention_mask))
+    if not holds:
         raise ValueError("attention_mask must pad on the right (the collators' padding_side='right') here")
 
 
@@ -964,4 +975,5 @@ __all__ = ["RecurrentBodyMixin", "RecurrentModelOutput", "RecurrentPreTrainedMod
            "check_right_padded", "check_token_ids", "compiled_linear_cross_entropy", "detach_or_none",
            "document_layout", "effective_weight", "embed_checked", "host_reads_are_deferred", "host_reads_deferred",
            "last_columns", "last_token_positions", "leaky_modes_of", "next_token_loss", "read_on_host",
-           "reorder_state", "run_rnn", "run_rnn_layers", "run_token_rnn", "select_state_rows", "state_from_aliases"]
+           "reorder_state", "right_padding_holds", "run_rnn", "run_rnn_layers", "run_token_rnn", "select_state_rows",
+           "state_from_aliases"]
