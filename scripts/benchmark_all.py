@@ -47,10 +47,13 @@ Models (``--only`` names; every one 1 layer, so the same-size single-layer LSTM 
 * ``rgbn-carry-warm``, ``rgbn-carry-warm-recipe``: the carried rGBN-RNN started from this run's trained
   ``lstm-carry`` (``from_language_model``: its embeddings, LSTM and output layer; the gate passing 1.8 % of the
   topic candidate), without and with the steering recipe; ``lstm-carry`` must be trained first in the same ``--out``.
+* ``rgbn-carry-warm-recipe-frozen``: the same warm start with the carried LSTM's weights held fixed
+  (``freeze_language_model``): only the topic path trains. ``rgbn-carry-recipe``: the recipe from scratch (topic
+  model pre-trained, no warm start).
 * ``topic-lstm-carry-warm-recipe``: TopicLSTM by the recipe, carried, started from ``lstm-carry`` the same way (its
   topic prior's weight at 0 at the start); ``tcnlm-carry-recipe``: TCNLM by the recipe, carried (one call per
   documents batch).
-* ``rgbn-carry-matched``, ``rgbn-carry-warm-recipe-matched``, ``topic-lstm-carry-warm-recipe-matched``,
+* ``rgbn-carry-matched``, ``rgbn-carry-recipe-matched``, ``rgbn-carry-warm-recipe-matched``, ``topic-lstm-carry-warm-recipe-matched``,
   ``tcnlm-carry-recipe-matched``, and the chunk-trained ``tcnlm-recipe-matched``, ``topic-lstm-recipe-matched``,
   ``rgbn-recipe-matched``: the matched topic-free baselines of those rows: the same
   model, built and trained the same way (warm start and topic-model pre-training included), with every context empty
@@ -466,6 +469,8 @@ def run(args) -> dict:
                                      f"in {out} (--only {spec['warm']} {name})")
                 torch.manual_seed(args.seed)
                 model = type(model).from_language_model(start, model.config)
+                if spec.get("freeze_lm"):  # the language model's weights held fixed: the topic path trains alone
+                    model.freeze_language_model()
             print(f"\n== [{i + 1}/{len(names)}, {elapsed:.1f} min] training {name}: {spec['label']} "
                   f"({sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters), context "
                   f"{spec['context']!r}, carry_state {bool(spec.get('carry'))}", flush=True)

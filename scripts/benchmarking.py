@@ -340,6 +340,19 @@ MODELS = {
     "rgbn-carry-warm-recipe": dict(family="rgbn", label="rGBN-RNN, carried state, from the carried LSTM, steering "
                                    "recipe", context="preceding", recurrent=True, carry=True, warm="lstm-carry",
                                    recipe=True, config={"carry_token_state": True}),
+    # the recipe from scratch (its topic model pre-trained, no warm start): the LM learns with its topics from the
+    # first step, as rgbn-carry, which leans on them (the ablation), and from better topics
+    "rgbn-carry-recipe": dict(family="rgbn", label="rGBN-RNN, carried state, steering recipe", context="preceding",
+                              recurrent=True, carry=True, recipe=True, config={"carry_token_state": True}),
+    "rgbn-carry-recipe-matched": dict(family="rgbn", label="rGBN-RNN, carried state, steering recipe, topics held "
+                                      "uninformative", context="preceding", recurrent=True, carry=True, recipe=True,
+                                      matched=True, config={"carry_token_state": True}),
+    # the warm start with the carried LSTM's weights held fixed (``freeze_lm``: freeze_language_model): only the topic
+    # path trains, so that what the model gains over the LSTM comes through its topics, not from more LM training
+    "rgbn-carry-warm-recipe-frozen": dict(family="rgbn", label="rGBN-RNN, carried state, from the carried LSTM held "
+                                          "fixed, steering recipe", context="preceding", recurrent=True, carry=True,
+                                          warm="lstm-carry", freeze_lm=True, recipe=True,
+                                          config={"carry_token_state": True}),
     # matched topic-free baselines (``matched``): the same model trained and evaluated the same way with every context
     # empty (uninformative topics, the same for every document); what its architecture brings without the topics
     "rgbn-carry-matched": dict(family="rgbn", label="rGBN-RNN, carried state, topics held uninformative",

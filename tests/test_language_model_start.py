@@ -129,3 +129,36 @@ def test_what_cannot_start_from_a_language_model_is_refused_in_one_line(wiki, la
                                                hidden_sizes=[24, 24])
     with pytest.raises(ValueError, match="rGBN-RNN with 2 layers reads every layer's output"):
         RGBNRNNForCausalLM.from_language_model(language_model_folder, two_layers)
+
+
+def test_a_started_model_with_its_language_model_frozen_trains_its_topic_path_alone(wiki, chunks,
+                                                                                    language_model_folder, tmp_path):
+    """``freeze_language_model``: the weights taken from the LSTM LM (embeddings, LSTM, output layer) get no gradient
+    and stay out of Trainer's optimizer, so a step moves the topic path alone; ``frozen=False`` trains them again."""
+    from transformers import Trainer, TrainingArguments
+
+    lm = LSTMLMForCausalLM.from_pretrained(language_model_folder)
+    config = RGBNRNNConfig.from_tokenizers(wiki["tok"], wiki["topic_tok"], topic_sizes=[6], dropout=0.0,
+                                           embedding_size=SIZES["embedding_size"], hidden_sizes=[SIZES["hidden_size"]])
+    model = RGBNRNNForCausalLM.from_language_model(lm, config)
+    taken = model.language_model_parameters()
+    assert {id(p) for p in taken} == {id(p) for p in (model.model.embed_tokens.weight, *model.model.lstms[0].parameters(),
+                                                     model.lm_head.weight, model.lm_head.bias)}
+    model.freeze_language_model()
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    trainer = Trainer(model=model, args=TrainingArguments(str(tmp_path), learning_rate=1e-2, report_to=[]))
+    optimizer = trainer.create_optimizer()
+    optimized = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    assert optimized and not optimized & {id(p) for p in taken}
+    batch = chunks[2]
+    model.train()(**{k: batch[k] for k in ("input_ids", "attention_mask", "labels", "context_bow")}).loss.backward()
+    optimizer.step()
+    moved = {name for name, p in model.named_parameters() if not torch.equal(p.detach(), before[name])}
+    lm_names = {name for name, p in model.named_parameters() if any(p is q for q in taken)}
+    assert moved and not moved & lm_names and any(name.startswith("model.gates.0") for name in moved)
+    torch.testing.assert_close(model.model.lstms[0].weight_hh_l0, lm.model.lstm.weight_hh_l0)
+    model.freeze_language_model(False)
+    assert all(p.requires_grad for p in taken)
+    tcnlm = TCNLMForCausalLM(TCNLMConfig.from_tokenizers(wiki["tok"], wiki["topic_tok"], num_topics=5, **SIZES))
+    with pytest.raises(ValueError, match="TCNLMForCausalLM has no LSTM language model's weights to freeze"):
+        tcnlm.freeze_language_model()

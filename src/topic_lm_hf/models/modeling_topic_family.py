@@ -270,6 +270,33 @@ class TopicFamilyForCausalLM(DocumentRepresentationDelegate, TopicWordPriorMixin
         model.start_from_language_model()
         return model
 
+    def language_model_parameters(self) -> list[nn.Parameter]:
+        """The parameters :meth:`from_language_model` takes from an LSTM LM (embeddings, LSTM layers, output layer);
+        empty for a family without them."""
+        own = dict(self.named_parameters())
+        names = set()
+        for pattern in self.language_model_weights:
+            if "{i}" not in pattern:
+                names.add(pattern)
+                continue
+            i = 0
+            while pattern.format(i=i) in own:
+                names.add(pattern.format(i=i))
+                i += 1
+        return [own[name] for name in sorted(names) if name in own]
+
+    def freeze_language_model(self, frozen: bool = True) -> None:
+        """Hold the language-model weights (:meth:`language_model_parameters`) fixed in training (``frozen=False``
+        trains them again): a model started by :meth:`from_language_model` then learns its topic path alone, so that
+        whatever it gains over that language model comes through the topics, not from more training of the LM. An
+        option beside the papers' joint training; ``Trainer`` leaves parameters without gradients out of its
+        optimizer."""
+        parameters = self.language_model_parameters()
+        if not parameters:
+            raise ValueError(f"{type(self).__name__} has no LSTM language model's weights to freeze")
+        for parameter in parameters:
+            parameter.requires_grad_(not frozen)
+
     def start_from_language_model(self) -> None:
         """Set the topic path after :meth:`from_language_model` took the LSTM LM's weights, so that the model's
         predictions start at the language model's: the shared topic output prior's weight lambda starts at 0 (it
