@@ -1,11 +1,14 @@
-"""A figure of one comparison over seeds: each seed's ``causal-carry`` perplexity of the carried LSTM, a carried topic
-model, the same topic model with another document's topics (the ablation) and its matched topic-free twin, read from
-``benchmark_all.py``'s ``results.json`` of each seed's folder.
+"""One comparison over seeds, as a figure and as a table: each seed's ``causal-carry`` perplexity of the carried LSTM,
+a carried topic model, the same topic model with another document's topics (the ablation) and its matched topic-free
+twin, read from ``benchmark_all.py``'s ``results.json`` of each seed's folder.
 
     python scripts/plot_seeds.py results/wiki-cpu-carried/seed-0 results/wiki-cpu-carried/seed-1 \\
         results/wiki-cpu-carried/seed-2 --topic-row rgbn-carry-warm-recipe --out results/wiki-cpu-carried/seeds.png
 
-Needs matplotlib (``pip install 'topic-lm-hf[bench]'``).
+``--table`` prints the table instead (or as well, with ``--out``): per seed and on the mean, the topic model against
+the strongest baseline of that seed (the carried LSTM or the matched twin, whichever is lower), the points its
+document's own topics are worth (the ablation minus its perplexity), and whether they are worth more than its lead.
+The figure needs matplotlib (``pip install 'topic-lm-hf[bench]'``); the table does not.
 """
 
 from __future__ import annotations
@@ -33,13 +36,58 @@ def series(folders: list[Path], topic_row: str) -> dict[str, list[float]]:
     return out
 
 
+def table(data: dict[str, list[float]], label: str) -> str:
+    """The markdown table of ``series``' values: a row per seed and the mean (sd over seeds where there are two or
+    more), the lead over the strongest baseline, the own topics' worth and whether it exceeds the lead."""
+    lstm, topic, mismatched, matched = data.values()
+    rows = ["| seed | carried LSTM | matched, topics uninformative | " + label + " | lead over the strongest baseline | "
+            "with another document's topics | the document's own topics (points) | own topics > lead |",
+            "|---|---|---|---|---|---|---|---|"]
+    leads, worths = [], []
+
+    def fmt(value, pattern="{:.2f}"):
+        return "-" if value is None else pattern.format(value)
+
+    for seed, (a, b, t, m) in enumerate(zip(lstm, matched, topic, mismatched)):
+        base = min(v for v in (a, b) if v is not None) if (a, b) != (None, None) else None
+        lead = None if base is None or t is None else 100 * (base - t) / base
+        worth = None if m is None or t is None else m - t
+        leads.append(lead)
+        worths.append(worth)
+        rows.append(f"| {seed} | {fmt(a)} | {fmt(b)} | {fmt(t)} | {fmt(lead, '{:+.1f} %')} | {fmt(m)} | {fmt(worth)} | "
+                    + ("-" if lead is None or worth is None else "yes" if worth > base - t else "no") + " |")
+
+    def mean(values):
+        values = [v for v in values if v is not None]
+        if not values:
+            return None, None
+        mu = sum(values) / len(values)
+        sd = (sum((v - mu) ** 2 for v in values) / (len(values) - 1)) ** 0.5 if len(values) > 1 else None
+        return mu, sd
+
+    (lead, sd) = mean(leads)
+    spread = f"{fmt(lead, '{:+.1f} %')}" + ("" if sd is None else f" (sd {sd:.1f})")
+    columns = [fmt(mean(values)[0]) for values in (lstm, matched, topic)]
+    rows.append(f"| mean | {' | '.join(columns)} | {spread} | {fmt(mean(mismatched)[0])} | {fmt(mean(worths)[0])} | |")
+    return "\n".join(rows)
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("folders", nargs="+", type=Path, help="one benchmark_all.py folder per seed")
     parser.add_argument("--topic-row", required=True, help="the topic model's row, e.g. rgbn-carry-warm-recipe")
     parser.add_argument("--title", default="Wikipedia sample, causal-carry, each row stopped by its dev perplexity")
-    parser.add_argument("--out", type=Path, required=True, help="the PNG written")
+    parser.add_argument("--out", type=Path, default=None, help="the PNG written")
+    parser.add_argument("--table", action="store_true", help="print the table (markdown)")
     args = parser.parse_args(argv)
+    if args.out is None and not args.table:
+        parser.error("give --out (the figure), --table, or both")
+    data = series(args.folders, args.topic_row)
+    label = json.loads((args.folders[0] / "results.json").read_text())["results"][args.topic_row]["label"]
+    if args.table:
+        print(table(data, label))
+    if args.out is None:
+        return
     try:
         import matplotlib
     except ImportError:
@@ -47,8 +95,6 @@ def main(argv=None) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    data = series(args.folders, args.topic_row)
-    label = json.loads((args.folders[0] / "results.json").read_text())["results"][args.topic_row]["label"]
     data = {label if k == "carried topic model" else k: v for k, v in data.items()}
     seeds = [f"seed {i}" for i in range(len(args.folders))]
     fig, ax = plt.subplots(figsize=(7, 3.6), dpi=110)

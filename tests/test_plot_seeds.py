@@ -1,0 +1,40 @@
+"""scripts/plot_seeds.py's table of one carried comparison over seeds, from benchmark_all.py folders: the lead over
+the strongest baseline of each seed (the carried LSTM or the matched twin), the own topics' worth, the mean."""
+
+import json
+
+import pytest
+
+import plot_seeds
+
+
+def _folder(tmp_path, seed, lstm, topic, mismatched, matched):
+    def row(ppl, label, **more):
+        return {"label": label, "perplexity": {"causal-carry": {"perplexity": ppl}}, **more}
+
+    rows = {"lstm-carry": row(lstm, "LSTM, carried state"),
+            "rgbn-carry-x": row(topic, "rGBN-RNN, carried", mismatched={"perplexity": mismatched})}
+    if matched is not None:
+        rows["rgbn-carry-x-matched"] = row(matched, "matched")
+    folder = tmp_path / f"seed-{seed}"
+    folder.mkdir()
+    (folder / "results.json").write_text(json.dumps({"results": rows}))
+    return folder
+
+
+def test_the_table_compares_each_seed_with_its_strongest_baseline(tmp_path, capsys):
+    folders = [_folder(tmp_path, 0, 100.0, 90.0, 105.0, 95.0),  # matched is stronger: lead 5.3 %, worth 15 > 5
+               _folder(tmp_path, 1, 80.0, 78.0, 79.0, None)]    # only the LSTM: lead 2.5 %, worth 1 < 2
+    plot_seeds.main([str(f) for f in folders] + ["--topic-row", "rgbn-carry-x", "--table"])
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert "rGBN-RNN, carried" in lines[0]
+    assert lines[2] == "| 0 | 100.00 | 95.00 | 90.00 | +5.3 % | 105.00 | 15.00 | yes |"
+    assert lines[3] == "| 1 | 80.00 | - | 78.00 | +2.5 % | 79.00 | 1.00 | no |"
+    assert lines[4].startswith("| mean | 90.00 | 95.00 | 84.00 | +3.9 % (sd 2.0) | 92.00 | 8.00 |")
+
+
+def test_plot_seeds_wants_a_figure_or_a_table(tmp_path, capsys):
+    folder = _folder(tmp_path, 0, 100.0, 90.0, 105.0, 95.0)
+    with pytest.raises(SystemExit) as stop:
+        plot_seeds.main([str(folder), "--topic-row", "rgbn-carry-x"])
+    assert stop.value.code == 2 and "give --out (the figure), --table, or both" in capsys.readouterr().err
