@@ -150,3 +150,22 @@ def test_gradients_flow_through_the_carried_state_and_the_option_saves(wiki, tmp
     torch.testing.assert_close(document_log_probs(loaded, batch)[0], document_log_probs(model, batch)[0])
     with pytest.raises(ValueError, match="carry_token_state must be a bool"):
         RGBNRNNConfig(carry_token_state="yes")
+
+
+def test_train_theta_mean_gives_the_language_model_the_posterior_mean_in_training(wiki):
+    """``train_theta="mean"`` (a matched topic-free baseline's constant topics): in training the LM reads the posterior
+    mean, so two passes agree and equal evaluation's under ``eval_theta="mean"``; the default draws a sample."""
+    batch = documents_batch(make(wiki, 1), wiki)
+    inputs = {k: batch[k] for k in KEYS}
+    mean = make(wiki, 1, carry_token_state=True, train_theta="mean")
+    with torch.no_grad():
+        first, second = mean.train()(**inputs).logits, mean(**inputs).logits
+        mean.model._tlasgr_pending = None
+        torch.testing.assert_close(first, second)
+        torch.testing.assert_close(first, mean.eval()(**inputs).logits)
+        sampled = make(wiki, 1, carry_token_state=True).train()
+        assert not torch.allclose(sampled(**inputs).logits, sampled(**inputs).logits)
+        sampled.model._tlasgr_pending = None
+    assert mean.config.to_dict()["train_theta"] == "mean"
+    with pytest.raises(ValueError, match="train_theta must be one of"):
+        RGBNRNNConfig(train_theta="median")

@@ -669,7 +669,7 @@ class RGBNRNNModel(DocumentRepresentationMixin, RGBNRNNPreTrainedModel):
         tokens = input_ids if input_ids is not None else inputs_embeds
         if tokens is None:
             raise ValueError("Give exactly one of input_ids and inputs_embeds")
-        sample = self.training or cfg.eval_theta == "sample"
+        sample = (cfg.train_theta if self.training else cfg.eval_theta) == "sample"
         if self.is_documents_batch(input_ids, inputs_embeds):
             carry = cfg.carry_token_state if carry_token_state is None else bool(carry_token_state)
             return self._run_documents(input_ids, attention_mask, inputs_embeds, given.get("context_bow"), chunk_mask,
