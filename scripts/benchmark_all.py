@@ -281,6 +281,14 @@ def train(name: str, model, rows, collator, args, mdir: Path, tok, topic_tok, tr
     elif spec["family"] == "nclm" and args.topic_model_steps:
         nvdm_args = argparse.Namespace(**{**vars(args), "batch_size": args.topic_model_batch_size})
         topic_phase = pretrain_topic_model_phase(name, model, train_docs, nvdm_args, mdir, tok, topic_tok)
+    # weights held fixed, set after the topic model's pre-training (a resumed run reloads the model from its folder)
+    if spec.get("freeze_lm"):  # the language model's weights: the topic path trains alone
+        model.freeze_language_model()
+    if spec.get("topic_only_gate"):  # the gate's h-dependent weights, at 0
+        for gate in model.model.gates:
+            for weight in (gate.hidden_proj.weight, gate.candidate_proj.weight):
+                weight.data.zero_()
+                weight.requires_grad_(False)
     stats = train_to_convergence(name, model, rows, collator, args, mdir, tok, topic_tok if topics else None,
                                  dev_docs, dev_protocol(name), carry_state=trains_with_carry_state(name),
                                  code=CODE_VERSION, empty_context=bool(spec.get("matched")))
@@ -469,8 +477,6 @@ def run(args) -> dict:
                                      f"in {out} (--only {spec['warm']} {name})")
                 torch.manual_seed(args.seed)
                 model = type(model).from_language_model(start, model.config)
-                if spec.get("freeze_lm"):  # the language model's weights held fixed: the topic path trains alone
-                    model.freeze_language_model()
             print(f"\n== [{i + 1}/{len(names)}, {elapsed:.1f} min] training {name}: {spec['label']} "
                   f"({sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters), context "
                   f"{spec['context']!r}, carry_state {bool(spec.get('carry'))}", flush=True)

@@ -353,6 +353,14 @@ MODELS = {
                                           "fixed, steering recipe", context="preceding", recurrent=True, carry=True,
                                           warm="lstm-carry", freeze_lm=True, recipe=True,
                                           config={"carry_token_state": True}),
+    # the warm start with a gate that reads the topics alone (``topic_only_gate``: U_z, U_r and U_h held at 0, so
+    # a = (1 - z(theta)) h + z(theta) tanh(W_h theta + b_h)): with topics held constant the gate is an affine map of
+    # h that the output layer could absorb, so it adds no capacity of its own, and what the model gains comes through
+    # the topics or the LM's further training
+    "rgbn-carry-warm-recipe-topic-gate": dict(family="rgbn", label="rGBN-RNN, carried state, from the carried LSTM, "
+                                              "steering recipe, gate on the topics alone", context="preceding",
+                                              recurrent=True, carry=True, warm="lstm-carry", topic_only_gate=True,
+                                              recipe=True, config={"carry_token_state": True}),
     # matched topic-free baselines (``matched``): the same model trained and evaluated the same way with every context
     # empty (uninformative topics, the same for every document); what its architecture brings without the topics.
     # rGBN-RNN's read the posterior mean in training too (train_theta="mean"): constant topics, not a Weibull draw's
