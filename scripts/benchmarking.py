@@ -361,6 +361,18 @@ MODELS = {
                                               "steering recipe, gate on the topics alone", context="preceding",
                                               recurrent=True, carry=True, warm="lstm-carry", topic_only_gate=True,
                                               recipe=True, config={"carry_token_state": True}),
+    # the two warm starts at an eighth of the learning rate (``lr_scale``): a converged LSTM restarted at the full
+    # rate is pushed away from its optimum (its rate had been halved nine times), and patience may stop the run
+    # before it recovers
+    "rgbn-carry-warm-recipe-lr8": dict(family="rgbn", label="rGBN-RNN, carried state, from the carried LSTM, steering "
+                                       "recipe, lr / 8", context="preceding", recurrent=True, carry=True,
+                                       warm="lstm-carry", recipe=True, lr_scale=1 / 8,
+                                       config={"carry_token_state": True}),
+    "rgbn-carry-warm-recipe-topic-gate-lr8": dict(family="rgbn", label="rGBN-RNN, carried state, from the carried "
+                                                  "LSTM, steering recipe, gate on the topics alone, lr / 8",
+                                                  context="preceding", recurrent=True, carry=True, warm="lstm-carry",
+                                                  topic_only_gate=True, recipe=True, lr_scale=1 / 8,
+                                                  config={"carry_token_state": True}),
     # matched topic-free baselines (``matched``): the same model trained and evaluated the same way with every context
     # empty (uninformative topics, the same for every document); what its architecture brings without the topics.
     # rGBN-RNN's read the posterior mean in training too (train_theta="mean"): constant topics, not a Weibull draw's
