@@ -373,6 +373,18 @@ MODELS = {
                                                   context="preceding", recurrent=True, carry=True, warm="lstm-carry",
                                                   topic_only_gate=True, recipe=True, lr_scale=1 / 8,
                                                   config={"carry_token_state": True}),
+    # the warm starts with a patience of 10 evaluations (``patience``): the restart at the full rate first raises the
+    # development perplexity, and 3 evaluations may stop the run before it recovers
+    "rgbn-carry-warm-recipe-topic-gate-p10": dict(family="rgbn", label="rGBN-RNN, carried state, from the carried "
+                                                  "LSTM, steering recipe, gate on the topics alone, patience 10",
+                                                  context="preceding", recurrent=True, carry=True, warm="lstm-carry",
+                                                  topic_only_gate=True, recipe=True, patience=10,
+                                                  config={"carry_token_state": True}),
+    "rgbn-carry-warm-recipe-matched-p10": dict(family="rgbn", label="rGBN-RNN, carried state, from the carried LSTM, "
+                                               "steering recipe, topics held uninformative, patience 10",
+                                               context="preceding", recurrent=True, carry=True, warm="lstm-carry",
+                                               recipe=True, matched=True, patience=10,
+                                               config={"carry_token_state": True, "train_theta": "mean"}),
     # matched topic-free baselines (``matched``): the same model trained and evaluated the same way with every context
     # empty (uninformative topics, the same for every document); what its architecture brings without the topics.
     # rGBN-RNN's read the posterior mean in training too (train_theta="mean"): constant topics, not a Weibull draw's
