@@ -49,13 +49,15 @@ def table(data: dict[str, list[float]], label: str) -> str:
         return "-" if value is None else pattern.format(value)
 
     for seed, (a, b, t, m) in enumerate(zip(lstm, matched, topic, mismatched)):
-        base = min(v for v in (a, b) if v is not None) if (a, b) != (None, None) else None
-        lead = None if base is None or t is None else 100 * (base - t) / base
-        worth = None if m is None or t is None else m - t
+        baselines = [v for v in (a, b) if v is not None]
+        lead = 100 * (min(baselines) - t) / min(baselines) if baselines and t is not None else None
+        worth = m - t if m is not None and t is not None else None
         leads.append(lead)
         worths.append(worth)
+        # only a lead can be outweighed: behind its baseline, a model's topics pay for nothing
+        pays = "-" if lead is None or worth is None else "yes" if lead > 0 and worth > min(baselines) - t else "no"
         rows.append(f"| {seed} | {fmt(a)} | {fmt(b)} | {fmt(t)} | {fmt(lead, '{:+.1f} %')} | {fmt(m)} | {fmt(worth)} | "
-                    + ("-" if lead is None or worth is None else "yes" if worth > base - t else "no") + " |")
+                    f"{pays} |")
 
     def mean(values):
         values = [v for v in values if v is not None]

@@ -24,13 +24,15 @@ def _folder(tmp_path, seed, lstm, topic, mismatched, matched):
 
 def test_the_table_compares_each_seed_with_its_strongest_baseline(tmp_path, capsys):
     folders = [_folder(tmp_path, 0, 100.0, 90.0, 105.0, 95.0),  # matched is stronger: lead 5.3 %, worth 15 > 5
-               _folder(tmp_path, 1, 80.0, 78.0, 79.0, None)]    # only the LSTM: lead 2.5 %, worth 1 < 2
+               _folder(tmp_path, 1, 80.0, 78.0, 79.0, None),    # only the LSTM: lead 2.5 %, worth 1 < 2
+               _folder(tmp_path, 2, 60.0, 63.0, 70.0, None)]    # behind: no lead for its topics to outweigh
     plot_seeds.main([str(f) for f in folders] + ["--topic-row", "rgbn-carry-x", "--table"])
     lines = capsys.readouterr().out.strip().splitlines()
     assert "rGBN-RNN, carried" in lines[0]
     assert lines[2] == "| 0 | 100.00 | 95.00 | 90.00 | +5.3 % | 105.00 | 15.00 | yes |"
     assert lines[3] == "| 1 | 80.00 | - | 78.00 | +2.5 % | 79.00 | 1.00 | no |"
-    assert lines[4].startswith("| mean | 90.00 | 95.00 | 84.00 | +3.9 % (sd 2.0) | 92.00 | 8.00 |")
+    assert lines[4] == "| 2 | 60.00 | - | 63.00 | -5.0 % | 70.00 | 7.00 | no |"
+    assert lines[5].startswith("| mean | 80.00 | 95.00 | 77.00 | +0.9 % (sd 5.3) | 84.67 | 7.67 |")
 
 
 def test_plot_seeds_wants_a_figure_or_a_table(tmp_path, capsys):
