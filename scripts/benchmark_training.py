@@ -112,13 +112,31 @@ class BenchmarkTrainer(TopicLMTrainer):
     """``TopicLMTrainer`` with a fixed batch order and one schedule per phase: linear (warm-up over 2 %, then decay
     to 0 at the phase's last step), or for the joint phase with ``plateau=(history, decay)`` the same warm-up, then
     constant, times ``plateau_factor(history, decay)`` (``history``: the development evaluations, appended to as
-    the run goes)."""
+    the run goes). ``lm_lr_scale``: the language-model weights (``language_model_parameters``: those a warm start
+    took from an LSTM LM) learn at this fraction of the rate, the topic path at the full rate."""
 
-    def __init__(self, *args, order=None, topic_model_steps: int = 0, plateau: tuple | None = None, **kwargs):
+    def __init__(self, *args, order=None, topic_model_steps: int = 0, plateau: tuple | None = None,
+                 lm_lr_scale: float = 1.0, **kwargs):
         super().__init__(*args, **kwargs)
         self._order = order
         self._topic_model_steps = topic_model_steps
         self._plateau = plateau
+        self._lm_lr_scale = lm_lr_scale
+
+    def create_optimizer(self, model=None):
+        created = self.optimizer is None
+        optimizer = super().create_optimizer(model)
+        if created and self._lm_lr_scale != 1.0:  # each group split in two: its LM weights at the scaled rate
+            lm = {id(p) for p in (self.model if model is None else model).language_model_parameters()}
+            if not lm:
+                raise ValueError(f"{type(self.model).__name__} has no language-model weights to scale the rate of")
+            for group in list(optimizer.param_groups):
+                slow = [p for p in group["params"] if id(p) in lm]
+                group["params"] = [p for p in group["params"] if id(p) not in lm]
+                if slow:
+                    optimizer.add_param_group({**{k: v for k, v in group.items() if k != "params"},
+                                               "params": slow, "lr": group["lr"] * self._lm_lr_scale})
+        return optimizer
 
     def _get_train_sampler(self, train_dataset=None):
         return FixedOrderSampler(self._order)
@@ -499,7 +517,7 @@ def train_to_convergence(name: str, model, rows, collator, args, mdir: Path, tok
         trainer = BenchmarkTrainer(model=model, args=targs, train_dataset=rows, data_collator=counting,
                                    order=batch_order(len(rows), args.max_steps, args.batch_size, args.seed),
                                    carry_state=carry_state, compile_output_layer=compile_output_layer,
-                                   plateau=plateau)
+                                   plateau=plateau, lm_lr_scale=getattr(args, "lm_lr_scale", 1.0))
         trainer.remove_callback(PrinterCallback)
         # StepTimer first: the dev evaluation runs after it has timed the step (and on_save restarts its clock)
         trainer.add_callback(StepTimer(name, counting, steps_path, lambda step: "joint", args.max_steps))

@@ -385,6 +385,24 @@ MODELS = {
                                                context="preceding", recurrent=True, carry=True, warm="lstm-carry",
                                                recipe=True, matched=True, patience=10,
                                                config={"carry_token_state": True, "train_theta": "mean"}),
+    # the warm start with a patience of 10, as its matched twin above
+    "rgbn-carry-warm-recipe-p10": dict(family="rgbn", label="rGBN-RNN, carried state, from the carried LSTM, steering "
+                                       "recipe, patience 10", context="preceding", recurrent=True, carry=True,
+                                       warm="lstm-carry", recipe=True, patience=10,
+                                       config={"carry_token_state": True}),
+    # the warm start with the LSTM's weights at an eighth of the rate and the topic path at the full rate
+    # (``lm_lr_scale``): between the frozen LSTM (its topics pay, the lead is small) and the joint restart (the lead
+    # is large, mostly from the restart itself)
+    "rgbn-carry-warm-recipe-lm-lr8-p10": dict(family="rgbn", label="rGBN-RNN, carried state, from the carried LSTM, "
+                                              "steering recipe, LSTM at lr / 8, patience 10", context="preceding",
+                                              recurrent=True, carry=True, warm="lstm-carry", recipe=True,
+                                              lm_lr_scale=1 / 8, patience=10, config={"carry_token_state": True}),
+    # the warm start with 200 topics (``num_topics``): finer topics say more of what is particular to a document,
+    # which the carried state may not keep
+    "rgbn-carry-warm-recipe-k200-p10": dict(family="rgbn", label="rGBN-RNN, carried state, from the carried LSTM, "
+                                            "steering recipe, 200 topics, patience 10", context="preceding",
+                                            recurrent=True, carry=True, warm="lstm-carry", recipe=True,
+                                            num_topics=200, patience=10, config={"carry_token_state": True}),
     # matched topic-free baselines (``matched``): the same model trained and evaluated the same way with every context
     # empty (uninformative topics, the same for every document); what its architecture brings without the topics.
     # rGBN-RNN's read the posterior mean in training too (train_theta="mean"): constant topics, not a Weibull draw's
@@ -494,6 +512,9 @@ def build_model(name: str, args, tok, topic_tok):
     """Model ``name`` of ``MODELS``, seeded with ``args.seed``, at the run's sizes (a ``recipe`` row: with
     ``steering_recipe``'s configuration values; a ``config`` row: with these values too)."""
     spec = MODELS[name]
+    if spec.get("num_topics"):  # the row's own number of topics
+        args = argparse.Namespace(**{**vars(args), "num_topics": spec["num_topics"],
+                                     "topic_sizes": [spec["num_topics"], *args.topic_sizes[1:]]})
     recipe = steering_recipe(MODEL_TYPES[spec["family"]], variant=spec.get("nclm")) if spec.get("recipe") else {}
     recipe.update(spec.get("config", {}))  # the row's own configuration values
     if spec["family"] == "lstm":

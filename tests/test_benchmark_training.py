@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 
+import pytest
 import torch
 from transformers import TrainingArguments
 from benchmark_training import BenchmarkTrainer, best_dirs, plateau_factor, train_to_convergence
@@ -92,3 +93,31 @@ def test_the_plateau_schedule_is_constant_and_decays_at_each_evaluation_without_
     (tmp_path / "run").mkdir()
     stats, _ = _run(tiny_vocabularies, tmp_path / "run", max_steps=400, patience=2, schedule="plateau", lr_decay=0.5)
     assert stats["stopped_by"] == "patience" and stats["steps_trained"] < 400 and stats["schedule"] == "plateau"
+
+
+def test_lm_lr_scale_gives_the_language_model_weights_a_fraction_of_the_rate(tiny_vocabularies, tmp_path):
+    """``lm_lr_scale``: every optimizer group is split, its language-model weights (``language_model_parameters``)
+    at the scaled rate, the rest at the full one, every trainable weight in exactly one group; the plateau schedule
+    scales both alike. A model without language-model weights is refused in one line."""
+    from topic_lm_hf import RGBNRNNConfig, RGBNRNNForCausalLM, TCNLMConfig, TCNLMForCausalLM
+
+    tok, topic_tok = tiny_vocabularies
+    model = RGBNRNNForCausalLM(RGBNRNNConfig.from_tokenizers(tok, topic_tok, topic_sizes=[4], embedding_size=8,
+                                                             hidden_sizes=[8]))
+    targs = TrainingArguments(str(tmp_path / "t"), learning_rate=0.1, max_steps=100, report_to=[], use_cpu=True)
+    trainer = BenchmarkTrainer(model=model, args=targs, plateau=([], 0.5), lm_lr_scale=0.125)
+    optimizer = trainer.create_optimizer()
+    lm = {id(p) for p in model.language_model_parameters()}
+    rates = {id(p): group["lr"] for group in optimizer.param_groups for p in group["params"]}
+    assert len(rates) == sum(1 for group in optimizer.param_groups for _ in group["params"])  # once each
+    assert set(rates) == {id(p) for p in model.parameters() if p.requires_grad}
+    assert {rates[i] for i in lm} == {0.1 * 0.125} and {r for i, r in rates.items() if i not in lm} == {0.1}
+    scheduler = trainer.create_scheduler(100, optimizer)
+    for _ in range(3):
+        optimizer.step()
+        scheduler.step()
+    assert sorted({g["lr"] for g in optimizer.param_groups}) == [0.1 * 0.125, 0.1]  # after the 2-step warm-up
+    tcnlm = TCNLMForCausalLM(TCNLMConfig.from_tokenizers(tok, topic_tok, num_topics=4, embedding_size=8,
+                                                         hidden_size=8))
+    with pytest.raises(ValueError, match="has no language-model weights to scale the rate of"):
+        BenchmarkTrainer(model=tcnlm, args=targs, lm_lr_scale=0.5).create_optimizer()

@@ -118,3 +118,14 @@ def test_a_folder_written_before_a_setting_existed_takes_it_as_its_runs_had_it(t
     (tmp_path / "settings.json").write_text(json.dumps({"lr": 0.002}))
     with pytest.raises(SystemExit, match="schedule"):
         benchmarking.check_settings(tmp_path, {"lr": 0.002, "schedule": "plateau", "lr_decay": 0.5}, before=before)
+
+
+def test_a_row_with_its_own_number_of_topics_builds_that_many(tiny_vocabularies):
+    """A row's ``num_topics`` replaces the run's K in its model alone (the run's other rows keep theirs)."""
+    import argparse
+
+    tok, topic_tok = tiny_vocabularies
+    args = argparse.Namespace(embedding_size=8, hidden_size=8, num_topics=3, topic_sizes=[3], dropout=0.0, seed=0)
+    wide = benchmarking.build_model("rgbn-carry-warm-recipe-k200-p10", args, tok, topic_tok)
+    plain = benchmarking.build_model("rgbn-carry-warm-recipe-p10", args, tok, topic_tok)
+    assert wide.config.topic_sizes == [200] and plain.config.topic_sizes == [3] and args.topic_sizes == [3]
