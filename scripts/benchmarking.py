@@ -417,6 +417,14 @@ MODELS = {
                                                  "carried LSTM, steering recipe, topics held uninformative",
                                                  context="preceding", carry=True, warm="lstm-carry", recipe=True,
                                                  matched=True),
+    # both with a patience of 10, as the rGBN-RNN's twin: the restart's first rise in dev perplexity does not stop them
+    "topic-lstm-carry-warm-recipe-p10": dict(family="topic_rnn", label="TopicLSTM, carried state, from the carried "
+                                             "LSTM, steering recipe, patience 10", context="preceding", carry=True,
+                                             warm="lstm-carry", recipe=True, patience=10),
+    "topic-lstm-carry-warm-recipe-p10-matched": dict(family="topic_rnn", label="TopicLSTM, carried state, from the "
+                                                     "carried LSTM, steering recipe, topics held uninformative, "
+                                                     "patience 10", context="preceding", carry=True,
+                                                     warm="lstm-carry", recipe=True, matched=True, patience=10),
     "tcnlm-carry-recipe": dict(family="tcnlm", label="TCNLM, carried state, steering recipe", context="preceding",
                                carry=True, recipe=True),
     "tcnlm-carry-recipe-matched": dict(family="tcnlm", label="TCNLM, carried state, steering recipe, topics held "
