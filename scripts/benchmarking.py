@@ -403,6 +403,13 @@ MODELS = {
                                             "steering recipe, 200 topics, patience 10", context="preceding",
                                             recurrent=True, carry=True, warm="lstm-carry", recipe=True,
                                             num_topics=200, patience=10, config={"carry_token_state": True}),
+    # the warm start with the learned topic term B theta^1 (``topic_output_bias="learned"``, B at 0) in place of the
+    # shared prior, whose single weight the warm start leaves near 0: a term at every word that the topics drive
+    "rgbn-carry-warm-recipe-learned-p10": dict(family="rgbn", label="rGBN-RNN, carried state, from the carried LSTM, "
+                                               "steering recipe, learned topic term, patience 10",
+                                               context="preceding", recurrent=True, carry=True, warm="lstm-carry",
+                                               recipe=True, patience=10,
+                                               config={"carry_token_state": True, "topic_output_bias": "learned"}),
     # matched topic-free baselines (``matched``): the same model trained and evaluated the same way with every context
     # empty (uninformative topics, the same for every document); what its architecture brings without the topics.
     # rGBN-RNN's read the posterior mean in training too (train_theta="mean"): constant topics, not a Weibull draw's

@@ -169,3 +169,28 @@ def test_train_theta_mean_gives_the_language_model_the_posterior_mean_in_trainin
     assert mean.config.to_dict()["train_theta"] == "mean"
     with pytest.raises(ValueError, match="train_theta must be one of"):
         RGBNRNNConfig(train_theta="median")
+
+
+def test_the_learned_topic_term_reads_each_chunks_topics_in_a_documents_batch_as_chunk_by_chunk(wiki, tmp_path):
+    """``topic_output_bias="learned"``: B theta^1 (normalised) added to the logits, B zero at initialisation (the
+    model is then the one without it, weight for weight); once B is not zero, a documents batch gives the
+    log-probabilities of causal-carry evaluation chunk after chunk (each chunk's own theta), another document's
+    context changes them, and B survives save / load."""
+    plain = make(wiki, 1, carry_token_state=True)
+    model = make(wiki, 1, carry_token_state=True, topic_output_bias="learned")
+    assert model.topic_bias.weight.shape == (len(wiki["tok"]), 8) and not model.topic_bias.weight.any()
+    missing = model.load_state_dict(plain.state_dict(), strict=False).missing_keys  # every other weight alike
+    assert missing == ["topic_bias.weight"]
+    batch = documents_batch(model, wiki)
+    lp, mask = document_log_probs(model, batch)
+    torch.testing.assert_close(lp[mask], document_log_probs(plain, batch)[0][mask], rtol=0, atol=1e-9)
+    with torch.no_grad():
+        model.topic_bias.weight.normal_(0, 2.0)
+    lp, mask = document_log_probs(model, batch)
+    torch.testing.assert_close(lp[mask], chunk_log_probs(model, batch, carry_lstm=True)[mask], rtol=0, atol=1e-6)
+    assert (lp - document_log_probs(plain, batch)[0])[mask].abs().max() > 1e-2
+    other = {**batch, "context_bow": batch["context_bow"].roll(1, dims=0)}  # each document given another's contexts
+    assert (document_log_probs(model, other)[0] - lp)[mask].abs().max() > 1e-3
+    model.save_pretrained(tmp_path)
+    again = AutoModelForCausalLM.from_pretrained(tmp_path).double().eval()
+    torch.testing.assert_close(again.topic_bias.weight, model.topic_bias.weight)

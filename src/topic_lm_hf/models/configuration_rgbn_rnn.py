@@ -70,7 +70,8 @@ class RGBNRNNConfig(TopicConfigMixin, ClassifierConfigMixin, CompactReprMixin, P
             (:class:`~.modeling_topic_family.TopicWordPriorMixin`, not in the paper):
             lambda * log(V_c p(w | theta^1)) at every topic word, p(w | theta^1) = Phi^1 theta^1 normalised (the
             first layer's Poisson rate of the sentence's words as a distribution), lambda learned from
-            ``topic_prior_weight_init``. ``None``: the paper.
+            ``topic_prior_weight_init``; ``"learned"``: B theta^1 instead, theta^1 normalised, a free B
+            (V x K_1) zero at initialisation (TCNLM's option). ``None``: the paper.
         tie_word_embeddings: not supported (the output layer reads sum_l H_l features).
         classifier_*, freeze_backbone: the head of :class:`RGBNRNNForSequenceClassification`
             (:class:`~.configuration_common.ClassifierConfigMixin`).
@@ -139,7 +140,8 @@ class RGBNRNNConfig(TopicConfigMixin, ClassifierConfigMixin, CompactReprMixin, P
         if tlasgr_corpus_size is not None:
             check_integers(1, tlasgr_corpus_size=tlasgr_corpus_size)
         topic_output_bias, topic_prior_weight_init = check_topic_output_prior(topic_output_bias,
-                                                                              topic_prior_weight_init)
+                                                                              topic_prior_weight_init,
+                                                                              allowed=(None, "beta", "learned"))
         if not isinstance(carry_token_state, bool):
             raise ValueError(f"carry_token_state must be a bool, got {carry_token_state!r}")
         if tie_word_embeddings:

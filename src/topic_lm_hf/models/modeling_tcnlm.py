@@ -417,9 +417,6 @@ class TCNLMPreTrainedModel(RecurrentPreTrainedModel):
             for name in ("W_b", "U_b"):
                 nn.init.uniform_(getattr(module, name), 1.0 - spread, 1.0 + spread)
             nn.init.zeros_(module.bias)
-        elif isinstance(module, TCNLMForCausalLM):  # the optional output term starts as the paper's model
-            if module.topic_bias is not None:
-                nn.init.zeros_(module.topic_bias.weight)
         elif isinstance(module, TCNLMTopicModel):
             # Topics start as distinct random distributions (logits of std ~1.5), so that log p(d | t) depends
             # on t from the first step: with near-uniform beta nothing rewards a posterior away from the prior,
@@ -635,9 +632,7 @@ class TCNLMForCausalLM(TopicFamilyForCausalLM, TCNLMPreTrainedModel, TopicGenera
         self.lm_head = nn.Linear(out_size, config.vocab_size)
         # Optional, not in the paper (config.topic_output_bias): logits += B t with B zero at initialisation,
         # or lambda * log(V_c beta^T t) on the topic words with lambda starting at 0.
-        self.topic_bias = nn.Linear(config.num_topics, config.vocab_size, bias=False) \
-            if config.topic_output_bias == "learned" else None
-        self._init_topic_word_prior()  # config.topic_output_bias == "beta": the shared topic output prior
+        self._init_topic_word_prior(learned_topics=config.num_topics)  # topic_output_bias: "learned" or "beta"
         # Training forward passes seen so far, for KL annealing (saved, so that resuming goes on).
         self._register_kl_annealing()
         self.post_init()
@@ -765,16 +760,6 @@ class TCNLMForCausalLM(TopicFamilyForCausalLM, TCNLMPreTrainedModel, TopicGenera
                                topic_representation=t[document_tokens["rows"]])  # (d, n, T): each token's t
         hidden = sequences.last_hidden_state.flatten(0, 1)[document_tokens["positions"]]
         return TCNLMModelOutput(last_hidden_state=hidden, topic_mixture=t, **(losses or {}))
-
-    def output_bias(self, run: LanguageModelPass) -> Optional[torch.Tensor]:
-        """B t (``topic_output_bias="learned"``) or the shared topic output prior (``"beta"``), or None."""
-        t, row_bias = run.topic_mixture, None
-        if self.topic_bias is not None:
-            row_bias = self.topic_bias(t.to(self.topic_bias.weight.dtype))
-        prior = super().output_bias(run)
-        if prior is not None:
-            row_bias = prior if row_bias is None else row_bias + prior.to(row_bias.dtype)
-        return row_bias
 
     def output_logits(self, run: LanguageModelPass, labels: Optional[torch.Tensor]):
         """The shared output layer on the projected outputs, or for the naive MoE the eq. 7 mixture's

@@ -115,12 +115,31 @@ class TopicWordPriorMixin:
     With ``topic_ids`` the topic model's own topic k tilts the LM towards its words, which is what makes a
     topic steer when the LM alone has learnt to ignore t.
 
-    A family provides ``topic_word_log_probs(t) -> (b, V_c)`` and calls :meth:`_init_topic_word_prior` in its
-    ``__init__``; ``TopicFamilyForCausalLM._init_weights`` sets lambda to its initial value."""
+    ``topic_output_bias="learned"`` (TCNLM, rGBN-RNN) instead adds B t, a free B (V x K, ``topic_bias``) at zero
+    at initialisation, t the topic mixture the LM reads: a linear topic term at every word, which the LM learns to
+    use from the start of training rather than through one scalar.
 
-    def _init_topic_word_prior(self) -> None:
-        on = getattr(self.config, "topic_output_bias", None) == "beta"
-        self.topic_prior_weight = nn.Parameter(torch.zeros(())) if on else None
+    A family provides ``topic_word_log_probs(t) -> (b, V_c)`` and calls :meth:`_init_topic_word_prior` in its
+    ``__init__`` (with ``learned_topics``, K, where it offers ``"learned"``); ``TopicFamilyForCausalLM._init_weights``
+    sets lambda to its initial value and B to zero."""
+
+    def _init_topic_word_prior(self, learned_topics: Optional[int] = None) -> None:
+        kind = getattr(self.config, "topic_output_bias", None)
+        self.topic_prior_weight = nn.Parameter(torch.zeros(())) if kind == "beta" else None
+        if learned_topics is not None:
+            self.topic_bias = nn.Linear(learned_topics, self.config.vocab_size, bias=False) \
+                if kind == "learned" else None
+
+    def topic_output_terms(self, mixture: Optional[torch.Tensor],
+                           representation: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+        """The (b, V) bias every position of a row gets: B ``mixture`` (``"learned"``) or the shared prior at
+        ``representation`` (``"beta"``); None with neither."""
+        learned = getattr(self, "topic_bias", None)
+        if isinstance(learned, nn.Linear) and mixture is not None:
+            return learned(mixture.to(learned.weight.dtype))
+        if self.topic_prior_weight is not None and representation is not None:
+            return self.topic_word_prior(representation)
+        return None
 
     def topic_word_log_probs(self, representation: torch.Tensor) -> torch.Tensor:
         """log p(w | t) over the topic vocabulary (b, V_c) for the family's topic representation (b, .)."""
@@ -407,11 +426,9 @@ class TopicFamilyForCausalLM(DocumentRepresentationDelegate, TopicWordPriorMixin
         raise NotImplementedError
 
     def output_bias(self, run: LanguageModelPass) -> Optional[torch.Tensor]:
-        """The (b, V) bias every position of a row gets: the shared topic output prior at the topic
-        representation (None without it)."""
-        if self.topic_prior_weight is None or run.topic_representation is None:
-            return None
-        return self.topic_word_prior(run.topic_representation)
+        """The (b, V) bias every position of a row gets (:meth:`TopicWordPriorMixin.topic_output_terms`): B t or
+        the shared topic output prior at the topic representation (None without either)."""
+        return self.topic_output_terms(run.topic_mixture, run.topic_representation)
 
     def output_logits(self, run: LanguageModelPass, labels: Optional[torch.Tensor]):
         """Stage 3: ``(logits, lm_loss)`` of the shared output layer on the features, with :meth:`output_bias`."""
@@ -519,6 +536,8 @@ class TopicFamilyForCausalLM(DocumentRepresentationDelegate, TopicWordPriorMixin
 
     def _init_weights(self, module):
         super()._init_weights(module)
+        if isinstance(module, nn.Linear) and module is getattr(self, "topic_bias", None):  # B t starts at 0
+            nn.init.zeros_(module.weight)
         if module is self:  # the head's own values (also when a checkpoint without them is loaded)
             step = self._buffers.get("kl_annealing_step")
             if step is not None:
