@@ -289,6 +289,9 @@ def train(name: str, model, rows, collator, args, mdir: Path, tok, topic_tok, tr
             for weight in (gate.hidden_proj.weight, gate.candidate_proj.weight):
                 weight.data.zero_()
                 weight.requires_grad_(False)
+    if "prior_weight" in spec:  # the shared prior's weight lambda, held at this value
+        model.topic_prior_weight.data.fill_(spec["prior_weight"])
+        model.topic_prior_weight.requires_grad_(False)
     if spec.get("lr_scale") or spec.get("patience") or spec.get("lm_lr_scale"):
         # this row's learning rate (a fraction of --lr), its patience, its LM weights' fraction of the rate
         args = argparse.Namespace(**{**vars(args), "lr": args.lr * spec.get("lr_scale", 1),

@@ -410,6 +410,14 @@ MODELS = {
                                                context="preceding", recurrent=True, carry=True, warm="lstm-carry",
                                                recipe=True, patience=10,
                                                config={"carry_token_state": True, "topic_output_bias": "learned"}),
+    # the warm start with the shared prior's weight lambda held at 1 (``prior_weight``; the warm start sets it to 0
+    # and it stays near 0): the LSTM restarts under its pre-trained topics' prior and learns around it, as TopicLSTM
+    # does around its pre-trained B
+    "rgbn-carry-warm-recipe-prior1-p10": dict(family="rgbn", label="rGBN-RNN, carried state, from the carried LSTM, "
+                                              "steering recipe, prior weight held at 1, patience 10",
+                                              context="preceding", recurrent=True, carry=True, warm="lstm-carry",
+                                              recipe=True, patience=10, prior_weight=1.0,
+                                              config={"carry_token_state": True}),
     # matched topic-free baselines (``matched``): the same model trained and evaluated the same way with every context
     # empty (uninformative topics, the same for every document); what its architecture brings without the topics.
     # rGBN-RNN's read the posterior mean in training too (train_theta="mean"): constant topics, not a Weibull draw's
