@@ -49,7 +49,10 @@ Models (``--only`` names; every one 1 layer, so the same-size single-layer LSTM 
   topic candidate), without and with the steering recipe; ``lstm-carry`` must be trained first in the same ``--out``.
 * ``rgbn-carry-warm-recipe-frozen``: the same warm start with the carried LSTM's weights held fixed
   (``freeze_language_model``): only the topic path trains. ``rgbn-carry-recipe``: the recipe from scratch (topic
-  model pre-trained, no warm start).
+  model pre-trained, no warm start). More variants of the warm start, each one change (``scripts/benchmarking.py``
+  says what): ``-topic-gate``, ``-lr8``, ``-lm-lr8-p10`` (``lm_lr_scale``: the LSTM's weights at a fraction of the
+  rate), ``-k200-p10`` (a row's ``num_topics``), ``-learned-p10`` (``topic_output_bias="learned"``), ``-prior1-p10``
+  (``prior_weight``: the shared prior's weight held fixed); ``-p10``: a patience of 10.
 * ``topic-lstm-carry-warm-recipe``: TopicLSTM by the recipe, carried, started from ``lstm-carry`` the same way (its
   topic prior's weight at 0 at the start); ``tcnlm-carry-recipe``: TCNLM by the recipe, carried (one call per
   documents batch).
