@@ -266,6 +266,21 @@ def load_model(name: str, path: Path, device: str):
     return CLASSES[MODELS[name]["family"]].from_pretrained(path).to(device).eval()
 
 
+def hold_weights(model, spec: dict) -> None:
+    """The weights a row holds fixed in training: ``freeze_lm`` the language model's (the topic path trains alone),
+    ``topic_only_gate`` the gate's h-dependent ones at 0, ``prior_weight`` the shared prior's lambda at that value."""
+    if spec.get("freeze_lm"):
+        model.freeze_language_model()
+    if spec.get("topic_only_gate"):
+        for gate in model.model.gates:
+            for weight in (gate.hidden_proj.weight, gate.candidate_proj.weight):
+                weight.data.zero_()
+                weight.requires_grad_(False)
+    if "prior_weight" in spec:
+        model.topic_prior_weight.data.fill_(spec["prior_weight"])
+        model.topic_prior_weight.requires_grad_(False)
+
+
 def train(name: str, model, rows, collator, args, mdir: Path, tok, topic_tok, train_docs, dev_docs) -> dict:
     """Train one model with early stopping (``train_to_convergence``: resuming from its last checkpoint), keep its
     best weights in ``<mdir>/model``, return its training statistics (NCLM: after its topic-model phase)."""
@@ -284,17 +299,7 @@ def train(name: str, model, rows, collator, args, mdir: Path, tok, topic_tok, tr
     elif spec["family"] == "nclm" and args.topic_model_steps:
         nvdm_args = argparse.Namespace(**{**vars(args), "batch_size": args.topic_model_batch_size})
         topic_phase = pretrain_topic_model_phase(name, model, train_docs, nvdm_args, mdir, tok, topic_tok)
-    # weights held fixed, set after the topic model's pre-training (a resumed run reloads the model from its folder)
-    if spec.get("freeze_lm"):  # the language model's weights: the topic path trains alone
-        model.freeze_language_model()
-    if spec.get("topic_only_gate"):  # the gate's h-dependent weights, at 0
-        for gate in model.model.gates:
-            for weight in (gate.hidden_proj.weight, gate.candidate_proj.weight):
-                weight.data.zero_()
-                weight.requires_grad_(False)
-    if "prior_weight" in spec:  # the shared prior's weight lambda, held at this value
-        model.topic_prior_weight.data.fill_(spec["prior_weight"])
-        model.topic_prior_weight.requires_grad_(False)
+    hold_weights(model, spec)  # after the topic model's pre-training (a resumed run reloads the model from its folder)
     if spec.get("lr_scale") or spec.get("patience") or spec.get("lm_lr_scale"):
         # this row's learning rate (a fraction of --lr), its patience, its LM weights' fraction of the rate
         args = argparse.Namespace(**{**vars(args), "lr": args.lr * spec.get("lr_scale", 1),

@@ -60,6 +60,33 @@ def test_the_default_cap_is_twenty_epochs():
     assert step_cap(parse(["--corpus", "apnews", "--max-steps", "7"]), 1710) == 7
 
 
+def test_a_rows_held_weights_stay_out_of_training(tiny_vocabularies):
+    """``hold_weights``: the row's prior weight held at its value, the gate's h-dependent weights at 0, the LSTM LM's
+    weights frozen, none of them with a gradient; a row that holds nothing leaves every weight trainable."""
+    import benchmarking
+
+    from topic_lm_hf import RGBNRNNConfig, RGBNRNNForCausalLM
+
+    hold = runpy.run_path(str(SCRIPT))["hold_weights"]
+    tok, topic_tok = tiny_vocabularies
+
+    def tiny():
+        return RGBNRNNForCausalLM(RGBNRNNConfig.from_tokenizers(tok, topic_tok, topic_sizes=[3], embedding_size=8,
+                                                                hidden_sizes=[8], topic_output_bias="beta"))
+
+    model = tiny()
+    hold(model, benchmarking.MODELS["rgbn-carry-warm-recipe-prior1-p10"])
+    assert model.topic_prior_weight.item() == 1.0 and not model.topic_prior_weight.requires_grad
+    model = tiny()
+    hold(model, {**benchmarking.MODELS["rgbn-carry-warm-recipe-topic-gate"], "freeze_lm": True})
+    gate = model.model.gates[0]
+    assert not gate.hidden_proj.weight.any() and not gate.hidden_proj.weight.requires_grad
+    assert not any(p.requires_grad for p in model.language_model_parameters())
+    model = tiny()
+    hold(model, benchmarking.MODELS["rgbn-carry-warm-recipe"])
+    assert all(p.requires_grad for p in model.parameters())
+
+
 def test_step_throughput_leaves_out_stalled_steps():
     steps = [{"seconds": 0.2 + 0.01 * (i % 3), "tokens": 100} for i in range(50)]
     plain = step_throughput(steps)
