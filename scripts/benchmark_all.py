@@ -300,11 +300,10 @@ def train(name: str, model, rows, collator, args, mdir: Path, tok, topic_tok, tr
         nvdm_args = argparse.Namespace(**{**vars(args), "batch_size": args.topic_model_batch_size})
         topic_phase = pretrain_topic_model_phase(name, model, train_docs, nvdm_args, mdir, tok, topic_tok)
     hold_weights(model, spec)  # after the topic model's pre-training (a resumed run reloads the model from its folder)
-    if spec.get("lr_scale") or spec.get("patience") or spec.get("lm_lr_scale"):
-        # this row's learning rate (a fraction of --lr), its patience, its LM weights' fraction of the rate
-        args = argparse.Namespace(**{**vars(args), "lr": args.lr * spec.get("lr_scale", 1),
-                                     "patience": spec.get("patience", args.patience),
-                                     "lm_lr_scale": spec.get("lm_lr_scale", 1.0)})
+    # this row's learning rate (a fraction of --lr), its patience, its LM weights' fraction of the rate
+    args = argparse.Namespace(**{**vars(args), "lr": args.lr * spec.get("lr_scale", 1),
+                                 "patience": spec.get("patience", args.patience),
+                                 "lm_lr_scale": spec.get("lm_lr_scale", 1.0)})
     stats = train_to_convergence(name, model, rows, collator, args, mdir, tok, topic_tok if topics else None,
                                  dev_docs, dev_protocol(name), carry_state=trains_with_carry_state(name),
                                  code=CODE_VERSION, empty_context=bool(spec.get("matched")))
