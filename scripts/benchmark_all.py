@@ -52,7 +52,8 @@ Models (``--only`` names; every one 1 layer, so the same-size single-layer LSTM 
   model pre-trained, no warm start). More variants of the warm start, each one change (``scripts/benchmarking.py``
   says what): ``-topic-gate``, ``-lr8``, ``-lm-lr8-p10`` (``lm_lr_scale``: the LSTM's weights at a fraction of the
   rate), ``-k200-p10`` (a row's ``num_topics``), ``-learned-p10`` (``topic_output_bias="learned"``), ``-prior1-p10``
-  (``prior_weight``: the shared prior's weight held fixed); ``-p10``: a patience of 10.
+  (``prior_weight``: the shared prior's weight held fixed), ``-lrp3`` (``lr_patience``: the plateau schedule decays
+  the rate after 3 evaluations in a row without improvement, not after each); ``-p10``: a patience of 10.
 * ``topic-lstm-carry-warm-recipe``: TopicLSTM by the recipe, carried, started from ``lstm-carry`` the same way (its
   topic prior's weight at 0 at the start); ``tcnlm-carry-recipe``: TCNLM by the recipe, carried (one call per
   documents batch).
@@ -300,10 +301,12 @@ def train(name: str, model, rows, collator, args, mdir: Path, tok, topic_tok, tr
         nvdm_args = argparse.Namespace(**{**vars(args), "batch_size": args.topic_model_batch_size})
         topic_phase = pretrain_topic_model_phase(name, model, train_docs, nvdm_args, mdir, tok, topic_tok)
     hold_weights(model, spec)  # after the topic model's pre-training (a resumed run reloads the model from its folder)
-    # this row's learning rate (a fraction of --lr), its patience, its LM weights' fraction of the rate
+    # this row's learning rate (a fraction of --lr), its patience, its LM weights' fraction of the rate, the
+    # evaluations in a row without improvement before each decay of the plateau schedule
     args = argparse.Namespace(**{**vars(args), "lr": args.lr * spec.get("lr_scale", 1),
                                  "patience": spec.get("patience", args.patience),
-                                 "lm_lr_scale": spec.get("lm_lr_scale", 1.0)})
+                                 "lm_lr_scale": spec.get("lm_lr_scale", 1.0),
+                                 "lr_patience": spec.get("lr_patience", 1)})
     stats = train_to_convergence(name, model, rows, collator, args, mdir, tok, topic_tok if topics else None,
                                  dev_docs, dev_protocol(name), carry_state=trains_with_carry_state(name),
                                  code=CODE_VERSION, empty_context=bool(spec.get("matched")))

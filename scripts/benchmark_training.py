@@ -95,24 +95,31 @@ class FixedOrderSampler(torch.utils.data.Sampler):
         return len(self.indices)
 
 
-def plateau_factor(history: list[dict], decay: float) -> float:
+def plateau_factor(history: list[dict], decay: float, patience: int = 1) -> float:
     """The plateau schedule's learning-rate factor after the development evaluations ``history``: ``decay`` to the
-    power of the evaluations that did not improve on the best perplexity before them. It is a function of the
-    evaluations alone, so a resumed run (whose ``history`` is read back from ``dev.jsonl``) continues with it."""
-    best, misses = math.inf, 0
+    power of the times ``patience`` evaluations in a row did not improve on the best perplexity before them (the
+    count restarts at each new best and at each decay; ``patience=1``: at every evaluation without improvement). It
+    is a function of the evaluations alone, so a resumed run (whose ``history`` is read back from ``dev.jsonl``)
+    continues with it."""
+    if patience < 1:
+        raise ValueError(f"the plateau schedule's patience must be at least 1, got {patience}")
+    best, misses, decays = math.inf, 0, 0
     for record in history:
         if record["perplexity"] < best:
-            best = record["perplexity"]
+            best, misses = record["perplexity"], 0
         else:
             misses += 1
-    return decay ** misses
+            if misses == patience:
+                decays, misses = decays + 1, 0
+    return decay ** decays
 
 
 class BenchmarkTrainer(TopicLMTrainer):
     """``TopicLMTrainer`` with a fixed batch order and one schedule per phase: linear (warm-up over 2 %, then decay
     to 0 at the phase's last step), or for the joint phase with ``plateau=(history, decay)`` the same warm-up, then
     constant, times ``plateau_factor(history, decay)`` (``history``: the development evaluations, appended to as
-    the run goes). ``lm_lr_scale``: the language-model weights (``language_model_parameters``: those a warm start
+    the run goes; ``plateau=(history, decay, patience)``: decayed after ``patience`` evaluations in a row without
+    improvement). ``lm_lr_scale``: the language-model weights (``language_model_parameters``: those a warm start
     took from an LSTM LM) learn at this fraction of the rate, the topic path at the full rate."""
 
     def __init__(self, *args, order=None, topic_model_steps: int = 0, plateau: tuple | None = None,
@@ -476,7 +483,7 @@ def train_to_convergence(name: str, model, rows, collator, args, mdir: Path, tok
 
     At most ``args.max_steps`` steps of ``args.batch_size`` rows in the seeded order of ``batch_order`` (Adam
     ``args.lr``, linear warm-up over 2 %, then ``args.schedule``: "plateau" constant, times ``args.lr_decay`` at
-    every evaluation without improvement, or "linear" (the default of a script without the flag) decay to 0 at
+    every evaluation without improvement (at every ``args.lr_patience``-th in a row where it is set), or "linear" (the default of a script without the flag) decay to 0 at
     ``args.max_steps``; clip ``args.clip``); every
     ``args.eval_steps`` steps the perplexity of ``dev_docs`` under ``dev_protocol`` (``DevEarlyStopping``) and a
     checkpoint; the run stops after ``args.patience`` evaluations without improvement. An interrupted run resumes
@@ -513,7 +520,7 @@ def train_to_convergence(name: str, model, rows, collator, args, mdir: Path, tok
                                   disable_tqdm=True, seed=args.seed, dataloader_num_workers=0)
         targs, compile_output_layer = fast_path(targs, args)
         record_vocabularies(model.config, tok, topic_tok)  # BatchTokens hides the collator
-        plateau = (history, args.lr_decay) if schedule == "plateau" else None
+        plateau = (history, args.lr_decay, getattr(args, "lr_patience", 1)) if schedule == "plateau" else None
         trainer = BenchmarkTrainer(model=model, args=targs, train_dataset=rows, data_collator=counting,
                                    order=batch_order(len(rows), args.max_steps, args.batch_size, args.seed),
                                    carry_state=carry_state, compile_output_layer=compile_output_layer,

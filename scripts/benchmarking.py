@@ -385,6 +385,13 @@ MODELS = {
                                                context="preceding", recurrent=True, carry=True, warm="lstm-carry",
                                                recipe=True, matched=True, patience=10,
                                                config={"carry_token_state": True, "train_theta": "mean"}),
+    # the same twin under the schedule of ``-prior1-lrp3-p10`` (the rate decayed after 3 misses in a row)
+    "rgbn-carry-warm-recipe-lrp3-p10-matched": dict(family="rgbn", label="rGBN-RNN, carried state, from the carried "
+                                                    "LSTM, steering recipe, topics held uninformative, rate decayed "
+                                                    "after 3 misses, patience 10", context="preceding",
+                                                    recurrent=True, carry=True, warm="lstm-carry", recipe=True,
+                                                    matched=True, patience=10, lr_patience=3,
+                                                    config={"carry_token_state": True, "train_theta": "mean"}),
     # the warm start with a patience of 10, as its matched twin above
     "rgbn-carry-warm-recipe-p10": dict(family="rgbn", label="rGBN-RNN, carried state, from the carried LSTM, steering "
                                        "recipe, patience 10", context="preceding", recurrent=True, carry=True,
@@ -418,6 +425,16 @@ MODELS = {
                                               context="preceding", recurrent=True, carry=True, warm="lstm-carry",
                                               recipe=True, patience=10, prior_weight=1.0,
                                               config={"carry_token_state": True}),
+    # the prior held at 1 with the rate decayed after 3 evaluations in a row without improvement (``lr_patience``),
+    # not after each: with the rate halved at every miss, the noisy development perplexity of the row above (its
+    # topic-word matrix keeps moving under TLASGR-MCMC, whatever the rate) left the LSTM at 1/4096 of the rate by
+    # step 5,600 while the topics kept improving the model for 11,000 more steps
+    "rgbn-carry-warm-recipe-prior1-lrp3-p10": dict(family="rgbn", label="rGBN-RNN, carried state, from the carried "
+                                                   "LSTM, steering recipe, prior weight held at 1, rate decayed "
+                                                   "after 3 misses, patience 10", context="preceding",
+                                                   recurrent=True, carry=True, warm="lstm-carry", recipe=True,
+                                                   patience=10, prior_weight=1.0, lr_patience=3,
+                                                   config={"carry_token_state": True}),
     # matched topic-free baselines (``matched``): the same model trained and evaluated the same way with every context
     # empty (uninformative topics, the same for every document); what its architecture brings without the topics.
     # rGBN-RNN's read the posterior mean in training too (train_theta="mean"): constant topics, not a Weibull draw's

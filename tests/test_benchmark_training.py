@@ -70,6 +70,13 @@ def test_the_plateau_schedule_is_constant_and_decays_at_each_evaluation_without_
     history += [{"perplexity": 50.0}, {"perplexity": 40.0}, {"perplexity": 45.0}, {"perplexity": 39.0},
                 {"perplexity": 39.0}]
     assert plateau_factor(history, 0.5) == 0.25  # 45 and the second 39 did not improve on the best before them
+    # with a patience of 2, only two misses in a row decay it, and the count restarts after each decay and each best
+    assert plateau_factor(history, 0.5, patience=2) == 1.0
+    history += [{"perplexity": 41.0}, {"perplexity": 39.5}, {"perplexity": 40.0}, {"perplexity": 38.0}]
+    assert plateau_factor(history, 0.5) == 0.5 ** 5
+    assert plateau_factor(history, 0.5, patience=2) == 0.25  # the second 39 and 41 in a row, then 39.5 and 40
+    with pytest.raises(ValueError, match="at least 1"):
+        plateau_factor(history, 0.5, patience=0)
 
     tok, _ = tiny_vocabularies
     model = LSTMLMForCausalLM(LSTMLMConfig(vocab_size=len(tok), embedding_size=8, hidden_size=8))
