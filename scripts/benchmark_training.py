@@ -483,8 +483,8 @@ def train_to_convergence(name: str, model, rows, collator, args, mdir: Path, tok
 
     At most ``args.max_steps`` steps of ``args.batch_size`` rows in the seeded order of ``batch_order`` (Adam
     ``args.lr``, linear warm-up over 2 %, then ``args.schedule``: "plateau" constant, times ``args.lr_decay`` at
-    every evaluation without improvement (at every ``args.lr_patience``-th in a row where it is set), or "linear" (the default of a script without the flag) decay to 0 at
-    ``args.max_steps``; clip ``args.clip``); every
+    every evaluation without improvement (at every ``args.lr_patience``-th in a row where it is set), or "linear"
+    (the default of a script without the flag) decay to 0 at ``args.max_steps``; clip ``args.clip``); every
     ``args.eval_steps`` steps the perplexity of ``dev_docs`` under ``dev_protocol`` (``DevEarlyStopping``) and a
     checkpoint; the run stops after ``args.patience`` evaluations without improvement. An interrupted run resumes
     from its last complete checkpoint (``<mdir>/checkpoints``) with its early-stopping state (``<mdir>/dev.jsonl``);
