@@ -267,6 +267,16 @@ def load_model(name: str, path: Path, device: str):
     return CLASSES[MODELS[name]["family"]].from_pretrained(path).to(device).eval()
 
 
+def row_arguments(args, spec: dict) -> argparse.Namespace:
+    """The run's arguments as one row trains under them: its learning rate (``lr_scale``, a fraction of ``--lr``), its
+    patience, its LM weights' fraction of the rate (``lm_lr_scale``) and the evaluations in a row without
+    improvement before each decay of the plateau schedule (``lr_patience``)."""
+    return argparse.Namespace(**{**vars(args), "lr": args.lr * spec.get("lr_scale", 1),
+                                 "patience": spec.get("patience", args.patience),
+                                 "lm_lr_scale": spec.get("lm_lr_scale", 1.0),
+                                 "lr_patience": spec.get("lr_patience", 1)})
+
+
 def hold_weights(model, spec: dict) -> None:
     """The weights a row holds fixed in training: ``freeze_lm`` the language model's (the topic path trains alone),
     ``topic_only_gate`` the gate's h-dependent ones at 0, ``prior_weight`` the shared prior's lambda at that value."""
@@ -301,12 +311,7 @@ def train(name: str, model, rows, collator, args, mdir: Path, tok, topic_tok, tr
         nvdm_args = argparse.Namespace(**{**vars(args), "batch_size": args.topic_model_batch_size})
         topic_phase = pretrain_topic_model_phase(name, model, train_docs, nvdm_args, mdir, tok, topic_tok)
     hold_weights(model, spec)  # after the topic model's pre-training (a resumed run reloads the model from its folder)
-    # this row's learning rate (a fraction of --lr), its patience, its LM weights' fraction of the rate, the
-    # evaluations in a row without improvement before each decay of the plateau schedule
-    args = argparse.Namespace(**{**vars(args), "lr": args.lr * spec.get("lr_scale", 1),
-                                 "patience": spec.get("patience", args.patience),
-                                 "lm_lr_scale": spec.get("lm_lr_scale", 1.0),
-                                 "lr_patience": spec.get("lr_patience", 1)})
+    args = row_arguments(args, spec)
     stats = train_to_convergence(name, model, rows, collator, args, mdir, tok, topic_tok if topics else None,
                                  dev_docs, dev_protocol(name), carry_state=trains_with_carry_state(name),
                                  code=CODE_VERSION, empty_context=bool(spec.get("matched")))

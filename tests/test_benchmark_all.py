@@ -87,6 +87,22 @@ def test_a_rows_held_weights_stay_out_of_training(tiny_vocabularies):
     assert all(p.requires_grad for p in model.parameters())
 
 
+def test_a_rows_own_schedule_settings_reach_its_training():
+    """``row_arguments``: a row's rate fraction, patience, LM rate fraction and plateau patience replace the run's,
+    and a row without them trains under the run's (the plateau schedule decaying at every miss)."""
+    script = runpy.run_path(str(SCRIPT))
+    rows, row_arguments = script["MODELS"], script["row_arguments"]
+    args = script["parse_args"](["--corpus", "wiki", "--only", "lstm-carry"])
+    plain = row_arguments(args, rows["lstm-carry"])
+    assert (plain.lr, plain.patience, plain.lm_lr_scale, plain.lr_patience) == (args.lr, args.patience, 1.0, 1)
+    held = row_arguments(args, rows["rgbn-carry-warm-recipe-prior1-lrp3-p10"])
+    assert (held.patience, held.lr_patience) == (10, 3)
+    twin = row_arguments(args, rows["rgbn-carry-warm-recipe-lrp3-p10-matched"])
+    assert (twin.patience, twin.lr_patience) == (10, 3) and rows["rgbn-carry-warm-recipe-lrp3-p10-matched"]["matched"]
+    assert row_arguments(args, rows["rgbn-carry-warm-recipe-lr8"]).lr == pytest.approx(args.lr / 8)
+    assert row_arguments(args, rows["rgbn-carry-warm-recipe-lm-lr8-p10"]).lm_lr_scale == pytest.approx(1 / 8)
+
+
 def test_step_throughput_leaves_out_stalled_steps():
     steps = [{"seconds": 0.2 + 0.01 * (i % 3), "tokens": 100} for i in range(50)]
     plain = step_throughput(steps)
