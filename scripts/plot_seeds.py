@@ -18,8 +18,9 @@ import json
 from pathlib import Path
 
 
-def series(folders: list[Path], topic_row: str) -> dict[str, list[float]]:
-    """Per seed: the four perplexities under ``causal-carry`` (None where a row is missing)."""
+def series(folders: list[Path], topic_row: str, matched_row: str | None = None) -> dict[str, list[float]]:
+    """Per seed: the four perplexities under ``causal-carry`` (None where a row is missing); the twin is
+    ``matched_row``, by default ``<topic_row>-matched``."""
     out = {"carried LSTM": [], "carried topic model": [], "with another document's topics": [],
            "matched, topics uninformative": []}
     for folder in folders:
@@ -32,7 +33,7 @@ def series(folders: list[Path], topic_row: str) -> dict[str, list[float]]:
         out["carried topic model"].append(carried(topic_row))
         out["with another document's topics"].append((rows.get(topic_row, {}).get("mismatched") or {}).get(
             "perplexity"))
-        out["matched, topics uninformative"].append(carried(f"{topic_row}-matched"))
+        out["matched, topics uninformative"].append(carried(matched_row or f"{topic_row}-matched"))
     return out
 
 
@@ -78,13 +79,16 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("folders", nargs="+", type=Path, help="one benchmark_all.py folder per seed")
     parser.add_argument("--topic-row", required=True, help="the topic model's row, e.g. rgbn-carry-warm-recipe")
+    parser.add_argument("--matched-row", default=None,
+                        help="the matched topic-free twin's row (default: <topic-row>-matched), e.g. a twin trained "
+                             "the same way whose row another topic row shares")
     parser.add_argument("--title", default="Wikipedia sample, causal-carry, each row stopped by its dev perplexity")
     parser.add_argument("--out", type=Path, default=None, help="the PNG written")
     parser.add_argument("--table", action="store_true", help="print the table (markdown)")
     args = parser.parse_args(argv)
     if args.out is None and not args.table:
         parser.error("give --out (the figure), --table, or both")
-    data = series(args.folders, args.topic_row)
+    data = series(args.folders, args.topic_row, args.matched_row)
     label = json.loads((args.folders[0] / "results.json").read_text())["results"][args.topic_row]["label"]
     if args.table:
         print(table(data, label))

@@ -35,6 +35,20 @@ def test_the_table_compares_each_seed_with_its_strongest_baseline(tmp_path, caps
     assert lines[5].startswith("| mean | 80.00 | 95.00 | 77.00 | +0.9 % (sd 5.3) | 84.67 | 7.67 |")
 
 
+def test_a_named_twin_is_the_matched_baseline(tmp_path, capsys):
+    """``--matched-row``: a twin whose name is not ``<topic-row>-matched`` (one twin shared by several topic rows)."""
+    folder = _folder(tmp_path, 0, 100.0, 90.0, 105.0, None)
+    rows = json.loads((folder / "results.json").read_text())
+    rows["results"]["twin-p10-matched"] = {"label": "twin", "perplexity": {"causal-carry": {"perplexity": 95.0}}}
+    (folder / "results.json").write_text(json.dumps(rows))
+    plot_seeds.main([str(folder), "--topic-row", "rgbn-carry-x", "--table"])
+    first = capsys.readouterr().out.strip().splitlines()[2]
+    assert first == "| 0 | 100.00 | - | 90.00 | +10.0 % | 105.00 | 15.00 | yes |"
+    plot_seeds.main([str(folder), "--topic-row", "rgbn-carry-x", "--matched-row", "twin-p10-matched", "--table"])
+    first = capsys.readouterr().out.strip().splitlines()[2]
+    assert first == "| 0 | 100.00 | 95.00 | 90.00 | +5.3 % | 105.00 | 15.00 | yes |"
+
+
 def test_plot_seeds_wants_a_figure_or_a_table(tmp_path, capsys):
     folder = _folder(tmp_path, 0, 100.0, 90.0, 105.0, 95.0)
     with pytest.raises(SystemExit) as stop:
