@@ -704,7 +704,8 @@ def table(report: dict, args) -> list[str]:
     budget = (f"until the dev perplexity has not improved for {args.patience} evaluations {args.eval_steps} steps "
               f"apart, at most {args.max_steps} steps of {args.batch_size} documents ({epochs:.1f} epochs: the cap)")
     schedule = (f"linear warm-up over {max(1, args.max_steps // 50)} steps, then constant, times {args.lr_decay:g} at "
-                "every dev evaluation without improvement" if args.schedule == "plateau" else
+                "every dev evaluation without improvement (every n-th in a row for a row whose label names its "
+                "decay after n misses)" if args.schedule == "plateau" else
                 f"linear warm-up and decay over {args.max_steps} steps")
     lines = [f"### All families on {c['corpus_name']}: size `{args.size}` (E = {args.embedding_size}, H = "
              f"{args.hidden_size}, {args.num_topics} topics, 1 layer); budget {budget}; device {c['device']}; "
