@@ -12,7 +12,7 @@ import torch
 from conftest import run_without_package
 
 ROOT = Path(__file__).resolve().parent.parent
-FOLDERS = ["wiki-lstm-carry", "wiki-rgbn-rnn-carry"]
+FOLDERS = ["wiki-lstm-carry", "wiki-rgbn-rnn-carry", "wiki-tcnlm-carry"]
 
 
 @pytest.mark.parametrize("name", FOLDERS)
@@ -51,16 +51,17 @@ def test_the_shipped_folders_reproduce_their_cards_and_the_demo_shows_them(capsy
     model = AutoModelForCausalLM.from_pretrained(ROOT / "hub_models" / FOLDERS[0]).eval()
     assert evaluate_perplexity(model, valid, "causal-carry")["perplexity"] == pytest.approx(
         lstm_results["causal-carry"]["perplexity"], rel=1e-4)
-    topic_results = json.loads((ROOT / "hub_models" / FOLDERS[1] / "results.json").read_text())["measured"]
     assert demo.show_shipped_models(str(ROOT / "hub_models"), valid, torch.device("cpu"), seed=0)
     out = capsys.readouterr().out
     shown = dict(re.findall(r"^\| (carried [^|]+?) \| ([\d.]+) \|$", out, re.M))
     assert float(shown["carried LSTM"]) == pytest.approx(lstm_results["causal-carry"]["perplexity"], abs=0.006)
-    assert float(shown["carried rGBN-RNN (started from that LSTM)"]) == pytest.approx(
-        topic_results["causal-carry"]["perplexity"], abs=0.006)
-    assert float(shown["carried rGBN-RNN, another document's topics (ablation)"]) == pytest.approx(
-        topic_results["mismatched"]["perplexity"], abs=0.006)
-    assert len(re.findall(r"steered by topic \d: \w+", out)) == 2
+    for folder, (family, started) in zip(FOLDERS[1:], [("rGBN-RNN", " (started from that LSTM)"), ("TCNLM", "")]):
+        topic_results = json.loads((ROOT / "hub_models" / folder / "results.json").read_text())["measured"]
+        assert float(shown[f"carried {family}{started}"]) == pytest.approx(
+            topic_results["causal-carry"]["perplexity"], abs=0.006)
+        assert float(shown[f"carried {family}, another document's topics (ablation)"]) == pytest.approx(
+            topic_results["mismatched"]["perplexity"], abs=0.006)
+        assert len(re.findall(rf"{family} steered by topic \d: \w+", out)) == 2
 
 
 def test_the_demo_says_when_the_shipped_models_are_not_there(tmp_path, capsys):
@@ -69,3 +70,23 @@ def test_the_demo_says_when_the_shipped_models_are_not_there(tmp_path, capsys):
     valid = load_documents("wikipedia-sample/validation", max_documents=2)
     assert not demo.show_shipped_models(str(tmp_path / "hub_models"), valid, torch.device("cpu"), seed=0)
     assert "no trained models in" in capsys.readouterr().out
+
+
+def test_writing_one_topic_models_folder_compares_it_with_the_shipped_lstm(tmp_path):
+    import ship_models
+
+    assert ship_models.baseline({}, tmp_path) is None  # no LSTM measured, none written: the card has no comparison
+    shipped = json.loads((ROOT / "hub_models" / FOLDERS[0] / "results.json").read_text())["measured"]
+    assert ship_models.baseline({}, ROOT / "hub_models") == shipped
+    measured_now = {"causal-carry": {"perplexity": 1.0}}
+    assert ship_models.baseline({"wiki-lstm-carry": {"measured": measured_now}}, ROOT / "hub_models") == measured_now
+    measured = {"causal-carry": {"perplexity": 50.0}, "mismatched": {"perplexity": 53.0},
+                "empty_context": {"perplexity": 52.0}, "topics": {}}
+    stop = {"steps_trained": 10, "best_step": 8, "best_dev_perplexity": 49.0, "metric": "eval_lm_loss"}
+    card = ship_models.card("wiki-tcnlm-carry", measured, stop, "topic-lm train ...", [],
+                            {"causal-carry": {"perplexity": 55.0}})
+    assert "| the carried LSTM (`wiki-lstm-carry`) | 55.00 |" in card and "9.1 % lower perplexity (5.00 points)" in card
+    assert "own topics are worth 3.00 of them" in card
+    behind = ship_models.card("wiki-tcnlm-carry", measured, stop, "topic-lm train ...", [],
+                              {"causal-carry": {"perplexity": 45.0}})
+    assert "11.1 % higher perplexity (5.00 points behind it)" in behind and "% lower" not in behind

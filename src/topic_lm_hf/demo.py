@@ -1,8 +1,9 @@
 """``topic-lm demo``: the first thing a newcomer runs. A few minutes on 2 CPU cores.
 
-It first loads the models that ship with the repository (``hub_models/``: the carried LSTM and the carried rGBN-RNN
-started from it, trained on ``wikipedia-sample`` until they stopped improving on the development articles) and shows
-their perplexity under ``causal-carry`` with the ablation, the topic model's topics and text steered by two of them. Then it
+It first loads the models that ship with the repository (``hub_models/``: the carried LSTM, the carried rGBN-RNN
+started from it and the carried TCNLM, trained on ``wikipedia-sample`` until they stopped improving on the development
+articles) and shows their perplexity under ``causal-carry`` with each topic model's ablation, its topics and text
+steered by two of them. Then it
 trains a topic model (``--family``; by default the family that did best under ``causal`` at the demo's budget,
 measured by ``scripts/benchmark_demo.py``) and the same-size LSTM on ``wikipedia-sample`` (English Wikipedia articles
 that ship with the package; ``--train_file`` names another corpus) under a wall-clock budget, then shows what the
@@ -72,7 +73,8 @@ class DemoArguments:
         "help": "Articles of the NPMI reference that ships with the package (wikipedia-sample/npmi-reference: 600 "
                 "Wikipedia articles that the sample does not hold; 0 skips NPMI)."})
     shipped_models: str = field(default="hub_models", metadata={
-        "help": "The folder of the models that ship with the repository (wiki-lstm-carry, wiki-rgbn-rnn-carry: "
+        "help": "The folder of the models that ship with the repository (wiki-lstm-carry, wiki-rgbn-rnn-carry, "
+                "wiki-tcnlm-carry: "
                 "trained to convergence on wikipedia-sample), shown first with the default corpus; 'none' skips "
                 "them."})
     threads: int = field(default=1, metadata={
@@ -112,40 +114,50 @@ class TimeBudget(TrainerCallback):
                   f"(perplexity {math.exp(logs['lm_loss']):.0f})", flush=True)
 
 
-SHIPPED = {"lstm": "wiki-lstm-carry", "topic": "wiki-rgbn-rnn-carry"}
+SHIPPED_LSTM = "wiki-lstm-carry"
+# each shipped topic model's folder: its family's name and how it was started
+SHIPPED_TOPIC_MODELS = {"wiki-rgbn-rnn-carry": ("rGBN-RNN", " (started from that LSTM)"),
+                        "wiki-tcnlm-carry": ("TCNLM", "")}
 
 
 def show_shipped_models(folder: str, valid_docs, device, seed: int) -> bool:
     """The models that ship with the repository, loaded with ``AutoModelForCausalLM``: their perplexity on the sample's
-    validation articles under ``causal-carry`` with the ablation, the topic model's topics and steered text. False
-    (and one line saying where they would be) when ``folder`` does not hold them (an installed package)."""
-    paths = {k: os.path.join(folder, name) for k, name in SHIPPED.items()}
+    validation articles under ``causal-carry``, each topic model's ablation, its topics and steered text. False (and
+    one line saying where they would be) when ``folder`` does not hold them (an installed package)."""
+    paths = {name: os.path.join(folder, name) for name in (SHIPPED_LSTM, *SHIPPED_TOPIC_MODELS)}
     if not all(os.path.isfile(os.path.join(p, "config.json")) for p in paths.values()):
         print(f"       no trained models in {folder}/ (they ship with the repository's clone, not with the package): "
               "skipped", flush=True)
         return False
-    models = {k: AutoModelForCausalLM.from_pretrained(p).to(device).eval() for k, p in paths.items()}
-    ppl = {k: evaluate_perplexity(m, valid_docs, "causal-carry")["perplexity"] for k, m in models.items()}
-    ablation = evaluate_perplexity(models["topic"], valid_docs, "causal-carry", mismatched_context=True)["perplexity"]
-    print(f"       {paths['lstm']}, {paths['topic']}: each trained until it stopped improving on the development "
-          "articles (their README.md: the command and the measurements)", flush=True)
-    print("\n| model | causal-carry perplexity |\n|---|---|")
-    print(f"| carried LSTM | {ppl['lstm']:.2f} |\n| carried rGBN-RNN (started from that LSTM) | {ppl['topic']:.2f} |")
-    print(f"| carried rGBN-RNN, another document's topics (ablation) | {ablation:.2f} |\n", flush=True)
-    gain, own = ppl["lstm"] - ppl["topic"], ablation - ppl["topic"]
-    print(f"       on {len(valid_docs)} validation articles the topic model is {100 * gain / ppl['lstm']:.1f} % below "
-          f"the LSTM ({gain:.2f} points); its document's own topics are worth {own:.2f} of them (the rest is the "
-          "gate and the topic layer it adds)", flush=True)
-    topic_model, (tok, _) = models["topic"], data_lib.load_vocabularies(paths["topic"])
-    topics = topic_model.get_topics(top_n=8)
-    for k in range(3):
-        print(f"       topic {k:2d}  {' '.join(topics[k])}", flush=True)
-    bos = torch.tensor([[tok.bos_token_id]], device=device)
-    for k in range(2):
-        torch.manual_seed(seed)
-        out = topic_model.generate(bos, topic_ids=[k], max_new_tokens=20, min_new_tokens=8, do_sample=True, top_p=0.7,
-                                   top_k=0, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
-        print(f"       steered by topic {k}: {words(tok, out[0])}", flush=True)
+    models = {name: AutoModelForCausalLM.from_pretrained(p).to(device).eval() for name, p in paths.items()}
+    ppl = {name: evaluate_perplexity(m, valid_docs, "causal-carry")["perplexity"] for name, m in models.items()}
+    ablation = {name: evaluate_perplexity(models[name], valid_docs, "causal-carry", mismatched_context=True)
+                ["perplexity"] for name in SHIPPED_TOPIC_MODELS}
+    print(f"       {', '.join(paths.values())}: each trained until it stopped improving on the development articles "
+          "(their README.md: the command and the measurements)", flush=True)
+    print(f"\n| model | causal-carry perplexity |\n|---|---|\n| carried LSTM | {ppl[SHIPPED_LSTM]:.2f} |")
+    for name, (family, started) in SHIPPED_TOPIC_MODELS.items():
+        print(f"| carried {family}{started} | {ppl[name]:.2f} |\n"
+              f"| carried {family}, another document's topics (ablation) | {ablation[name]:.2f} |")
+    print(flush=True)
+    lstm = ppl[SHIPPED_LSTM]
+    for name, (family, _) in SHIPPED_TOPIC_MODELS.items():
+        gain, own = lstm - ppl[name], ablation[name] - ppl[name]
+        where = f"below the LSTM ({gain:.2f} points)" if gain >= 0 else f"above the LSTM ({-gain:.2f} points behind)"
+        print(f"       on {len(valid_docs)} validation articles the {family} is {100 * abs(gain) / lstm:.1f} % "
+              f"{where}; its document's own topics are worth {own:.2f} points (the ablation: another document's "
+              "topics cost it that much)", flush=True)
+    for name, (family, _) in SHIPPED_TOPIC_MODELS.items():
+        topic_model, (tok, _) = models[name], data_lib.load_vocabularies(paths[name])
+        topics = topic_model.get_topics(top_n=8)
+        for k in range(2):
+            print(f"       {family} topic {k:2d}  {' '.join(topics[k])}", flush=True)
+        bos = torch.tensor([[tok.bos_token_id]], device=device)
+        for k in range(2):
+            torch.manual_seed(seed)
+            out = topic_model.generate(bos, topic_ids=[k], max_new_tokens=20, min_new_tokens=8, do_sample=True,
+                                       top_p=0.7, top_k=0, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+            print(f"       {family} steered by topic {k}: {words(tok, out[0])}", flush=True)
     return True
 
 
