@@ -32,6 +32,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from topic_lm_hf.demo import SHIPPED_TOPIC_MODELS
+
 ROOT = Path(__file__).resolve().parent.parent
 MAX_BYTES = 8_000_000
 # the sizes and schedule of the carried rows of scripts/benchmark_all.py --corpus wiki (E = H = 128, 50 topics,
@@ -54,7 +56,8 @@ COMMANDS = {
 TITLES = {"wiki-lstm-carry": "LSTM language model, carried state",
           "wiki-rgbn-rnn-carry": "rGBN-RNN, carried state, started from the carried LSTM by the steering recipe",
           "wiki-tcnlm-carry": "TCNLM, carried state, by the steering recipe"}
-TOPIC_MODELS = ("wiki-rgbn-rnn-carry", "wiki-tcnlm-carry")
+# the topic models among them: the ones the demo shows beside the LSTM (one list for both)
+TOPIC_MODELS = tuple(SHIPPED_TOPIC_MODELS)
 
 
 def command_line(name: str, work: str) -> str:
