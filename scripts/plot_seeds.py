@@ -75,6 +75,20 @@ def table(data: dict[str, list[float]], label: str) -> str:
     return "\n".join(rows)
 
 
+CORPORA = {"apnews": "APNEWS", "brown": "Brown", "imdb": "IMDB", "wiki": "Wikipedia sample"}
+
+
+def title(folders: list[Path], topic_rows: list[str]) -> str:
+    """The figure's default title: the corpus of the folders' ``settings.json`` and whether every row shown (the
+    carried LSTM, the topic model, its twin) stopped by its development perplexity."""
+    corpus = json.loads((folders[0] / "settings.json").read_text())["corpus"]
+    stopped = [rows[name].get("early_stopped") for folder in folders
+               for rows in [json.loads((folder / "results.json").read_text())["results"]]
+               for name in ["lstm-carry", *topic_rows] if name in rows]
+    how = "each row stopped by its dev perplexity" if all(stopped) else "not every row stopped by its dev perplexity"
+    return f"{CORPORA.get(corpus, corpus)}, causal-carry, {how}"
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("folders", nargs="+", type=Path, help="one benchmark_all.py folder per seed")
@@ -82,14 +96,19 @@ def main(argv=None) -> None:
     parser.add_argument("--matched-row", default=None,
                         help="the matched topic-free twin's row (default: <topic-row>-matched), e.g. a twin trained "
                              "the same way whose row another topic row shares")
-    parser.add_argument("--title", default="Wikipedia sample, causal-carry, each row stopped by its dev perplexity")
+    parser.add_argument("--label", default=None,
+                        help="the topic model's name in the table and the legend (default: its row's label)")
+    parser.add_argument("--title", default=None,
+                        help="the figure's title (default: the corpus, and whether every row stopped by its dev "
+                             "perplexity)")
     parser.add_argument("--out", type=Path, default=None, help="the PNG written")
     parser.add_argument("--table", action="store_true", help="print the table (markdown)")
     args = parser.parse_args(argv)
     if args.out is None and not args.table:
         parser.error("give --out (the figure), --table, or both")
     data = series(args.folders, args.topic_row, args.matched_row)
-    label = json.loads((args.folders[0] / "results.json").read_text())["results"][args.topic_row]["label"]
+    rows = json.loads((args.folders[0] / "results.json").read_text())["results"]
+    label = args.label or rows[args.topic_row]["label"]
     if args.table:
         print(table(data, label))
     if args.out is None:
@@ -114,7 +133,8 @@ def main(argv=None) -> None:
     ax.set_ylim(low * 0.9, None)
     ax.set_xticks(range(len(seeds)), seeds)
     ax.set_ylabel("validation perplexity (lower is better)")
-    ax.set_title(args.title, fontsize=9)
+    ax.set_title(args.title or title(args.folders, [args.topic_row, args.matched_row or f"{args.topic_row}-matched"]),
+                 fontsize=9)
     ax.legend(fontsize=7, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.12))
     fig.tight_layout()
     args.out.parent.mkdir(parents=True, exist_ok=True)

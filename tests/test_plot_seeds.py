@@ -54,3 +54,19 @@ def test_plot_seeds_wants_a_figure_or_a_table(tmp_path, capsys):
     with pytest.raises(SystemExit) as stop:
         plot_seeds.main([str(folder), "--topic-row", "rgbn-carry-x"])
     assert stop.value.code == 2 and "give --out (the figure), --table, or both" in capsys.readouterr().err
+
+
+def test_the_title_names_the_corpus_and_whether_every_row_stopped_by_dev(tmp_path, capsys):
+    folders = [_folder(tmp_path, seed, 100.0, 90.0, 105.0, 95.0) for seed in (0, 1)]
+    for folder in folders:
+        (folder / "settings.json").write_text(json.dumps({"corpus": "apnews"}))
+    rows = ["rgbn-carry-x", "rgbn-carry-x-matched"]
+    assert plot_seeds.title(folders, rows) == "APNEWS, causal-carry, not every row stopped by its dev perplexity"
+    for folder in folders:
+        results = json.loads((folder / "results.json").read_text())
+        for row in results["results"].values():
+            row["early_stopped"] = True
+        (folder / "results.json").write_text(json.dumps(results))
+    assert plot_seeds.title(folders, rows) == "APNEWS, causal-carry, each row stopped by its dev perplexity"
+    plot_seeds.main([str(f) for f in folders] + ["--topic-row", "rgbn-carry-x", "--label", "I", "--table"])
+    assert "| matched, topics uninformative | I | lead" in capsys.readouterr().out
