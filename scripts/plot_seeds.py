@@ -75,18 +75,15 @@ def table(data: dict[str, list[float]], label: str) -> str:
     return "\n".join(rows)
 
 
-CORPORA = {"apnews": "APNEWS", "brown": "Brown", "imdb": "IMDB", "wiki": "Wikipedia sample"}
-
-
-def title(folders: list[Path], topic_rows: list[str]) -> str:
-    """The figure's default title: the corpus of the folders' ``settings.json`` and whether every row shown (the
-    carried LSTM, the topic model, its twin) stopped by its development perplexity."""
-    corpus = json.loads((folders[0] / "settings.json").read_text())["corpus"]
-    stopped = [rows[name].get("early_stopped") for folder in folders
-               for rows in [json.loads((folder / "results.json").read_text())["results"]]
-               for name in ["lstm-carry", *topic_rows] if name in rows]
+def title(folders: list[Path], rows: list[str]) -> str:
+    """The figure's default title: the corpus that ``benchmark_all.py`` named in the folders' ``results.json`` and
+    whether every row shown (the carried LSTM, the topic model, its twin) stopped by its development perplexity."""
+    runs = [json.loads((folder / "results.json").read_text()) for folder in folders]
+    corpus = runs[0]["context"]["corpus_name"]
+    stopped = [run["results"][name].get("early_stopped") for run in runs for name in ["lstm-carry", *rows]
+               if name in run["results"]]
     how = "each row stopped by its dev perplexity" if all(stopped) else "not every row stopped by its dev perplexity"
-    return f"{CORPORA.get(corpus, corpus)}, causal-carry, {how}"
+    return f"{corpus[0].upper()}{corpus[1:]}, causal-carry, {how}"
 
 
 def main(argv=None) -> None:
@@ -106,7 +103,8 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     if args.out is None and not args.table:
         parser.error("give --out (the figure), --table, or both")
-    data = series(args.folders, args.topic_row, args.matched_row)
+    matched = args.matched_row or f"{args.topic_row}-matched"
+    data = series(args.folders, args.topic_row, matched)
     rows = json.loads((args.folders[0] / "results.json").read_text())["results"]
     label = args.label or rows[args.topic_row]["label"]
     if args.table:
@@ -133,8 +131,7 @@ def main(argv=None) -> None:
     ax.set_ylim(low * 0.9, None)
     ax.set_xticks(range(len(seeds)), seeds)
     ax.set_ylabel("validation perplexity (lower is better)")
-    ax.set_title(args.title or title(args.folders, [args.topic_row, args.matched_row or f"{args.topic_row}-matched"]),
-                 fontsize=9)
+    ax.set_title(args.title or title(args.folders, [args.topic_row, matched]), fontsize=9)
     ax.legend(fontsize=7, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.12))
     fig.tight_layout()
     args.out.parent.mkdir(parents=True, exist_ok=True)

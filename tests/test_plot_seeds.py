@@ -59,14 +59,18 @@ def test_plot_seeds_wants_a_figure_or_a_table(tmp_path, capsys):
 def test_the_title_names_the_corpus_and_whether_every_row_stopped_by_dev(tmp_path, capsys):
     folders = [_folder(tmp_path, seed, 100.0, 90.0, 105.0, 95.0) for seed in (0, 1)]
     for folder in folders:
-        (folder / "settings.json").write_text(json.dumps({"corpus": "apnews"}))
+        results = json.loads((folder / "results.json").read_text())
+        results["context"] = {"corpus_name": "the Wikipedia sample shipped with the package"}
+        (folder / "results.json").write_text(json.dumps(results))
     rows = ["rgbn-carry-x", "rgbn-carry-x-matched"]
-    assert plot_seeds.title(folders, rows) == "APNEWS, causal-carry, not every row stopped by its dev perplexity"
+    assert plot_seeds.title(folders, rows) == ("The Wikipedia sample shipped with the package, causal-carry, not every "
+                                               "row stopped by its dev perplexity")
     for folder in folders:
         results = json.loads((folder / "results.json").read_text())
         for row in results["results"].values():
             row["early_stopped"] = True
         (folder / "results.json").write_text(json.dumps(results))
-    assert plot_seeds.title(folders, rows) == "APNEWS, causal-carry, each row stopped by its dev perplexity"
+    assert plot_seeds.title(folders, rows) == ("The Wikipedia sample shipped with the package, causal-carry, each row "
+                                               "stopped by its dev perplexity")
     plot_seeds.main([str(f) for f in folders] + ["--topic-row", "rgbn-carry-x", "--label", "I", "--table"])
     assert "| matched, topics uninformative | I | lead" in capsys.readouterr().out
