@@ -277,3 +277,26 @@ def test_warm_started_and_matched_rows_on_the_shipped_corpus(tmp_path):
     twin = report["comparison"]["matched"]["rgbn-carry-warm-recipe"]
     assert twin["matched_perplexity"] == matched["perplexity"]["causal-carry"]["perplexity"]
     assert "topics held uninformative" in (tmp_path / "wiki" / "table.md").read_text()
+
+
+def test_a_chunk_trained_topic_row_is_compared_with_its_matched_twin_under_causal(tmp_path):
+    """The unified tables' chunk-trained rows have matched twins too (``tcnlm-recipe-matched``: the same model,
+    every context empty): the twin is not a topic model of the comparison, and the topic row's ``causal`` entry
+    names the twin's perplexity and the difference, which the table prints."""
+    smoke = ["--corpus", "wiki", "--max-steps", "4", "--eval-steps", "2", "--patience", "1", "--batch-size", "2",
+             "--hidden", "8", "--embedding", "8", "--topics", "3", "--max-train-docs", "30", "--max-valid-docs", "4",
+             "--npmi-max-documents", "20", "--steer-topics", "2", "--steer-samples", "2", "--max-new-tokens", "8",
+             "--speed-repeats", "1", "--lda-max-iter", "2", "--pretrain-steps", "4", "--pretrain-eval-every", "2",
+             "--guidance-scales", "1", "--out", str(tmp_path / "wiki"),
+             "--only", "lstm", "tcnlm-recipe", "tcnlm-recipe-matched"]
+    proc = run_script(*smoke)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((tmp_path / "wiki" / "results.json").read_text())
+    twin = report["results"]["tcnlm-recipe-matched"]
+    assert all(twin["eval"][p]["empty_context"] for p in PROTOCOLS) and "mismatched-causal" not in twin
+    causal = report["comparison"]["causal"]
+    assert set(causal) == {"tcnlm-recipe"}
+    row, a = causal["tcnlm-recipe"], report["results"]["tcnlm-recipe"]["perplexity"]["causal"]["perplexity"]
+    assert row["matched_perplexity"] == twin["perplexity"]["causal"]["perplexity"]
+    assert row["percent_to_matched"] == pytest.approx(100 * (row["matched_perplexity"] - a) / row["matched_perplexity"])
+    assert f"{row['matched_perplexity']:.2f}" in (tmp_path / "wiki" / "table.md").read_text()
