@@ -28,6 +28,12 @@ SMOKE = ["--corpus", "apnews", "--max-steps", "4", "--eval-steps", "2", "--patie
          "--speed-repeats", "1", "--lda-max-iter", "2", "--pretrain-steps", "4", "--pretrain-eval-every", "2",
          "--guidance-scales", "1", "2", "--only", "lstm", "lstm-carry", "topic-lstm", "topic-lstm-recipe"]
 PROTOCOLS = ("paper", "causal", "causal-carry")
+# the smoke configuration on the corpus that ships with the package (no data needed)
+WIKI_SMOKE = ["--corpus", "wiki", "--max-steps", "4", "--eval-steps", "2", "--patience", "1", "--batch-size", "2",
+              "--hidden", "8", "--embedding", "8", "--topics", "3", "--max-train-docs", "30", "--max-valid-docs", "4",
+              "--npmi-max-documents", "20", "--steer-topics", "2", "--steer-samples", "2", "--max-new-tokens", "8",
+              "--speed-repeats", "1", "--lda-max-iter", "2", "--pretrain-steps", "4", "--pretrain-eval-every", "2",
+              "--guidance-scales", "1"]
 # runs the script as __main__ with matplotlib unimportable (the figures are then skipped with a message); its folder
 # goes first on the path, as for ``python scripts/benchmark_all.py``, where the shared modules are
 WITHOUT_MATPLOTLIB = ("import os, runpy, sys; sys.modules['matplotlib'] = None; sys.argv = sys.argv[1:]; "
@@ -256,11 +262,7 @@ def test_warm_started_and_matched_rows_on_the_shipped_corpus(tmp_path):
     to run before it; ``*-matched`` rows are trained and evaluated with every context empty (their dev and
     validation perplexities say so); the comparison names the strongest baseline (the carried LSTM or a matched row)
     and each topic row against its matched twin."""
-    smoke = ["--corpus", "wiki", "--max-steps", "4", "--eval-steps", "2", "--patience", "1", "--batch-size", "2",
-             "--hidden", "8", "--embedding", "8", "--topics", "3", "--max-train-docs", "30", "--max-valid-docs", "4",
-             "--npmi-max-documents", "20", "--steer-topics", "2", "--steer-samples", "2", "--max-new-tokens", "8",
-             "--speed-repeats", "1", "--lda-max-iter", "2", "--pretrain-steps", "4", "--pretrain-eval-every", "2",
-             "--guidance-scales", "1", "--out", str(tmp_path / "wiki")]
+    smoke = [*WIKI_SMOKE, "--out", str(tmp_path / "wiki")]
     proc = run_script(*smoke, "--only", "rgbn-carry-warm")
     assert proc.returncode != 0 and "train lstm-carry first" in proc.stderr
     proc = run_script(*smoke, "--only", "lstm-carry", "rgbn-carry-warm-recipe", "rgbn-carry-warm-recipe-matched")
@@ -283,12 +285,7 @@ def test_a_chunk_trained_topic_row_is_compared_with_its_matched_twin_under_causa
     """The unified tables' chunk-trained rows have matched twins too (``tcnlm-recipe-matched``: the same model,
     every context empty): the twin is not a topic model of the comparison, and the topic row's ``causal`` entry
     names the twin's perplexity and the difference, which the table prints."""
-    smoke = ["--corpus", "wiki", "--max-steps", "4", "--eval-steps", "2", "--patience", "1", "--batch-size", "2",
-             "--hidden", "8", "--embedding", "8", "--topics", "3", "--max-train-docs", "30", "--max-valid-docs", "4",
-             "--npmi-max-documents", "20", "--steer-topics", "2", "--steer-samples", "2", "--max-new-tokens", "8",
-             "--speed-repeats", "1", "--lda-max-iter", "2", "--pretrain-steps", "4", "--pretrain-eval-every", "2",
-             "--guidance-scales", "1", "--out", str(tmp_path / "wiki"),
-             "--only", "lstm", "tcnlm-recipe", "tcnlm-recipe-matched"]
+    smoke = [*WIKI_SMOKE, "--out", str(tmp_path / "wiki"), "--only", "lstm", "tcnlm-recipe", "tcnlm-recipe-matched"]
     proc = run_script(*smoke)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads((tmp_path / "wiki" / "results.json").read_text())
