@@ -18,9 +18,9 @@ import json
 from pathlib import Path
 
 
-def series(folders: list[Path], topic_row: str, matched_row: str | None = None) -> dict[str, list[float]]:
+def series(folders: list[Path], topic_row: str, matched_row: str) -> dict[str, list[float]]:
     """Per seed: the four perplexities under ``causal-carry`` (None where a row is missing); the twin is
-    ``matched_row``, by default ``<topic_row>-matched``."""
+    ``matched_row``."""
     out = {"carried LSTM": [], "carried topic model": [], "with another document's topics": [],
            "matched, topics uninformative": []}
     for folder in folders:
@@ -33,7 +33,7 @@ def series(folders: list[Path], topic_row: str, matched_row: str | None = None) 
         out["carried topic model"].append(carried(topic_row))
         out["with another document's topics"].append((rows.get(topic_row, {}).get("mismatched") or {}).get(
             "perplexity"))
-        out["matched, topics uninformative"].append(carried(matched_row or f"{topic_row}-matched"))
+        out["matched, topics uninformative"].append(carried(matched_row))
     return out
 
 
