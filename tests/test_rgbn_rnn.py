@@ -12,10 +12,11 @@ from transformers import AutoModelForCausalLM, TrainerCallback, TrainingArgument
 
 from topic_lm_hf import (RGBNRNNConfig, RGBNRNNForCausalLM, RGBNRNNModel, TopicContextCollator, TopicLMTrainer,
                          evaluate_perplexity)
+from topic_lm_hf.models import modeling_rgbn_sampler as sampler
 from topic_lm_hf.models.modeling_rgbn_rnn import format_topic_tree
-from topic_lm_hf.models.modeling_rgbn_sampler import (EULER_GAMMA, augment_counts, backward_walk, kl_weibull_gamma,
-                                                      multinomial_split, poisson_nll, sample_crt, tlasgr_update,
-                                                      weibull_mean, weibull_sample)
+from topic_lm_hf.models.modeling_rgbn_sampler import (EULER_GAMMA, WALK_GRID_BUDGET, augment_counts, backward_walk,
+                                                      kl_weibull_gamma, multinomial_split, poisson_nll, sample_crt,
+                                                      tlasgr_update, weibull_mean, weibull_sample)
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -289,11 +290,12 @@ def _walk_by_the_exact_samplers(a, rate, share, route):
     return ell, ell_pi, z, pi_stat
 
 
-@pytest.mark.parametrize("grid", [32, 1])
-def test_the_backward_walk_over_sentences_matches_the_exact_samplers_in_the_mean(grid):
+@pytest.mark.parametrize("grid, budget", [(32, WALK_GRID_BUDGET), (1, WALK_GRID_BUDGET), (1, 0)])
+def test_the_backward_walk_over_sentences_matches_the_exact_samplers_in_the_mean(grid, budget, monkeypatch):
     """Four sentences whose tables are mostly routed back (share 0.9), 2,000 copies of one document: the mean of
-    every count of the walk (seats drawn before it; ``grid=1``: most customers past the grid, the exact second
-    pass) against the sentence-by-sentence exact samplers, within 4.5 standard errors."""
+    every count of the walk (seats drawn before it; ``grid=1``: most customers past the grid, which grows; with no
+    ``budget`` for that, the exact pass past it) against the sentence-by-sentence exact samplers, within 4.5
+    standard errors."""
     torch.manual_seed(13)
     docs, J, K = 2000, 4, 3
     a = torch.tensor([[2.0, 0.0, 5.0], [1.0, 3.0, 0.0], [4.0, 4.0, 1.0], [6.0, 2.0, 3.0]],
@@ -302,7 +304,15 @@ def test_the_backward_walk_over_sentences_matches_the_exact_samplers_in_the_mean
     share = torch.full((docs, J, K), 0.9, dtype=torch.float64)
     share[:, 0] = 0
     route = torch.tensor([[5.0, 1.0, 1.0], [1.0, 5.0, 1.0], [1.0, 1.0, 5.0]], dtype=torch.float64).expand(docs, J, K, K)
-    n, *walked = backward_walk(a, rate, share, route, total=int(a.sum()), grid=grid)
+    walks = []  # the grids walked, and whether past them
+    walk = sampler._walk
+    monkeypatch.setattr(sampler, "_walk", lambda z, g_pi, *args: walks.append((g_pi.shape[-1], args[-1] is not None))
+                        or walk(z, g_pi, *args))
+    n, *walked = backward_walk(a, rate, share, route, total=int(a.sum()), grid=grid, budget=budget)
+    # 32 seats hold every customer here; a grid of 1 overflows and grows (to multiples of 32) until no cell
+    # overflows, or with no budget for that, the exact pass past it
+    assert walks[0] == (grid, False) and (grid == 32) == (len(walks) == 1)
+    assert walks[1:] == [(grid, True)] if budget == 0 else all(g % 32 == 0 and not past for g, past in walks[1:])
     reference = _walk_by_the_exact_samplers(a, rate, share, route)
     for got, want in zip(walked[:3], reference[:3]):
         se = ((got.var(0) + want.var(0)) / docs).sqrt().clamp_min(1e-3)
