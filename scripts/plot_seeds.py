@@ -38,8 +38,9 @@ def series(folders: list[Path], topic_row: str, matched_row: str) -> dict[str, l
 
 
 def table(data: dict[str, list[float]], label: str) -> str:
-    """The markdown table of ``series``' values: a row per seed and the mean (sd over seeds where there are two or
-    more), the lead over the strongest baseline, the own topics' worth and whether it exceeds the lead."""
+    """The markdown table of ``series``' values: a row per seed and the mean over the seeds that have the topic model
+    (sd where there are two or more), the lead over the strongest baseline, the own topics' worth and whether it
+    exceeds the lead."""
     lstm, topic, mismatched, matched = data.values()
     rows = ["| seed | carried LSTM | matched, topics uninformative | " + label + " | lead over the strongest baseline | "
             "with another document's topics | the document's own topics (points) | own topics > lead |",
@@ -68,10 +69,13 @@ def table(data: dict[str, list[float]], label: str) -> str:
         sd = (sum((v - mu) ** 2 for v in values) / (len(values) - 1)) ** 0.5 if len(values) > 1 else None
         return mu, sd
 
+    # the mean over the seeds that have the topic model: a seed without it compares nothing
+    present = [i for i, t in enumerate(topic) if t is not None]
+    name = "mean" if len(present) == len(topic) else f"mean (seeds {', '.join(map(str, present)) or 'none'})"
     (lead, sd) = mean(leads)
     spread = f"{fmt(lead, '{:+.1f} %')}" + ("" if sd is None else f" (sd {sd:.1f})")
-    columns = [fmt(mean(values)[0]) for values in (lstm, matched, topic)]
-    rows.append(f"| mean | {' | '.join(columns)} | {spread} | {fmt(mean(mismatched)[0])} | {fmt(mean(worths)[0])} | |")
+    columns = [fmt(mean([values[i] for i in present])[0]) for values in (lstm, matched, topic, mismatched, worths)]
+    rows.append(f"| {name} | {' | '.join(columns[:3])} | {spread} | {' | '.join(columns[3:])} | |")
     return "\n".join(rows)
 
 

@@ -35,6 +35,18 @@ def test_the_table_compares_each_seed_with_its_strongest_baseline(tmp_path, caps
     assert lines[5].startswith("| mean | 80.00 | 95.00 | 77.00 | +0.9 % (sd 5.3) | 84.67 | 7.67 |")
 
 
+def test_the_mean_is_over_the_seeds_that_have_the_topic_model(tmp_path, capsys):
+    """A seed whose topic model has not finished compares nothing: the mean row leaves it out and names its seeds."""
+    folders = [_folder(tmp_path, 0, 100.0, 90.0, 105.0, 95.0), _folder(tmp_path, 1, 80.0, 78.0, 79.0, 75.0)]
+    rows = json.loads((folders[1] / "results.json").read_text())
+    del rows["results"]["rgbn-carry-x"]
+    (folders[1] / "results.json").write_text(json.dumps(rows))
+    plot_seeds.main([str(f) for f in folders] + ["--topic-row", "rgbn-carry-x", "--table"])
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[3] == "| 1 | 80.00 | 75.00 | - | - | - | - | - |"
+    assert lines[4] == "| mean (seeds 0) | 100.00 | 95.00 | 90.00 | +5.3 % | 105.00 | 15.00 | |"
+
+
 def test_a_named_twin_is_the_matched_baseline(tmp_path, capsys):
     """``--matched-row``: a twin whose name is not ``<topic-row>-matched`` (one twin shared by several topic rows)."""
     folder = _folder(tmp_path, 0, 100.0, 90.0, 105.0, None)
