@@ -8,6 +8,7 @@ only torch.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -332,7 +333,7 @@ def backward_walk(a: torch.Tensor, rate: torch.Tensor, share: torch.Tensor, rout
         most = int(read_on_host(most.reshape(1))[0])
         if most <= grid:
             break
-        grown = -(-most * 5 // 4 // WALK_GRID) * WALK_GRID
+        grown = math.ceil(most * 1.25 / WALK_GRID) * WALK_GRID  # 1.25 times the most, a multiple of 32
         if cells * grown > budget:  # 4. too many seats for a grid: the exact pass past it
             after = ell.sum((0, 2)).flip(0).cumsum(0).flip(0)  # sum_{i >= j} tables of the first part
             bounds = [int(v) for v in read_on_host(torch.cat([after[1:], after.new_zeros(1)]))]
