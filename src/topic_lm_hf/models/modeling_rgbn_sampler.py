@@ -322,14 +322,17 @@ def backward_walk(a: torch.Tensor, rate: torch.Tensor, share: torch.Tensor, rout
     pi_stat = torch.zeros(K * K + K, dtype=dtype, device=device).index_add_(0, owner % K * K + source, routed)
     # 2. the grid: seats a_j .. a_j + grid - 1 of every cell, all sentences at once
     g_owner = torch.arange(cells, device=device).unsqueeze(1)
-    uniforms = torch.rand(cells, grid, dtype=dtype, device=device)
+
+    def seats(seat: torch.Tensor):  # seats a_j + seat of every cell, each with a new uniform
+        return _seat_customers(a.reshape(cells, 1) + seat, torch.rand(cells, seat.numel(), dtype=dtype, device=device),
+                               rates[:cells], shares[:cells], cdf)
+
+    seat = torch.arange(grid, device=device, dtype=dtype)
+    g_opens, g_pi, g_source = seats(seat)
     while True:
-        seat = torch.arange(grid, device=device, dtype=dtype)
-        g_opens, g_pi, g_source = _seat_customers(a.reshape(cells, 1) + seat, uniforms, rates[:cells],
-                                                  shares[:cells], cdf)
-        g_opens, g_pi = g_opens.view(b, J, K, grid), g_pi.view(b, J, K, grid)
         g_dest = (g_owner // (J * K) * K + g_source).view(b, J, K * grid)  # where each seat's table routes back to
-        z_more, extra, most = _walk(z_first, g_pi, g_dest, seat, first, None)
+        walked_pi = g_pi.view(b, J, K, grid)
+        z_more, extra, most = _walk(z_first, walked_pi, g_dest, seat, first, None)
         most = int(read_on_host(most.reshape(1))[0])
         if most <= grid:
             break
@@ -338,11 +341,13 @@ def backward_walk(a: torch.Tensor, rate: torch.Tensor, share: torch.Tensor, rout
             after = ell.sum((0, 2)).flip(0).cumsum(0).flip(0)  # sum_{i >= j} tables of the first part
             bounds = [int(v) for v in read_on_host(torch.cat([after[1:], after.new_zeros(1)]))]
             beyond = dict(a=a, rate=rate, share=share, route=route, bounds=bounds, grid=grid)
-            z_more, extra, _ = _walk(z_first, g_pi, g_dest, seat, first, beyond)
+            z_more, extra, _ = _walk(z_first, walked_pi, g_dest, seat, first, beyond)
             break
-        # 3. some cell had more customers than the grid: grow it, each cell's next seats drawn after its old ones
-        uniforms = torch.cat([uniforms, torch.rand(cells, grown - grid, dtype=dtype, device=device)], 1)
-        grid = grown
+        # 3. some cell had more customers than the grid: grow it, its next seats drawn after (and beside) its old ones
+        more = torch.arange(grid, grown, device=device, dtype=dtype)
+        g_opens, g_pi, g_source = (torch.cat(pair, 1) for pair in zip((g_opens, g_pi, g_source), seats(more)))
+        seat, grid = torch.cat([seat, more]), grown
+    g_opens, g_pi = g_opens.view(b, J, K, grid), walked_pi
     # the walk's seats: the first ``extra`` of every cell's grid (and the seats beyond it, counted by _walk)
     taken = seat < extra.unsqueeze(-1)  # (b, J, K, grid)
     ell = ell + (g_opens & taken).sum(-1).to(dtype)
