@@ -7,7 +7,9 @@ twin, read from ``benchmark_all.py``'s ``results.json`` of each seed's folder.
 
 ``--table`` prints the table instead (or as well, with ``--out``): per seed and on the mean, the topic model against
 the strongest baseline of that seed (the carried LSTM or the matched twin, whichever is lower), the points its
-document's own topics are worth (the ablation minus its perplexity), and whether they are worth more than its lead.
+document's own topics are worth (the ablation minus its perplexity), and whether they are worth more than its lead. A
+seed is compared only once it has every baseline the table has (the twin, where any seed has one): a seed whose
+twin is still training shows no lead and stays out of the mean.
 The figure needs matplotlib (``pip install 'topic-lm-hf[bench]'``); the table does not.
 """
 
@@ -39,8 +41,8 @@ def series(folders: list[Path], topic_row: str, matched_row: str) -> dict[str, l
 
 def table(data: dict[str, list[float]], label: str) -> str:
     """The markdown table of ``series``' values: a row per seed and the mean over the seeds that have the topic model
-    (sd where there are two or more), the lead over the strongest baseline, the own topics' worth and whether it
-    exceeds the lead."""
+    and every baseline (sd where there are two or more), the lead over the strongest baseline, the own topics' worth
+    and whether it exceeds the lead."""
     lstm, topic, mismatched, matched = data.values()
     rows = ["| seed | carried LSTM | matched, topics uninformative | " + label + " | lead over the strongest baseline | "
             "with another document's topics | the document's own topics (points) | own topics > lead |",
@@ -50,9 +52,12 @@ def table(data: dict[str, list[float]], label: str) -> str:
     def fmt(value, pattern="{:.2f}"):
         return "-" if value is None else pattern.format(value)
 
+    # the baselines the table has: the carried LSTM, and the twin where any seed has one
+    columns = [values for values in (lstm, matched) if any(v is not None for v in values)]
+    complete = [t is not None and all(values[i] is not None for values in columns) for i, t in enumerate(topic)]
     for seed, (a, b, t, m) in enumerate(zip(lstm, matched, topic, mismatched)):
         baselines = [v for v in (a, b) if v is not None]
-        lead = 100 * (min(baselines) - t) / min(baselines) if baselines and t is not None else None
+        lead = 100 * (min(baselines) - t) / min(baselines) if complete[seed] else None
         worth = m - t if m is not None and t is not None else None
         leads.append(lead)
         worths.append(worth)
@@ -69,8 +74,8 @@ def table(data: dict[str, list[float]], label: str) -> str:
         sd = (sum((v - mu) ** 2 for v in values) / (len(values) - 1)) ** 0.5 if len(values) > 1 else None
         return mu, sd
 
-    # the mean over the seeds that have the topic model: a seed without it compares nothing
-    present = [i for i, t in enumerate(topic) if t is not None]
+    # the mean over the seeds that have the topic model and every baseline: another seed compares nothing yet
+    present = [i for i, done in enumerate(complete) if done]
     name = "mean" if len(present) == len(topic) else f"mean (seeds {', '.join(map(str, present)) or 'none'})"
     (lead, sd) = mean(leads)
     spread = f"{fmt(lead, '{:+.1f} %')}" + ("" if sd is None else f" (sd {sd:.1f})")
