@@ -53,8 +53,8 @@ def table(data: dict[str, list[float]], label: str) -> str:
         return "-" if value is None else pattern.format(value)
 
     # the baselines the table has: the carried LSTM, and the twin where any seed has one
-    columns = [values for values in (lstm, matched) if any(v is not None for v in values)]
-    complete = [t is not None and all(values[i] is not None for values in columns) for i, t in enumerate(topic)]
+    expected = [values for values in (lstm, matched) if any(v is not None for v in values)]
+    complete = [t is not None and all(values[i] is not None for values in expected) for i, t in enumerate(topic)]
     for seed, (a, b, t, m) in enumerate(zip(lstm, matched, topic, mismatched)):
         baselines = [v for v in (a, b) if v is not None]
         lead = 100 * (min(baselines) - t) / min(baselines) if complete[seed] else None
