@@ -36,8 +36,9 @@ def test_hand_computed_perplexity_counts_eos_and_unk_never_bos():
             result = evaluate_perplexity(model, test_docs, protocol, tokenizer=tok, topic_tokenizer=topic_tok,
                                          max_sentence_length=length)
             assert result["tokens"] == 6 and result["protocol"] == protocol
-            assert result["perplexity"] == pytest.approx(expected, rel=1e-9)
-            assert result["nll"] == pytest.approx(-math.log(0.4 * 0.2 * 0.1 * 0.2 * 0.1 * 0.2), rel=1e-9)
+            # each token's NLL in float32, as the model's own logits: equal to its arithmetic's precision
+            assert result["perplexity"] == pytest.approx(expected, rel=1e-7)
+            assert result["nll"] == pytest.approx(-math.log(0.4 * 0.2 * 0.1 * 0.2 * 0.1 * 0.2), rel=1e-7)
 
 
 def naive_carry_perplexity(model, tok, docs):
@@ -102,6 +103,9 @@ def test_mismatched_context_ablation_never_reads_the_documents_own_context(famil
     docs = documents_from_lists(lists)
     tok, topic_tok = build_vocabularies(docs, min_freq=1, top_fraction=0.0)
     model = topic_family_model(family, tok, topic_tok)
+    with torch.no_grad():  # weights four times their initial scale: the topics move each token's NLL well above
+        for p in model.parameters():  # float32's resolution, so that a changed context shows in the perplexity
+            p.mul_(4)
     doc_of_token = {i: w[2] for w, i in tok.get_vocab().items() if w.startswith("qz")}
     doc_of_topic_word = {i: w[2] for w, i in topic_tok.get_vocab().items() if w.startswith("qz")}
     original = model.forward
@@ -125,7 +129,7 @@ def test_mismatched_context_ablation_never_reads_the_documents_own_context(famil
                                                   batch_size=batch_size, mismatched_context=mismatched)
     model.forward = original
     assert results[True]["mismatched_context"] and results[True]["tokens"] == results[False]["tokens"]
-    assert results[True]["perplexity"] != results[False]["perplexity"]
+    assert results[True]["perplexity"] != pytest.approx(results[False]["perplexity"], rel=1e-6)
     real = [(own, context) for own, context in seen[False] if own]
     shown = [(own, context) for own, context in seen[True] if own]
     assert len(real) == len(shown) and any(context for _, context in shown)
@@ -166,3 +170,20 @@ def test_empty_context_gives_every_chunk_an_empty_bag_and_changes_nothing_else(w
     with pytest.raises(ValueError, match="not both"):
         evaluate_perplexity(model, docs, protocol, tokenizer=wiki["tok"], topic_tokenizer=wiki["topic_tok"],
                             empty_context=True, mismatched_context=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_token_nll_equals_a_float64_loop_over_the_real_targets(dtype):
+    """The evaluators' NLL sum (float32 per token, float64 sum) against a float64 log_softmax token by token,
+    padding left out, with a vocabulary entry at -inf (a family that rules words out) and bf16 logits."""
+    from topic_lm_hf.evaluation.perplexity import token_nll
+
+    torch.manual_seed(0)
+    logits = (torch.randn(3, 5, 11) * 4).to(dtype)
+    logits[..., 7] = float("-inf")
+    targets = torch.randint(0, 7, (3, 5))
+    mask = torch.rand(3, 5) > 0.3
+    want = sum(-torch.log_softmax(logits[i, j].double(), -1)[targets[i, j]].item()
+               for i in range(3) for j in range(5) if mask[i, j])
+    assert token_nll(logits, targets, mask) == pytest.approx(want, rel=1e-6)
+    assert token_nll(logits, targets, torch.zeros_like(mask)) == 0.0

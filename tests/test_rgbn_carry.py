@@ -98,7 +98,8 @@ def test_a_documents_batch_with_carried_token_state_is_causal_carry_evaluation(w
     assert out.lm_loss.item() == pytest.approx((nll / mask.sum()).item(), rel=1e-6)
     result = evaluate_perplexity(model, _dataset(wiki), "causal-carry", tokenizer=wiki["tok"],
                                  topic_tokenizer=wiki["topic_tok"], max_sentence_length=MAX_LENGTH)
-    assert result["tokens"] == int(mask.sum()) and result["nll"] == pytest.approx(nll.item(), rel=1e-9)
+    # (evaluate_perplexity takes each token's NLL in float32, the model's own precision)
+    assert result["tokens"] == int(mask.sum()) and result["nll"] == pytest.approx(nll.item(), rel=1e-7)
     # per-layer hidden states come back per chunk, as without the option
     with torch.no_grad():
         hidden = model(**{k: batch[k] for k in KEYS}, output_hidden_states=True).hidden_states
