@@ -24,22 +24,42 @@ import torch
 from ..carried_state import run_carried_chunks
 from ..collator import TopicContextCollator
 from ..data import check_vocabularies, documents_from_lists, load_vocabularies
-from ..models.modeling_recurrent import leaky_modes_of
+from ..models.modeling_recurrent import leaky_modes_of, read_on_host
 from ..protocols import PROTOCOLS
 
 
-def token_nll(logits: torch.Tensor, targets: torch.Tensor, target_mask: torch.Tensor) -> float:
-    """The NLL sum of the targets where ``target_mask`` is set, under ``log_softmax(logits)``: each token's NLL in
-    float32 (``cross_entropy``, the padding ignored), their sum in float64. A third of the time of a float64
-    ``log_softmax`` over the whole vocabulary, for a difference below 1e-7 of the sum."""
+def token_nll(logits: torch.Tensor, targets: torch.Tensor, target_mask: torch.Tensor) -> torch.Tensor:
+    """The NLL sum of the targets where ``target_mask`` is set, under ``log_softmax(logits)``, as a float64 scalar
+    tensor on the logits' device: each token's NLL in float32 (``cross_entropy``, the padding ignored), their sum in
+    float64. A third of the time of a float64 ``log_softmax`` over the whole vocabulary, for a difference below 1e-7
+    of the sum."""
     flat_targets = targets.masked_fill(~target_mask, -100).reshape(-1)
     nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), flat_targets,
                                             ignore_index=-100, reduction="none")
-    return nll.double().sum().item()
+    return nll.double().sum()
+
+
+class NLLTotal:
+    """An evaluation's NLL sum (float64) and predicted-token count, kept on the model's device: adding a batch's
+    makes the host wait for nothing (on a GPU the next batch is queued while this one runs); :meth:`read` reads
+    both once, at the end."""
+
+    def __init__(self, device):
+        self.nll = torch.zeros((), dtype=torch.float64, device=device)
+        self.tokens = torch.zeros((), dtype=torch.long, device=device)
+
+    def add(self, nll: torch.Tensor, tokens: torch.Tensor) -> None:
+        self.nll, self.tokens = self.nll + nll, self.tokens + tokens
+
+    def read(self) -> tuple[float, int]:
+        """``(NLL sum, tokens)`` on the host: one synchronisation."""
+        nll, tokens = read_on_host(torch.stack([self.nll, self.tokens.double()]))
+        return nll, int(tokens)
 
 
 def chunk_nll(model, input_ids, attention_mask, context_bow, state, use_cache, sentence_prefix_bow=None):
-    """NLL sum and count of one batch of chunks: inputs are chunk[:-1], targets chunk[1:]."""
+    """NLL sum and count of one batch of chunks (scalar tensors on the model's device) and the state after it:
+    inputs are chunk[:-1], targets chunk[1:]."""
     inputs, targets = input_ids[:, :-1], input_ids[:, 1:]
     target_mask = attention_mask[:, 1:].bool()  # right padding: a real target has a real input
     kwargs = {"context_bow": context_bow} if context_bow is not None else {}
@@ -47,11 +67,11 @@ def chunk_nll(model, input_ids, attention_mask, context_bow, state, use_cache, s
         kwargs["sentence_prefix_bow"] = sentence_prefix_bow
     out = model(input_ids=inputs, attention_mask=target_mask.long(), state=state, use_cache=use_cache,
                 return_dict=True, **kwargs)
-    return token_nll(out.logits, targets, target_mask), int(target_mask.sum()), out.state
+    return token_nll(out.logits, targets, target_mask), target_mask.sum(), out.state
 
 
 def _document_nll(model, batch, device, context_bow):
-    """NLL sum and count of a documents batch (b, c, l) read by a model with a recurrence over sentences
+    """NLL sum and count (scalar tensors on ``device``) of a documents batch (b, c, l) read by a model with a recurrence over sentences
     (``chunk_mask`` in ``forward``): one call, every chunk from a fresh token state, as ``paper`` and ``causal``
     define it (also for a model trained with its token state carried, rGBN-RNN's ``carry_token_state``)."""
     input_ids, attention_mask = batch["input_ids"].to(device), batch["attention_mask"].to(device)
@@ -62,7 +82,7 @@ def _document_nll(model, batch, device, context_bow):
     out = model(input_ids=inputs, attention_mask=target_mask.long(), chunk_mask=chunk_mask.long(),
                 sentence_index=batch["sentence_index"].to(device), use_cache=False, return_dict=True,
                 carry_token_state=False, **kwargs)
-    return token_nll(out.logits, targets, target_mask), int(target_mask.sum())
+    return token_nll(out.logits, targets, target_mask), target_mask.sum()
 
 
 def _chunk_budget_batches(order, n_chunks, chunks_per_batch):
@@ -204,18 +224,16 @@ def evaluate_perplexity(model, documents: datasets.Dataset | Sequence, protocol:
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
-    total_nll, total_tokens = 0.0, 0
+    total = NLLTotal(device)
 
     def add_chunks(chunks, state, use_cache):
         """The NLL of a batch of chunks (a collator batch, or the carried loop's chunk k), added to the sums; returns
         the state after them."""
-        nonlocal total_nll, total_tokens
         bow = chunks["context_bow"].to(device) if uses_context else None
         prefix = chunks["sentence_prefix_bow"].to(device) if sentence_prefix else None
         nll, n, state = chunk_nll(model, chunks["input_ids"].to(device), chunks["attention_mask"].to(device), bow,
                                    state, use_cache=use_cache, sentence_prefix_bow=prefix)
-        total_nll += nll
-        total_tokens += n
+        total.add(nll, n)
         return state
 
     try:
@@ -225,9 +243,7 @@ def evaluate_perplexity(model, documents: datasets.Dataset | Sequence, protocol:
             for group in _chunk_budget_batches(range(len(rows)), n_chunks, batch_size):
                 batch = collator([rows[i] for i in group])
                 bow = batch["context_bow"].to(device) if uses_context else None
-                nll, n = _document_nll(model, batch, device, bow)
-                total_nll += nll
-                total_tokens += n
+                total.add(*_document_nll(model, batch, device, bow))
         elif not carry:
             # Sort chunks by length so that batches carry little padding; the sum does not depend on order.
             lengths = [len(x) for x in rows["input_ids"]]
@@ -246,6 +262,7 @@ def evaluate_perplexity(model, documents: datasets.Dataset | Sequence, protocol:
                 run_carried_chunks(collator([rows[i] for i in order[start:start + batch_size]]), step)
     finally:
         model.train(was_training)
+    total_nll, total_tokens = total.read()
     if total_tokens == 0:
         raise ValueError("No token to predict in these documents")
     return {"perplexity": math.exp(total_nll / total_tokens), "nll": total_nll, "tokens": total_tokens,

@@ -30,7 +30,7 @@ import torch
 from ..carried_state import run_carried_chunks
 from ..collator import TopicContextCollator
 from ..models.modeling_recurrent import leaky_modes_of
-from .perplexity import chunk_nll, prepare_evaluation
+from .perplexity import NLLTotal, chunk_nll, prepare_evaluation
 
 PROTOCOL = "topicrnn-sliding-window"
 
@@ -69,13 +69,12 @@ def evaluate_perplexity_sliding_window(model, documents: datasets.Dataset | Sequ
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
-    total_nll, total_tokens = 0.0, 0
+    total = NLLTotal(device)
     # Row i of a batch -> the LM ids it has predicted so far. Chunk k runs the first rows of the loop's order, so
     # row i is the same document at every chunk of the batch.
     history: defaultdict[int, list[int]] = defaultdict(list)
 
     def step(k, chunk, state):
-        nonlocal total_nll, total_tokens
         ids, mask = chunk["input_ids"], chunk["attention_mask"]
         bow = None
         if uses_context:
@@ -84,8 +83,7 @@ def evaluate_perplexity_sliding_window(model, documents: datasets.Dataset | Sequ
         prefix = chunk["sentence_prefix_bow"].to(device) if sentence_prefix else None
         nll, n, state = chunk_nll(model, ids.to(device), mask.to(device), bow, state, use_cache=carry_state,
                                    sentence_prefix_bow=prefix)
-        total_nll += nll
-        total_tokens += n
+        total.add(nll, n)
         for i in range(len(ids)):
             length = int(mask[i].sum())
             history[i].extend(ids[i, 1:length].tolist())  # this chunk's predicted tokens
@@ -101,6 +99,7 @@ def evaluate_perplexity_sliding_window(model, documents: datasets.Dataset | Sequ
             run_carried_chunks(collator([rows[i] for i in order[start:start + batch_size]]), step)
     finally:
         model.train(was_training)
+    total_nll, total_tokens = total.read()
     if total_tokens == 0:
         raise ValueError("No token to predict in these documents")
     context = (f"topic words of the previous {window} predicted tokens" if uses_context

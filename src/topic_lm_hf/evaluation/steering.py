@@ -48,7 +48,7 @@ import torch
 from ..collator import make_bow
 from ..data import check_vocabularies, vocabulary_hash
 from ..models.modeling_topic_family import TopicFamilyForCausalLM
-from .perplexity import chunk_nll, model_vocabularies
+from .perplexity import NLLTotal, chunk_nll, model_vocabularies
 
 
 # ----------------------------------------------------------------------------------------------
@@ -287,7 +287,7 @@ def _fluency_nll(fluency_model, token_ids: list[list[int]], bos_id: int, pad_id:
                  batch_size: int = 64) -> tuple[float, int]:
     """Summed NLL and count of every token of each sequence after ``<bos>`` under ``fluency_model``."""
     device = next(fluency_model.parameters()).device
-    total, count = 0.0, 0
+    total = NLLTotal(device)
     sequences = [[bos_id] + ids for ids in token_ids if ids]
     for start in range(0, len(sequences), batch_size):
         batch = sequences[start:start + batch_size]
@@ -298,8 +298,8 @@ def _fluency_nll(fluency_model, token_ids: list[list[int]], bos_id: int, pad_id:
             input_ids[i, :len(s)] = torch.tensor(s)
             mask[i, :len(s)] = 1
         nll, n, _ = chunk_nll(fluency_model, input_ids.to(device), mask.to(device), None, None, use_cache=False)
-        total, count = total + nll, count + n
-    return total, count
+        total.add(nll, n)
+    return total.read()
 
 
 def _sample(model, n: int, max_new_tokens: int, generation_kwargs: dict, seed: int, **conditioning) -> torch.Tensor:
