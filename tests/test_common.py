@@ -91,7 +91,11 @@ def test_run_rnn_right_padded_with_state_equals_each_row_alone(cell):
     init = tuple(torch.randn(b, 2, 5, dtype=torch.float64, requires_grad=True)
                  for _ in range(2 if cell is nn.LSTM else 1))
     mask = (torch.arange(s) < torch.tensor(lengths).unsqueeze(1)).long()
-    out, state = run_rnn(rnn, x, mask, init)
+    from benchmarking import OperationCounter
+
+    with OperationCounter() as ops:
+        out, state = run_rnn(rnn, x, mask, init)
+    assert ops.syncs == 1, dict(ops.syncs_by_name)  # the padding's shape and the lengths, read at once
     assert out[~mask.bool()].abs().sum() == 0
     reference = []
     for i, n in enumerate(lengths):

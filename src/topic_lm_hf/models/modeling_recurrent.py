@@ -398,10 +398,6 @@ def next_token_loss(features: torch.Tensor, labels: torch.Tensor, output: nn.Lin
 # ----------------------------------------------------------------------------------------------
 
 
-def _is_right_padded(mask: torch.Tensor) -> bool:
-    return bool((mask[:, :-1] >= mask[:, 1:]).all())
-
-
 def _to_layer_first(state):
     if state is None:
         return None
@@ -410,18 +406,18 @@ def _to_layer_first(state):
     return tuple(_to_layer_first(s) for s in state)
 
 
-def _run_by_length(rnn: nn.RNNBase, x: torch.Tensor, attention_mask: torch.Tensor, hx):
-    """``rnn`` (unidirectional) on a right-padded batch, with the state after each row's last real token, in one
-    call of the fused kernel per distinct row length instead of a packed sequence (which the CPU runs one time step
-    at a time): the rows sorted by length, longest first, the first call runs every row up to the shortest length,
-    the next continues the longer rows from their states up to the next length, and so on. Returns ``(outputs
-    (b, s, H) with zeros at padding, the layer-first state)`` as ``rnn`` returns them; a row without a token keeps
-    its initial state."""
+def _run_by_length(rnn: nn.RNNBase, x: torch.Tensor, lengths: Sequence[int], hx):
+    """``rnn`` (unidirectional) on a right-padded batch whose rows hold ``lengths`` real tokens (read on the host),
+    with the state after each row's last real token, in one call of the fused kernel per distinct row length instead
+    of a packed sequence (which the CPU runs one time step at a time): the rows sorted by length, longest first, the
+    first call runs every row up to the shortest length, the next continues the longer rows from their states up to
+    the next length, and so on. Returns ``(outputs (b, s, H) with zeros at padding, the layer-first state)`` as
+    ``rnn`` returns them; a row without a token keeps its initial state."""
     b, s, _ = x.shape
     is_lstm = isinstance(rnn, nn.LSTM)
-    lengths = attention_mask.sum(1)
-    order = torch.argsort(lengths, descending=True, stable=True)
-    sorted_lengths = lengths[order].tolist()
+    host_order = sorted(range(b), key=lambda i: -lengths[i])  # longest first, ties in row order (stable)
+    order = torch.tensor(host_order, device=x.device)
+    sorted_lengths = [lengths[i] for i in host_order]
     out_size = rnn.proj_size or rnn.hidden_size
     if hx is None:
         h0 = x.new_zeros(rnn.num_layers, b, out_size)
@@ -468,19 +464,22 @@ def run_rnn(rnn: nn.RNNBase, x: torch.Tensor, attention_mask: Optional[torch.Ten
     hx = _to_layer_first(state)
     if hx is not None and not is_lstm:
         hx = hx[0]
-    full, right_padded = True, False
+    full, right_padded, lengths = True, False, None
     if attention_mask is not None and host_reads_are_deferred():  # the caller checked: padding on the right
         full, right_padded = False, True
-    elif attention_mask is not None:  # both read at once: one host synchronisation
-        full, right_padded = (bool(v) for v in read_on_host(torch.stack([
-            attention_mask.bool().all(), (attention_mask[:, :-1] >= attention_mask[:, 1:]).all()])))
-        right_padded = right_padded and not full
+    elif attention_mask is not None:  # the padding's shape, and each row's length where the state is wanted (the
+        # rows then run by length), read at once: one host read
+        flags = torch.stack([attention_mask.bool().all(), right_padding_holds(attention_mask)])
+        if need_state:
+            flags = torch.cat([flags.long(), attention_mask.long().sum(1)])
+        full, right_padded, *lengths = read_on_host(flags)
+        full, right_padded = bool(full), bool(right_padded) and not full
     if full or (not need_state and right_padded):
         out, hn = rnn(x, hx)
         if not full:
             out = out * attention_mask.unsqueeze(-1).to(out.dtype)
     elif right_padded and not rnn.bidirectional:
-        out, hn = _run_by_length(rnn, x, attention_mask, hx)
+        out, hn = _run_by_length(rnn, x, lengths, hx)
     else:
         mask = attention_mask.bool()
         b, s = mask.shape

@@ -75,8 +75,8 @@ from .modeling_conditioning import (TOPIC_LOGIT_INIT_STD, TopicConditioning, ang
 from .modeling_generation import TopicGenerationMixin
 from .modeling_document import DocumentClassifierMixin, DocumentRepresentationMixin
 from .modeling_recurrent import (RecurrentPreTrainedModel, TopicLMOutput, causal_lm_loss, embed_checked,
-                                 host_reads_are_deferred,
-                                 last_columns, run_rnn, run_rnn_layers, state_from_aliases)
+                                 host_reads_are_deferred, last_columns, read_on_host, right_padding_holds, run_rnn,
+                                 run_rnn_layers, state_from_aliases)
 from .modeling_topic_family import LanguageModelPass, LossTerm, TopicFamilyForCausalLM
 
 NUM_GATES = 4  # i, f, g (= c~), o
@@ -548,10 +548,13 @@ class TCNLMModel(DocumentRepresentationMixin, TCNLMPreTrainedModel):
                                 else self.config.output_hidden_states)
         checkpoint_fn = self.checkpoint_function()
         attention_mask = last_columns(attention_mask, s)
-        mask = None
-        deferred = host_reads_are_deferred()  # no host read: the mask as given, its padding on the right
-        if attention_mask is not None and (deferred or not bool(attention_mask.all())):
-            mask = attention_mask.bool()
+        full, right_padded = True, False
+        if attention_mask is not None and host_reads_are_deferred():  # no host read: the padding on the right
+            full, right_padded = False, True
+        elif attention_mask is not None:  # whether it pads at all, and on the right: one host read
+            full, right_padded = (bool(v) for v in read_on_host(torch.stack([
+                attention_mask.bool().all(), right_padding_holds(attention_mask)])))
+        mask = None if full else attention_mask.bool()
         if topic_representation is not None:  # resolved before (generation's cache): t as is, not re-validated
             t, topic_losses = topic_representation.to(inputs_embeds.device), None
         else:
@@ -565,7 +568,6 @@ class TCNLMModel(DocumentRepresentationMixin, TCNLMPreTrainedModel):
         else:
             # Right padding without a state to return: outputs at real tokens do not depend on what
             # follows, so the per-step masking can be skipped (the outputs are zeroed below).
-            right_padded = mask is not None and (deferred or bool((mask[:, :-1] >= mask[:, 1:]).all()))
             step_mask = None if (mask is None or (right_padded and not need_state)) else mask
             hs, cs, layers = [], [], []
             hidden = x
