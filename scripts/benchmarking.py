@@ -652,12 +652,16 @@ class OperationCounter(TorchDispatchMode):
         counter, tolist = self, self._tolist
 
         def counted(tensor, *args, **kwargs):
-            counter.syncs += 1
-            counter.syncs_by_name["tolist"] += 1
+            counter.read_on_host(tensor)
             return tolist(tensor, *args, **kwargs)
 
         torch.Tensor.tolist = counted
         return super().__enter__()
+
+    def read_on_host(self, tensor) -> None:
+        """``tensor.tolist()`` was called: a host synchronisation."""
+        self.syncs += 1
+        self.syncs_by_name["tolist"] += 1
 
     def __exit__(self, *exc):
         torch.Tensor.tolist = self._tolist

@@ -190,56 +190,51 @@ def test_token_nll_equals_a_float64_loop_over_the_real_targets(dtype):
     assert token_nll(logits, targets, torch.zeros_like(mask)).item() == 0.0
 
 
-class ReadsOfModelOutputs(torch.utils._python_dispatch.TorchDispatchMode):
-    """Counts the host reads (``.item()``, ``.tolist()``, ``nonzero``, ...: on a GPU each one waits for the device)
-    of what a model's ``forward`` returned and of everything computed from it, outside ``forward``; and the calls."""
+def reads_of_model_outputs(model):
+    """An ``OperationCounter`` that counts only the host reads (``.item()``, ``.tolist()``, ``nonzero``, ...: on a GPU
+    each one waits for the device) of what ``model.forward`` returned and of everything computed from it, outside
+    ``forward`` (``counter.syncs``); and the calls of ``forward`` (``counter.calls``)."""
+    from benchmarking import OperationCounter, is_host_synchronisation
+    from torch.utils._pytree import tree_leaves
 
-    def __init__(self, model):
-        super().__init__()
-        self.reads, self.calls, self.inside, self.ids, self.keep = 0, 0, 0, set(), []
-        original = model.forward
+    class Counter(OperationCounter):
+        def __init__(self):
+            super().__init__()
+            self.calls, self.inside, self.ids, self.keep = 0, 0, set(), []
 
-        def forward(*args, **kwargs):
-            self.calls, self.inside = self.calls + 1, self.inside + 1
-            try:
-                out = original(*args, **kwargs)
-            finally:
-                self.inside -= 1
-            self.tag(*[v for v in out.values() if isinstance(v, torch.Tensor)])
+        def tag(self, values):
+            tensors = [t for t in tree_leaves(values) if isinstance(t, torch.Tensor)]
+            self.ids.update(id(t) for t in tensors)
+            self.keep.extend(tensors)  # the ids stay theirs
+
+        def tagged(self, values) -> bool:
+            return not self.inside and any(isinstance(v, torch.Tensor) and id(v) in self.ids
+                                           for v in tree_leaves(values))
+
+        def read_on_host(self, tensor):
+            self.syncs += self.tagged(tensor)
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            out = func(*args, **kwargs)
+            if self.tagged((args, kwargs)):
+                self.syncs += is_host_synchronisation(func.overloadpacket.__name__, args, kwargs)
+                self.tag(out)
             return out
 
-        model.forward = forward
+    counter, original = Counter(), model.forward
 
-    def tag(self, *tensors):
-        self.ids.update(id(t) for t in tensors)
-        self.keep.extend(tensors)  # the ids stay theirs
-
-    def tagged(self, values) -> bool:
-        return any(isinstance(v, torch.Tensor) and id(v) in self.ids for v in torch.utils._pytree.tree_leaves(values))
-
-    def __enter__(self):
-        self._tolist, counter = torch.Tensor.tolist, self
-
-        def tolist(tensor, *args, **kwargs):
-            counter.reads += not counter.inside and counter.tagged(tensor)
-            return counter._tolist(tensor, *args, **kwargs)
-
-        torch.Tensor.tolist = tolist
-        return super().__enter__()
-
-    def __exit__(self, *exc):
-        torch.Tensor.tolist = self._tolist
-        return super().__exit__(*exc)
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        from benchmarking import is_host_synchronisation
-
-        kwargs = kwargs or {}
-        out = func(*args, **kwargs)
-        if not self.inside and self.tagged((args, kwargs)):
-            self.reads += is_host_synchronisation(func.overloadpacket.__name__, args, kwargs)
-            self.tag(*[t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)])
+    def forward(*args, **kwargs):
+        counter.calls, counter.inside = counter.calls + 1, counter.inside + 1
+        try:
+            out = original(*args, **kwargs)
+        finally:
+            counter.inside -= 1
+        counter.tag([v for v in out.values() if isinstance(v, torch.Tensor)])
         return out
+
+    model.forward = forward
+    return counter
 
 
 @pytest.mark.parametrize("family,protocol", [("lstm_lm", "causal"), ("lstm_lm", "causal-carry"), ("tcnlm", "paper"),
@@ -247,17 +242,16 @@ class ReadsOfModelOutputs(torch.utils._python_dispatch.TorchDispatchMode):
 def test_an_evaluation_reads_its_totals_on_the_host_once_whatever_the_number_of_batches(wiki, family, protocol):
     """The evaluators keep the NLL sum and the token count on the model's device and read them once at the end: no
     host read of a model's output per batch (on a GPU, each would make the host wait for the queue to drain)."""
-    import torch.utils._pytree  # noqa: F401
-
     from conftest import topic_family_model
     from topic_lm_hf.evaluation import evaluate_perplexity_sliding_window
 
     model = topic_family_model(family, wiki["tok"], wiki["topic_tok"])
-    docs, vocabularies = wiki["valid"].select(range(6)), {"tokenizer": wiki["tok"], "topic_tokenizer": wiki["topic_tok"]}
+    docs = wiki["valid"].select(range(6))
+    vocabularies = {"tokenizer": wiki["tok"], "topic_tokenizer": wiki["topic_tok"]}
     want = (evaluate_perplexity_sliding_window(model, docs, **vocabularies) if protocol == "sliding" else
             evaluate_perplexity(model, docs, protocol, batch_size=64, **vocabularies))
-    with ReadsOfModelOutputs(model) as counter:
+    with reads_of_model_outputs(model) as counter:
         got = (evaluate_perplexity_sliding_window(model, docs, batch_size=2, **vocabularies) if protocol == "sliding"
                else evaluate_perplexity(model, docs, protocol, batch_size=2, **vocabularies))
-    assert counter.calls > 3 and counter.reads == 1, (counter.calls, counter.reads)
+    assert counter.calls > 3 and counter.syncs == 1, (counter.calls, counter.syncs)
     assert got["tokens"] == want["tokens"] and got["perplexity"] == pytest.approx(want["perplexity"], rel=1e-9)
