@@ -96,6 +96,13 @@ def test_run_rnn_right_padded_with_state_equals_each_row_alone(cell):
     with OperationCounter() as ops:
         out, state = run_rnn(rnn, x, mask, init)
     assert ops.syncs == 1, dict(ops.syncs_by_name)  # the padding's shape and the lengths, read at once
+    from topic_lm_hf.models.modeling_recurrent import host_reads_deferred
+
+    with host_reads_deferred():  # the padding taken as on the right unread; the lengths still read for the state
+        deferred_out, deferred_state = run_rnn(rnn, x, mask, init)
+    torch.testing.assert_close(deferred_out, out)
+    for a, r in zip(deferred_state, state):
+        torch.testing.assert_close(a, r)
     assert out[~mask.bool()].abs().sum() == 0
     reference = []
     for i, n in enumerate(lengths):

@@ -71,9 +71,10 @@ def chunk_nll(model, input_ids, attention_mask, context_bow, state, use_cache, s
 
 
 def _document_nll(model, batch, device, context_bow):
-    """NLL sum and count (scalar tensors on ``device``) of a documents batch (b, c, l) read by a model with a recurrence over sentences
-    (``chunk_mask`` in ``forward``): one call, every chunk from a fresh token state, as ``paper`` and ``causal``
-    define it (also for a model trained with its token state carried, rGBN-RNN's ``carry_token_state``)."""
+    """NLL sum and count (scalar tensors on ``device``) of a documents batch (b, c, l) read by a model with a
+    recurrence over sentences (``chunk_mask`` in ``forward``): one call, every chunk from a fresh token state, as
+    ``paper`` and ``causal`` define it (also for a model trained with its token state carried, rGBN-RNN's
+    ``carry_token_state``)."""
     input_ids, attention_mask = batch["input_ids"].to(device), batch["attention_mask"].to(device)
     inputs, targets = input_ids[..., :-1], input_ids[..., 1:]
     chunk_mask = batch["chunk_mask"].to(device).bool()

@@ -163,6 +163,20 @@ def right_padding_holds(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask[:, :-1] >= attention_mask[:, 1:]).all()
 
 
+def read_padding(attention_mask: torch.Tensor, lengths: bool = False) -> tuple[bool, bool, Optional[list[int]]]:
+    """``(full, right_padded, row lengths)`` of a (b, s) attention mask in one host read: whether every position is
+    a token, whether the padding follows each row's tokens (False when ``full``), and each row's number of tokens when
+    ``lengths`` (else None). Under :func:`host_reads_deferred` nothing is read: ``(False, True, None)``, the padding
+    taken as on the right, as the caller checked."""
+    if host_reads_are_deferred():
+        return False, True, None
+    flags = torch.stack([attention_mask.bool().all(), right_padding_holds(attention_mask)])
+    if lengths:
+        flags = torch.cat([flags.long(), attention_mask.long().sum(1)])
+    full, right_padded, *row_lengths = read_on_host(flags)
+    return bool(full), bool(right_padded) and not full, row_lengths if lengths else None
+
+
 def check_right_padded(attention_mask: torch.Tensor, holds: Optional[bool] = None) -> None:
     """A ``ValueError`` unless every row's padding (0 in ``attention_mask``) follows its tokens: one host read
     (none when ``holds``, :func:`right_padding_holds` read by the caller, is given)."""
@@ -464,21 +478,16 @@ def run_rnn(rnn: nn.RNNBase, x: torch.Tensor, attention_mask: Optional[torch.Ten
     hx = _to_layer_first(state)
     if hx is not None and not is_lstm:
         hx = hx[0]
-    full, right_padded, lengths = True, False, None
-    if attention_mask is not None and host_reads_are_deferred():  # the caller checked: padding on the right
-        full, right_padded = False, True
-    elif attention_mask is not None:  # the padding's shape, and each row's length where the state is wanted (the
-        # rows then run by length), read at once: one host read
-        flags = torch.stack([attention_mask.bool().all(), right_padding_holds(attention_mask)])
-        if need_state:
-            flags = torch.cat([flags.long(), attention_mask.long().sum(1)])
-        full, right_padded, *lengths = read_on_host(flags)
-        full, right_padded = bool(full), bool(right_padded) and not full
+    # the padding's shape, and each row's length where the state is wanted (the rows then run by length): one read
+    full, right_padded, lengths = (True, False, None) if attention_mask is None else \
+        read_padding(attention_mask, lengths=need_state)
     if full or (not need_state and right_padded):
         out, hn = rnn(x, hx)
         if not full:
             out = out * attention_mask.unsqueeze(-1).to(out.dtype)
     elif right_padded and not rnn.bidirectional:
+        if lengths is None:  # deferred host reads (a captured step never wants the state)
+            lengths = read_on_host(attention_mask.long().sum(1))
         out, hn = _run_by_length(rnn, x, lengths, hx)
     else:
         mask = attention_mask.bool()
@@ -974,5 +983,5 @@ __all__ = ["RecurrentBodyMixin", "RecurrentModelOutput", "RecurrentPreTrainedMod
            "check_right_padded", "check_token_ids", "compiled_linear_cross_entropy", "detach_or_none",
            "document_layout", "effective_weight", "embed_checked", "host_reads_are_deferred", "host_reads_deferred",
            "last_columns", "last_token_positions", "leaky_modes_of", "next_token_loss", "read_on_host",
-           "reorder_state", "right_padding_holds", "run_rnn", "run_rnn_layers", "run_token_rnn", "select_state_rows",
-           "state_from_aliases"]
+           "read_padding", "reorder_state", "right_padding_holds", "run_rnn", "run_rnn_layers", "run_token_rnn",
+           "select_state_rows", "state_from_aliases"]

@@ -75,8 +75,7 @@ from .modeling_conditioning import (TOPIC_LOGIT_INIT_STD, TopicConditioning, ang
 from .modeling_generation import TopicGenerationMixin
 from .modeling_document import DocumentClassifierMixin, DocumentRepresentationMixin
 from .modeling_recurrent import (RecurrentPreTrainedModel, TopicLMOutput, causal_lm_loss, embed_checked,
-                                 host_reads_are_deferred, last_columns, read_on_host, right_padding_holds, run_rnn,
-                                 run_rnn_layers, state_from_aliases)
+                                 last_columns, read_padding, run_rnn, run_rnn_layers, state_from_aliases)
 from .modeling_topic_family import LanguageModelPass, LossTerm, TopicFamilyForCausalLM
 
 NUM_GATES = 4  # i, f, g (= c~), o
@@ -548,12 +547,7 @@ class TCNLMModel(DocumentRepresentationMixin, TCNLMPreTrainedModel):
                                 else self.config.output_hidden_states)
         checkpoint_fn = self.checkpoint_function()
         attention_mask = last_columns(attention_mask, s)
-        full, right_padded = True, False
-        if attention_mask is not None and host_reads_are_deferred():  # no host read: the padding on the right
-            full, right_padded = False, True
-        elif attention_mask is not None:  # whether it pads at all, and on the right: one host read
-            full, right_padded = (bool(v) for v in read_on_host(torch.stack([
-                attention_mask.bool().all(), right_padding_holds(attention_mask)])))
+        full, right_padded, _ = (True, False, None) if attention_mask is None else read_padding(attention_mask)
         mask = None if full else attention_mask.bool()
         if topic_representation is not None:  # resolved before (generation's cache): t as is, not re-validated
             t, topic_losses = topic_representation.to(inputs_embeds.device), None
