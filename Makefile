@@ -20,8 +20,11 @@ install: $(BIN)/python
 demo: install
 	$(BIN)/topic-lm demo
 
+# -n auto: one test process per core, a test file's tests in the same process (their module fixtures built once)
+PYTEST := $(BIN)/python -m pytest -q -p no:cacheprovider -n auto --dist loadfile
+
 test: install
-	$(BIN)/python -m pytest -q -p no:cacheprovider tests
+	$(PYTEST) tests
 
 # As a fresh clone runs: TOPIC_LM_DATA names an empty folder (so no corpus beside the checkout is used either), and
 # the package's own stop list and wikipedia-sample carry the demo, the command line and the data tests: the tests
@@ -29,7 +32,7 @@ test: install
 FRESH_CLONE_TESTS := tests/test_data.py tests/test_text.py tests/test_packaging.py tests/test_cli.py
 test-fresh-clone: install
 	rm -rf out/no-corpora && mkdir -p out/no-corpora
-	TOPIC_LM_DATA=$(CURDIR)/out/no-corpora $(BIN)/python -m pytest -q -p no:cacheprovider $(FRESH_CLONE_TESTS)
+	TOPIC_LM_DATA=$(CURDIR)/out/no-corpora $(PYTEST) $(FRESH_CLONE_TESTS)
 
 benchmark: install
 	$(BIN)/python scripts/benchmark_speed.py

@@ -1,13 +1,27 @@
 """Shared fixtures: the package's own real corpus (``wikipedia-sample``, always there), and the full corpora of
 ``$TOPIC_LM_DATA`` for the tests that need them (skipped with a reason when absent)."""
 
+import atexit
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 from typing import Optional
 
+# `make test` runs the suite on every core (pytest-xdist, one process per core): each worker computes with one torch
+# thread (and so do the commands it starts), and loads remote code from its own modules cache, not one that another
+# worker writes at the same moment. Set before torch and transformers are imported.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["OMP_NUM_THREADS"] = "1"
+    os.environ["HF_MODULES_CACHE"] = tempfile.mkdtemp(prefix=f"hf-modules-{os.environ['PYTEST_XDIST_WORKER']}-")
+    atexit.register(shutil.rmtree, os.environ["HF_MODULES_CACHE"], True)
+
 import pytest
 import torch
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)
 
 from topic_lm_hf.data import MALLET_STOPWORDS
 
