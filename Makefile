@@ -20,8 +20,9 @@ install: $(BIN)/python
 demo: install
 	$(BIN)/topic-lm demo
 
-# -n auto: one test process per core, a test file's tests in the same process (their module fixtures built once)
-PYTEST := $(BIN)/python -m pytest -q -p no:cacheprovider -n auto --dist loadfile
+# -n auto: one test process per core (at most 4: each holds torch, a few models and the commands it starts), a test
+# file's tests in the same process (their module fixtures built once)
+PYTEST := $(BIN)/python -m pytest -q -p no:cacheprovider -n auto --maxprocesses 4 --dist loadfile
 
 test: install
 	$(PYTEST) tests
