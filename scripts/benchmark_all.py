@@ -101,16 +101,16 @@ Decisions (the same for every run of this script):
 * Budget. Every run trains until its development perplexity stops improving (below), with a cap of
   ``--max-steps`` optimizer steps per model (default: ``--max-epochs`` 20 epochs of the training documents, e.g.
   8,550 steps of 4 APNEWS documents; the table says for every run whether the cap or the development
-  perplexity stopped it); Adam lr ``--lr`` 2e-3, linear warm-up over 2 % of ``--max-steps``, then (``--schedule
-  plateau``, the default) constant, halved (``--lr-decay``) at every evaluation that does not improve on the best
-  dev perplexity, so that early stopping, not the cap, ends a run (``--schedule linear``: decay to 0 at
-  ``--max-steps``, where the best step is always near the cap), global gradient-norm clip ``--clip`` 0.5, seed 0).
-  Every ``--eval-steps``
-  steps (and at the last step) the dev perplexity is measured with ``evaluate_perplexity`` under ``causal``
-  (``causal-carry`` for ``*-carry`` models: the protocol they are trained for); training stops after
-  ``--patience`` evaluations without improvement and the best evaluated weights are kept (a small callback,
-  ``DevEarlyStopping``: transformers' ``EarlyStoppingCallback`` needs ``Trainer.evaluate``, which measures the
-  training collator's protocol, not ``evaluate_perplexity``'s, and cannot score GBN/rGBN-RNN's documents batches).
+  perplexity stopped it); Adam lr ``--lr`` 2e-3, linear warm-up over 2 % of the first cap of ``--out``, then
+  (``--schedule plateau``, the default) constant, halved (``--lr-decay``) at every evaluation that does not
+  improve on the best dev perplexity, so that early stopping, not the cap, ends a run (``--schedule linear``: decay
+  to 0 at ``--max-steps``, where the best step is always near the cap), global gradient-norm clip ``--clip`` 0.5,
+  seed 0). Every ``--eval-steps`` steps (and at the last step) the dev perplexity is measured with
+  ``evaluate_perplexity`` under ``causal`` (``causal-carry`` for ``*-carry`` models: the protocol they are trained
+  for); training stops after ``--patience`` evaluations without improvement and the best evaluated weights are kept (a
+  small callback, ``DevEarlyStopping``: transformers' ``EarlyStoppingCallback`` needs ``Trainer.evaluate``, which
+  measures the training collator's protocol, not ``evaluate_perplexity``'s, and cannot score GBN/rGBN-RNN's documents
+  batches).
 * Perplexity on ``valid.txt`` (``evaluate_perplexity``, every predicted token incl. ``<eos>`` and ``<unk>``):
   ``paper`` (context = document minus the sentence: it sees later sentences), ``causal`` (preceding sentences;
   state reset at every chunk), ``causal-carry`` (causal, with the LSTM state carried across the document); the
@@ -145,7 +145,9 @@ vocabularies), ``train.json``, ``dev.jsonl`` (every dev evaluation), ``steps.jso
 was fitted with), ``speed.json``, ``results.json``, ``table.md``, ``perplexity.png`` and ``steering.png``
 (matplotlib, ``pip install topic-lm-hf[bench]``; skipped with a message without it). A rerun skips whatever is done
 (a trained model is never retrained) and resumes an interrupted training from its last checkpoint (one at every dev
-evaluation), the early-stopping state from ``dev.jsonl``.
+evaluation), the early-stopping state from ``dev.jsonl``. Under the plateau schedule a rerun may raise the cap (not
+lower it): the rows that the smaller cap stopped train on from their last checkpoint, kept for that, with the same
+warm-up, and are measured again.
 ``--readme results/README.md`` publishes a finished table: ``table.md``, ``results.json`` and the figures are copied
 to ``results/<corpus>-<size>/``, and the page's block for that run is rewritten (``publish``).
 """
@@ -169,7 +171,7 @@ from topic_lm_hf.evaluation.perplexity import empty_context_rows
 from topic_lm_hf.evaluation.topics import load_reference_corpus
 from topic_lm_hf.protocols import PROTOCOLS as PROTOCOL_RECORDS, evaluation_protocol
 
-from benchmark_training import (pretrain_topic_model_once, pretrain_topic_model_phase, step_throughput,
+from benchmark_training import (cap_raised, pretrain_topic_model_once, pretrain_topic_model_phase, step_throughput,
                                 train_to_convergence)
 from benchmarking import (CLASSES, DATA, MAX_FLUENCY_RATIO, MODELS, PROTOCOLS, SCHEDULE_FLAGS, SIZES, TRAINING_FLAGS,
                           CarriedLoss, OnDevice, Tee, add_common_arguments, build_model, cached_lda_judge,
@@ -204,7 +206,8 @@ SETTINGS = ("corpus", "size", "embedding_size", "hidden_size", "num_topics", "dr
             "topic_model_lr", "topic_model_batch_size", "pretrain_steps", "pretrain_eval_every", "pretrain_patience",
             "min_freq", "seed", "dev_fraction", "dev_seed",
             "max_train_docs", "max_valid_docs", "npmi_max_documents", "steer_topics", "steer_samples",
-            "max_new_tokens", "lda_max_iter", "device", "precision", "compile_output_layer", "schedule", "lr_decay")
+            "max_new_tokens", "lda_max_iter", "device", "precision", "compile_output_layer", "schedule", "lr_decay",
+            "warmup_steps")
 
 
 def is_topic_model(name: str) -> bool:
@@ -261,6 +264,13 @@ def step_cap(args, train_documents: int) -> int:
     if args.max_steps is not None:
         return args.max_steps
     return math.ceil(args.max_epochs * train_documents / args.batch_size)
+
+
+def warmup_steps(out: Path, args) -> int:
+    """The warm-up in steps: 2 % of the cap that the folder ``out`` was first trained under (``settings.json``), so
+    that a rerun with a larger cap trains every row, new or continued, with the same schedule."""
+    first = read_json(out / "settings.json") or {}
+    return first.get("warmup_steps") or max(1, first.get("max_steps", args.max_steps) // 50)
 
 
 def load_model(name: str, path: Path, device: str):
@@ -443,9 +453,13 @@ def run(args) -> dict:
     CODE_VERSION = code_version()
     train_docs, dev_docs, valid_docs = load_corpus(args)
     args.max_steps = step_cap(args, len(train_docs))  # settings.json records the steps
+    args.warmup_steps = warmup_steps(out, args)
     settings = {k: getattr(args, k) for k in SETTINGS}
-    # folders written before the schedule was a setting were trained with the linear one (lr_decay unused there)
-    check_settings(out, settings, before={"schedule": "linear", "lr_decay": args.lr_decay})
+    # folders written before the schedule was a setting were trained with the linear one (lr_decay unused there);
+    # under the plateau schedule a larger cap continues the rows its smaller one stopped (train_to_convergence)
+    check_settings(out, settings, before={"schedule": "linear", "lr_decay": args.lr_decay,
+                                          "warmup_steps": args.warmup_steps},
+                   may_grow=("max_steps",) if args.schedule == "plateau" else ())
 
     tok, topic_tok = build_vocabularies(train_docs, min_freq=args.min_freq,
                                         stopwords="mallet")
@@ -489,7 +503,12 @@ def run(args) -> dict:
         mdir.mkdir(exist_ok=True)
         model = None
         elapsed = (time.perf_counter() - t_start) / 60
-        if (mdir / "train.json").exists():
+        trained = read_json(mdir / "train.json")
+        if trained is not None and cap_raised(trained, args, mdir / "checkpoints"):
+            for stale in ("train.json", "eval.json", "topics.json", "steering.json"):  # of the weights at the cap
+                (mdir / stale).unlink(missing_ok=True)
+            trained = None
+        if trained is not None:
             print(f"\n== [{i + 1}/{len(names)}] {name}: trained earlier", flush=True)
         else:
             model = build_model(name, args, tok, topic_tok)
@@ -703,7 +722,7 @@ def table(report: dict, args) -> list[str]:
     epochs = args.max_steps * args.batch_size / c["train_documents"]
     budget = (f"until the dev perplexity has not improved for {args.patience} evaluations {args.eval_steps} steps "
               f"apart, at most {args.max_steps} steps of {args.batch_size} documents ({epochs:.1f} epochs: the cap)")
-    schedule = (f"linear warm-up over {max(1, args.max_steps // 50)} steps, then constant, times {args.lr_decay:g} at "
+    schedule = (f"linear warm-up over {args.warmup_steps} steps, then constant, times {args.lr_decay:g} at "
                 "every dev evaluation without improvement (every n-th in a row for a row whose label names its "
                 "decay after n misses)" if args.schedule == "plateau" else
                 f"linear warm-up and decay over {args.max_steps} steps")

@@ -119,16 +119,18 @@ class BenchmarkTrainer(TopicLMTrainer):
     to 0 at the phase's last step), or for the joint phase with ``plateau=(history, decay)`` the same warm-up, then
     constant, times ``plateau_factor(history, decay)`` (``history``: the development evaluations, appended to as
     the run goes; ``plateau=(history, decay, patience)``: decayed after ``patience`` evaluations in a row without
-    improvement). ``lm_lr_scale``: the language-model weights (``language_model_parameters``: those a warm start
-    took from an LSTM LM) learn at this fraction of the rate, the topic path at the full rate."""
+    improvement; ``warmup_steps``: the plateau schedule's warm-up in steps, in place of 2 %). ``lm_lr_scale``: the
+    language-model weights (``language_model_parameters``: those a warm start took from an LSTM LM) learn at this
+    fraction of the rate, the topic path at the full rate."""
 
     def __init__(self, *args, order=None, topic_model_steps: int = 0, plateau: tuple | None = None,
-                 lm_lr_scale: float = 1.0, **kwargs):
+                 lm_lr_scale: float = 1.0, warmup_steps: int | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self._order = order
         self._topic_model_steps = topic_model_steps
         self._plateau = plateau
         self._lm_lr_scale = lm_lr_scale
+        self._warmup_steps = warmup_steps
 
     def create_optimizer(self, model=None):
         created = self.optimizer is None
@@ -157,7 +159,7 @@ class BenchmarkTrainer(TopicLMTrainer):
                     return linear_schedule(step, pre)
                 if self._plateau is None:
                     return linear_schedule(step - pre, joint)
-                warmup = max(1, joint // 50)
+                warmup = self._warmup_steps or max(1, joint // 50)
                 return min(1.0, (step - pre) / warmup) * plateau_factor(*self._plateau)
 
             self.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer or self.optimizer, factor)
@@ -482,20 +484,29 @@ def train_to_convergence(name: str, model, rows, collator, args, mdir: Path, tok
     """Train one model until its development perplexity stops improving, resumably; keep its best weights.
 
     At most ``args.max_steps`` steps of ``args.batch_size`` rows in the seeded order of ``batch_order`` (Adam
-    ``args.lr``, linear warm-up over 2 %, then ``args.schedule``: "plateau" constant, times ``args.lr_decay`` at
-    every evaluation without improvement (at every ``args.lr_patience``-th in a row where it is set), or "linear"
-    (the default of a script without the flag) decay to 0 at ``args.max_steps``; clip ``args.clip``); every
-    ``args.eval_steps`` steps the perplexity of ``dev_docs`` under ``dev_protocol`` (``DevEarlyStopping``) and a
-    checkpoint; the run stops after ``args.patience`` evaluations without improvement. An interrupted run resumes
-    from its last complete checkpoint (``<mdir>/checkpoints``) with its early-stopping state (``<mdir>/dev.jsonl``);
-    a finished one is not trained again. The best weights and the vocabularies (``tok``, and ``topic_tok`` unless
-    it is None) end in ``<mdir>/model``. Returns the training statistics, ``stopped_by`` saying what ended the run
-    (``"patience"`` or ``"max_steps"``). ``empty_context``: the dev perplexity with every context empty (a matched
-    topic-free row, whose ``rows`` hold empty contexts too)."""
+    ``args.lr``, linear warm-up over 2 % (``args.warmup_steps`` where set), then ``args.schedule``: "plateau"
+    constant, times ``args.lr_decay`` at every evaluation without improvement (at every ``args.lr_patience``-th in a
+    row where it is set), or "linear" (the default of a script without the flag) decay to 0 at ``args.max_steps``;
+    clip ``args.clip``); every ``args.eval_steps`` steps the perplexity of ``dev_docs`` under ``dev_protocol``
+    (``DevEarlyStopping``) and a checkpoint; the run stops after ``args.patience`` evaluations without improvement.
+    An interrupted run resumes from its last complete checkpoint (``<mdir>/checkpoints``) with its early-stopping
+    state (``<mdir>/dev.jsonl``); a finished one is not trained again, unless it stopped at its cap under the plateau
+    schedule and ``args.max_steps`` is larger: it trains on from its last checkpoint, kept for that. The best weights
+    and the vocabularies (``tok``, and ``topic_tok`` unless it is None) end in ``<mdir>/model``. Returns the training
+    statistics, ``stopped_by`` saying what ended the run (``"patience"`` or ``"max_steps"``). ``empty_context``: the
+    dev perplexity with every context empty (a matched topic-free row, whose ``rows`` hold empty contexts too)."""
     ckpt_dir, steps_path, dev_path = mdir / "checkpoints", mdir / "steps.jsonl", mdir / "dev.jsonl"
     finished = mdir / "trained.json"  # written once the best weights are final: the run is over
     if finished.exists():
-        return _finish(mdir, read_json(finished))
+        stats = read_json(finished)
+        if not cap_raised(stats, args, ckpt_dir):
+            return _finish(mdir, stats)
+        # stopped by a smaller cap: its best weights go back among the candidates, and it trains on
+        print(f"   stopped by its cap of {stats['max_steps']} steps earlier: continuing to at most {args.max_steps}",
+              flush=True)
+        if (mdir / "model").is_dir():
+            os.replace(mdir / "model", mdir / f"best-{stats['best_step']}")
+        finished.unlink()
     resume = last_complete_checkpoint(ckpt_dir)
     done = int(resume.rsplit("-", 1)[1]) if resume else 0
     keep_records_up_to(done, steps_path, dev_path)
@@ -524,7 +535,8 @@ def train_to_convergence(name: str, model, rows, collator, args, mdir: Path, tok
         trainer = BenchmarkTrainer(model=model, args=targs, train_dataset=rows, data_collator=counting,
                                    order=batch_order(len(rows), args.max_steps, args.batch_size, args.seed),
                                    carry_state=carry_state, compile_output_layer=compile_output_layer,
-                                   plateau=plateau, lm_lr_scale=getattr(args, "lm_lr_scale", 1.0))
+                                   plateau=plateau, lm_lr_scale=getattr(args, "lm_lr_scale", 1.0),
+                                   warmup_steps=getattr(args, "warmup_steps", None))
         trainer.remove_callback(PrinterCallback)
         # StepTimer first: the dev evaluation runs after it has timed the step (and on_save restarts its clock)
         trainer.add_callback(StepTimer(name, counting, steps_path, lambda step: "joint", args.max_steps))
@@ -549,12 +561,28 @@ def train_to_convergence(name: str, model, rows, collator, args, mdir: Path, tok
     return _finish(mdir, stats)
 
 
+def cap_raised(stats: dict, args, ckpt_dir: Path) -> bool:
+    """Whether a finished run continues: it stopped at its step cap under the plateau schedule (the linear one decays
+    to 0 at the cap), ``args.max_steps`` is larger, and its last checkpoint is there to train on from."""
+    if stats.get("stopped_by") != "max_steps" or args.max_steps <= stats["max_steps"]:
+        return False
+    if stats.get("schedule") != "plateau" or getattr(args, "schedule", "linear") != "plateau":
+        return False
+    if last_complete_checkpoint(ckpt_dir) is None:
+        print(f"   stopped by its cap of {stats['max_steps']} steps, and its checkpoints are gone: it cannot "
+              f"continue (train it in another --out)", flush=True)
+        return False
+    return True
+
+
 def _finish(mdir: Path, stats: dict) -> dict:
     """The last steps of a finished ``train_to_convergence`` run, each safe to redo after an interruption: the best
-    weights become ``<mdir>/model``, the checkpoints go."""
+    weights become ``<mdir>/model``, the checkpoints go (those of a run stopped by its cap stay: a larger cap
+    continues it)."""
     best = best_dirs(mdir).get(stats["best_step"])
     if best is not None:
         shutil.rmtree(mdir / "model", ignore_errors=True)
         os.replace(best, mdir / "model")
-    shutil.rmtree(mdir / "checkpoints", ignore_errors=True)
+    if stats["stopped_by"] != "max_steps":
+        shutil.rmtree(mdir / "checkpoints", ignore_errors=True)
     return stats

@@ -153,13 +153,15 @@ def write_json(path: Path, data) -> None:
     os.replace(tmp, path)  # never a half-written result file
 
 
-def check_settings(out: Path, settings: dict, before: dict | None = None) -> None:
+def check_settings(out: Path, settings: dict, before: dict | None = None, may_grow: tuple = ()) -> None:
     """Record the run's settings in ``out/settings.json``; a rerun with other settings in the same folder is refused
     (its results would mix with the earlier ones). ``before``: the value of a setting added since a folder was
-    written, as the runs in it had it (a folder without ``schedule`` was trained with the linear schedule)."""
+    written, as the runs in it had it (a folder without ``schedule`` was trained with the linear schedule).
+    ``may_grow``: settings a rerun may raise (not lower), the larger value recorded (a step cap)."""
     previous = read_json(out / "settings.json")
     if previous is not None:
         previous = {**{k: v for k, v in jsonable(before or {}).items() if k in settings}, **previous}
+        previous.update({k: settings[k] for k in may_grow if k in previous and previous[k] < settings[k]})
     if previous is not None and previous != jsonable(settings):
         now = jsonable(settings)
         diff = {k: (previous.get(k), now.get(k)) for k in {**previous, **now} if previous.get(k) != now.get(k)}

@@ -198,7 +198,7 @@ def test_smoke_run_then_resume(tmp_path):
     assert "figures skipped" in again.stdout
     assert "trained earlier" in (out / "benchmark.log").read_text().split("====")[-1]
 
-    refused = run_script(*SMOKE, "--out", str(out), "--max-steps", "5")  # other settings in the same folder
+    refused = run_script(*SMOKE, "--out", str(out), "--max-steps", "3")  # a smaller cap than its rows had
     assert refused.returncode != 0 and "holds results of other settings" in refused.stderr
 
     # publishing into a results page: the block after the page's last published block, the files beside it
@@ -222,6 +222,36 @@ def test_smoke_run_then_resume(tmp_path):
     empty.write_text("# Results\n")
     publish(out, empty, "apnews-cpu")
     assert empty.read_text().startswith("# Results\n\n<!-- benchmark_all apnews-cpu start -->")
+
+
+def test_a_larger_cap_continues_the_rows_the_smaller_one_stopped(tmp_path):
+    """Under the plateau schedule a rerun may raise the folder's cap: a row that the smaller cap stopped trains on
+    from its last checkpoint with the warm-up of the first cap, and is measured again; a row that its development
+    perplexity stopped is not retrained; a smaller cap is refused."""
+    out = tmp_path / "all"
+    base = [*SMOKE[:SMOKE.index("--only")], "--eval-steps", "50", "--out", str(out)]
+    first = run_script(*base, "--max-steps", "100", "--patience", "100", "--only", "lstm")
+    assert first.returncode == 0, first.stderr[-3000:]
+    capped = json.loads((out / "lstm" / "train.json").read_text())
+    assert capped["stopped_by"] == "max_steps" and capped["steps_trained"] == 100
+    at_cap = json.loads((out / "lstm" / "eval.json").read_text())
+    assert json.loads((out / "settings.json").read_text())["warmup_steps"] == 2
+    lower = run_script(*base, "--max-steps", "60", "--patience", "100", "--only", "lstm")
+    assert lower.returncode != 0 and "holds results of other settings" in lower.stderr
+    again = run_script(*base, "--max-steps", "200", "--patience", "100", "--only", "lstm")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "stopped by its cap of 100 steps earlier: continuing to at most 200" in again.stdout
+    continued = json.loads((out / "lstm" / "train.json").read_text())
+    assert continued["steps_trained"] == 200 and continued["max_steps"] == 200
+    assert continued["dev_history"][:len(capped["dev_history"])] == capped["dev_history"]
+    settings = json.loads((out / "settings.json").read_text())
+    assert (settings["max_steps"], settings["warmup_steps"]) == (200, 2)  # 2 % of the first cap, not of 200
+    evaluated = json.loads((out / "lstm" / "eval.json").read_text())  # the weights of the longer run, measured
+    assert evaluated["causal"]["perplexity"] != at_cap["causal"]["perplexity"]
+    results = json.loads((out / "results.json").read_text())["results"]["lstm"]
+    assert results["steps_trained"] == 200
+    assert results["perplexity"]["causal"]["perplexity"] == evaluated["causal"]["perplexity"]
+    assert "linear warm-up over 2 steps" in (out / "table.md").read_text()
 
 
 def _benchmark_all_commands(text: str) -> list[list[str]]:

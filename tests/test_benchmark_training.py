@@ -60,6 +60,35 @@ def test_an_ending_interrupted_after_its_record_is_completed_by_the_rerun(tiny_v
     assert not (tmp_path / "checkpoints").exists() and not best_dirs(tmp_path)
 
 
+def test_a_run_stopped_by_its_cap_continues_under_a_larger_cap_as_one_run_would(tiny_vocabularies, tmp_path):
+    """A plateau run that reached its step cap keeps its last checkpoint; the same cap again changes nothing, a larger
+    one trains on from that checkpoint with the same warm-up, and the result is the run that had the larger cap from
+    the start (same evaluations, same best weights). A run stopped by patience is not reopened."""
+    plateau = {"schedule": "plateau", "lr_decay": 0.5, "warmup_steps": 2}
+    for name in "abc":
+        (tmp_path / name).mkdir()
+    capped, _ = _run(tiny_vocabularies, tmp_path / "a", max_steps=12, patience=50, **plateau)
+    assert capped["stopped_by"] == "max_steps" and (tmp_path / "a" / "checkpoints" / "checkpoint-12").is_dir()
+    log = (tmp_path / "a" / "steps.jsonl").read_text()
+    assert _run(tiny_vocabularies, tmp_path / "a", max_steps=12, patience=50, **plateau)[0] == capped
+    assert (tmp_path / "a" / "steps.jsonl").read_text() == log
+    continued, model = _run(tiny_vocabularies, tmp_path / "a", max_steps=24, patience=50, **plateau)
+    whole, _ = _run(tiny_vocabularies, tmp_path / "b", max_steps=24, patience=50, **plateau)
+    assert continued["steps_trained"] == whole["steps_trained"] == 24 and continued["best_step"] == whole["best_step"]
+    # the capped run also evaluated at its cap (step 12, an evaluation step here too)
+    assert [h["step"] for h in continued["dev_history"]] == [h["step"] for h in whole["dev_history"]]
+    assert [h["perplexity"] for h in continued["dev_history"]] == pytest.approx(
+        [h["perplexity"] for h in whole["dev_history"]], rel=1e-5)
+    assert (tmp_path / "a" / "steps.jsonl").read_text().startswith(log)
+    a = LSTMLMForCausalLM.from_pretrained(tmp_path / "a" / "model").state_dict()
+    b = LSTMLMForCausalLM.from_pretrained(tmp_path / "b" / "model").state_dict()
+    assert all(torch.allclose(a[k], b[k], atol=1e-5) for k in b)
+    plateau.pop("warmup_steps")
+    stopped, _ = _run(tiny_vocabularies, tmp_path / "c", max_steps=400, patience=2, **plateau)
+    assert stopped["stopped_by"] == "patience" and not (tmp_path / "c" / "checkpoints").exists()
+    assert _run(tiny_vocabularies, tmp_path / "c", max_steps=800, patience=2, **plateau)[0] == stopped
+
+
 def test_the_plateau_schedule_is_constant_and_decays_at_each_evaluation_without_improvement(tiny_vocabularies,
                                                                                           tmp_path):
     """After the warm-up the plateau schedule keeps the rate until a development evaluation fails to improve on the
