@@ -229,7 +229,7 @@ def test_a_larger_cap_continues_the_rows_the_smaller_one_stopped(tmp_path):
     from its last checkpoint with the warm-up of the first cap, and is measured again; a row that its development
     perplexity stopped is not retrained; a smaller cap is refused."""
     out = tmp_path / "all"
-    base = [*SMOKE[:SMOKE.index("--only")], "--eval-steps", "50", "--out", str(out)]
+    base = [*WIKI_SMOKE, "--eval-steps", "50", "--out", str(out)]  # the shipped corpus: a fresh clone runs it
     first = run_script(*base, "--max-steps", "100", "--patience", "100", "--only", "lstm")
     assert first.returncode == 0, first.stderr[-3000:]
     capped = json.loads((out / "lstm" / "train.json").read_text())
