@@ -147,7 +147,8 @@ was fitted with), ``speed.json``, ``results.json``, ``table.md``, ``perplexity.p
 (a trained model is never retrained) and resumes an interrupted training from its last checkpoint (one at every dev
 evaluation), the early-stopping state from ``dev.jsonl``. Under the plateau schedule a rerun may raise the cap (not
 lower it): the rows that the smaller cap stopped train on from their last checkpoint, kept for that, with the same
-warm-up, and are measured again.
+warm-up, and are measured again (their histories keep the development evaluation at the smaller cap, where that
+was not an evaluation step, which a run with the larger cap from the start would not have made).
 ``--readme results/README.md`` publishes a finished table: ``table.md``, ``results.json`` and the figures are copied
 to ``results/<corpus>-<size>/``, and the page's block for that run is rewritten (``publish``).
 """

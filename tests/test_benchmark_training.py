@@ -75,7 +75,8 @@ def test_a_run_stopped_by_its_cap_continues_under_a_larger_cap_as_one_run_would(
     continued, model = _run(tiny_vocabularies, tmp_path / "a", max_steps=24, patience=50, **plateau)
     whole, _ = _run(tiny_vocabularies, tmp_path / "b", max_steps=24, patience=50, **plateau)
     assert continued["steps_trained"] == whole["steps_trained"] == 24 and continued["best_step"] == whole["best_step"]
-    # the capped run also evaluated at its cap (step 12, an evaluation step here too)
+    # the capped run evaluated at its cap, step 12, an evaluation step here: where the cap is not one, the continued
+    # run keeps that one more evaluation (benchmark_all.py's docstring says so)
     assert [h["step"] for h in continued["dev_history"]] == [h["step"] for h in whole["dev_history"]]
     assert [h["perplexity"] for h in continued["dev_history"]] == pytest.approx(
         [h["perplexity"] for h in whole["dev_history"]], rel=1e-5)
