@@ -173,7 +173,7 @@ from topic_lm_hf.evaluation.topics import load_reference_corpus
 from topic_lm_hf.protocols import PROTOCOLS as PROTOCOL_RECORDS, evaluation_protocol
 
 from benchmark_training import (cap_raised, pretrain_topic_model_once, pretrain_topic_model_phase, step_throughput,
-                                train_to_convergence)
+                                train_to_convergence, warmup_for)
 from benchmarking import (CLASSES, DATA, MAX_FLUENCY_RATIO, MODELS, PROTOCOLS, SCHEDULE_FLAGS, SIZES, TRAINING_FLAGS,
                           CarriedLoss, OnDevice, Tee, add_common_arguments, build_model, cached_lda_judge,
                           check_settings, code_version, evaluate_protocols, fluent_setting, fmt,
@@ -271,7 +271,7 @@ def warmup_steps(out: Path, args) -> int:
     """The warm-up in steps: 2 % of the cap that the folder ``out`` was first trained under (``settings.json``), so
     that a rerun with a larger cap trains every row, new or continued, with the same schedule."""
     first = read_json(out / "settings.json") or {}
-    return first.get("warmup_steps") or max(1, first.get("max_steps", args.max_steps) // 50)
+    return first.get("warmup_steps") or warmup_for(first.get("max_steps", args.max_steps))
 
 
 def load_model(name: str, path: Path, device: str):

@@ -66,7 +66,7 @@ from topic_lm_hf.tasks import (FeatureCollator, bow_logistic_regression, classif
                                majority_accuracy, normalize_blocks, retrieval_precision, tfidf_retrieval,
                                train_classifier)
 
-from benchmark_training import fast_path, pretrain_topic_model_phase
+from benchmark_training import fast_path, pretrain_topic_model_phase, warmup_for
 from benchmarking import DATA, TRAINING_FLAGS, add_common_arguments, check_settings, read_json, write_json
 
 DATASETS = {"r8": ("r8/train.jsonl.gz", None), "20ng": ("20ng/train.jsonl.gz", "newsgroups")}
@@ -108,7 +108,7 @@ def train_lm(name, model, train_docs, tok, topic_tok, args, out: Path) -> dict:
         extra = args.topic_model_steps
     targs = TrainingArguments(output_dir=str(out / "checkpoints"), max_steps=args.steps,
                               per_device_train_batch_size=64, learning_rate=2e-3, max_grad_norm=0.5,
-                              lr_scheduler_type="linear", warmup_steps=max(1, args.steps // 50),
+                              lr_scheduler_type="linear", warmup_steps=warmup_for(args.steps),
                               logging_steps=max(1, args.steps // 5), save_strategy="steps", save_steps=200,
                               save_total_limit=1, report_to=[], use_cpu=True, disable_tqdm=True, seed=args.seed)
     targs, compile_output_layer = fast_path(targs, args)

@@ -76,9 +76,14 @@ def batch_order(n_rows: int, steps: int, batch_size: int, seed: int) -> list[int
     return order[:steps * batch_size]
 
 
+def warmup_for(steps: int) -> int:
+    """The benchmarks' warm-up: 2 % of a run's ``steps``, at least one step."""
+    return max(1, steps // 50)
+
+
 def linear_schedule(step: int, total: int) -> float:
-    """transformers' linear schedule (warm-up over max(1, total // 50) steps, as ``train_for_steps``) at ``step``."""
-    warmup = max(1, total // 50)
+    """transformers' linear schedule (warm-up over ``warmup_for(total)`` steps, as ``train_for_steps``) at ``step``."""
+    warmup = warmup_for(total)
     if step < warmup:
         return step / warmup
     return max(0.0, (total - step) / max(1, total - warmup))
@@ -159,7 +164,7 @@ class BenchmarkTrainer(TopicLMTrainer):
                     return linear_schedule(step, pre)
                 if self._plateau is None:
                     return linear_schedule(step - pre, joint)
-                warmup = self._warmup_steps or max(1, joint // 50)
+                warmup = self._warmup_steps or warmup_for(joint)
                 return min(1.0, (step - pre) / warmup) * plateau_factor(*self._plateau)
 
             self.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer or self.optimizer, factor)
@@ -247,7 +252,7 @@ def train_for_steps(model, rows, collator, args, out_dir: Path) -> dict:
     counting = CountingCollator(collator)
     targs = TrainingArguments(output_dir=str(out_dir), max_steps=args.steps, per_device_train_batch_size=args.batch_size,
                               learning_rate=args.lr, max_grad_norm=args.clip, lr_scheduler_type="linear",
-                              warmup_steps=max(1, args.steps // 50), logging_steps=max(1, args.steps // 10),
+                              warmup_steps=warmup_for(args.steps), logging_steps=max(1, args.steps // 10),
                               save_strategy="no", eval_strategy="no", report_to=[], use_cpu=True, disable_tqdm=True,
                               seed=args.seed, dataloader_num_workers=0)
     targs, compile_output_layer = fast_path(targs, args)
