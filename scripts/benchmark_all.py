@@ -52,8 +52,9 @@ Models (``--only`` names; every one 1 layer, so the same-size single-layer LSTM 
   model pre-trained, no warm start). More variants of the warm start, each one change (``scripts/benchmarking.py``
   says what): ``-topic-gate``, ``-lr8``, ``-lm-lr8-p10`` (``lm_lr_scale``: the LSTM's weights at a fraction of the
   rate), ``-k200-p10`` (a row's ``num_topics``), ``-learned-p10`` (``topic_output_bias="learned"``), ``-prior1-p10``
-  (``prior_weight``: the shared prior's weight held fixed), ``-lrp3`` (``lr_patience``: the plateau schedule decays
-  the rate after 3 evaluations in a row without improvement, not after each); ``-p10``: a patience of 10.
+  (``topic_prior_weight_trainable=False``: the shared prior's weight held at 1), ``-lrp3`` (``lr_patience``: the
+  plateau schedule decays the rate after 3 evaluations in a row without improvement, not after each); ``-p10``: a
+  patience of 10.
 * ``topic-lstm-carry-warm-recipe``: TopicLSTM by the recipe, carried, started from ``lstm-carry`` the same way (its
   topic prior's weight at 0 at the start); ``tcnlm-carry-recipe``: TCNLM by the recipe, carried (one call per
   documents batch).
@@ -290,7 +291,8 @@ def row_arguments(args, spec: dict) -> argparse.Namespace:
 
 def hold_weights(model, spec: dict) -> None:
     """The weights a row holds fixed in training: ``freeze_lm`` the language model's (the topic path trains alone),
-    ``topic_only_gate`` the gate's h-dependent ones at 0, ``prior_weight`` the shared prior's lambda at that value."""
+    ``topic_only_gate`` the gate's h-dependent ones at 0 (a held prior is the configuration's:
+    ``topic_prior_weight_trainable``)."""
     if spec.get("freeze_lm"):
         model.freeze_language_model()
     if spec.get("topic_only_gate"):
@@ -298,9 +300,6 @@ def hold_weights(model, spec: dict) -> None:
             for weight in (gate.hidden_proj.weight, gate.candidate_proj.weight):
                 weight.data.zero_()
                 weight.requires_grad_(False)
-    if "prior_weight" in spec:
-        model.topic_prior_weight.data.fill_(spec["prior_weight"])
-        model.topic_prior_weight.requires_grad_(False)
 
 
 def train(name: str, model, rows, collator, args, mdir: Path, tok, topic_tok, train_docs, dev_docs) -> dict:

@@ -419,14 +419,14 @@ MODELS = {
                                                context="preceding", recurrent=True, carry=True, warm="lstm-carry",
                                                recipe=True, patience=10,
                                                config={"carry_token_state": True, "topic_output_bias": "learned"}),
-    # the warm start with the shared prior's weight lambda held at 1 (``prior_weight``; the warm start sets it to 0
-    # and it stays near 0): the LSTM restarts under its pre-trained topics' prior and learns around it, as TopicLSTM
-    # does around its pre-trained B
+    # the warm start with the shared prior's weight lambda held at the recipe's 1 (``topic_prior_weight_trainable``
+    # False; the warm start sets a learned lambda to 0 and it stays near 0): the LSTM restarts under its pre-trained
+    # topics' prior and learns around it, as TopicLSTM does around its pre-trained B
     "rgbn-carry-warm-recipe-prior1-p10": dict(family="rgbn", label="rGBN-RNN, carried state, from the carried LSTM, "
                                               "steering recipe, prior weight held at 1, patience 10",
                                               context="preceding", recurrent=True, carry=True, warm="lstm-carry",
-                                              recipe=True, patience=10, prior_weight=1.0,
-                                              config={"carry_token_state": True}),
+                                              recipe=True, patience=10, config={"carry_token_state": True,
+                                                                                "topic_prior_weight_trainable": False}),
     # the prior held at 1 with the rate decayed after 3 evaluations in a row without improvement (``lr_patience``),
     # not after each: with the rate halved at every miss, the noisy development perplexity of the row above (its
     # topic-word matrix keeps moving under TLASGR-MCMC, whatever the rate) left the LSTM at 1/4096 of the rate by
@@ -435,8 +435,9 @@ MODELS = {
                                                    "LSTM, steering recipe, prior weight held at 1, rate decayed "
                                                    "after 3 misses, patience 10", context="preceding",
                                                    recurrent=True, carry=True, warm="lstm-carry", recipe=True,
-                                                   patience=10, prior_weight=1.0, lr_patience=3,
-                                                   config={"carry_token_state": True}),
+                                                   patience=10, lr_patience=3,
+                                                   config={"carry_token_state": True,
+                                                           "topic_prior_weight_trainable": False}),
     # matched topic-free baselines (``matched``): the same model trained and evaluated the same way with every context
     # empty (uninformative topics, the same for every document); what its architecture brings without the topics.
     # rGBN-RNN's read the posterior mean in training too (train_theta="mean"): constant topics, not a Weibull draw's

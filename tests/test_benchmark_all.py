@@ -67,8 +67,9 @@ def test_the_default_cap_is_twenty_epochs():
 
 
 def test_a_rows_held_weights_stay_out_of_training(tiny_vocabularies):
-    """``hold_weights``: the row's prior weight held at its value, the gate's h-dependent weights at 0, the LSTM LM's
-    weights frozen, none of them with a gradient; a row that holds nothing leaves every weight trainable."""
+    """``hold_weights``: the gate's h-dependent weights at 0, the LSTM LM's weights frozen, none of them with a
+    gradient; a row that holds nothing leaves every weight trainable. The held prior rows hold lambda by their
+    configuration (``topic_prior_weight_trainable``), as a user's model would."""
     import benchmarking
 
     from topic_lm_hf import RGBNRNNConfig, RGBNRNNForCausalLM
@@ -76,13 +77,14 @@ def test_a_rows_held_weights_stay_out_of_training(tiny_vocabularies):
     hold = runpy.run_path(str(SCRIPT))["hold_weights"]
     tok, topic_tok = tiny_vocabularies
 
-    def tiny():
+    def tiny(**config):
         return RGBNRNNForCausalLM(RGBNRNNConfig.from_tokenizers(tok, topic_tok, topic_sizes=[3], embedding_size=8,
-                                                                hidden_sizes=[8], topic_output_bias="beta"))
+                                                                hidden_sizes=[8], topic_output_bias="beta", **config))
 
-    model = tiny()
-    hold(model, benchmarking.MODELS["rgbn-carry-warm-recipe-prior1-p10"])
-    assert model.topic_prior_weight.item() == 1.0 and not model.topic_prior_weight.requires_grad
+    for name in ("rgbn-carry-warm-recipe-prior1-p10", "rgbn-carry-warm-recipe-prior1-lrp3-p10"):
+        model = tiny(**benchmarking.MODELS[name]["config"], topic_prior_weight_init=1.0)
+        hold(model, benchmarking.MODELS[name])
+        assert model.topic_prior_weight.item() == 1.0 and not model.topic_prior_weight.requires_grad
     model = tiny()
     hold(model, {**benchmarking.MODELS["rgbn-carry-warm-recipe-topic-gate"], "freeze_lm": True})
     gate = model.model.gates[0]

@@ -583,8 +583,8 @@ def test_train_carry_state_trains_the_carried_lstm_and_the_carried_rgbn_rnn(tmp_
 def test_train_language_model_starts_a_carried_rgbn_rnn_from_a_trained_lstm(tmp_path, capsys, monkeypatch):
     """`topic-lm train --language_model <LSTM folder>`: the LSTM LM trained by `topic-lm train` on the same corpus is
     the new carried rGBN-RNN's start (its weights, seen as the trainer receives the model), and the run trains and
-    saves; another corpus's vocabulary, a family without topics and a saved model to continue are refused in one
-    line."""
+    saves, its topic prior's weight held where ``topic_prior_weight_trainable=false`` says so; another corpus's
+    vocabulary, a family without topics and a saved model to continue are refused in one line."""
     import torch
     from safetensors.torch import load_file
 
@@ -612,6 +612,15 @@ def test_train_language_model_starts_a_carried_rgbn_rnn_from_a_trained_lstm(tmp_
     torch.testing.assert_close(seen["start"]["model.lstms.0.weight_hh_l0"], lstm["model.lstm.weight_hh_l0"])
     torch.testing.assert_close(seen["start"]["lm_head.bias"], lstm["lm_head.bias"])
     assert json.loads((out_dir / "config.json").read_text())["carry_token_state"] is True
+    # by the steering recipe with its topic prior's weight held at the recipe's 1: it starts there (a learned one
+    # starts at 0) and the trained model keeps it
+    held_dir = tmp_path / "rgbn-held"
+    main(["train", "--model_type", "rgbn_rnn", "--language_model", str(lstm_dir), "--config_overrides",
+          "topic_sizes=[8],hidden_sizes=[16],embedding_size=16,topic_prior_weight_trainable=false",
+          "--pretrain_topic_model_steps", "3", "--output_dir", str(held_dir), *common])
+    assert float(seen["start"]["topic_prior_weight"]) == 1.0
+    assert float(load_file(held_dir / "model.safetensors")["topic_prior_weight"]) == 1.0
+    assert json.loads((held_dir / "config.json").read_text())["topic_prior_weight_trainable"] is False
     refusals = [
         (["--model_type", "rgbn_rnn", "--max_train_documents", "30"], "trained with another vocabulary"),
         (["--model_type", "lstm_lm"], "--model_type lstm_lm has no topics"),

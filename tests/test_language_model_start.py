@@ -162,3 +162,41 @@ def test_a_started_model_with_its_language_model_frozen_trains_its_topic_path_al
     tcnlm = TCNLMForCausalLM(TCNLMConfig.from_tokenizers(wiki["tok"], wiki["topic_tok"], num_topics=5, **SIZES))
     with pytest.raises(ValueError, match="TCNLMForCausalLM has no LSTM language model's weights to freeze"):
         tcnlm.freeze_language_model()
+
+
+@pytest.mark.parametrize("model_class,config_class,sizes", [
+    (RGBNRNNForCausalLM, RGBNRNNConfig, dict(topic_sizes=[6], embedding_size=SIZES["embedding_size"],
+                                             hidden_sizes=[SIZES["hidden_size"]])),
+    (TopicRNNForCausalLM, TopicRNNConfig, dict(cell="lstm", num_topics=5, **SIZES))])
+def test_a_held_topic_prior_keeps_its_weight_through_the_start_training_and_saving(
+        wiki, chunks, language_model_folder, tmp_path, model_class, config_class, sizes):
+    """``topic_prior_weight_trainable=False``: the shared prior's lambda stays at ``topic_prior_weight_init`` when
+    the model starts from a language model (a learned one starts at 0), stays out of Trainer's optimizer while the
+    LSTM's weights move, and is held again in the model loaded from its folder."""
+    from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
+
+    lm = LSTMLMForCausalLM.from_pretrained(language_model_folder)
+
+    def started(**prior):
+        config = config_class.from_tokenizers(wiki["tok"], wiki["topic_tok"], dropout=0.0, topic_output_bias="beta",
+                                              topic_prior_weight_init=1.0, **sizes, **prior)
+        return model_class.from_language_model(lm, config)
+
+    learned = started()
+    assert float(learned.topic_prior_weight.detach()) == 0.0 and learned.topic_prior_weight.requires_grad
+    model = started(topic_prior_weight_trainable=False)
+    assert float(model.topic_prior_weight.detach()) == 1.0 and not model.topic_prior_weight.requires_grad
+    assert not torch.allclose(_logits(model, chunks[1], topic_ids=[[1]] * 8),
+                              _logits(learned, chunks[1], topic_ids=[[1]] * 8))  # the held prior acts from the start
+    trainer = Trainer(model=model, args=TrainingArguments(str(tmp_path), learning_rate=1e-2, report_to=[]))
+    optimizer = trainer.create_optimizer()
+    assert not any(p is model.topic_prior_weight for group in optimizer.param_groups for p in group["params"])
+    before = model.lm_head.weight.detach().clone()
+    batch = chunks[2]
+    model.train()(**{k: batch[k] for k in ("input_ids", "attention_mask", "labels", "context_bow")}).loss.backward()
+    optimizer.step()
+    assert float(model.topic_prior_weight.detach()) == 1.0 and not torch.equal(model.lm_head.weight, before)
+    model.save_pretrained(tmp_path / "held")
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "held")
+    assert loaded.config.topic_prior_weight_trainable is False
+    assert float(loaded.topic_prior_weight.detach()) == 1.0 and not loaded.topic_prior_weight.requires_grad

@@ -118,8 +118,11 @@ def test_one_option_name_checked_the_same_way_in_every_family(config_class, extr
         config_class(topic_output_bias="phi", **extra)
     with pytest.raises(ValueError, match="topic_prior_weight_init must be a finite number"):
         config_class(topic_output_bias="beta", topic_prior_weight_init=float("nan"), **extra)
+    with pytest.raises(ValueError, match=r"topic_prior_weight_trainable must be True \(lambda learns\) or False"):
+        config_class(topic_output_bias="beta", topic_prior_weight_trainable="no", **extra)
     config = config_class(topic_output_bias="beta", topic_prior_weight_init=1, **extra)
     assert config.topic_output_bias == "beta" and config.topic_prior_weight_init == 1.0
+    assert config.topic_prior_weight_trainable is True
 
 
 def test_nclm_eta_has_no_proportions_for_the_prior():

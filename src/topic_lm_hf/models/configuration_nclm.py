@@ -77,6 +77,9 @@ class NCLMConfig(TopicConfigMixin, ClassifierConfigMixin, CompactReprMixin, Pret
             lambda * log(V_c p(w | h)) at every topic word, p(w | h) = softmax(W h + b) the NVDM decoder at the
             document's proportions h, lambda learned from ``topic_prior_weight_init``. Needs h: the ``"lta"``
             and ``"leta"`` variants. ``None``: the paper.
+        topic_prior_weight_trainable: whether lambda learns (True) or is held at ``topic_prior_weight_init``
+            (False: not trained, and :meth:`from_language_model` leaves it there rather than at 0), a prior
+            the LM learns around.
         initializer_range: scale r of the uniform initialisation U(-r, r) of the LM.
         tie_word_embeddings: share the input embeddings and the output matrix (needs E == H).
         classifier_*, freeze_backbone: the head of the ``*ForSequenceClassification`` model
@@ -105,7 +108,7 @@ class NCLMConfig(TopicConfigMixin, ClassifierConfigMixin, CompactReprMixin, Pret
                  etr_top_n=20, etr_weighting="proportions", etr_selection="masked_topk", etr_embedding="lm",
                  etr_embedding_size=None, etr_mask_includes_current_sentence=False, alpha=0.01, topic_word_ids=None,
                  initializer_range=0.1, tie_word_embeddings=False, diversity_weight=0.0, topic_output_bias=None,
-                 topic_prior_weight_init=0.0, use_cache=True, pad_token_id=0, bos_token_id=2,
+                 topic_prior_weight_init=0.0, topic_prior_weight_trainable=True, use_cache=True, pad_token_id=0, bos_token_id=2,
                  eos_token_id=3, unk_token_id=1, **kwargs):
         check_integers(1, vocab_size=vocab_size, topic_vocab_size=topic_vocab_size, num_topics=num_topics,
                        encoder_hidden_size=encoder_hidden_size, embedding_size=embedding_size, hidden_size=hidden_size,
@@ -133,8 +136,9 @@ class NCLMConfig(TopicConfigMixin, ClassifierConfigMixin, CompactReprMixin, Pret
                                  f"set_etr_embeddings, got {etr_embedding_size!r}")
         if not diversity_weight >= 0:
             raise ValueError(f"diversity_weight must be >= 0, got {diversity_weight!r}")
-        topic_output_bias, topic_prior_weight_init = check_topic_output_prior(topic_output_bias,
-                                                                              topic_prior_weight_init)
+        topic_output_bias, topic_prior_weight_init, topic_prior_weight_trainable = check_topic_output_prior(
+            topic_output_bias, topic_prior_weight_init,
+            topic_prior_weight_trainable=topic_prior_weight_trainable)
         if topic_output_bias and self.output_prior_unavailable(variant=variant):
             raise ValueError(self.output_prior_unavailable(variant=variant))
         if tie_word_embeddings and embedding_size != hidden_size:
@@ -166,6 +170,7 @@ class NCLMConfig(TopicConfigMixin, ClassifierConfigMixin, CompactReprMixin, Pret
         self.diversity_weight = float(diversity_weight)
         self.topic_output_bias = topic_output_bias
         self.topic_prior_weight_init = topic_prior_weight_init
+        self.topic_prior_weight_trainable = topic_prior_weight_trainable
         self.use_cache = use_cache
         kwargs = self._pop_classifier_settings(kwargs)
         super().__init__(pad_token_id=pad_token_id, bos_token_id=bos_token_id, eos_token_id=eos_token_id,

@@ -72,6 +72,9 @@ class RGBNRNNConfig(TopicConfigMixin, ClassifierConfigMixin, CompactReprMixin, P
             first layer's Poisson rate of the sentence's words as a distribution), lambda learned from
             ``topic_prior_weight_init``; ``"learned"``: B theta^1 instead, theta^1 normalised, a free B
             (V x K_1) zero at initialisation (TCNLM's option). ``None``: the paper.
+        topic_prior_weight_trainable: whether lambda learns (True) or is held at ``topic_prior_weight_init``
+            (False: not trained, and :meth:`from_language_model` leaves it there rather than at 0), a prior
+            the LM learns around.
         tie_word_embeddings: not supported (the output layer reads sum_l H_l features).
         classifier_*, freeze_backbone: the head of :class:`RGBNRNNForSequenceClassification`
             (:class:`~.configuration_common.ClassifierConfigMixin`).
@@ -92,7 +95,8 @@ class RGBNRNNConfig(TopicConfigMixin, ClassifierConfigMixin, CompactReprMixin, P
                  tlasgr_corpus_size=None, tlasgr_seed=0, loss_preset="elbo", k_min=0.1, k_max=10.0, eval_theta="mean",
                  train_theta="sample",
                  topic_word_ids=None, initializer_range=0.05, tie_word_embeddings=False, topic_output_bias=None,
-                 topic_prior_weight_init=0.0, carry_token_state=False, use_cache=True,
+                 topic_prior_weight_init=0.0, topic_prior_weight_trainable=True, carry_token_state=False,
+                 use_cache=True,
                  pad_token_id=0, bos_token_id=2, eos_token_id=3, unk_token_id=1, **kwargs):
         for name, instead in (("num_topics", "topic_sizes"), ("hidden_size", "hidden_sizes"),
                               ("num_hidden_layers", "len(topic_sizes)")):
@@ -139,9 +143,9 @@ class RGBNRNNConfig(TopicConfigMixin, ClassifierConfigMixin, CompactReprMixin, P
             raise ValueError(f"k_max must exceed k_min, got k_min={k_min!r}, k_max={k_max!r}")
         if tlasgr_corpus_size is not None:
             check_integers(1, tlasgr_corpus_size=tlasgr_corpus_size)
-        topic_output_bias, topic_prior_weight_init = check_topic_output_prior(topic_output_bias,
-                                                                              topic_prior_weight_init,
-                                                                              allowed=(None, "beta", "learned"))
+        topic_output_bias, topic_prior_weight_init, topic_prior_weight_trainable = check_topic_output_prior(
+            topic_output_bias, topic_prior_weight_init, allowed=(None, "beta", "learned"),
+            topic_prior_weight_trainable=topic_prior_weight_trainable)
         if not isinstance(carry_token_state, bool):
             raise ValueError(f"carry_token_state must be a bool, got {carry_token_state!r}")
         if tie_word_embeddings:
@@ -178,6 +182,7 @@ class RGBNRNNConfig(TopicConfigMixin, ClassifierConfigMixin, CompactReprMixin, P
         self.tie_word_embeddings = False
         self.topic_output_bias = topic_output_bias
         self.topic_prior_weight_init = topic_prior_weight_init
+        self.topic_prior_weight_trainable = topic_prior_weight_trainable
         self.carry_token_state = carry_token_state
         self.use_cache = use_cache
         kwargs = self._pop_classifier_settings(kwargs)

@@ -62,6 +62,9 @@ class TCNLMConfig(TopicConfigMixin, ClassifierConfigMixin, CompactReprMixin, Pre
             to uniform, tilts the LM towards the words of the current topics. Needs ``topic_word_ids``.
         topic_prior_weight_init: the initial lambda of ``topic_output_bias="beta"`` (0: training starts
             from the paper's model; 1: from the plain product of the LM and a pre-trained topic model).
+        topic_prior_weight_trainable: whether lambda learns (True) or is held at ``topic_prior_weight_init``
+            (False: not trained, and :meth:`from_language_model` leaves it there rather than at 0), a prior
+            the LM learns around.
         topic_word_ids: the LM id of every topic-vocabulary entry (-1 for the topic ``<unk>``), as in
             :class:`TopicRNNConfig`; set by :meth:`from_tokenizers` (needed by ``topic_output_bias="beta"``).
         classifier_*, freeze_backbone: the head of the ``*ForSequenceClassification`` model
@@ -88,7 +91,8 @@ class TCNLMConfig(TopicConfigMixin, ClassifierConfigMixin, CompactReprMixin, Pre
                  topic_embedding_size=256, prior_mean=0.0, prior_std=1.0, diversity_weight=0.1, lm_type="tcnlm",
                  kl_annealing_steps=0, topic_loss_normalization="context_tokens", tie_word_embeddings=False,
                  initializer_range=0.1, topic_factor_spread=None, lm_topic_input="mixture", topic_output_bias=None,
-                 topic_word_ids=None, topic_prior_weight_init=0.0, use_cache=True, pad_token_id=0, bos_token_id=2, eos_token_id=3, unk_token_id=1,
+                 topic_word_ids=None, topic_prior_weight_init=0.0, topic_prior_weight_trainable=True, use_cache=True,
+                 pad_token_id=0, bos_token_id=2, eos_token_id=3, unk_token_id=1,
                  **kwargs):
         num_factors = hidden_size if num_factors is None else num_factors
         check_integers(1, vocab_size=vocab_size, topic_vocab_size=topic_vocab_size, num_topics=num_topics,
@@ -115,9 +119,9 @@ class TCNLMConfig(TopicConfigMixin, ClassifierConfigMixin, CompactReprMixin, Pre
             raise ValueError(f"topic_factor_spread must be >= 0 or None, got {topic_factor_spread!r}")
         if topic_output_bias is True:  # configs saved when this was a flag
             topic_output_bias = "learned"
-        topic_output_bias, topic_prior_weight_init = check_topic_output_prior(topic_output_bias,
-                                                                              topic_prior_weight_init,
-                                                                              TOPIC_OUTPUT_BIASES)
+        topic_output_bias, topic_prior_weight_init, topic_prior_weight_trainable = check_topic_output_prior(
+            topic_output_bias, topic_prior_weight_init, TOPIC_OUTPUT_BIASES,
+            topic_prior_weight_trainable=topic_prior_weight_trainable)
         if topic_output_bias and self.output_prior_unavailable(lm_type=lm_type):
             raise ValueError(self.output_prior_unavailable(lm_type=lm_type))
         if lm_topic_input not in LM_TOPIC_INPUTS:
@@ -144,6 +148,7 @@ class TCNLMConfig(TopicConfigMixin, ClassifierConfigMixin, CompactReprMixin, Pre
         self.lm_topic_input = lm_topic_input
         self.topic_output_bias = topic_output_bias
         self.topic_prior_weight_init = topic_prior_weight_init
+        self.topic_prior_weight_trainable = topic_prior_weight_trainable
         self.topic_word_ids = self.checked_topic_word_ids(topic_word_ids, topic_vocab_size, vocab_size)
         self.use_cache = use_cache
         kwargs = self._pop_classifier_settings(kwargs)

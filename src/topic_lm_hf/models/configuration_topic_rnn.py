@@ -68,6 +68,9 @@ class TopicRNNConfig(TopicConfigMixin, ClassifierConfigMixin, CompactReprMixin, 
             (p(w | theta) = 0 at stop words), with a gate g_t = sigmoid(a^T h_t + b) learned per position (b
             starts at logit(0.1)): a wrong document's topics cost it at most -log(1 - g_t) per token, where a
             logit prior can cost any amount (``topic_prior_weight_init`` is unused). ``None``: the paper.
+        topic_prior_weight_trainable: whether lambda learns (True) or is held at ``topic_prior_weight_init``
+            (False: not trained, and :meth:`from_language_model` leaves it there rather than at 0), a prior
+            the LM learns around.
         topic_free_loss_weight: w of the LM's own loss without its topics, w * -log softmax(V h_t + c)_{y_t} per
             predicted token, added to the objective (not in the paper): the recurrent LM is trained to be a
             language model on its own, so that the topics add to it rather than stand in for part of it (what
@@ -103,7 +106,8 @@ class TopicRNNConfig(TopicConfigMixin, ClassifierConfigMixin, CompactReprMixin, 
                  inference_num_layers: int = 2, inference_input: str = "counts", max_log_sigma: float = 10.0,
                  kl_weight: float = 1.0, kl_annealing_steps: int = 0, kl_free_bits: float = 0.0,
                  dropout: float = 0.0, bow_loss_weight: float = 0.0, topic_output_bias: Optional[str] = None,
-                 topic_prior_weight_init: float = 0.0, topic_free_loss_weight: float = 0.0,
+                 topic_prior_weight_init: float = 0.0, topic_prior_weight_trainable: bool = True,
+                 topic_free_loss_weight: float = 0.0,
                  feature_log_sigma: bool = True, initializer_range: float = 0.1,
                  use_cache: bool = True, pad_token_id: int = 0, bos_token_id: int = 2, eos_token_id: int = 3,
                  unk_token_id: int = 1, steering_scale: float = 3.0, theta_transform: Optional[str] = None,
@@ -131,8 +135,9 @@ class TopicRNNConfig(TopicConfigMixin, ClassifierConfigMixin, CompactReprMixin, 
         if isinstance(topic_free_loss_weight, bool) or not isinstance(topic_free_loss_weight, (int, float)) \
                 or not 0 <= topic_free_loss_weight < float("inf"):
             raise ValueError(f"topic_free_loss_weight must be a finite number >= 0, got {topic_free_loss_weight!r}")
-        topic_output_bias, topic_prior_weight_init = check_topic_output_prior(
-            topic_output_bias, topic_prior_weight_init, allowed=(None, "beta", "mixture"))
+        topic_output_bias, topic_prior_weight_init, topic_prior_weight_trainable = check_topic_output_prior(
+            topic_output_bias, topic_prior_weight_init, allowed=(None, "beta", "mixture"),
+            topic_prior_weight_trainable=topic_prior_weight_trainable)
         if not kl_weight >= 0:
             raise ValueError(f"kl_weight must be >= 0, got {kl_weight}")
         check_integers(0, kl_annealing_steps=kl_annealing_steps)
@@ -156,6 +161,7 @@ class TopicRNNConfig(TopicConfigMixin, ClassifierConfigMixin, CompactReprMixin, 
         self.topic_free_loss_weight = float(topic_free_loss_weight)
         self.topic_output_bias = topic_output_bias
         self.topic_prior_weight_init = topic_prior_weight_init
+        self.topic_prior_weight_trainable = topic_prior_weight_trainable
         self.feature_log_sigma = feature_log_sigma
         self.initializer_range = initializer_range
         self.steering_scale = float(steering_scale)

@@ -862,7 +862,13 @@ class RecurrentPreTrainedModel(PreTrainedModel):
         model.check_missing_weights(info["missing_keys"], pretrained_model_name_or_path, info["unexpected_keys"])
         # A generation_config.json saved before <unk> was suppressed by default does not say so.
         model._suppress_unk_in_generation()
+        model.hold_configured_weights()
         return (model, info) if want_info else model
+
+    def hold_configured_weights(self) -> None:
+        """Hold the weights the configuration holds fixed (a classifier's frozen body, a held topic output prior's
+        weight): no gradient, so ``Trainer`` leaves them out of its optimizer. Run when the model is built and again
+        by :meth:`from_pretrained`, whose loading makes every floating-point weight trainable. Nothing by default."""
 
     @classmethod
     def _may_be_missing(cls, key: str) -> bool:

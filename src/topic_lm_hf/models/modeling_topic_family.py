@@ -111,7 +111,8 @@ class TopicWordPriorMixin:
     representation t the LM is conditioned on (TCNLM: beta^T t; NCLM: the NVDM decoder softmax(W h + b);
     TopicRNN: softmax(B theta) over the topic words; rGBN-RNN: Phi^1 theta^1 normalised), V_c the number of topic
     words the LM has (the ratio is to the uniform distribution, so an uninformative topic model adds 0), and
-    lambda one learned scalar (``topic_prior_weight``, from ``config.topic_prior_weight_init``). Stop words get 0.
+    lambda one scalar (``topic_prior_weight``, from ``config.topic_prior_weight_init``; learned, or held there with
+    ``config.topic_prior_weight_trainable=False``). Stop words get 0.
     With ``topic_ids`` the topic model's own topic k tilts the LM towards its words, which is what makes a
     topic steer when the LM alone has learnt to ignore t.
 
@@ -129,6 +130,13 @@ class TopicWordPriorMixin:
         if learned_topics is not None:
             self.topic_bias = nn.Linear(learned_topics, self.config.vocab_size, bias=False) \
                 if kind == "learned" else None
+        self.hold_configured_weights()
+
+    def hold_configured_weights(self) -> None:
+        """lambda learned, or held at its value by ``config.topic_prior_weight_trainable=False``."""
+        super().hold_configured_weights()
+        if self.topic_prior_weight is not None:  # configs saved before the option learn it
+            self.topic_prior_weight.requires_grad_(getattr(self.config, "topic_prior_weight_trainable", True))
 
     def topic_output_terms(self, mixture: Optional[torch.Tensor],
                            representation: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
@@ -241,8 +249,8 @@ class TopicFamilyForCausalLM(DocumentRepresentationDelegate, TopicWordPriorMixin
         """A model of this family built from ``config`` that starts from a trained LSTM language model: its
         embeddings, LSTM layers and output layer are ``language_model``'s, the rest as initialised, and the topic
         path is set (:meth:`start_from_language_model`) so that the model's predictions start at or near the
-        language model's: the shared topic output prior's weight at 0; rGBN-RNN's gates let 1.8 % of their topic
-        candidate through; TopicRNN adds its topic term b_i^T theta (zero under ``topic_mixture`` zero).
+        language model's: the shared topic output prior's weight at 0 (unless held); rGBN-RNN's gates let 1.8 % of
+        their topic candidate through; TopicRNN adds its topic term b_i^T theta (zero under ``topic_mixture`` zero).
 
         Args:
             language_model: an ``lstm_lm`` causal LM (``LSTMLMForCausalLM``) or the folder / Hub name of one.
@@ -319,8 +327,9 @@ class TopicFamilyForCausalLM(DocumentRepresentationDelegate, TopicWordPriorMixin
     def start_from_language_model(self) -> None:
         """Set the topic path after :meth:`from_language_model` took the LSTM LM's weights, so that the model's
         predictions start at the language model's: the shared topic output prior's weight lambda starts at 0 (it
-        is learned from there), the rest is the family's."""
-        if self.topic_prior_weight is not None:
+        is learned from there; a lambda held by ``config.topic_prior_weight_trainable=False`` stays at its value, a
+        prior the language model then learns around), the rest is the family's."""
+        if self.topic_prior_weight is not None and getattr(self.config, "topic_prior_weight_trainable", True):
             with torch.no_grad():
                 self.topic_prior_weight.zero_()
 
