@@ -264,8 +264,8 @@ def test_each_subcommand_help_names_it_and_documents_every_flag(name):
 def test_evaluate_help_lists_only_the_flags_evaluate_uses():
     flags = {a.option_strings[0] for a in command_parser("evaluate")._actions}
     assert flags == {"-h", "--model_name_or_path", "--validation_file", "--text_column", "--max_eval_documents",
-                     "--protocols", "--max_sentence_length", "--max_context_tokens", "--batch_size", "--output_json",
-                     "--device"}
+                     "--protocols", "--max_sentence_length", "--max_context_tokens", "--batch_size", "--empty_context",
+                     "--output_json", "--device"}
 
 
 def test_stopwords_help_documents_mallet():
@@ -696,3 +696,46 @@ def test_train_early_stopping_of_a_topic_model_keeps_the_checkpoint_of_the_best_
     best = min(evaluations, key=lambda e: e["eval_lm_loss"])
     assert state["best_model_checkpoint"].endswith(f"checkpoint-{best['step']}")
     assert state["best_metric"] == pytest.approx(best["eval_lm_loss"])
+
+
+def test_train_and_evaluate_with_empty_contexts_make_and_measure_a_matched_topic_free_twin(tmp_path, capsys,
+                                                                                          monkeypatch):
+    """`--empty_context true`: the topic model trains and is stopped on rows whose every context is empty (the same
+    uninformative topics for every document: its matched topic-free twin), `topic-lm evaluate --empty_context true`
+    measures it the same way (as `evaluate_perplexity(empty_context=True)`), and a model without topics is refused
+    in one line."""
+    from transformers import AutoModelForCausalLM
+
+    from topic_lm_hf import TopicLMTrainer, evaluate_perplexity, load_documents
+
+    common = ["--train_file", "wikipedia-sample", "--max_train_documents", "24", "--validation_file",
+              "wikipedia-sample/validation", "--max_eval_documents", "4", "--min_freq", "3", "--max_steps", "2",
+              "--per_device_train_batch_size", "4", "--report_to", "none", "--use_cpu", "--eval_strategy", "steps",
+              "--eval_steps", "1", "--empty_context", "true"]
+    seen = {}
+    original = TopicLMTrainer.__init__
+
+    def recording(self, *args, **kwargs):
+        seen.update(train=kwargs["train_dataset"], eval=kwargs["eval_dataset"])
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(TopicLMTrainer, "__init__", recording)
+    out_dir = tmp_path / "twin"
+    main(["train", *common, "--model_type", "topic_rnn", "--recipe", "paper", "--config_overrides",
+          "num_topics=4,embedding_size=16,hidden_size=16", "--output_dir", str(out_dir)])
+    for rows in (seen["train"], seen["eval"]):
+        assert len(rows) > 0 and not any(rows["context_ids"])
+    main(["evaluate", "--model_name_or_path", str(out_dir), "--max_eval_documents", "4", "--protocols", "causal",
+          "--empty_context", "true", "--output_json", "none"])
+    out = capsys.readouterr().out
+    assert "empty: uninformative topics" in out
+    shown = float(re.search(r"\| causal \| [^|]+\| [^|]+\| ([\d.]+) \|", out).group(1))
+    docs = load_documents("wikipedia-sample/validation", max_documents=4)
+    model = AutoModelForCausalLM.from_pretrained(out_dir).eval()
+    assert shown == pytest.approx(evaluate_perplexity(model, docs, "causal", empty_context=True)["perplexity"], abs=0.01)
+    assert shown != pytest.approx(evaluate_perplexity(model, docs, "causal")["perplexity"], abs=0.01)
+    with pytest.raises(SystemExit) as exit_:
+        main(["train", *common, "--model_type", "lstm_lm", "--output_dir", str(tmp_path / "lstm")])
+    assert exit_.value.code == 2
+    assert "--empty_context true holds a topic model's topics uninformative, and lstm_lm reads no topics" in \
+        capsys.readouterr().err

@@ -93,6 +93,7 @@ class EvaluateArguments:
     max_sentence_length: int = field(default=30, metadata={"help": _HELP["max_sentence_length"]})
     max_context_tokens: int = field(default=300, metadata={"help": _HELP["max_context_tokens"]})
     batch_size: int = field(default=64, metadata={"help": "Chunks (or documents, for causal-carry) per forward pass."})
+    empty_context: bool = field(default=False, metadata={"help": _HELP["empty_context"]})
     output_json: Optional[str] = field(default=None, metadata={
         "help": "Also write the rows as JSON here (default: perplexity.json in the model folder, where "
                 "`topic-lm export` finds them for the model card; 'none': nowhere)."})

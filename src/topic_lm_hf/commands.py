@@ -26,6 +26,7 @@ from .collator import TopicContextCollator, make_bow
 from .data import DataArguments, load_corpora
 from .devices import DeviceArguments
 from .evaluation import evaluate_perplexity
+from .evaluation.perplexity import empty_context_rows
 from .families import family_of, topic_families
 from .fast_path import FastPathArguments, fast_training_arguments, on_gpu, resolve_compile
 from .hub import auto_class_for, load_pretrained, push_to_hub, resolve_model_source, save_for_hub
@@ -196,6 +197,8 @@ def train(data_args: DataArguments, model_args: ModelArguments, training_args: T
     if recipe_of(model_args) == "steering" and not model_args.model_name_or_path and recipe:
         logger.info("Recipe: steering (%s, the topic model pre-trained first; --recipe paper trains the paper's "
                     "model exactly)", ", ".join(f"{k}={getattr(model.config, k)}" for k in recipe))
+    if data_args.empty_context:
+        check_empty_context(model)
     carried = carried_training(model_args, data_args, model)
     collator = TopicContextCollator.for_model(model, tok, topic_tok, protocol="train-carry" if carried else "train",
                                               context=None if carried else data_args.context,
@@ -203,6 +206,8 @@ def train(data_args: DataArguments, model_args: ModelArguments, training_args: T
                                               max_context_tokens=data_args.max_context_tokens)
     train_rows = collator.prepare(train_docs)
     eval_rows = collator.prepare(valid_docs) if valid_docs is not None and training_args.eval_strategy != "no" else None
+    if data_args.empty_context:  # the topic model's matched topic-free twin (its topic model pre-trained as usual)
+        train_rows, eval_rows = (None if rows is None else empty_context_rows(rows) for rows in (train_rows, eval_rows))
     callbacks = [*(callbacks or []), *early_stopping(model_args, training_args, eval_rows)]
     trainer = TopicLMTrainer(model=model, args=training_args, train_dataset=train_rows, eval_dataset=eval_rows,
                              data_collator=collator, processing_class=tok, callbacks=callbacks,
@@ -252,6 +257,13 @@ def _train_locked(model_args, data_args, training_args, model, tok, topic_tok, t
     trainer.save_model(out)
     data_lib.save_vocabularies(tok, topic_tok, out)
     return trainer.model, tok, topic_tok
+
+
+def check_empty_context(model) -> None:
+    """``--empty_context true`` holds a topic model's topics uninformative: a model that reads no context has none."""
+    if "context_bow" not in model.conditioning_inputs:
+        raise UsageError("--empty_context true holds a topic model's topics uninformative, and "
+                         f"{model.config.model_type} reads no topics: leave the flag out")
 
 
 def pretraining_steps(model_args: ModelArguments, model) -> int:
@@ -416,9 +428,11 @@ def run_evaluate(args: EvaluateArguments, device: DeviceArguments | None = None)
               f"reported under the {allowed} protocol, labelled leaky; skipped: {', '.join(skipped)}")
         if not protocols:
             raise ValueError(f"no protocol left to evaluate this model under: add {allowed} to --protocols")
+    if args.empty_context:
+        check_empty_context(model)
     rows = evaluate(model, docs, protocols, name=args.model_name_or_path,
                     max_sentence_length=args.max_sentence_length, max_context_tokens=args.max_context_tokens,
-                    batch_size=args.batch_size)
+                    batch_size=args.batch_size, empty_context=args.empty_context)
     print(f"validation: {valid_file} ({len(docs)} documents)\n")
     print(format_perplexity_table(rows))
     output = args.output_json

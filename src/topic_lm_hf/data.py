@@ -712,6 +712,10 @@ HELP = {
                           "order).",
     "max_eval_documents": "Use only the first N validation documents.",
     "protocols": f"Comma-separated perplexity protocols to report: {describe_protocols()}.",
+    "empty_context": "Every context empty: a topic model reads the same uninformative topics for every document. "
+                     "Trained (and stopped on its validation perplexity) this way, it is the matched topic-free "
+                     "twin of the topic model trained alike: its architecture and training without the document's "
+                     "topics, the baseline its topics are measured against; evaluate it the same way.",
 }
 
 
@@ -738,6 +742,7 @@ class DataArguments:
     max_train_documents: Optional[int] = field(default=None, metadata={"help": "Use only the first N training documents."})
     max_eval_documents: Optional[int] = field(default=None, metadata={"help": HELP["max_eval_documents"]})
     synthetic: bool = field(default=False, metadata={"help": "Use the package's synthetic corpus (not real text)."})
+    empty_context: bool = field(default=False, metadata={"help": HELP["empty_context"]})
 
 
 def check_positive_flags(**flags) -> None:
