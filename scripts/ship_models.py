@@ -1,20 +1,23 @@
 """The models that ship with the repository (``hub_models/``): trained on the Wikipedia sample that ships with the
 package by ``topic-lm train``, measured, and saved as Hub-ready folders with their cards.
 
-Three models, each trained by the command in ``COMMANDS`` (the card repeats it): the carried LSTM (``wiki-lstm-carry``),
-the carried rGBN-RNN started from it by the steering recipe (``wiki-rgbn-rnn-carry``) and the carried TCNLM by the
-steering recipe (``wiki-tcnlm-carry``: tied embeddings and narrower topic parts than the benchmark's, to fit the
-folder in 8 MB). Each stops when its development perplexity stops improving. Each folder holds the weights
-(safetensors), both tokenizers, the remote code, a card (``README.md``) with the measured results and the exact
-command, and ``results.json``.
+Four models, each trained by the command in ``COMMANDS`` (the card repeats it): the carried LSTM (``wiki-lstm-carry``),
+the carried rGBN-RNN started from it by the steering recipe with its topic prior held at full weight
+(``wiki-rgbn-rnn-carry``), that model's topic-free twin, trained alike with every context empty
+(``wiki-rgbn-rnn-carry-twin``: the strongest baseline it is measured against), and the carried TCNLM by the steering
+recipe (``wiki-tcnlm-carry``: tied embeddings and narrower topic parts than the benchmark's, to fit the folder in
+8 MB). Each stops when its development perplexity stops improving. Each folder holds the weights (safetensors), both
+tokenizers, the remote code, a card (``README.md``) with the measured results and the exact command, and
+``results.json``. The rGBN-RNN and its twin start from the shipped LSTM's folder.
 
 The measurements, on the sample's 100 validation articles: perplexity under ``causal-carry`` (the state carried
 through each document, each sentence's context the sentences before it); for the topic model also with another
 document's topics (the mismatched-context ablation: what the document's own topics are worth) and with empty contexts
 (uninformative topics, the same for every document); the topics' NPMI (``lau2014``, against the shipped reference
-articles) and diversity. They are measured on the folders as written (reloaded from them).
+articles) and diversity; for a twin, its perplexity with every context empty, as it was trained. They are measured
+on the folders as written (reloaded from them).
 
-    python scripts/ship_models.py --train --work out/ship      # trains (resumes) both, then writes hub_models/
+    python scripts/ship_models.py --train --work out/ship      # trains (resumes) each, then writes hub_models/
     python scripts/ship_models.py --work out/ship              # only measures and writes, from trained runs
     python scripts/ship_models.py --only wiki-tcnlm-carry      # one folder (a topic model's card then reads the
                                                                # LSTM it is compared with from its shipped folder)
@@ -32,43 +35,69 @@ import subprocess
 import sys
 from pathlib import Path
 
-from topic_lm_hf.demo import SHIPPED_TOPIC_MODELS
+from topic_lm_hf.demo import SHIPPED_TOPIC_MODELS, SHIPPED_TWINS
 
 ROOT = Path(__file__).resolve().parent.parent
 MAX_BYTES = 8_000_000
-# the sizes and schedule of the carried rows of scripts/benchmark_all.py --corpus wiki (E = H = 128, 50 topics,
-# dropout 0.4, 4 documents per step, lr 2e-3 halved at every evaluation without improvement, clipping 0.5)
-COMMON = ["--carry_state", "true", "--per_device_train_batch_size", "4", "--learning_rate", "2e-3",
-          "--max_grad_norm", "0.5", "--num_train_epochs", "60", "--lr_scheduler_type", "reduce_lr_on_plateau",
-          "--lr_scheduler_kwargs", '{"factor": 0.5, "patience": 0}', "--eval_strategy", "steps", "--eval_steps", "200",
-          "--early_stopping_patience", "3", "--seed", "0", "--disable_tqdm", "true"]
+
+
+def schedule(halve_after: int, stop_after: int) -> list[str]:
+    """The carried rows' schedule of ``scripts/benchmark_all.py --corpus wiki`` on the command line (4 documents per
+    step, lr 2e-3, clipping 0.5, a 60-epoch cap, an evaluation every 200 steps): the rate halved at the
+    ``halve_after``-th evaluation in a row without improvement, training stopped at the ``stop_after``-th."""
+    return ["--carry_state", "true", "--per_device_train_batch_size", "4", "--learning_rate", "2e-3",
+            "--max_grad_norm", "0.5", "--num_train_epochs", "60", "--lr_scheduler_type", "reduce_lr_on_plateau",
+            "--lr_scheduler_kwargs", json.dumps({"factor": 0.5, "patience": halve_after - 1}), "--eval_strategy",
+            "steps", "--eval_steps", "200", "--early_stopping_patience", str(stop_after), "--seed", "0",
+            "--disable_tqdm", "true"]
+
+
+# the rGBN-RNN and its twin as the benchmark's held prior I and its matched twin (rate halved after 3 misses,
+# patience 10), started from the shipped LSTM's folder
+RGBN = "embedding_size=128,topic_sizes=[50],hidden_sizes=[128],dropout=0.4"
+LSTM_FOLDER = "{out}/wiki-lstm-carry"
 COMMANDS = {
     "wiki-lstm-carry": ["--model_type", "lstm_lm", "--config_overrides",
-                        "embedding_size=128,hidden_size=128,dropout=0.4", *COMMON, "--output_dir", "{work}/lstm-carry"],
-    "wiki-rgbn-rnn-carry": ["--model_type", "rgbn_rnn", "--language_model", "{work}/lstm-carry", "--config_overrides",
-                            "embedding_size=128,topic_sizes=[50],hidden_sizes=[128],dropout=0.4", *COMMON,
-                            "--output_dir", "{work}/rgbn-carry"],
+                        "embedding_size=128,hidden_size=128,dropout=0.4", *schedule(1, 3), "--output_dir",
+                        "{work}/lstm-carry"],
+    "wiki-rgbn-rnn-carry-twin": ["--model_type", "rgbn_rnn", "--language_model", LSTM_FOLDER, "--config_overrides",
+                                 f"{RGBN},train_theta=mean", "--empty_context", "true", *schedule(3, 10),
+                                 "--output_dir", "{work}/rgbn-carry-twin"],
+    "wiki-rgbn-rnn-carry": ["--model_type", "rgbn_rnn", "--language_model", LSTM_FOLDER, "--config_overrides",
+                            f"{RGBN},topic_prior_weight_trainable=false", *schedule(3, 10), "--output_dir",
+                            "{work}/rgbn-carry"],
     "wiki-tcnlm-carry": ["--model_type", "tcnlm", "--config_overrides",
                          "embedding_size=128,hidden_size=128,num_topics=50,num_factors=128,encoder_hidden_size=128,"
-                         "topic_embedding_size=64,tie_word_embeddings=true,dropout=0.4", *COMMON,
+                         "topic_embedding_size=64,tie_word_embeddings=true,dropout=0.4", *schedule(1, 3),
                          "--output_dir", "{work}/tcnlm-carry"],
 }
 TITLES = {"wiki-lstm-carry": "LSTM language model, carried state",
-          "wiki-rgbn-rnn-carry": "rGBN-RNN, carried state, started from the carried LSTM by the steering recipe",
+          "wiki-rgbn-rnn-carry-twin": "rGBN-RNN, carried state, started from the carried LSTM by the steering recipe, "
+                                      "its topics held uninformative: the topic-free twin of wiki-rgbn-rnn-carry",
+          "wiki-rgbn-rnn-carry": "rGBN-RNN, carried state, started from the carried LSTM by the steering recipe, its "
+                                 "topic prior held at full weight",
           "wiki-tcnlm-carry": "TCNLM, carried state, by the steering recipe"}
-# the topic models among them: the ones the demo shows beside the LSTM (one list for both)
+# the topic models among them: the ones the demo shows beside the LSTM (one list for both), and their twins
 TOPIC_MODELS = tuple(SHIPPED_TOPIC_MODELS)
+TWINS = {twin: model for model, twin in SHIPPED_TWINS.items()}
 
 
-def command_line(name: str, work: str) -> str:
-    args = [a.replace("{work}", work) for a in COMMANDS[name]]
-    quoted = [f"'{a}'" if any(c in a for c in ' {}[]"') else a for a in args]
+def arguments(name: str, work: str, out: str) -> list[str]:
+    """``name``'s command-line arguments, with the runs in ``work`` and the shipped folders in ``out`` (relative to
+    the repository root where it is inside it, as a user of the clone would write it)."""
+    out_path = Path(out).resolve()
+    shown = str(out_path.relative_to(ROOT)) if out_path.is_relative_to(ROOT) else out
+    return [a.replace("{work}", work).replace("{out}", shown) for a in COMMANDS[name]]
+
+
+def command_line(name: str, work: str, out: str = str(ROOT / "hub_models")) -> str:
+    quoted = [f"'{a}'" if any(c in a for c in ' {}[]"') else a for a in arguments(name, work, out)]
     return "OMP_NUM_THREADS=1 topic-lm train " + " ".join(quoted)
 
 
-def train(name: str, work: str) -> None:
-    argv = [a.replace("{work}", work) for a in COMMANDS[name]]
-    subprocess.run([sys.executable, "-m", "topic_lm_hf.cli", "train", *argv], check=True)
+def train(name: str, work: str, out: str) -> None:
+    subprocess.run([sys.executable, "-m", "topic_lm_hf.cli", "train", *arguments(name, work, out)], check=True,
+                   cwd=ROOT)
 
 
 def stopped(run: Path) -> dict:
@@ -97,7 +126,13 @@ def store_float64_as_float32(folder: Path) -> list[str]:
     return wide
 
 
-def measure(folder: Path, topic_model: bool) -> dict:
+def kind(name: str) -> str:
+    """What a shipped folder holds: ``"lstm"``, a ``"topic"`` model, or a topic model's topic-free ``"twin"``."""
+    return "twin" if name in TWINS else "topic" if name in TOPIC_MODELS else "lstm"
+
+
+def measure(folder: Path, what: str) -> dict:
+    """The folder's figures on the sample's validation articles; a twin's as it was trained, every context empty."""
     from transformers import AutoModelForCausalLM
 
     from topic_lm_hf import evaluate_perplexity, evaluate_topics, load_documents
@@ -106,8 +141,9 @@ def measure(folder: Path, topic_model: bool) -> dict:
     model = AutoModelForCausalLM.from_pretrained(folder).eval()
     valid = load_documents("wikipedia-sample/validation")
     result = {"parameters": sum(p.numel() for p in model.parameters()),
-              "causal-carry": evaluate_perplexity(model, valid, protocol="causal-carry")}
-    if topic_model:
+              "causal-carry": evaluate_perplexity(model, valid, protocol="causal-carry",
+                                                  empty_context=what == "twin")}
+    if what == "topic":
         result["mismatched"] = evaluate_perplexity(model, valid, protocol="causal-carry", mismatched_context=True)
         result["empty_context"] = evaluate_perplexity(model, valid, protocol="causal-carry", empty_context=True)
         topics = evaluate_topics(model, load_reference_corpus("wikipedia-sample/npmi-reference"))
@@ -129,38 +165,79 @@ def against_lstm(base: float, ppl: float, mismatched: float) -> str:
             "be further behind. Its topics are for steering and reading, not for a lower perplexity.")
 
 
-def card(name: str, measured: dict, stop: dict, command: str, wide: list[str], baseline: dict | None) -> str:
-    ppl = measured["causal-carry"]["perplexity"]
+def against_twin(twin: float, ppl: float, mismatched: float) -> str:
+    """The card's sentence comparing a topic model with its topic-free twin, the strongest baseline."""
+    own, lead = mismatched - ppl, twin - ppl
+    side = (f"{100 * lead / twin:.1f} % lower perplexity ({lead:.2f} points)" if lead >= 0 else
+            f"{100 * -lead / twin:.1f} % higher perplexity ({-lead:.2f} points behind it)")
+    return (f"Against its topic-free twin (the same model trained alike with every context empty, the strongest "
+            f"baseline): {side}; another document's topics cost it {own:.2f} points, "
+            + ("more than its lead: the lead is its document's topics'." if own > lead >= 0 else
+               "not more than its lead." if lead >= 0 else "so its topics do not pay for their cost here."))
+
+
+def stopping(name: str) -> str:
+    """How ``name``'s command stops and halves the rate, in words, from its flags."""
+    args = COMMANDS[name]
+    stop = int(args[args.index("--early_stopping_patience") + 1])
+    halve = json.loads(args[args.index("--lr_scheduler_kwargs") + 1])["patience"] + 1
+    rate = "at every evaluation without improvement" if halve == 1 else f"after {halve} evaluations in a row without it"
+    return f"{stop} evaluations without improvement, every 200 steps; the rate halved {rate}"
+
+
+def card(name: str, measured: dict, stop: dict, command: str, wide: list[str], baseline: dict | None,
+         twin: dict | None = None) -> str:
+    ppl, what = measured["causal-carry"]["perplexity"], kind(name)
     lines = ["---", "library_name: transformers", "license: cc-by-sa-4.0", "language: en",
              "tags: [topic-lm-hf, topic-guided-language-model, text-generation]", "---", "",
              f"# {name}: {TITLES[name]}", "",
              "Trained with topic-lm-hf on the English Wikipedia sample that ships with the "
              "package (900 training articles, CC BY-SA; the sample's NOTICE names the sources). Small (E = H = 128"
-             + (", 50 topics" if name in TOPIC_MODELS else "") + ") and trained on a 2-core CPU: a demonstration of "
+             + (", 50 topics" if what != "lstm" else "") + ") and trained on a 2-core CPU: a demonstration of "
              "the package's result, not a general-purpose language model.", "",
              "```python", "from transformers import AutoModelForCausalLM",
-             f'model = AutoModelForCausalLM.from_pretrained("hub_models/{name}", trust_remote_code=True)', "```", "",
-             "## Results", "",
-             "Validation perplexity on the sample's 100 validation articles, protocol `causal-carry` (the state "
-             "carried through each document, each sentence's context only the sentences before it):", "",
-             "| model | perplexity |", "|---|---|", f"| this model | {ppl:.2f} |"]
+             f'model = AutoModelForCausalLM.from_pretrained("hub_models/{name}", trust_remote_code=True)', "```", ""]
+    if what == "twin":
+        lines += [f"The topic-free twin of `{TWINS[name]}`: the same model, started and trained the same way (its "
+                  "topic model pre-trained on the documents' words as usual), but every context it read in training "
+                  "and in its development evaluations was empty, so its topics are the same uninformative ones for "
+                  "every document. What its architecture and training bring without the document's topics: the "
+                  f"baseline `{TWINS[name]}` is measured against. Evaluate it the same way (`evaluate_perplexity(..., "
+                  "empty_context=True)`, `topic-lm evaluate --empty_context true`).", ""]
+    lines += ["## Results", "",
+              "Validation perplexity on the sample's 100 validation articles, protocol `causal-carry` (the state "
+              "carried through each document, each sentence's context only the sentences before it):", "",
+              "| model | perplexity |", "|---|---|",
+              f"| this model{' (every context empty, as it was trained)' if what == 'twin' else ''} | {ppl:.2f} |"]
+    started = " it started from" if "--language_model" in COMMANDS[name] else ""
+    if what == "twin" and baseline:
+        base = baseline["causal-carry"]["perplexity"]
+        lines += [f"| the carried LSTM{started} (`wiki-lstm-carry`) | {base:.2f} |", "",
+                  f"Against the carried LSTM: {100 * (base - ppl) / base:+.1f} % ({base - ppl:+.2f} points) in its "
+                  "favour, with no information from the document's topics: architecture and training alone."]
     if "mismatched" in measured:
         mis, empty = measured["mismatched"]["perplexity"], measured["empty_context"]["perplexity"]
         lines += [f"| this model, another document's topics (ablation) | {mis:.2f} |",
                   f"| this model, empty contexts (the same uninformative topics for every document) | {empty:.2f} |"]
+        if twin:
+            lines += [f"| its topic-free twin (`{SHIPPED_TWINS[name]}`), trained alike with every context empty | "
+                      f"{twin['causal-carry']['perplexity']:.2f} |"]
         if baseline:
             base = baseline["causal-carry"]["perplexity"]
-            started = " it started from" if "--language_model" in COMMANDS[name] else ""
-            lines += [f"| the carried LSTM{started} (`wiki-lstm-carry`) | {base:.2f} |", "",
-                      against_lstm(base, ppl, mis)]
+            lines += [f"| the carried LSTM{started} (`wiki-lstm-carry`) | {base:.2f} |"]
+        lines += [""]
+        if twin:
+            lines += [against_twin(twin["causal-carry"]["perplexity"], ppl, mis), ""]
+        if baseline:
+            lines += [against_lstm(baseline["causal-carry"]["perplexity"], ppl, mis)]
         npmi = measured["topics"].get("npmi")
         if npmi is not None:
             lines += ["", f"Topics: NPMI {npmi:.3f} (`lau2014`, against the shipped reference articles), diversity "
                       f"{measured['topics'].get('diversity', float('nan')):.2f}. The first five:", ""]
             lines += [f"- {' '.join(words)}" for words in measured["top_words"][:5]]
     lines += ["", "## Training", "",
-              f"{stop['steps_trained']} steps (4 documents each), stopped on the development documents (3 "
-              f"evaluations without improvement, every 200 steps); the weights are those of step {stop['best_step']} "
+              f"{stop['steps_trained']} steps (4 documents each), stopped on the development documents "
+              f"({stopping(name)}); the weights are those of step {stop['best_step']} "
               f"(development perplexity {stop['best_dev_perplexity']:.2f}). "
               + ("" if stop["metric"] in ("eval_lm_loss", "lm_loss") else
                  f"This run stopped and kept its weights on the whole development loss ({stop['metric']}: the language "
@@ -180,12 +257,17 @@ def card(name: str, measured: dict, stop: dict, command: str, wide: list[str], b
     return "\n".join(lines) + "\n"
 
 
+def measured_of(name: str, results: dict, out: Path) -> dict | None:
+    """``name``'s measurements: from this run, else from its written folder, else None."""
+    if name in results:
+        return results[name]["measured"]
+    written = out / name / "results.json"
+    return json.loads(written.read_text())["measured"] if written.exists() else None
+
+
 def baseline(results: dict, out: Path) -> dict | None:
     """What a topic model's card compares it with: the carried LSTM measured in this run, else its written folder."""
-    if "wiki-lstm-carry" in results:
-        return results["wiki-lstm-carry"]["measured"]
-    written = out / "wiki-lstm-carry" / "results.json"
-    return json.loads(written.read_text())["measured"] if written.exists() else None
+    return measured_of("wiki-lstm-carry", results, out)
 
 
 def main(argv=None) -> None:
@@ -203,21 +285,23 @@ def main(argv=None) -> None:
     results = {}
     for name in args.only:
         if args.train:
-            train(name, args.work)
-        run = Path(COMMANDS[name][-1].replace("{work}", args.work))
+            train(name, args.work, args.out)
+        run = Path(arguments(name, args.work, args.out)[-1])
+        run = run if run.is_absolute() else ROOT / run
         folder = Path(args.out) / name
         shutil.rmtree(folder, ignore_errors=True)
         model = AutoModelForCausalLM.from_pretrained(run)
         model.save_pretrained(folder)
         save_vocabularies(*load_vocabularies(run), folder)
         wide = store_float64_as_float32(folder)
-        measured = measure(folder, topic_model=name in TOPIC_MODELS)
+        measured = measure(folder, kind(name))
         stop = stopped(run)
-        results[name] = {"measured": measured, "training": stop, "command": command_line(name, args.work),
-                         "stored_in_float32": wide}
+        command = command_line(name, args.work, args.out)
+        results[name] = {"measured": measured, "training": stop, "command": command, "stored_in_float32": wide}
         (folder / "results.json").write_text(json.dumps(results[name], indent=1) + "\n")
-        (folder / "README.md").write_text(card(name, measured, stop, command_line(name, args.work), wide,
-                                               baseline(results, Path(args.out))))
+        twin = measured_of(SHIPPED_TWINS[name], results, Path(args.out)) if name in SHIPPED_TWINS else None
+        (folder / "README.md").write_text(card(name, measured, stop, command, wide, baseline(results, Path(args.out)),
+                                               twin))
         size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
         print(f"{name}: causal-carry {measured['causal-carry']['perplexity']:.2f}, {size / 1e6:.2f} MB", flush=True)
         if size > MAX_BYTES:

@@ -118,33 +118,46 @@ SHIPPED_LSTM = "wiki-lstm-carry"
 # each shipped topic model's folder: its family's name and how it was started
 SHIPPED_TOPIC_MODELS = {"wiki-rgbn-rnn-carry": ("rGBN-RNN", " (started from that LSTM)"),
                         "wiki-tcnlm-carry": ("TCNLM", "")}
+# a shipped topic model's topic-free twin (trained alike with every context empty), shown beside it where it ships
+SHIPPED_TWINS = {"wiki-rgbn-rnn-carry": "wiki-rgbn-rnn-carry-twin"}
 
 
 def show_shipped_models(folder: str, valid_docs, device, seed: int) -> bool:
     """The models that ship with the repository, loaded with ``AutoModelForCausalLM``: their perplexity on the sample's
-    validation articles under ``causal-carry``, each topic model's ablation, its topics and steered text. False (and
-    one line saying where they would be) when ``folder`` does not hold them (an installed package)."""
+    validation articles under ``causal-carry``, each topic model's ablation and, where its topic-free twin ships, the
+    twin's (every context empty, as it was trained), its topics and steered text. False (and one line saying where
+    they would be) when ``folder`` does not hold them (an installed package)."""
     paths = {name: os.path.join(folder, name) for name in (SHIPPED_LSTM, *SHIPPED_TOPIC_MODELS)}
     if not all(os.path.isfile(os.path.join(p, "config.json")) for p in paths.values()):
         print(f"       no trained models in {folder}/ (they ship with the repository's clone, not with the package): "
               "skipped", flush=True)
         return False
+    twins = {name: twin for name, twin in SHIPPED_TWINS.items()
+             if os.path.isfile(os.path.join(folder, twin, "config.json"))}
+    paths.update({twin: os.path.join(folder, twin) for twin in twins.values()})
     models = {name: AutoModelForCausalLM.from_pretrained(p).to(device).eval() for name, p in paths.items()}
-    ppl = {name: evaluate_perplexity(m, valid_docs, "causal-carry")["perplexity"] for name, m in models.items()}
+    ppl = {name: evaluate_perplexity(m, valid_docs, "causal-carry", empty_context=name in twins.values())
+           ["perplexity"] for name, m in models.items()}
     ablation = {name: evaluate_perplexity(models[name], valid_docs, "causal-carry", mismatched_context=True)
                 ["perplexity"] for name in SHIPPED_TOPIC_MODELS}
     print(f"       {', '.join(paths.values())}: each trained until it stopped improving on the development articles "
           "(their README.md: the command and the measurements)", flush=True)
     print(f"\n| model | causal-carry perplexity |\n|---|---|\n| carried LSTM | {ppl[SHIPPED_LSTM]:.2f} |")
     for name, (family, started) in SHIPPED_TOPIC_MODELS.items():
+        if name in twins:
+            print(f"| carried {family}'s topic-free twin{started}, trained alike with every context empty | "
+                  f"{ppl[twins[name]]:.2f} |")
         print(f"| carried {family}{started} | {ppl[name]:.2f} |\n"
               f"| carried {family}, another document's topics (ablation) | {ablation[name]:.2f} |")
     print(flush=True)
     lstm = ppl[SHIPPED_LSTM]
     for name, (family, _) in SHIPPED_TOPIC_MODELS.items():
-        gain, own = lstm - ppl[name], ablation[name] - ppl[name]
-        where = f"below the LSTM ({gain:.2f} points)" if gain >= 0 else f"above the LSTM ({-gain:.2f} points behind)"
-        print(f"       on {len(valid_docs)} validation articles the {family} is {100 * abs(gain) / lstm:.1f} % "
+        own = ablation[name] - ppl[name]
+        base, against = (ppl[twins[name]], "its topic-free twin, the strongest baseline,") if name in twins else \
+            (lstm, "the LSTM")
+        gain = base - ppl[name]
+        where = f"below {against} ({gain:.2f} points)" if gain >= 0 else f"above {against} ({-gain:.2f} points behind)"
+        print(f"       on {len(valid_docs)} validation articles the {family} is {100 * abs(gain) / base:.1f} % "
               f"{where}; its document's own topics are worth {own:.2f} points (the ablation: another document's "
               "topics cost it that much)", flush=True)
     for name, (family, _) in SHIPPED_TOPIC_MODELS.items():
