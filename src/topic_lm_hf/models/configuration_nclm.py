@@ -108,8 +108,8 @@ class NCLMConfig(TopicConfigMixin, ClassifierConfigMixin, CompactReprMixin, Pret
                  etr_top_n=20, etr_weighting="proportions", etr_selection="masked_topk", etr_embedding="lm",
                  etr_embedding_size=None, etr_mask_includes_current_sentence=False, alpha=0.01, topic_word_ids=None,
                  initializer_range=0.1, tie_word_embeddings=False, diversity_weight=0.0, topic_output_bias=None,
-                 topic_prior_weight_init=0.0, topic_prior_weight_trainable=True, use_cache=True, pad_token_id=0, bos_token_id=2,
-                 eos_token_id=3, unk_token_id=1, **kwargs):
+                 topic_prior_weight_init=0.0, topic_prior_weight_trainable=True, use_cache=True, pad_token_id=0,
+                 bos_token_id=2, eos_token_id=3, unk_token_id=1, **kwargs):
         check_integers(1, vocab_size=vocab_size, topic_vocab_size=topic_vocab_size, num_topics=num_topics,
                        encoder_hidden_size=encoder_hidden_size, embedding_size=embedding_size, hidden_size=hidden_size,
                        num_hidden_layers=num_hidden_layers, etr_top_n=etr_top_n)
