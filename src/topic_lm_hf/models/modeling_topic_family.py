@@ -135,8 +135,8 @@ class TopicWordPriorMixin:
     def hold_configured_weights(self) -> None:
         """lambda learned, or held at its value by ``config.topic_prior_weight_trainable=False``."""
         super().hold_configured_weights()
-        if self.topic_prior_weight is not None:  # configs saved before the option learn it
-            self.topic_prior_weight.requires_grad_(getattr(self.config, "topic_prior_weight_trainable", True))
+        if self.topic_prior_weight is not None:
+            self.topic_prior_weight.requires_grad_(self.config.topic_prior_weight_trainable)
 
     def topic_output_terms(self, mixture: Optional[torch.Tensor],
                            representation: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
@@ -329,7 +329,7 @@ class TopicFamilyForCausalLM(DocumentRepresentationDelegate, TopicWordPriorMixin
         predictions start at the language model's: the shared topic output prior's weight lambda starts at 0 (it
         is learned from there; a lambda held by ``config.topic_prior_weight_trainable=False`` stays at its value, a
         prior the language model then learns around), the rest is the family's."""
-        if self.topic_prior_weight is not None and getattr(self.config, "topic_prior_weight_trainable", True):
+        if self.topic_prior_weight is not None and self.config.topic_prior_weight_trainable:
             with torch.no_grad():
                 self.topic_prior_weight.zero_()
 
