@@ -35,10 +35,11 @@ class ToyTopicConfig(TopicConfigMixin, LSTMLMConfig):
     model_type = "toy_topic_lm"
 
     def __init__(self, topic_vocab_size=100, num_topics=4, topic_word_ids=None, topic_output_bias="beta",
-                 topic_prior_weight_init=1.0, kl_annealing_steps=0, **kwargs):
+                 topic_prior_weight_init=1.0, topic_prior_weight_trainable=True, kl_annealing_steps=0, **kwargs):
         self.topic_vocab_size, self.num_topics = topic_vocab_size, num_topics
         self.topic_word_ids = topic_word_ids
         self.topic_output_bias, self.topic_prior_weight_init = topic_output_bias, topic_prior_weight_init
+        self.topic_prior_weight_trainable = topic_prior_weight_trainable
         self.kl_annealing_steps = kl_annealing_steps
         super().__init__(**kwargs)
 
