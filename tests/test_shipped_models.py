@@ -12,7 +12,7 @@ import torch
 from conftest import run_without_package
 
 ROOT = Path(__file__).resolve().parent.parent
-FOLDERS = ["wiki-lstm-carry", "wiki-rgbn-rnn-carry", "wiki-tcnlm-carry"]
+FOLDERS = ["wiki-lstm-carry", "wiki-rgbn-rnn-carry", "wiki-tcnlm-carry", "wiki-rgbn-rnn-carry-twin"]
 
 
 @pytest.mark.parametrize("name", FOLDERS)
@@ -42,12 +42,17 @@ def test_a_shipped_folder_is_small_names_its_command_and_loads_without_the_packa
 
 
 def test_the_shipped_folders_reproduce_their_cards_and_the_demo_shows_them(capsys):
+    """The LSTM's folder reproduces its card's perplexity; the demo's table shows every folder's figure as its card
+    has it (the twin's with every context empty, as it was trained) and states the rGBN-RNN's lead over its twin."""
     from transformers import AutoModelForCausalLM
 
     from topic_lm_hf import demo, evaluate_perplexity, load_documents
 
+    def measured(folder):
+        return json.loads((ROOT / "hub_models" / folder / "results.json").read_text())["measured"]
+
     valid = load_documents("wikipedia-sample/validation")
-    lstm_results = json.loads((ROOT / "hub_models" / FOLDERS[0] / "results.json").read_text())["measured"]
+    lstm_results = measured(FOLDERS[0])
     model = AutoModelForCausalLM.from_pretrained(ROOT / "hub_models" / FOLDERS[0]).eval()
     assert evaluate_perplexity(model, valid, "causal-carry")["perplexity"] == pytest.approx(
         lstm_results["causal-carry"]["perplexity"], rel=1e-4)
@@ -55,13 +60,17 @@ def test_the_shipped_folders_reproduce_their_cards_and_the_demo_shows_them(capsy
     out = capsys.readouterr().out
     shown = dict(re.findall(r"^\| (carried [^|]+?) \| ([\d.]+) \|$", out, re.M))
     assert float(shown["carried LSTM"]) == pytest.approx(lstm_results["causal-carry"]["perplexity"], abs=0.006)
-    for folder, (family, started) in zip(FOLDERS[1:], [("rGBN-RNN", " (started from that LSTM)"), ("TCNLM", "")]):
-        topic_results = json.loads((ROOT / "hub_models" / folder / "results.json").read_text())["measured"]
+    for folder, (family, started) in zip(FOLDERS[1:3], [("rGBN-RNN", " (started from that LSTM)"), ("TCNLM", "")]):
+        topic_results = measured(folder)
         assert float(shown[f"carried {family}{started}"]) == pytest.approx(
             topic_results["causal-carry"]["perplexity"], abs=0.006)
         assert float(shown[f"carried {family}, another document's topics (ablation)"]) == pytest.approx(
             topic_results["mismatched"]["perplexity"], abs=0.006)
         assert len(re.findall(rf"{family} steered by topic \d: \w+", out)) == 2
+    twin = shown["carried rGBN-RNN's topic-free twin (started from that LSTM), trained alike with every context empty"]
+    assert float(twin) == pytest.approx(measured("wiki-rgbn-rnn-carry-twin")["causal-carry"]["perplexity"], abs=0.006)
+    assert re.search(r"the rGBN-RNN is [\d.]+ % (below|above) its topic-free twin, the strongest baseline \(", out)
+    assert re.search(r"the TCNLM is [\d.]+ % (below|above) the LSTM", out)
 
 
 def test_the_demo_says_when_the_shipped_models_are_not_there(tmp_path, capsys):
@@ -121,28 +130,3 @@ def test_the_shipped_commands_parse_and_the_rgbn_rnn_is_measured_against_its_twi
     card = ship_models.card("wiki-rgbn-rnn-carry-twin", twin_measured, stop, twin, [], lstm)
     assert "| this model (every context empty, as it was trained) | 51.00 |" in card
     assert "The topic-free twin of `wiki-rgbn-rnn-carry`" in card and "+7.3 % (+4.00 points) in its favour" in card
-
-
-def test_the_demo_measures_a_shipped_twin_as_it_was_trained_and_the_topic_model_against_it(tmp_path, capsys):
-    """Where a topic model's topic-free twin ships beside it, the demo shows the twin's perplexity with every context
-    empty and states the topic model's lead over the twin, not over the LSTM (a copy of the shipped rGBN-RNN stands
-    in for its twin here)."""
-    import shutil
-
-    from transformers import AutoModelForCausalLM
-
-    from topic_lm_hf import demo, evaluate_perplexity, load_documents
-
-    for name in FOLDERS:
-        (tmp_path / name).symlink_to(ROOT / "hub_models" / name)
-    shutil.copytree(ROOT / "hub_models" / "wiki-rgbn-rnn-carry", tmp_path / "wiki-rgbn-rnn-carry-twin")
-    valid = load_documents("wikipedia-sample/validation", max_documents=6)
-    assert demo.show_shipped_models(str(tmp_path), valid, torch.device("cpu"), seed=0)
-    out = capsys.readouterr().out
-    rgbn = AutoModelForCausalLM.from_pretrained(ROOT / "hub_models" / "wiki-rgbn-rnn-carry").eval()
-    empty = evaluate_perplexity(rgbn, valid, "causal-carry", empty_context=True)["perplexity"]
-    shown = re.search(r"^\| carried rGBN-RNN's topic-free twin \(started from that LSTM\), trained alike with every "
-                      r"context empty \| ([\d.]+) \|$", out, re.M)
-    assert float(shown.group(1)) == pytest.approx(empty, abs=0.006)
-    assert re.search(r"the rGBN-RNN is [\d.]+ % (below|above) its topic-free twin, the strongest baseline,", out)
-    assert re.search(r"the TCNLM is [\d.]+ % (below|above) the LSTM", out)

@@ -52,11 +52,12 @@ def config_kwargs_from_tokenizers(tokenizer, topic_tokenizer, **kwargs) -> dict:
             "topic_word_ids": topic_word_ids_from_tokenizers(tokenizer, topic_tokenizer), **kwargs}
 
 
-def check_topic_output_prior(topic_output_bias, topic_prior_weight_init, allowed=(None, "beta")):
-    """``(topic_output_bias, float(topic_prior_weight_init))`` checked: the value must be one of ``allowed``
-    (``"beta"`` is the shared topic output prior, ``TopicWordPriorMixin`` of
-    ``modeling_topic_family.py``;
-    a config saved with ``False`` reads as ``None``), and lambda's initial value a finite number."""
+def check_topic_output_prior(topic_output_bias, topic_prior_weight_init, allowed=(None, "beta"),
+                             topic_prior_weight_trainable=True):
+    """``(topic_output_bias, float(topic_prior_weight_init), topic_prior_weight_trainable)`` checked: the value must
+    be one of ``allowed`` (``"beta"`` is the shared topic output prior, ``TopicWordPriorMixin`` of
+    ``modeling_topic_family.py``; a config saved with ``False`` reads as ``None``), lambda's initial value a finite
+    number, and whether lambda learns a bool."""
     if topic_output_bias is False:  # configs saved when this was a flag
         topic_output_bias = None
     if topic_output_bias not in allowed:
@@ -64,7 +65,10 @@ def check_topic_output_prior(topic_output_bias, topic_prior_weight_init, allowed
     if isinstance(topic_prior_weight_init, bool) or not isinstance(topic_prior_weight_init, numbers.Real) \
             or topic_prior_weight_init != topic_prior_weight_init or abs(topic_prior_weight_init) == float("inf"):
         raise ValueError(f"topic_prior_weight_init must be a finite number, got {topic_prior_weight_init!r}")
-    return topic_output_bias, float(topic_prior_weight_init)
+    if not isinstance(topic_prior_weight_trainable, bool):
+        raise ValueError("topic_prior_weight_trainable must be True (lambda learns) or False (held at "
+                         f"topic_prior_weight_init), got {topic_prior_weight_trainable!r}")
+    return topic_output_bias, float(topic_prior_weight_init), topic_prior_weight_trainable
 
 
 class CompactReprMixin:

@@ -58,6 +58,10 @@ class RGBNRNNConfig(TopicConfigMixin, ClassifierConfigMixin, CompactReprMixin, P
         k_min, k_max: clamps of the Weibull shape k (0.1, 10, PyDPM's WHAI).
         eval_theta: theta outside training: ``"mean"`` (lambda Gamma(1 + 1/k), deterministic) or ``"sample"``
             (one Weibull draw, as the code).
+        train_theta: theta the language model reads in training: ``"sample"`` (one Weibull draw, the paper) or
+            ``"mean"`` (deterministic, and so are the topic terms of the same pass). A model whose topics are held
+            uninformative (a matched topic-free baseline) then reads the same topics in training as in evaluation,
+            not noise.
         carry_token_state: a documents batch (training) runs the LSTM of every layer with its state carried across
             each document's chunks, in order, as ``evaluate_perplexity(..., "causal-carry")`` feeds them, rather
             than every chunk from a zero state (False: the paper). Chunk batches carry it with ``state`` either way.
@@ -66,7 +70,11 @@ class RGBNRNNConfig(TopicConfigMixin, ClassifierConfigMixin, CompactReprMixin, P
             (:class:`~.modeling_topic_family.TopicWordPriorMixin`, not in the paper):
             lambda * log(V_c p(w | theta^1)) at every topic word, p(w | theta^1) = Phi^1 theta^1 normalised (the
             first layer's Poisson rate of the sentence's words as a distribution), lambda learned from
-            ``topic_prior_weight_init``. ``None``: the paper.
+            ``topic_prior_weight_init``; ``"learned"``: B theta^1 instead, theta^1 normalised, a free B
+            (V x K_1) zero at initialisation (TCNLM's option). ``None``: the paper.
+        topic_prior_weight_trainable: whether lambda learns (True) or is held at ``topic_prior_weight_init``
+            (False: not trained, and :meth:`from_language_model` leaves it there rather than at 0), a prior
+            the LM learns around.
         tie_word_embeddings: not supported (the output layer reads sum_l H_l features).
         classifier_*, freeze_backbone: the head of :class:`RGBNRNNForSequenceClassification`
             (:class:`~.configuration_common.ClassifierConfigMixin`).
@@ -85,8 +93,10 @@ class RGBNRNNConfig(TopicConfigMixin, ClassifierConfigMixin, CompactReprMixin, P
                  theta_normalization="max", topic_learning="tlasgr", tau0=1.0, eta_phi=0.1, eta_pi=1.0,
                  tlasgr_step_tau=20.0, tlasgr_step_kappa=0.7, tlasgr_step_epsilon=1.0, tlasgr_fisher_kappa=0.9,
                  tlasgr_corpus_size=None, tlasgr_seed=0, loss_preset="elbo", k_min=0.1, k_max=10.0, eval_theta="mean",
+                 train_theta="sample",
                  topic_word_ids=None, initializer_range=0.05, tie_word_embeddings=False, topic_output_bias=None,
-                 topic_prior_weight_init=0.0, carry_token_state=False, use_cache=True,
+                 topic_prior_weight_init=0.0, topic_prior_weight_trainable=True, carry_token_state=False,
+                 use_cache=True,
                  pad_token_id=0, bos_token_id=2, eos_token_id=3, unk_token_id=1, **kwargs):
         for name, instead in (("num_topics", "topic_sizes"), ("hidden_size", "hidden_sizes"),
                               ("num_hidden_layers", "len(topic_sizes)")):
@@ -115,7 +125,8 @@ class RGBNRNNConfig(TopicConfigMixin, ClassifierConfigMixin, CompactReprMixin, P
                                      ("theta_normalization", theta_normalization, THETA_NORMALIZATIONS),
                                      ("topic_learning", topic_learning, TOPIC_LEARNINGS),
                                      ("loss_preset", loss_preset, tuple(LOSS_PRESETS)),
-                                     ("eval_theta", eval_theta, EVAL_THETAS)):
+                                     ("eval_theta", eval_theta, EVAL_THETAS),
+                                     ("train_theta", train_theta, EVAL_THETAS)):
             if value not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
         if not 0.0 <= dropout < 1.0:
@@ -132,8 +143,9 @@ class RGBNRNNConfig(TopicConfigMixin, ClassifierConfigMixin, CompactReprMixin, P
             raise ValueError(f"k_max must exceed k_min, got k_min={k_min!r}, k_max={k_max!r}")
         if tlasgr_corpus_size is not None:
             check_integers(1, tlasgr_corpus_size=tlasgr_corpus_size)
-        topic_output_bias, topic_prior_weight_init = check_topic_output_prior(topic_output_bias,
-                                                                              topic_prior_weight_init)
+        topic_output_bias, topic_prior_weight_init, topic_prior_weight_trainable = check_topic_output_prior(
+            topic_output_bias, topic_prior_weight_init, allowed=(None, "beta", "learned"),
+            topic_prior_weight_trainable=topic_prior_weight_trainable)
         if not isinstance(carry_token_state, bool):
             raise ValueError(f"carry_token_state must be a bool, got {carry_token_state!r}")
         if tie_word_embeddings:
@@ -164,11 +176,13 @@ class RGBNRNNConfig(TopicConfigMixin, ClassifierConfigMixin, CompactReprMixin, P
         self.k_min = float(k_min)
         self.k_max = float(k_max)
         self.eval_theta = eval_theta
+        self.train_theta = train_theta
         self.topic_word_ids = self.checked_topic_word_ids(topic_word_ids, topic_vocab_size, vocab_size)
         self.initializer_range = float(initializer_range)
         self.tie_word_embeddings = False
         self.topic_output_bias = topic_output_bias
         self.topic_prior_weight_init = topic_prior_weight_init
+        self.topic_prior_weight_trainable = topic_prior_weight_trainable
         self.carry_token_state = carry_token_state
         self.use_cache = use_cache
         kwargs = self._pop_classifier_settings(kwargs)

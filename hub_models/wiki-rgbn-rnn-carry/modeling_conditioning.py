@@ -151,12 +151,13 @@ def _float_rows(value, name: str, expected: str) -> torch.Tensor:
     return x
 
 
-def check_counts(bow: torch.Tensor) -> None:
-    """A ``ValueError`` unless the bags of words ``bow`` (any shape) hold finite, non-negative counts."""
+def check_counts(bow: torch.Tensor, bounds=None) -> None:
+    """A ``ValueError`` unless the bags of words ``bow`` (any shape) hold finite, non-negative counts (``bounds``:
+    their smallest and largest, when the caller has read them)."""
     if bow.numel() == 0:
         return
     # the smallest and the largest count, read at once (one host synchronisation); a NaN makes both NaN
-    low, high = torch.stack(torch.aminmax(bow.float())).tolist()
+    low, high = bounds if bounds is not None else torch.stack(torch.aminmax(bow.float())).tolist()
     if not (low >= 0 and high < math.inf):
         raise ValueError("context_bow must hold finite, non-negative counts")
 

@@ -182,16 +182,12 @@ class DocumentClassifierMixin(DocumentRepresentationDelegate):
         self.model = base_model
         self.classifier = DocumentClassificationHead(self.config, sum(base_model.document_representation_sizes))
         self.post_init()
-        self.set_backbone_frozen(self.config.freeze_backbone)
+        self.hold_configured_weights()
 
-    @classmethod
-    def from_pretrained(cls, *args, **kwargs):
-        loaded = super().from_pretrained(*args, **kwargs)
-        # (model, loading info) with output_loading_info=True
-        model = loaded[0] if isinstance(loaded, tuple) else loaded
-        # Loading replaces the parameters, so the body's requires_grad flags are set again here.
-        model.set_backbone_frozen(model.config.freeze_backbone)
-        return loaded
+    def hold_configured_weights(self) -> None:
+        """The body frozen or not as ``config.freeze_backbone`` says."""
+        super().hold_configured_weights()
+        self.set_backbone_frozen(self.config.freeze_backbone)
 
     def set_backbone_frozen(self, frozen: bool = True) -> None:
         """Train only the head on frozen features (``True``) or fine-tune everything (``False``)."""

@@ -148,16 +148,41 @@ def host_reads_are_deferred() -> bool:
     return _HOST_READS["deferred"]
 
 
-def check_token_ids(input_ids: torch.Tensor, vocab_size: int) -> None:
-    """A ``ValueError`` (a mismatched tokenizer) unless every id is in [0, vocab_size): one host read."""
-    low, high = torch.stack(torch.aminmax(input_ids)).tolist() if input_ids.numel() else (0, 0)
+def check_token_ids(input_ids: torch.Tensor, vocab_size: int, bounds: Optional[Sequence[float]] = None) -> None:
+    """A ``ValueError`` (a mismatched tokenizer) unless every id is in [0, vocab_size): one host read (none when
+    ``bounds``, the ids' smallest and largest read by the caller, are given)."""
+    if bounds is None:
+        bounds = torch.stack(torch.aminmax(input_ids)).tolist() if input_ids.numel() else (0, 0)
+    low, high = bounds
     if low < 0 or high >= vocab_size:
         raise ValueError(f"input_ids must be in [0, {vocab_size}): mismatched tokenizer?")
 
 
-def check_right_padded(attention_mask: torch.Tensor) -> None:
-    """A ``ValueError`` unless every row's padding (0 in ``attention_mask``) follows its tokens: one host read."""
-    if attention_mask.shape[1] > 1 and not bool((attention_mask[:, :-1] >= attention_mask[:, 1:]).all()):
+def right_padding_holds(attention_mask: torch.Tensor) -> torch.Tensor:
+    """A 0-d bool tensor, on the mask's device (no host read): whether every row's padding follows its tokens."""
+    return (attention_mask[:, :-1] >= attention_mask[:, 1:]).all()
+
+
+def read_padding(attention_mask: torch.Tensor, lengths: bool = False) -> tuple[bool, bool, Optional[list[int]]]:
+    """``(full, right_padded, row lengths)`` of a (b, s) attention mask in one host read: whether every position is
+    a token, whether the padding follows each row's tokens (False when ``full``), and each row's number of tokens when
+    ``lengths`` (else None). Under :func:`host_reads_deferred` nothing is read: ``(False, True, None)``, the padding
+    taken as on the right, as the caller checked."""
+    if host_reads_are_deferred():
+        return False, True, None
+    flags = torch.stack([attention_mask.bool().all(), right_padding_holds(attention_mask)])
+    if lengths:
+        flags = torch.cat([flags.long(), attention_mask.long().sum(1)])
+    full, right_padded, *row_lengths = read_on_host(flags)
+    return bool(full), bool(right_padded) and not full, row_lengths if lengths else None
+
+
+def check_right_padded(attention_mask: torch.Tensor, holds: Optional[bool] = None) -> None:
+    """A ``ValueError`` unless every row's padding (0 in ``attention_mask``) follows its tokens: one host read
+    (none when ``holds``, :func:`right_padding_holds` read by the caller, is given)."""
+    if holds is None:
+        holds = bool(right_padding_holds(attention_mask))
+    if not holds:
         raise ValueError("attention_mask must pad on the right (the collators' padding_side='right') here")
 
 
@@ -387,10 +412,6 @@ def next_token_loss(features: torch.Tensor, labels: torch.Tensor, output: nn.Lin
 # ----------------------------------------------------------------------------------------------
 
 
-def _is_right_padded(mask: torch.Tensor) -> bool:
-    return bool((mask[:, :-1] >= mask[:, 1:]).all())
-
-
 def _to_layer_first(state):
     if state is None:
         return None
@@ -399,18 +420,18 @@ def _to_layer_first(state):
     return tuple(_to_layer_first(s) for s in state)
 
 
-def _run_by_length(rnn: nn.RNNBase, x: torch.Tensor, attention_mask: torch.Tensor, hx):
-    """``rnn`` (unidirectional) on a right-padded batch, with the state after each row's last real token, in one
-    call of the fused kernel per distinct row length instead of a packed sequence (which the CPU runs one time step
-    at a time): the rows sorted by length, longest first, the first call runs every row up to the shortest length,
-    the next continues the longer rows from their states up to the next length, and so on. Returns ``(outputs
-    (b, s, H) with zeros at padding, the layer-first state)`` as ``rnn`` returns them; a row without a token keeps
-    its initial state."""
+def _run_by_length(rnn: nn.RNNBase, x: torch.Tensor, lengths: Sequence[int], hx):
+    """``rnn`` (unidirectional) on a right-padded batch whose rows hold ``lengths`` real tokens (read on the host),
+    with the state after each row's last real token, in one call of the fused kernel per distinct row length instead
+    of a packed sequence (which the CPU runs one time step at a time): the rows sorted by length, longest first, the
+    first call runs every row up to the shortest length, the next continues the longer rows from their states up to
+    the next length, and so on. Returns ``(outputs (b, s, H) with zeros at padding, the layer-first state)`` as
+    ``rnn`` returns them; a row without a token keeps its initial state."""
     b, s, _ = x.shape
     is_lstm = isinstance(rnn, nn.LSTM)
-    lengths = attention_mask.sum(1)
-    order = torch.argsort(lengths, descending=True, stable=True)
-    sorted_lengths = lengths[order].tolist()
+    host_order = sorted(range(b), key=lambda i: -lengths[i])  # longest first, ties in row order (stable)
+    order = torch.tensor(host_order, device=x.device)
+    sorted_lengths = [lengths[i] for i in host_order]
     out_size = rnn.proj_size or rnn.hidden_size
     if hx is None:
         h0 = x.new_zeros(rnn.num_layers, b, out_size)
@@ -457,19 +478,17 @@ def run_rnn(rnn: nn.RNNBase, x: torch.Tensor, attention_mask: Optional[torch.Ten
     hx = _to_layer_first(state)
     if hx is not None and not is_lstm:
         hx = hx[0]
-    full, right_padded = True, False
-    if attention_mask is not None and host_reads_are_deferred():  # the caller checked: padding on the right
-        full, right_padded = False, True
-    elif attention_mask is not None:  # both read at once: one host synchronisation
-        full, right_padded = (bool(v) for v in read_on_host(torch.stack([
-            attention_mask.bool().all(), (attention_mask[:, :-1] >= attention_mask[:, 1:]).all()])))
-        right_padded = right_padded and not full
+    # the padding's shape, and each row's length where the state is wanted (the rows then run by length): one read
+    full, right_padded, lengths = (True, False, None) if attention_mask is None else \
+        read_padding(attention_mask, lengths=need_state)
     if full or (not need_state and right_padded):
         out, hn = rnn(x, hx)
         if not full:
             out = out * attention_mask.unsqueeze(-1).to(out.dtype)
     elif right_padded and not rnn.bidirectional:
-        out, hn = _run_by_length(rnn, x, attention_mask, hx)
+        if lengths is None:  # deferred host reads (a captured step never wants the state)
+            lengths = read_on_host(attention_mask.long().sum(1))
+        out, hn = _run_by_length(rnn, x, lengths, hx)
     else:
         mask = attention_mask.bool()
         b, s = mask.shape
@@ -843,7 +862,13 @@ class RecurrentPreTrainedModel(PreTrainedModel):
         model.check_missing_weights(info["missing_keys"], pretrained_model_name_or_path, info["unexpected_keys"])
         # A generation_config.json saved before <unk> was suppressed by default does not say so.
         model._suppress_unk_in_generation()
+        model.hold_configured_weights()
         return (model, info) if want_info else model
+
+    def hold_configured_weights(self) -> None:
+        """Hold the weights the configuration holds fixed (a classifier's frozen body, a held topic output prior's
+        weight): no gradient, so ``Trainer`` leaves them out of its optimizer. Run when the model is built and again
+        by :meth:`from_pretrained`, whose loading makes every floating-point weight trainable. Nothing by default."""
 
     @classmethod
     def _may_be_missing(cls, key: str) -> bool:
@@ -964,4 +989,5 @@ __all__ = ["RecurrentBodyMixin", "RecurrentModelOutput", "RecurrentPreTrainedMod
            "check_right_padded", "check_token_ids", "compiled_linear_cross_entropy", "detach_or_none",
            "document_layout", "effective_weight", "embed_checked", "host_reads_are_deferred", "host_reads_deferred",
            "last_columns", "last_token_positions", "leaky_modes_of", "next_token_loss", "read_on_host",
-           "reorder_state", "run_rnn", "run_rnn_layers", "run_token_rnn", "select_state_rows", "state_from_aliases"]
+           "read_padding", "reorder_state", "right_padding_holds", "run_rnn", "run_rnn_layers", "run_token_rnn",
+           "select_state_rows", "state_from_aliases"]

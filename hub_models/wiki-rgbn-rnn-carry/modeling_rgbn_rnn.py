@@ -669,7 +669,7 @@ class RGBNRNNModel(DocumentRepresentationMixin, RGBNRNNPreTrainedModel):
         tokens = input_ids if input_ids is not None else inputs_embeds
         if tokens is None:
             raise ValueError("Give exactly one of input_ids and inputs_embeds")
-        sample = self.training or cfg.eval_theta == "sample"
+        sample = (cfg.train_theta if self.training else cfg.eval_theta) == "sample"
         if self.is_documents_batch(input_ids, inputs_embeds):
             carry = cfg.carry_token_state if carry_token_state is None else bool(carry_token_state)
             return self._run_documents(input_ids, attention_mask, inputs_embeds, given.get("context_bow"), chunk_mask,
@@ -905,7 +905,8 @@ class RGBNRNNForCausalLM(TopicFamilyForCausalLM, RGBNRNNPreTrainedModel, TopicGe
         super().__init__(config)
         self.model = RGBNRNNModel(config)
         self.lm_head = nn.Linear(sum(config.hidden_sizes), config.vocab_size)
-        self._init_topic_word_prior()  # config.topic_output_bias == "beta": the shared topic output prior
+        # config.topic_output_bias: "beta" the shared topic output prior, "learned" B theta^1 (normalised)
+        self._init_topic_word_prior(learned_topics=config.topic_sizes[0])
         self.post_init()
 
     def _init_weights(self, module):
@@ -1007,10 +1008,15 @@ class RGBNRNNForCausalLM(TopicFamilyForCausalLM, RGBNRNNPreTrainedModel, TopicGe
             output_hidden_states, topic_representation, carry_token_state)
         if logits_to_keep and labels is None and doc is None:
             features = features[:, -logits_to_keep:]
-        theta1 = self.model.split_theta(theta_out)[0].float()
-        mixture = theta1 / theta1.sum(-1, keepdim=True).clamp_min(1e-20)
+        mixture = self.bottom_mixture(theta_out)
         return LanguageModelPass(features, new_state if use_cache or state is not None else None, hidden, mixture,
                                  theta_out, outputs=dict(theta=theta_out), details=dict(tp=tp, doc=doc))
+
+    def bottom_mixture(self, theta: torch.Tensor) -> torch.Tensor:
+        """theta^1 normalised to sum to 1 (the topic mixture the model reports, and B's input): (..., sum K) ->
+        (..., K_1)."""
+        theta1 = self.model.split_theta(theta)[0].float()
+        return theta1 / theta1.sum(-1, keepdim=True).clamp_min(1e-20)
 
     def output_logits(self, run: LanguageModelPass, labels: Optional[torch.Tensor]):
         """The shared output layer; a documents batch's on its real chunks (rows), each with its sentence's theta."""
@@ -1018,7 +1024,8 @@ class RGBNRNNForCausalLM(TopicFamilyForCausalLM, RGBNRNNPreTrainedModel, TopicGe
         if doc is None:
             return super().output_logits(run, labels)
         labels = labels.to(run.features.device)[doc[:2]] if labels is not None else None  # the chunks as rows
-        row_bias = self.topic_word_prior(doc[4]) if self.topic_prior_weight is not None else None
+        mixture = self.bottom_mixture(doc[4]) if self.topic_bias is not None else None  # B's input, where B is
+        row_bias = self.topic_output_terms(mixture, doc[4])
         logits, lm_loss = self.output_layer(run.features, labels, row_bias)
         if logits is not None:  # (b, c, s, V), zero at padding chunks
             logits = logits.new_zeros(*doc[2:4], *logits.shape[1:]).index_put(doc[:2], logits)

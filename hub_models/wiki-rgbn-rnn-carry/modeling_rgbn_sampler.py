@@ -8,6 +8,7 @@ only torch.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -258,10 +259,11 @@ def _route_cdf(route: torch.Tensor) -> torch.Tensor:
 
 
 WALK_GRID = 32  # seats per cell and sentence drawn before the walk for the customers routed back (more: exact too)
+WALK_GRID_BUDGET = 1 << 23  # the most seats (cells x grid) a grown grid may hold; past it, the exact pass
 
 
 def backward_walk(a: torch.Tensor, rate: torch.Tensor, share: torch.Tensor, route: Optional[torch.Tensor],
-                  total: int, first: int = 0, grid: int = WALK_GRID):
+                  total: int, first: int = 0, grid: int = WALK_GRID, budget: int = WALK_GRID_BUDGET):
     """One layer's walk backward over the sentences (eqs. 14-16), j = J - 1, ..., ``first``:
 
         n_j = a_j + z_{j+1};  ell_j ~ CRT(n_j, rate_j);  ell^Pi_j ~ Bin(ell_j, share_j);
@@ -274,15 +276,21 @@ def backward_walk(a: torch.Tensor, rate: torch.Tensor, share: torch.Tensor, rout
        before the walk) are seated for every sentence at once;
     2. the next ``grid`` seats of every cell (indices a_j, ..., a_j + grid - 1) are also drawn at once, and the walk
        only takes, sentence by sentence, the first z_{j+1}[k] of them: a mask and a sum, a few operations a step;
-    3. where some cell had more than ``grid`` customers routed back (the host reads one flag), the walk is run
-       again with the same draws plus the seats past the grid, expanded into buffers bounded by the tables after j
-       of the first part (z_{j+1} <= ell_{j+1} <= its tables there + z_{j+2}; one more read).
+    3. where some cell had more than ``grid`` customers routed back (the host reads the most any cell had), the
+       grid grows to 1.25 times that (rounded up to a multiple of 32) with new seats drawn after the old ones (each
+       cell keeps its uniforms, so its i-th customer is still seated by its i-th uniform) and the walk is run again,
+       until no cell overflows: long documents (Brown's, a hundred sentences and more) route back more than 32
+       customers to some cells;
+    4. where the grid would hold more than ``budget`` seats, the walk is run instead with the same draws plus the
+       seats past the grid, expanded into buffers bounded by the tables after j of the first part (z_{j+1} <=
+       ell_{j+1} <= its tables there + z_{j+2}; one more read).
 
     Args:
         a: (b, J, K) counts from below; rate, share: (b, J, K), the CRT concentration and the Pi side's share of
             the tables (0 where there is no previous sentence); route: (b, J, K, K') or None (no transitions).
         total: a bound on ``a.sum()`` known to the host; first: the first sentence walked (1 at the top layer,
-            whose first sentence's prior is fixed); grid: the seats per cell drawn before the walk.
+            whose first sentence's prior is fixed); grid: the seats per cell drawn before the walk; budget: the most
+            seats (cells x grid) the grid may grow to.
 
     Returns:
         (n, ell, ell_pi, z) each (b, J, K) (zero at sentences before ``first``), and the Pi statistics S[k, k'] =
@@ -313,19 +321,33 @@ def backward_walk(a: torch.Tensor, rate: torch.Tensor, share: torch.Tensor, rout
     z_first = z_first[:cells].view(b, J, K)  # Z summed over k: (b, J, K'); the padding cell is never routed
     pi_stat = torch.zeros(K * K + K, dtype=dtype, device=device).index_add_(0, owner % K * K + source, routed)
     # 2. the grid: seats a_j .. a_j + grid - 1 of every cell, all sentences at once
-    seat = torch.arange(grid, device=device, dtype=dtype)
-    g_opens, g_pi, g_source = _seat_customers(a.reshape(cells, 1) + seat,
-                                              torch.rand(cells, grid, dtype=dtype, device=device),
-                                              rates[:cells], shares[:cells], cdf)
-    g_opens, g_pi = g_opens.view(b, J, K, grid), g_pi.view(b, J, K, grid)
     g_owner = torch.arange(cells, device=device).unsqueeze(1)
-    g_dest = (g_owner // (J * K) * K + g_source).view(b, J, K * grid)  # where each seat's table routes back to
-    z_more, extra, overflow = _walk(z_first, g_pi, g_dest, seat, first, None)
-    if bool(read_on_host(overflow.reshape(1))[0]):  # 3. some cell had more customers than the grid
-        after = ell.sum((0, 2)).flip(0).cumsum(0).flip(0)  # sum_{i >= j} tables of the first part
-        bounds = [int(v) for v in read_on_host(torch.cat([after[1:], after.new_zeros(1)]))]
-        beyond = dict(a=a, rate=rate, share=share, route=route, bounds=bounds, grid=grid)
-        z_more, extra, _ = _walk(z_first, g_pi, g_dest, seat, first, beyond)
+
+    def seats(seat: torch.Tensor):  # seats a_j + seat of every cell, each with a new uniform
+        return _seat_customers(a.reshape(cells, 1) + seat, torch.rand(cells, seat.numel(), dtype=dtype, device=device),
+                               rates[:cells], shares[:cells], cdf)
+
+    seat = torch.arange(grid, device=device, dtype=dtype)
+    g_opens, g_pi, g_source = seats(seat)
+    while True:
+        g_dest = (g_owner // (J * K) * K + g_source).view(b, J, K * grid)  # where each seat's table routes back to
+        walked_pi = g_pi.view(b, J, K, grid)
+        z_more, extra, most = _walk(z_first, walked_pi, g_dest, seat, first, None)
+        most = int(read_on_host(most.reshape(1))[0])
+        if most <= grid:
+            break
+        grown = math.ceil(most * 1.25 / WALK_GRID) * WALK_GRID  # 1.25 times the most, a multiple of 32
+        if cells * grown > budget:  # 4. too many seats for a grid: the exact pass past it
+            after = ell.sum((0, 2)).flip(0).cumsum(0).flip(0)  # sum_{i >= j} tables of the first part
+            bounds = [int(v) for v in read_on_host(torch.cat([after[1:], after.new_zeros(1)]))]
+            beyond = dict(a=a, rate=rate, share=share, route=route, bounds=bounds, grid=grid)
+            z_more, extra, _ = _walk(z_first, walked_pi, g_dest, seat, first, beyond)
+            break
+        # 3. some cell had more customers than the grid: grow it, its next seats drawn after (and beside) its old ones
+        more = torch.arange(grid, grown, device=device, dtype=dtype)
+        g_opens, g_pi, g_source = (torch.cat(pair, 1) for pair in zip((g_opens, g_pi, g_source), seats(more)))
+        seat, grid = torch.cat([seat, more]), grown
+    g_opens, g_pi = g_opens.view(b, J, K, grid), walked_pi
     # the walk's seats: the first ``extra`` of every cell's grid (and the seats beyond it, counted by _walk)
     taken = seat < extra.unsqueeze(-1)  # (b, J, K, grid)
     ell = ell + (g_opens & taken).sum(-1).to(dtype)
@@ -345,8 +367,8 @@ def _walk(z_first, g_pi, g_dest, seat, first: int, beyond: Optional[dict]):
     j = J - 1 down to ``first``, seated on the grid's seats (``beyond``: and past them, exactly).
 
     Returns (z routed back by the walk's seats (b, J, K'), or with ``beyond`` a tuple (that, the extra tables,
-    Pi tables and Pi statistics past the grid); the walk's customers per cell (b, J, K); a flag: some cell had more
-    than the grid)."""
+    Pi tables and Pi statistics past the grid); the walk's customers per cell (b, J, K); the most any cell had (the
+    grid overflowed where it is more than the grid))."""
     b, J, K, grid = g_pi.shape
     dtype, device = z_first.dtype, z_first.device
     g_pi_j = g_pi.to(dtype).reshape(b, J, K * grid).unbind(1)
@@ -387,8 +409,7 @@ def _walk(z_first, g_pi, g_dest, seat, first: int, beyond: Optional[dict]):
         z_next = z_first_j[j] + back
     extra = torch.stack(extras, 1)
     z_more = torch.stack(routed_backs, 1)
-    overflow = (extra > grid).any()
-    return ((z_more, more_ell, more_pi, more_stat) if beyond is not None else z_more), extra, overflow
+    return ((z_more, more_ell, more_pi, more_stat) if beyond is not None else z_more), extra, extra.max()
 
 
 def _previous_sentence(theta: torch.Tensor) -> torch.Tensor:
@@ -428,5 +449,5 @@ def tlasgr_update(matrix: torch.Tensor, stats: torch.Tensor, fisher: torch.Tenso
 
 
 __all__ = ["ALPHA_MIN", "AugmentedCounts", "CRT_EXACT_LIMIT", "EULER_GAMMA", "LAMBDA_MIN", "RATE_MIN", "WALK_GRID",
-           "augment_counts", "backward_walk", "kl_weibull_gamma", "multinomial_split", "poisson_nll", "sample_crt",
-           "tlasgr_update", "weibull_mean", "weibull_sample"]
+           "WALK_GRID_BUDGET", "augment_counts", "backward_walk", "kl_weibull_gamma", "multinomial_split",
+           "poisson_nll", "sample_crt", "tlasgr_update", "weibull_mean", "weibull_sample"]

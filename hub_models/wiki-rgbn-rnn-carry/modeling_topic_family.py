@@ -111,16 +111,43 @@ class TopicWordPriorMixin:
     representation t the LM is conditioned on (TCNLM: beta^T t; NCLM: the NVDM decoder softmax(W h + b);
     TopicRNN: softmax(B theta) over the topic words; rGBN-RNN: Phi^1 theta^1 normalised), V_c the number of topic
     words the LM has (the ratio is to the uniform distribution, so an uninformative topic model adds 0), and
-    lambda one learned scalar (``topic_prior_weight``, from ``config.topic_prior_weight_init``). Stop words get 0.
+    lambda one scalar (``topic_prior_weight``, from ``config.topic_prior_weight_init``; learned, or held there with
+    ``config.topic_prior_weight_trainable=False``). Stop words get 0.
     With ``topic_ids`` the topic model's own topic k tilts the LM towards its words, which is what makes a
     topic steer when the LM alone has learnt to ignore t.
 
-    A family provides ``topic_word_log_probs(t) -> (b, V_c)`` and calls :meth:`_init_topic_word_prior` in its
-    ``__init__``; ``TopicFamilyForCausalLM._init_weights`` sets lambda to its initial value."""
+    ``topic_output_bias="learned"`` (TCNLM, rGBN-RNN) instead adds B t, a free B (V x K, ``topic_bias``) at zero
+    at initialisation, t the topic mixture the LM reads: a linear topic term at every word, which the LM learns to
+    use from the start of training rather than through one scalar.
 
-    def _init_topic_word_prior(self) -> None:
-        on = getattr(self.config, "topic_output_bias", None) == "beta"
-        self.topic_prior_weight = nn.Parameter(torch.zeros(())) if on else None
+    A family provides ``topic_word_log_probs(t) -> (b, V_c)`` and calls :meth:`_init_topic_word_prior` in its
+    ``__init__`` (with ``learned_topics``, K, where it offers ``"learned"``); ``TopicFamilyForCausalLM._init_weights``
+    sets lambda to its initial value and B to zero."""
+
+    def _init_topic_word_prior(self, learned_topics: Optional[int] = None) -> None:
+        kind = getattr(self.config, "topic_output_bias", None)
+        self.topic_prior_weight = nn.Parameter(torch.zeros(())) if kind == "beta" else None
+        if learned_topics is not None:
+            self.topic_bias = nn.Linear(learned_topics, self.config.vocab_size, bias=False) \
+                if kind == "learned" else None
+        self.hold_configured_weights()
+
+    def hold_configured_weights(self) -> None:
+        """lambda learned, or held at its value by ``config.topic_prior_weight_trainable=False``."""
+        super().hold_configured_weights()
+        if self.topic_prior_weight is not None:
+            self.topic_prior_weight.requires_grad_(self.config.topic_prior_weight_trainable)
+
+    def topic_output_terms(self, mixture: Optional[torch.Tensor],
+                           representation: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+        """The (b, V) bias every position of a row gets: B ``mixture`` (``"learned"``) or the shared prior at
+        ``representation`` (``"beta"``); None with neither."""
+        learned = getattr(self, "topic_bias", None)
+        if isinstance(learned, nn.Linear) and mixture is not None:
+            return learned(mixture.to(learned.weight.dtype))
+        if self.topic_prior_weight is not None and representation is not None:
+            return self.topic_word_prior(representation)
+        return None
 
     def topic_word_log_probs(self, representation: torch.Tensor) -> torch.Tensor:
         """log p(w | t) over the topic vocabulary (b, V_c) for the family's topic representation (b, .)."""
@@ -222,8 +249,8 @@ class TopicFamilyForCausalLM(DocumentRepresentationDelegate, TopicWordPriorMixin
         """A model of this family built from ``config`` that starts from a trained LSTM language model: its
         embeddings, LSTM layers and output layer are ``language_model``'s, the rest as initialised, and the topic
         path is set (:meth:`start_from_language_model`) so that the model's predictions start at or near the
-        language model's: the shared topic output prior's weight at 0; rGBN-RNN's gates let 1.8 % of their topic
-        candidate through; TopicRNN adds its topic term b_i^T theta (zero under ``topic_mixture`` zero).
+        language model's: the shared topic output prior's weight at 0 (unless held); rGBN-RNN's gates let 1.8 % of
+        their topic candidate through; TopicRNN adds its topic term b_i^T theta (zero under ``topic_mixture`` zero).
 
         Args:
             language_model: an ``lstm_lm`` causal LM (``LSTMLMForCausalLM``) or the folder / Hub name of one.
@@ -270,11 +297,39 @@ class TopicFamilyForCausalLM(DocumentRepresentationDelegate, TopicWordPriorMixin
         model.start_from_language_model()
         return model
 
+    def language_model_parameters(self) -> list[nn.Parameter]:
+        """The parameters :meth:`from_language_model` takes from an LSTM LM (embeddings, LSTM layers, output layer);
+        empty for a family without them."""
+        own = dict(self.named_parameters())
+        names = set()
+        for pattern in self.language_model_weights:
+            if "{i}" not in pattern:
+                names.add(pattern)
+                continue
+            i = 0
+            while pattern.format(i=i) in own:
+                names.add(pattern.format(i=i))
+                i += 1
+        return [own[name] for name in sorted(names) if name in own]
+
+    def freeze_language_model(self, frozen: bool = True) -> None:
+        """Hold the language-model weights (:meth:`language_model_parameters`) fixed in training (``frozen=False``
+        trains them again): a model started by :meth:`from_language_model` then learns its topic path alone, so that
+        whatever it gains over that language model comes through the topics, not from more training of the LM. An
+        option beside the papers' joint training; ``Trainer`` leaves parameters without gradients out of its
+        optimizer."""
+        parameters = self.language_model_parameters()
+        if not parameters:
+            raise ValueError(f"{type(self).__name__} has no LSTM language model's weights to freeze")
+        for parameter in parameters:
+            parameter.requires_grad_(not frozen)
+
     def start_from_language_model(self) -> None:
         """Set the topic path after :meth:`from_language_model` took the LSTM LM's weights, so that the model's
         predictions start at the language model's: the shared topic output prior's weight lambda starts at 0 (it
-        is learned from there), the rest is the family's."""
-        if self.topic_prior_weight is not None:
+        is learned from there; a lambda held by ``config.topic_prior_weight_trainable=False`` stays at its value, a
+        prior the language model then learns around), the rest is the family's."""
+        if self.topic_prior_weight is not None and self.config.topic_prior_weight_trainable:
             with torch.no_grad():
                 self.topic_prior_weight.zero_()
 
@@ -380,11 +435,9 @@ class TopicFamilyForCausalLM(DocumentRepresentationDelegate, TopicWordPriorMixin
         raise NotImplementedError
 
     def output_bias(self, run: LanguageModelPass) -> Optional[torch.Tensor]:
-        """The (b, V) bias every position of a row gets: the shared topic output prior at the topic
-        representation (None without it)."""
-        if self.topic_prior_weight is None or run.topic_representation is None:
-            return None
-        return self.topic_word_prior(run.topic_representation)
+        """The (b, V) bias every position of a row gets (:meth:`TopicWordPriorMixin.topic_output_terms`): B t or
+        the shared topic output prior at the topic representation (None without either)."""
+        return self.topic_output_terms(run.topic_mixture, run.topic_representation)
 
     def output_logits(self, run: LanguageModelPass, labels: Optional[torch.Tensor]):
         """Stage 3: ``(logits, lm_loss)`` of the shared output layer on the features, with :meth:`output_bias`."""
@@ -492,6 +545,8 @@ class TopicFamilyForCausalLM(DocumentRepresentationDelegate, TopicWordPriorMixin
 
     def _init_weights(self, module):
         super()._init_weights(module)
+        if isinstance(module, nn.Linear) and module is getattr(self, "topic_bias", None):  # B t starts at 0
+            nn.init.zeros_(module.weight)
         if module is self:  # the head's own values (also when a checkpoint without them is loaded)
             step = self._buffers.get("kl_annealing_step")
             if step is not None:

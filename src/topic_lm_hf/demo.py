@@ -153,7 +153,7 @@ def show_shipped_models(folder: str, valid_docs, device, seed: int) -> bool:
     lstm = ppl[SHIPPED_LSTM]
     for name, (family, _) in SHIPPED_TOPIC_MODELS.items():
         own = ablation[name] - ppl[name]
-        base, against = (ppl[twins[name]], "its topic-free twin, the strongest baseline,") if name in twins else \
+        base, against = (ppl[twins[name]], "its topic-free twin, the strongest baseline") if name in twins else \
             (lstm, "the LSTM")
         gain = base - ppl[name]
         where = f"below {against} ({gain:.2f} points)" if gain >= 0 else f"above {against} ({-gain:.2f} points behind)"
